@@ -1,0 +1,97 @@
+//! Fault classes: what the kernel did with a fault, named after the kernel
+//! path that did it.
+
+/// One counter (and, where it applies, one latency histogram) per process.
+///
+/// The numeric values are the `class` field of [`crate::StatKey`]; they are an
+/// ABI between the eBPF object and user space, so only append.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    /// A user fault handled by `handle_mm_fault` (each call, retries included).
+    Faults = 0,
+    /// ... with `FAULT_FLAG_WRITE`.
+    WriteFaults = 1,
+    /// ... that reached `do_wp_page` (write-protect fault on a present PTE).
+    WpFaults = 2,
+    /// `do_wp_page` that did not install a new anon folio: COW **reuse**.
+    Reuse = 3,
+    /// `do_wp_page` that installed a new anon folio (`folio_add_new_anon_rmap`): COW **copy**.
+    Copy = 4,
+    /// A write fault on a present PTE that needed no write-protect handling:
+    /// the PTE was already writable (stale TLB entry, or a racing thread).
+    Spurious = 5,
+    /// `do_huge_pmd_wp_page`: write-protect fault on a PMD-mapped THP.
+    HugePmdWp = 6,
+    /// arm64 `__contpte_try_unfold`: a contpte block was unfolded.
+    ContpteUnfold = 7,
+    /// arm64 `contpte_convert`: a block was rewritten (fold or unfold).
+    ContpteConvert = 8,
+    /// arm64 `__contpte_try_fold`: an attempt to fold (most fail).
+    ContpteFoldAttempt = 9,
+    /// `handle_mm_fault` returned `VM_FAULT_RETRY` (the fault is taken again).
+    Retry = 10,
+    /// `handle_mm_fault` returned an error (`VM_FAULT_ERROR`: SIGSEGV, SIGBUS, OOM...).
+    Error = 11,
+    /// `handle_mm_fault` returned `VM_FAULT_MAJOR` (I/O was needed).
+    Major = 12,
+    /// Entries into `handle_mm_fault` (internal: compared with returns to
+    /// detect kretprobe misses).
+    FaultEntry = 13,
+    /// Tracepoint `exceptions:page_fault_user`: every user page-fault exception.
+    TpFaults = 14,
+    /// ... whose error code has the WRITE bit.
+    TpWrite = 15,
+    /// ... whose error code has PROT|WRITE: a write to a present page.
+    TpPresentWrite = 16,
+    /// ... whose error code lacks PROT: the page was not present (first touch,
+    /// swap-in, NUMA hinting).
+    TpNotPresent = 17,
+}
+
+impl Class {
+    pub const COUNT: usize = 18;
+
+    pub const ALL: [Class; Class::COUNT] = [
+        Class::Faults,
+        Class::WriteFaults,
+        Class::WpFaults,
+        Class::Reuse,
+        Class::Copy,
+        Class::Spurious,
+        Class::HugePmdWp,
+        Class::ContpteUnfold,
+        Class::ContpteConvert,
+        Class::ContpteFoldAttempt,
+        Class::Retry,
+        Class::Error,
+        Class::Major,
+        Class::FaultEntry,
+        Class::TpFaults,
+        Class::TpWrite,
+        Class::TpPresentWrite,
+        Class::TpNotPresent,
+    ];
+
+    pub const fn bit(self) -> u32 {
+        1 << (self as u16)
+    }
+
+    pub fn from_u16(v: u16) -> Option<Class> {
+        Class::ALL.get(v as usize).copied()
+    }
+}
+
+/// A set of classes, as a bit mask: one fault can fall in several classes
+/// (a reuse is also a wp fault, a write fault and a fault).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassSet(pub u32);
+
+impl ClassSet {
+    pub const fn with(self, c: Class) -> ClassSet {
+        ClassSet(self.0 | c.bit())
+    }
+    pub const fn has(self, c: Class) -> bool {
+        self.0 & c.bit() != 0
+    }
+}

@@ -1,0 +1,199 @@
+//! Per-thread fault state machine and the classification rule.
+//!
+//! One [`ThreadFault`] per traced thread lives in an LRU hash map keyed by tid.
+//! The probes feed it in the order the kernel runs them:
+//!
+//! ```text
+//! exception (x86 tracepoint page_fault_user / arm64 do_mem_abort)
+//!   -> handle_mm_fault entry        (user faults only: regs != NULL, FAULT_FLAG_USER)
+//!      -> do_wp_page | do_huge_pmd_wp_page | folio_add_new_anon_rmap  (marks)
+//!   <- handle_mm_fault return       (classify, account, clear)
+//! ```
+//!
+//! A fault retried after `VM_FAULT_RETRY` enters `handle_mm_fault` again and is
+//! classified again, exactly as the kernel (and tracefs' kprobe_profile) sees it.
+
+use crate::class::{Class, ClassSet};
+
+/// `enum fault_flag` (include/linux/mm_types.h), stable since 5.x.
+pub const FAULT_FLAG_WRITE: u32 = 1 << 0;
+pub const FAULT_FLAG_USER: u32 = 1 << 6;
+
+/// `vm_fault_t` bits (include/linux/mm_types.h).
+pub const VM_FAULT_OOM: u32 = 0x0001;
+pub const VM_FAULT_SIGBUS: u32 = 0x0002;
+pub const VM_FAULT_MAJOR: u32 = 0x0004;
+pub const VM_FAULT_HWPOISON: u32 = 0x0010;
+pub const VM_FAULT_HWPOISON_LARGE: u32 = 0x0020;
+pub const VM_FAULT_SIGSEGV: u32 = 0x0040;
+pub const VM_FAULT_RETRY: u32 = 0x0400;
+pub const VM_FAULT_FALLBACK: u32 = 0x0800;
+pub const VM_FAULT_ERROR: u32 = VM_FAULT_OOM
+    | VM_FAULT_SIGBUS
+    | VM_FAULT_SIGSEGV
+    | VM_FAULT_HWPOISON
+    | VM_FAULT_HWPOISON_LARGE
+    | VM_FAULT_FALLBACK;
+
+/// x86 page-fault error code bits (arch/x86/include/asm/trap_pf.h).
+pub const X86_PF_PROT: u64 = 1 << 0;
+pub const X86_PF_WRITE: u64 = 1 << 1;
+pub const X86_PF_USER: u64 = 1 << 2;
+
+/// arm64 ESR: fault status code type (ESR_ELx_FSC_TYPE) and permission fault.
+pub const ESR_ELX_FSC_TYPE: u64 = 0x3c;
+pub const ESR_ELX_FSC_PERM: u64 = 0x0c;
+
+/// Which exception record the thread state holds, so that user space can say
+/// how "present" was decided.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExcArch {
+    X86 = 1,
+    Arm64 = 2,
+}
+
+/// `seen` bits of [`ThreadFault`].
+pub const SEEN_IN_FAULT: u32 = 1 << 0;
+pub const SEEN_WP: u32 = 1 << 1;
+pub const SEEN_HUGE_WP: u32 = 1 << 2;
+pub const SEEN_NEW_ANON: u32 = 1 << 3;
+pub const SEEN_EXC: u32 = 1 << 4;
+
+/// Pages are 4K on every kernel the tool targets for exception matching; a
+/// coarser page only makes the match looser, never wrong for one thread.
+const PAGE_MASK: u64 = !0xfff;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadFault {
+    pub start_ns: u64,
+    pub fault_addr: u64,
+    /// Faulting address of the last exception this thread took.
+    pub exc_addr: u64,
+    /// x86 error code or arm64 ESR of that exception.
+    pub exc_code: u64,
+    pub exc_arch: u32,
+    pub flags: u32,
+    pub seen: u32,
+    pub _pad: u32,
+}
+
+impl ThreadFault {
+    /// The CPU raised a page-fault exception (before the kernel handles it).
+    #[inline(always)]
+    pub fn on_exception(&mut self, arch: ExcArch, addr: u64, code: u64) {
+        self.exc_arch = arch as u32;
+        self.exc_addr = addr;
+        self.exc_code = code;
+        self.seen |= SEEN_EXC;
+    }
+
+    /// `handle_mm_fault` entered for a user fault.
+    #[inline(always)]
+    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32) {
+        self.start_ns = now_ns;
+        self.fault_addr = addr;
+        self.flags = flags;
+        // Keep the exception record; forget the marks of the previous fault.
+        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
+    }
+
+    /// A probe inside the fault fired (do_wp_page, ...): remember it, but only
+    /// while a user fault of this thread is in progress (GUP and kernel
+    /// threads call the same functions with no user fault around them).
+    #[inline(always)]
+    pub fn mark(&mut self, bit: u32) {
+        if self.seen & SEEN_IN_FAULT != 0 {
+            self.seen |= bit;
+        }
+    }
+
+    /// Whether the recorded exception is the one being handled and says the
+    /// page was present (a permission fault, not a translation fault).
+    #[inline(always)]
+    pub fn present(&self) -> Option<bool> {
+        if self.seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK)
+        {
+            return None;
+        }
+        if self.exc_arch == ExcArch::X86 as u32 {
+            Some(self.exc_code & X86_PF_PROT != 0)
+        } else if self.exc_arch == ExcArch::Arm64 as u32 {
+            Some(self.exc_code & ESR_ELX_FSC_TYPE == ESR_ELX_FSC_PERM)
+        } else {
+            None
+        }
+    }
+
+    /// `handle_mm_fault` returned `ret`: the classes this call falls in.
+    /// Returns `None` when no user fault of this thread was in progress.
+    ///
+    /// The rules:
+    /// - `faults`: every return; `write_faults`: FAULT_FLAG_WRITE.
+    /// - `wp_faults`: reached `do_wp_page`; of those, `copy` if it also reached
+    ///   `folio_add_new_anon_rmap` (a new anon folio replaced the old one),
+    ///   else `reuse` (`wp_page_reuse` is inline and cannot be probed).
+    /// - `huge_pmd_wp`: reached `do_huge_pmd_wp_page`.
+    /// - `spurious`: a write fault, completed (no RETRY, no error), on a page
+    ///   the exception says was present, that reached neither write-protect
+    ///   handler nor a path installing a new anon folio: the kernel found the
+    ///   PTE writable already (`handle_pte_fault`'s "already writable" path),
+    ///   i.e. the CPU faulted on a stale read-only TLB entry or lost a race.
+    #[inline(always)]
+    pub fn on_return(&mut self, ret: u32) -> Option<ClassSet> {
+        if self.seen & SEEN_IN_FAULT == 0 {
+            return None;
+        }
+        let seen = self.seen;
+        self.seen &= SEEN_EXC;
+        let mut set = ClassSet::default().with(Class::Faults);
+        let write = self.flags & FAULT_FLAG_WRITE != 0;
+        if write {
+            set = set.with(Class::WriteFaults);
+        }
+        if ret & VM_FAULT_RETRY != 0 {
+            set = set.with(Class::Retry);
+        }
+        if ret & VM_FAULT_ERROR != 0 {
+            set = set.with(Class::Error);
+        }
+        if ret & VM_FAULT_MAJOR != 0 {
+            set = set.with(Class::Major);
+        }
+        if seen & SEEN_WP != 0 {
+            set = set.with(Class::WpFaults);
+            set = set.with(if seen & SEEN_NEW_ANON != 0 {
+                Class::Copy
+            } else {
+                Class::Reuse
+            });
+        }
+        if seen & SEEN_HUGE_WP != 0 {
+            set = set.with(Class::HugePmdWp);
+        }
+        let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON) != 0;
+        let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
+        if write && !handled && completed && self.present() == Some(true) {
+            set = set.with(Class::Spurious);
+        }
+        Some(set)
+    }
+}
+
+/// Classes of one `exceptions:page_fault_user` event (x86 error code), the
+/// tracepoint-only view of a fault.
+#[inline(always)]
+pub fn classify_x86_error_code(code: u64) -> ClassSet {
+    let mut set = ClassSet::default().with(Class::TpFaults);
+    if code & X86_PF_WRITE != 0 {
+        set = set.with(Class::TpWrite);
+        if code & X86_PF_PROT != 0 {
+            set = set.with(Class::TpPresentWrite);
+        }
+    }
+    if code & X86_PF_PROT == 0 {
+        set = set.with(Class::TpNotPresent);
+    }
+    set
+}

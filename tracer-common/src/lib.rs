@@ -1,0 +1,18 @@
+//! Types and pure logic shared by faultscope's eBPF programs and its
+//! user-space collector.
+//!
+//! Everything the kernel side decides (which class a fault falls in, which
+//! latency bucket it goes to) lives here as plain functions, so the very same
+//! code runs in the BPF programs and in the unit tests that feed it synthetic
+//! event sequences.
+#![no_std]
+
+pub mod class;
+pub mod fault;
+pub mod hist;
+pub mod maps;
+
+pub use class::Class;
+pub use fault::{ExcArch, ThreadFault};
+pub use hist::{bucket_of, NBUCKETS};
+pub use maps::{LifeEvent, LifeKind, Stat, StatKey, TargetInfo};

@@ -1,0 +1,378 @@
+//! faultscope's eBPF programs: one small program per concern.
+//!
+//! Data flow: probes -> per-thread state (`THREADS`) -> per-CPU aggregates
+//! (`STATS`, keyed by process, phase and class). Nothing is sent to user space
+//! per fault; only process lifecycle events go through the `EVENTS` ring.
+//!
+//! Every program filters on the traced set (`TARGETS`, keyed by tgid) first,
+//! or, inside a fault, on the thread state that only traced user faults
+//! create, so untraced processes pay one hash lookup.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    macros::{kprobe, kretprobe, map, tracepoint},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+};
+use aya_log_ebpf::debug;
+use faultscope_common::{
+    class::{Class, ClassSet},
+    fault::{
+        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_HUGE_WP,
+        SEEN_NEW_ANON, SEEN_WP,
+    },
+    maps::{
+        LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,
+        DROP_TARGETS_FULL, DROP_THREADS_FULL, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+    },
+};
+
+const BPF_ANY: u64 = 0;
+const BPF_NOEXIST: u64 = 1;
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+// ---- maps ---------------------------------------------------------------
+
+/// The traced set, keyed by tgid. Written by user space (-p, spawned command)
+/// and by the fork program (children of followed processes).
+#[map]
+static TARGETS: HashMap<u32, TargetInfo> = HashMap::with_max_entries(4096, 0);
+
+/// Per-thread fault state, keyed by tid. LRU so that threads that die in the
+/// middle of a fault cannot leak entries.
+#[map]
+static THREADS: LruHashMap<u32, ThreadFault> = LruHashMap::with_max_entries(16384, 0);
+
+/// The aggregates: per (tgid, phase, class) count and latency histogram.
+/// User space may resize it before load.
+#[map]
+static STATS: PerCpuHashMap<StatKey, Stat> = PerCpuHashMap::with_max_entries(2048, 0);
+
+/// A zeroed `Stat` to insert from: a `Stat` does not fit on the BPF stack.
+#[map]
+static ZERO: PerCpuArray<Stat> = PerCpuArray::with_max_entries(1, 0);
+
+/// Counters of things the kernel side could not record (full maps).
+#[map]
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(4, 0);
+
+/// Process lifecycle events for user space.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+// ---- configuration, set by user space at load time ------------------------
+// Tracepoint field offsets are read from tracefs `format` files at start-up,
+// so that no kernel's layout is compiled in.
+
+#[no_mangle]
+static PF_ADDRESS_OFF: u32 = 8;
+#[no_mangle]
+static PF_ERROR_CODE_OFF: u32 = 24;
+#[no_mangle]
+static NEWTASK_PID_OFF: u32 = 8;
+#[no_mangle]
+static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
+
+#[inline(always)]
+fn cfg(v: &'static u32) -> usize {
+    unsafe { core::ptr::read_volatile(v) as usize }
+}
+
+// ---- helpers --------------------------------------------------------------
+
+#[inline(always)]
+fn drop_count(idx: u32) {
+    if let Some(p) = DROPS.get_ptr_mut(idx) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn pid_tgid() -> (u32, u32) {
+    let v = bpf_get_current_pid_tgid();
+    (v as u32, (v >> 32) as u32)
+}
+
+/// The traced process the current task belongs to, if its faults count now.
+#[inline(always)]
+fn counted_target(tgid: u32) -> Option<TargetInfo> {
+    let t = unsafe { TARGETS.get(&tgid) }?;
+    if t.flags & TARGET_PENDING_EXEC != 0 {
+        return None;
+    }
+    Some(*t)
+}
+
+/// `ns` for classes that are only counted.
+const UNTIMED: u64 = u64::MAX;
+
+/// Not inlined: one BPF subprogram (four scalar arguments) instead of a copy
+/// per call site keeps the verifier's work per program small.
+#[inline(never)]
+fn record(tgid: u32, phase: u32, class: u32, ns: u64) {
+    let key = StatKey {
+        tgid,
+        phase: phase as u16,
+        class: class as u16,
+    };
+    let mut p = STATS.get_ptr_mut(&key);
+    if p.is_none() {
+        if let Some(z) = ZERO.get_ptr(0) {
+            // NOEXIST: another CPU may have inserted it meanwhile; fine.
+            let _ = STATS.insert(&key, unsafe { &*z }, BPF_NOEXIST);
+        }
+        p = STATS.get_ptr_mut(&key);
+    }
+    match p {
+        Some(s) => unsafe { (*s).record(if ns == UNTIMED { None } else { Some(ns) }) },
+        None => drop_count(DROP_STATS_FULL),
+    }
+}
+
+#[inline(always)]
+fn record_set(tgid: u32, phase: u32, set: ClassSet, ns: u64) {
+    for c in Class::ALL {
+        if set.has(c) {
+            record(tgid, phase, c as u32, ns);
+        }
+    }
+}
+
+/// The thread's fault state, created on first use.
+#[inline(always)]
+fn thread_state(tid: u32) -> Option<*mut ThreadFault> {
+    if let Some(p) = THREADS.get_ptr_mut(&tid) {
+        return Some(p);
+    }
+    let fresh = ThreadFault::default();
+    if THREADS.insert(&tid, &fresh, BPF_ANY).is_err() {
+        drop_count(DROP_THREADS_FULL);
+        return None;
+    }
+    THREADS.get_ptr_mut(&tid)
+}
+
+// ---- the exception: error code / ESR ---------------------------------------
+
+/// x86 `exceptions:page_fault_user`: counts every user fault by error code
+/// (the whole of the tracepoint-only mode), and remembers the error code so
+/// that the kretprobe can tell a write to a present page (spurious rule).
+#[tracepoint]
+pub fn page_fault_user(ctx: TracePointContext) -> u32 {
+    let (tid, tgid) = pid_tgid();
+    let Some(t) = counted_target(tgid) else {
+        return 0;
+    };
+    let addr: u64 = unsafe { ctx.read_at(cfg(&PF_ADDRESS_OFF)) }.unwrap_or(0);
+    let code: u64 = unsafe { ctx.read_at(cfg(&PF_ERROR_CODE_OFF)) }.unwrap_or(0);
+    record_set(tgid, t.phase, classify_x86_error_code(code), UNTIMED);
+    if let Some(s) = thread_state(tid) {
+        unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
+    }
+    0
+}
+
+/// arm64 `do_mem_abort(far, esr, regs)`: no tracepoint carries the ESR there.
+#[kprobe]
+pub fn mem_abort(ctx: ProbeContext) -> u32 {
+    let (tid, tgid) = pid_tgid();
+    if counted_target(tgid).is_none() {
+        return 0;
+    }
+    let far: u64 = ctx.arg(0).unwrap_or(0);
+    let esr: u64 = ctx.arg(1).unwrap_or(0);
+    if let Some(s) = thread_state(tid) {
+        unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
+    }
+    0
+}
+
+// ---- handle_mm_fault ----------------------------------------------------------
+
+/// `handle_mm_fault(vma, address, flags, regs)` entry: user faults only
+/// (`regs != NULL` and FAULT_FLAG_USER; GUP, KSM and iommu call it too).
+#[kprobe]
+pub fn fault_entry(ctx: ProbeContext) -> u32 {
+    let flags: u64 = ctx.arg(2).unwrap_or(0);
+    let regs: u64 = ctx.arg(3).unwrap_or(0);
+    if regs == 0 || (flags as u32) & FAULT_FLAG_USER == 0 {
+        return 0;
+    }
+    let (tid, tgid) = pid_tgid();
+    let Some(t) = counted_target(tgid) else {
+        return 0;
+    };
+    let addr: u64 = ctx.arg(1).unwrap_or(0);
+    if let Some(s) = thread_state(tid) {
+        unsafe { (*s).on_entry(bpf_ktime_get_ns(), addr, flags as u32) };
+        record(tgid, t.phase, Class::FaultEntry as u32, UNTIMED);
+    }
+    0
+}
+
+/// `handle_mm_fault` return: classify the fault and account its latency in
+/// every class it falls in.
+#[kretprobe]
+pub fn fault_return(ctx: RetProbeContext) -> u32 {
+    let (tid, tgid) = pid_tgid();
+    let Some(s) = THREADS.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    let ret: u64 = ctx.ret();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let st = unsafe { &mut *s };
+    let Some(set) = st.on_return(ret as u32) else {
+        return 0;
+    };
+    // The phase is read at return: a fault belongs to the phase it ends in.
+    let phase = unsafe { TARGETS.get(&tgid) }.map(|t| t.phase).unwrap_or(0);
+    record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
+    0
+}
+
+// ---- marks inside a fault -----------------------------------------------------
+
+#[inline(always)]
+fn mark(bit: u32) -> u32 {
+    let (tid, _) = pid_tgid();
+    if let Some(s) = THREADS.get_ptr_mut(&tid) {
+        unsafe { (*s).mark(bit) };
+    }
+    0
+}
+
+/// `do_wp_page`: a write-protect fault on a present PTE.
+#[kprobe]
+pub fn wp_page(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_WP)
+}
+
+/// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
+#[kprobe]
+pub fn huge_pmd_wp(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_HUGE_WP)
+}
+
+/// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
+/// `do_wp_page` fault that is a COW copy.
+#[kprobe]
+pub fn new_anon_rmap(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_NEW_ANON)
+}
+
+// ---- arm64 contpte ------------------------------------------------------------
+
+#[inline(always)]
+fn count_current(class: Class) -> u32 {
+    let (_, tgid) = pid_tgid();
+    if let Some(t) = counted_target(tgid) {
+        record(tgid, t.phase, class as u32, UNTIMED);
+    }
+    0
+}
+
+/// `__contpte_try_unfold`: a contpte block is unfolded (to change one PTE).
+#[kprobe]
+pub fn contpte_unfold(_ctx: ProbeContext) -> u32 {
+    count_current(Class::ContpteUnfold)
+}
+
+/// `contpte_convert`: a block is rewritten, in either direction.
+#[kprobe]
+pub fn contpte_convert(_ctx: ProbeContext) -> u32 {
+    count_current(Class::ContpteConvert)
+}
+
+/// `__contpte_try_fold`: an attempt to fold a block (most fail).
+#[kprobe]
+pub fn contpte_fold(_ctx: ProbeContext) -> u32 {
+    count_current(Class::ContpteFoldAttempt)
+}
+
+// ---- process lifecycle --------------------------------------------------------
+
+#[inline(always)]
+fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32) {
+    match EVENTS.reserve::<LifeEvent>(0) {
+        Some(mut e) => {
+            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            e.write(LifeEvent {
+                ts_ns: unsafe { bpf_ktime_get_ns() },
+                kind: kind as u32,
+                tgid,
+                pid,
+                aux,
+                comm,
+            });
+            e.submit(0);
+        }
+        None => drop_count(DROP_EVENTS_FULL),
+    }
+}
+
+/// `task:task_newtask` (in the parent, before the child can run). Unlike
+/// `sched_process_fork` it carries `clone_flags`, which tell a new process
+/// from a new thread. A followed parent's child joins the traced set here, so
+/// none of its faults is missed.
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    let (_, tgid) = pid_tgid();
+    let Some(t) = (unsafe { TARGETS.get(&tgid) }).copied() else {
+        return 0;
+    };
+    let clone_flags: u64 = unsafe { ctx.read_at(cfg(&NEWTASK_CLONE_FLAGS_OFF)) }.unwrap_or(0);
+    if clone_flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    let child: i32 = unsafe { ctx.read_at(cfg(&NEWTASK_PID_OFF)) }.unwrap_or(0);
+    let child = child as u32;
+    let follow = t.flags & TARGET_FOLLOW_CHILDREN != 0;
+    if follow {
+        let info = TargetInfo {
+            phase: t.phase,
+            flags: t.flags & !TARGET_PENDING_EXEC,
+        };
+        if TARGETS.insert(&child, &info, BPF_ANY).is_err() {
+            drop_count(DROP_TARGETS_FULL);
+        }
+    }
+    debug!(&ctx, "traced process {} forked {}", tgid, child);
+    send(LifeKind::Fork, tgid, child, follow as u32);
+    0
+}
+
+/// `sched:sched_process_exec`: a command faultscope started begins to count
+/// at its exec; other targets report their new comm.
+#[tracepoint]
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    let (tid, tgid) = pid_tgid();
+    let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
+        return 0;
+    };
+    unsafe { (*t).flags &= !TARGET_PENDING_EXEC };
+    send(LifeKind::Exec, tgid, tid, 0);
+    0
+}
+
+/// `sched:sched_process_exit`: the thread-group leader is exiting.
+#[tracepoint]
+pub fn process_exit(_ctx: TracePointContext) -> u32 {
+    let (tid, tgid) = pid_tgid();
+    if tid != tgid || unsafe { TARGETS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    send(LifeKind::Exit, tgid, tid, 0);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,237 @@
+//! What the running kernel offers: tracefs, kallsyms, the kprobe PMU, BTF,
+//! lockdown. Read once at start-up; nothing here is on the fault path.
+
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::error::Refusal;
+
+pub const TRACEFS_CANDIDATES: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+pub const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
+pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// Finds tracefs, mounting it at /sys/kernel/tracing when it is not mounted
+/// (as perf and bpftrace do). Refuses when it cannot be read.
+pub fn tracefs() -> Result<PathBuf, Refusal> {
+    for c in TRACEFS_CANDIDATES {
+        let p = Path::new(c);
+        if p.join("events").is_dir() {
+            return readable(p);
+        }
+    }
+    let p = Path::new(TRACEFS_CANDIDATES[0]);
+    let src = c"nodev";
+    let dst = c"/sys/kernel/tracing";
+    let fstype = c"tracefs";
+    // SAFETY: plain mount(2) with static C strings.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 && p.join("events").is_dir() {
+        return readable(p);
+    }
+    Err(Refusal::new(format!(
+        "tracefs is not mounted and could not be mounted at /sys/kernel/tracing ({}); \
+         mount it with: mount -t tracefs nodev /sys/kernel/tracing",
+        std::io::Error::last_os_error()
+    )))
+}
+
+fn readable(p: &Path) -> Result<PathBuf, Refusal> {
+    fs::read_dir(p.join("events")).map_err(|e| {
+        Refusal::new(format!(
+            "tracefs at {} is not readable ({e}); run faultscope as root",
+            p.display()
+        ))
+    })?;
+    Ok(p.to_path_buf())
+}
+
+pub fn require_btf() -> Result<(), Refusal> {
+    if Path::new(BTF_VMLINUX).exists() {
+        Ok(())
+    } else {
+        Err(Refusal::new(format!(
+            "{BTF_VMLINUX} is missing: faultscope needs a kernel built with CONFIG_DEBUG_INFO_BTF \
+             (to check the types its probes read)"
+        )))
+    }
+}
+
+pub fn require_root() -> Result<(), Refusal> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Refusal::new(
+            "faultscope needs root (CAP_BPF, CAP_PERFMON and tracefs access): run it with sudo",
+        ));
+    }
+    Ok(())
+}
+
+pub fn has_kprobe_pmu() -> bool {
+    Path::new(KPROBE_PMU).exists()
+}
+
+/// The kernel's lockdown mode, if the securityfs file is readable
+/// ("confidentiality" forbids reading kernel memory from BPF).
+pub fn lockdown() -> Option<String> {
+    let s = fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    let start = s.find('[')? + 1;
+    let end = s[start..].find(']')? + start;
+    Some(s[start..end].to_string())
+}
+
+pub fn release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Text symbols of /proc/kallsyms, by name (names are listed to root even
+/// when kptr_restrict hides addresses).
+pub struct Kallsyms {
+    names: HashMap<String, ()>,
+}
+
+impl Kallsyms {
+    pub fn load() -> Result<Kallsyms> {
+        let text = fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        Ok(Kallsyms::parse(&text))
+    }
+
+    pub fn parse(text: &str) -> Kallsyms {
+        let mut names = HashMap::new();
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
+                continue;
+            };
+            if matches!(kind, "t" | "T" | "w" | "W") {
+                names.insert(name.to_string(), ());
+            }
+        }
+        Kallsyms { names }
+    }
+
+    /// The symbol to attach to for `func`: the function itself, or a
+    /// compiler clone of it (`func.isra.0`, `func.constprop.0`, ...).
+    pub fn resolve(&self, func: &str) -> Option<String> {
+        if self.names.contains_key(func) {
+            return Some(func.to_string());
+        }
+        let prefix = format!("{func}.");
+        let mut clones: Vec<&String> = self
+            .names
+            .keys()
+            .filter(|n| {
+                n.strip_prefix(&prefix)
+                    .is_some_and(|rest| rest.starts_with("isra") || rest.starts_with("constprop"))
+            })
+            .collect();
+        clones.sort();
+        clones.first().map(|s| s.to_string())
+    }
+}
+
+/// Functions kprobes refuse (`/sys/kernel/debug/kprobes/blacklist`), when
+/// debugfs is mounted.
+pub fn kprobe_blacklist() -> Vec<String> {
+    fs::read_to_string("/sys/kernel/debug/kprobes/blacklist")
+        .map(|s| {
+            s.lines()
+                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Offsets of a tracepoint's fields, from its tracefs `format` file.
+pub fn tracepoint_fields(tracefs: &Path, category: &str, name: &str) -> Result<HashMap<String, usize>> {
+    let path = tracefs.join("events").join(category).join(name).join("format");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    parse_format(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+pub fn parse_format(text: &str) -> Result<HashMap<String, usize>> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("field:") else {
+            continue;
+        };
+        let mut decl = None;
+        let mut offset = None;
+        for part in rest.split(';') {
+            let part = part.trim();
+            if let Some(o) = part.strip_prefix("offset:") {
+                offset = Some(o.parse::<usize>().context("bad offset")?);
+            } else if decl.is_none() && !part.is_empty() {
+                decl = Some(part);
+            }
+        }
+        let (Some(decl), Some(offset)) = (decl, offset) else {
+            bail!("malformed field line: {line}");
+        };
+        // "unsigned long error_code" / "char comm[16]"
+        let name = decl
+            .rsplit(' ')
+            .next()
+            .unwrap_or(decl)
+            .split('[')
+            .next()
+            .unwrap_or_default();
+        out.insert(name.to_string(), offset);
+    }
+    if out.is_empty() {
+        bail!("no fields");
+    }
+    Ok(out)
+}
+
+pub fn tracepoint_exists(tracefs: &Path, category: &str, name: &str) -> bool {
+    tracefs.join("events").join(category).join(name).is_dir()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_offsets() {
+        let f = "name: page_fault_user\nID: 190\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:unsigned long address;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n\tfield:unsigned long error_code;\toffset:24;\tsize:8;\tsigned:0;\n";
+        let m = parse_format(f).unwrap();
+        assert_eq!(m["address"], 8);
+        assert_eq!(m["error_code"], 24);
+        assert_eq!(m["comm"], 12);
+        assert_eq!(m["common_type"], 0);
+    }
+
+    #[test]
+    fn malformed_format_is_an_error() {
+        assert!(parse_format("format:\n\tfield:int x;\tsize:4;\n").is_err());
+        assert!(parse_format("garbage").is_err());
+    }
+
+    #[test]
+    fn kallsyms_clones() {
+        let k = Kallsyms::parse(
+            "ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff T handle_mm_fault\nffff d some_data\nffff t foo.cold\n",
+        );
+        assert_eq!(k.resolve("do_wp_page").as_deref(), Some("do_wp_page"));
+        assert_eq!(k.resolve("wp_page_copy").as_deref(), Some("wp_page_copy.isra.0"));
+        assert_eq!(k.resolve("some_data"), None);
+        assert_eq!(k.resolve("foo"), None);
+        assert_eq!(k.resolve("missing"), None);
+    }
+}

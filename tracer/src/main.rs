@@ -1,0 +1,115 @@
+//! faultscope: counts and times what the Linux fault path does to a process.
+//!
+//! Data flow, one module each: probes (the table) -> session (load, attach) ->
+//! kernel maps -> collector (snapshots) -> classes (what is measurable here)
+//! -> report (table, JSON).
+
+mod classes;
+mod collector;
+mod error;
+mod kernel;
+mod probes;
+mod record;
+mod report;
+mod session;
+mod target;
+mod workload;
+
+use clap::{Parser, Subcommand};
+use error::{Refusal, EXIT_REFUSED};
+
+#[derive(Parser)]
+#[command(name = "faultscope", version, about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Trace processes (-p PID) or a command (-- CMD ARGS) and report.
+    Record(record::RecordOpts),
+    /// Show the probe table resolved against this kernel; --load also loads
+    /// every program through the verifier without attaching it.
+    Probes {
+        #[arg(long)]
+        load: bool,
+    },
+    /// The built-in fork/write workload (populate, fork, child exits or
+    /// stays, write one byte per page), reporting its own page arithmetic.
+    Workload(workload::WorkloadOpts),
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Record(o) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(record::run(o))),
+        Cmd::Probes { load } => probes_cmd(load),
+        Cmd::Workload(o) => workload::run(&o).map(|()| 0),
+    };
+    match res {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            if let Some(r) = e.downcast_ref::<Refusal>() {
+                eprintln!("faultscope: {r}");
+                std::process::exit(EXIT_REFUSED);
+            }
+            eprintln!("faultscope: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn probes_cmd(load: bool) -> anyhow::Result<i32> {
+    kernel::require_root()?;
+    let tracefs = kernel::tracefs()?;
+    let kallsyms = kernel::Kallsyms::load().ok();
+    let blacklist = kernel::kprobe_blacklist();
+    let facts = probes::KernelFacts {
+        tracefs: &tracefs,
+        kallsyms: kallsyms.as_ref(),
+        kprobe_pmu: kernel::has_kprobe_pmu(),
+        blacklist: &blacklist,
+        lockdown: kernel::lockdown(),
+    };
+    println!("{:<16} {:<8} {:<10} {:<34} {}", "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE");
+    for r in probes::resolve(&facts) {
+        let hook = match r.spec.hook {
+            probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
+            probes::Hook::Kretprobe(f) => format!("kretprobe {}", f.join(" > ")),
+            probes::Hook::Tracepoint(c, n) => format!("tp {c}:{n}"),
+        };
+        let here = match r.resolution {
+            probes::Resolution::Attach(s) => format!("attach {s}"),
+            probes::Resolution::Unavailable(w) => format!("unavailable: {w}"),
+        };
+        println!(
+            "{:<16} {:<8} {:<10} {:<34} {}",
+            r.spec.program,
+            format!("{:?}", r.spec.arch).to_lowercase(),
+            if r.spec.required { "yes" } else { "no" },
+            hook,
+            here
+        );
+        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
+    }
+    if load {
+        let mut failed = 0;
+        for (prog, res) in session::load_all(&tracefs)? {
+            match res {
+                Ok(()) => println!("verifier: {prog}: ok"),
+                Err(e) => {
+                    failed += 1;
+                    println!("verifier: {prog}: REJECTED: {e}");
+                }
+            }
+        }
+        return Ok(if failed == 0 { 0 } else { 1 });
+    }
+    Ok(0)
+}

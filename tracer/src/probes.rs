@@ -1,0 +1,299 @@
+//! The probe table: every probe faultscope may attach, with its kernel
+//! function (and fallbacks), what it measures, and whether a run can go on
+//! without it. At start-up the table is resolved against the running kernel;
+//! the result says, for every reported class, whether it is measured here and
+//! if not, why.
+
+use std::path::Path;
+
+use crate::kernel::{self, Kallsyms};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// kprobe on the first of `functions` found in /proc/kallsyms.
+    Kprobe(&'static [&'static str]),
+    /// kretprobe on the same.
+    Kretprobe(&'static [&'static str]),
+    /// Tracepoint `category:name`.
+    Tracepoint(&'static str, &'static str),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Any,
+    X86_64,
+    Aarch64,
+}
+
+impl Arch {
+    fn here(self) -> bool {
+        match self {
+            Arch::Any => true,
+            Arch::X86_64 => cfg!(target_arch = "x86_64"),
+            Arch::Aarch64 => cfg!(target_arch = "aarch64"),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Arch::Any => "any",
+            Arch::X86_64 => "x86-64",
+            Arch::Aarch64 => "arm64",
+        }
+    }
+}
+
+pub struct ProbeSpec {
+    /// Name of the eBPF program (tracer-ebpf/src/main.rs).
+    pub program: &'static str,
+    pub hook: Hook,
+    pub arch: Arch,
+    pub min_kernel: &'static str,
+    /// Without it faultscope cannot run at all.
+    pub required: bool,
+    pub measures: &'static str,
+}
+
+/// Every probe. The order is the order of attachment: the per-thread state is
+/// created by the exception probes and `handle_mm_fault` entry, so marks and
+/// returns attach after them.
+pub const PROBES: &[ProbeSpec] = &[
+    ProbeSpec {
+        program: "task_newtask",
+        hook: Hook::Tracepoint("task", "task_newtask"),
+        arch: Arch::Any,
+        min_kernel: "3.5",
+        required: true,
+        measures: "forks of traced processes (clone_flags tell processes from threads); follows children",
+    },
+    ProbeSpec {
+        program: "process_exec",
+        hook: Hook::Tracepoint("sched", "sched_process_exec"),
+        arch: Arch::Any,
+        min_kernel: "3.4",
+        required: true,
+        measures: "exec of traced processes (a started command counts from its exec)",
+    },
+    ProbeSpec {
+        program: "process_exit",
+        hook: Hook::Tracepoint("sched", "sched_process_exit"),
+        arch: Arch::Any,
+        min_kernel: "2.6.32",
+        required: true,
+        measures: "exit of traced processes (ends the run when all are gone)",
+    },
+    ProbeSpec {
+        program: "page_fault_user",
+        hook: Hook::Tracepoint("exceptions", "page_fault_user"),
+        arch: Arch::X86_64,
+        min_kernel: "3.13",
+        required: false,
+        measures: "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
+    },
+    ProbeSpec {
+        program: "mem_abort",
+        hook: Hook::Kprobe(&["do_mem_abort"]),
+        arch: Arch::Aarch64,
+        min_kernel: "3.7",
+        required: false,
+        measures: "ESR of each abort: permission fault = present page (spurious rule)",
+    },
+    ProbeSpec {
+        program: "fault_entry",
+        hook: Hook::Kprobe(&["handle_mm_fault"]),
+        arch: Arch::Any,
+        min_kernel: "4.9",
+        required: false,
+        measures: "start of each user fault (regs != NULL, FAULT_FLAG_USER)",
+    },
+    ProbeSpec {
+        program: "fault_return",
+        hook: Hook::Kretprobe(&["handle_mm_fault"]),
+        arch: Arch::Any,
+        min_kernel: "4.9",
+        required: false,
+        measures: "end of each user fault: latency, vm_fault_t, classification",
+    },
+    ProbeSpec {
+        program: "wp_page",
+        hook: Hook::Kprobe(&["do_wp_page"]),
+        arch: Arch::Any,
+        min_kernel: "2.6",
+        required: false,
+        measures: "write-protect faults on PTEs",
+    },
+    ProbeSpec {
+        program: "huge_pmd_wp",
+        hook: Hook::Kprobe(&["do_huge_pmd_wp_page"]),
+        arch: Arch::Any,
+        min_kernel: "2.6.38",
+        required: false,
+        measures: "write-protect faults on PMD-mapped THPs",
+    },
+    ProbeSpec {
+        program: "new_anon_rmap",
+        hook: Hook::Kprobe(&["folio_add_new_anon_rmap", "page_add_new_anon_rmap"]),
+        arch: Arch::Any,
+        min_kernel: "6.3 (folio_*), earlier page_*",
+        required: false,
+        measures: "a new anon folio mapped: inside do_wp_page, a COW copy",
+    },
+    ProbeSpec {
+        program: "contpte_unfold",
+        hook: Hook::Kprobe(&["__contpte_try_unfold"]),
+        arch: Arch::Aarch64,
+        min_kernel: "6.9",
+        required: false,
+        measures: "contpte blocks unfolded",
+    },
+    ProbeSpec {
+        program: "contpte_convert",
+        hook: Hook::Kprobe(&["contpte_convert"]),
+        arch: Arch::Aarch64,
+        min_kernel: "6.9",
+        required: false,
+        measures: "contpte blocks rewritten (fold or unfold)",
+    },
+    ProbeSpec {
+        program: "contpte_fold",
+        hook: Hook::Kprobe(&["__contpte_try_fold"]),
+        arch: Arch::Aarch64,
+        min_kernel: "6.9",
+        required: false,
+        measures: "contpte fold attempts",
+    },
+];
+
+/// What resolution found for one probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// Attach to this kernel symbol (or tracepoint).
+    Attach(String),
+    /// Not attachable here, and why.
+    Unavailable(String),
+}
+
+pub struct Resolved {
+    pub spec: &'static ProbeSpec,
+    pub resolution: Resolution,
+}
+
+/// Facts about the kernel that resolution depends on, gathered once so that
+/// resolution itself is a pure function (and testable).
+pub struct KernelFacts<'a> {
+    pub tracefs: &'a Path,
+    pub kallsyms: Option<&'a Kallsyms>,
+    pub kprobe_pmu: bool,
+    pub blacklist: &'a [String],
+    pub lockdown: Option<String>,
+}
+
+pub fn resolve(facts: &KernelFacts<'_>) -> Vec<Resolved> {
+    PROBES
+        .iter()
+        .map(|spec| Resolved {
+            spec,
+            resolution: resolve_one(spec, facts),
+        })
+        .collect()
+}
+
+fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
+    if !spec.arch.here() {
+        return Resolution::Unavailable(format!("{} only", spec.arch.name()));
+    }
+    match spec.hook {
+        Hook::Tracepoint(cat, name) => {
+            if kernel::tracepoint_exists(facts.tracefs, cat, name) {
+                Resolution::Attach(format!("{cat}:{name}"))
+            } else {
+                Resolution::Unavailable(format!("no tracepoint {cat}:{name} in this kernel"))
+            }
+        }
+        Hook::Kprobe(funcs) | Hook::Kretprobe(funcs) => {
+            if !facts.kprobe_pmu {
+                return Resolution::Unavailable(
+                    "no kprobe PMU (kernel built without CONFIG_KPROBES)".into(),
+                );
+            }
+            if facts.lockdown.as_deref() == Some("confidentiality") {
+                return Resolution::Unavailable(
+                    "kernel lockdown=confidentiality forbids kprobe programs".into(),
+                );
+            }
+            let Some(k) = facts.kallsyms else {
+                return Resolution::Unavailable("/proc/kallsyms is not readable".into());
+            };
+            for f in funcs {
+                if let Some(sym) = k.resolve(f) {
+                    if facts.blacklist.iter().any(|b| b == &sym) {
+                        return Resolution::Unavailable(format!(
+                            "{sym} is on the kprobe blacklist (notrace)"
+                        ));
+                    }
+                    return Resolution::Attach(sym);
+                }
+            }
+            Resolution::Unavailable(format!(
+                "no symbol {} in /proc/kallsyms (inlined or absent in this kernel)",
+                funcs.join(" or ")
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(k: &'a Kallsyms, pmu: bool, tracefs: &'a Path) -> KernelFacts<'a> {
+        KernelFacts {
+            tracefs,
+            kallsyms: Some(k),
+            kprobe_pmu: pmu,
+            blacklist: &[],
+            lockdown: None,
+        }
+    }
+
+    #[test]
+    fn fallback_symbol_is_used() {
+        let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n");
+        let dir = tempfile::tempdir().unwrap();
+        let r = resolve(&facts(&k, true, dir.path()));
+        let get = |p: &str| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
+        assert_eq!(get("fault_entry"), Resolution::Attach("handle_mm_fault".into()));
+        assert_eq!(get("wp_page"), Resolution::Attach("do_wp_page.isra.0".into()));
+        assert_eq!(get("new_anon_rmap"), Resolution::Attach("page_add_new_anon_rmap".into()));
+        assert!(matches!(get("huge_pmd_wp"), Resolution::Unavailable(r) if r.contains("no symbol")));
+        assert!(matches!(get("task_newtask"), Resolution::Unavailable(r) if r.contains("no tracepoint")));
+    }
+
+    #[test]
+    fn no_pmu_means_no_kprobes() {
+        let k = Kallsyms::parse("0 T handle_mm_fault\n");
+        let dir = tempfile::tempdir().unwrap();
+        let r = resolve(&facts(&k, false, dir.path()));
+        let e = r.iter().find(|r| r.spec.program == "fault_entry").unwrap();
+        assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES")));
+    }
+
+    #[test]
+    fn blacklisted_is_notrace() {
+        let k = Kallsyms::parse("0 T handle_mm_fault\n");
+        let dir = tempfile::tempdir().unwrap();
+        let bl = vec!["handle_mm_fault".to_string()];
+        let mut f = facts(&k, true, dir.path());
+        f.blacklist = &bl;
+        let r = resolve(&f);
+        let e = r.iter().find(|r| r.spec.program == "fault_entry").unwrap();
+        assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("blacklist")));
+    }
+
+    #[test]
+    fn program_names_are_unique() {
+        let mut names: Vec<_> = PROBES.iter().map(|p| p.program).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), PROBES.len());
+    }
+}

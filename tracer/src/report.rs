@@ -1,0 +1,278 @@
+//! The report: a plain table per process, and JSON (schema `faultscope/1`).
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use faultscope_common::Class;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::{
+    classes::Availability,
+    collector::{latency, Snapshot},
+    session::ProbeStatus,
+};
+
+pub const SCHEMA: &str = "faultscope/1";
+
+/// Everything a report is made of besides the counts.
+pub struct Context<'a> {
+    pub kernel: String,
+    pub arch: &'static str,
+    pub availability: &'a [(&'static str, Availability)],
+    pub probes: &'a [ProbeStatus],
+    pub comms: &'a BTreeMap<u32, String>,
+    pub drops: [u64; 4],
+    pub duration_ns: u64,
+}
+
+#[derive(Serialize)]
+struct ProbeJson<'a> {
+    program: &'a str,
+    target: &'a str,
+    attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+}
+
+/// The mode in one word: kprobes when the fault path is probed, else the
+/// tracepoint-only fallback.
+pub fn mode(avail: &[(&'static str, Availability)]) -> &'static str {
+    match avail.iter().find(|(n, _)| *n == "faults") {
+        Some((_, Availability::Measured { class: Class::Faults, .. })) => "kprobe",
+        Some((_, Availability::Measured { .. })) => "tracepoint",
+        _ => "none",
+    }
+}
+
+/// One class's JSON object for one process.
+pub fn class_json(snap: &Snapshot, tgid: u32, a: &Availability) -> Value {
+    match a {
+        Availability::NotMeasurable(reason) => json!({"measurable": false, "reason": reason}),
+        Availability::Measured { class, timed, source } => {
+            let s = snap.get(tgid, *class);
+            let mut m = Map::new();
+            m.insert("count".into(), json!(s.map(|s| s.count).unwrap_or(0)));
+            if *timed {
+                if let Some(l) = s.as_ref().and_then(latency) {
+                    m.insert("p50_ns".into(), json!(l.p50_ns));
+                    m.insert("p99_ns".into(), json!(l.p99_ns));
+                    m.insert("max_ns".into(), json!(l.max_ns));
+                    m.insert("mean_ns".into(), json!(l.mean_ns));
+                }
+            }
+            m.insert("source".into(), json!(source));
+            Value::Object(m)
+        }
+    }
+}
+
+pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
+    let mut procs = Vec::new();
+    for tgid in pids(snap, ctx) {
+        let mut classes = Map::new();
+        for (name, a) in ctx.availability {
+            classes.insert((*name).into(), class_json(snap, tgid, a));
+        }
+        let mut p = json!({
+            "pid": tgid,
+            "comm": ctx.comms.get(&tgid).cloned().unwrap_or_default(),
+            "classes": classes,
+        });
+        if let Some(lost) = lost_returns(snap, tgid) {
+            p["lost_returns"] = json!(lost);
+        }
+        procs.push(p);
+    }
+    let probes: Vec<ProbeJson<'_>> = ctx
+        .probes
+        .iter()
+        .map(|p| ProbeJson {
+            program: p.program,
+            target: &p.target,
+            attached: p.attached,
+            reason: p.reason.as_deref(),
+        })
+        .collect();
+    json!({
+        "schema": SCHEMA,
+        "kernel": ctx.kernel,
+        "arch": ctx.arch,
+        "mode": mode(ctx.availability),
+        "duration_ns": ctx.duration_ns,
+        "probes": probes,
+        "drops": {
+            "stats_map_full": ctx.drops[0],
+            "threads_map_full": ctx.drops[1],
+            "targets_map_full": ctx.drops[2],
+            "events_ring_full": ctx.drops[3],
+        },
+        "processes": procs,
+    })
+}
+
+/// Processes to show: those with counts, plus traced ones without any.
+fn pids(snap: &Snapshot, ctx: &Context<'_>) -> Vec<u32> {
+    let mut v = snap.pids();
+    v.extend(ctx.comms.keys().copied());
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// handle_mm_fault entries minus returns: kretprobe instances the kernel
+/// could not allocate (faults not classified). `None` when all returned.
+fn lost_returns(snap: &Snapshot, tgid: u32) -> Option<u64> {
+    let entries = snap.get(tgid, Class::FaultEntry)?.count;
+    let returns = snap.get(tgid, Class::Faults).map(|s| s.count).unwrap_or(0);
+    (entries > returns).then(|| entries - returns)
+}
+
+/// One line saying what is measured here and what is not, and why.
+pub fn measured_line(avail: &[(&'static str, Availability)]) -> String {
+    let measured: Vec<&str> = avail
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
+        .map(|(n, _)| *n)
+        .collect();
+    let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (n, a) in avail {
+        if let Availability::NotMeasurable(r) = a {
+            reasons.entry(r.as_str()).or_default().push(n);
+        }
+    }
+    let mut s = format!("faultscope: measuring {}", measured.join(", "));
+    if !reasons.is_empty() {
+        s.push_str("; not measurable here: ");
+        let parts: Vec<String> = reasons
+            .iter()
+            .map(|(r, ns)| format!("{} ({r})", ns.join(", ")))
+            .collect();
+        s.push_str(&parts.join("; "));
+    }
+    s
+}
+
+fn fmt_ns(ns: u64) -> String {
+    match ns {
+        0..=9_999 => format!("{ns}ns"),
+        10_000..=9_999_999 => format!("{:.1}us", ns as f64 / 1e3),
+        10_000_000..=9_999_999_999 => format!("{:.1}ms", ns as f64 / 1e6),
+        _ => format!("{:.1}s", ns as f64 / 1e9),
+    }
+}
+
+/// The plain table, libbpf-tools style: one block per process.
+pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
+    let mut out = String::new();
+    for tgid in pids(snap, ctx) {
+        let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
+        let _ = writeln!(out, "PID {tgid} ({comm})");
+        let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
+        for (name, a) in ctx.availability {
+            match a {
+                Availability::NotMeasurable(_) => {
+                    let _ = writeln!(out, "  {name:<22} {:>10}", "n/m");
+                }
+                Availability::Measured { class, timed, .. } => {
+                    let s = snap.get(tgid, *class);
+                    let count = s.map(|s| s.count).unwrap_or(0);
+                    let lat = if *timed { s.as_ref().and_then(latency) } else { None };
+                    match lat {
+                        Some(l) => {
+                            let _ = writeln!(
+                                out,
+                                "  {name:<22} {count:>10} {:>9} {:>9} {:>9}",
+                                fmt_ns(l.p50_ns),
+                                fmt_ns(l.p99_ns),
+                                fmt_ns(l.max_ns)
+                            );
+                        }
+                        None => {
+                            let _ = writeln!(out, "  {name:<22} {count:>10} {:>9} {:>9} {:>9}", "-", "-", "-");
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(lost) = lost_returns(snap, tgid) {
+            let _ = writeln!(out, "  warning: {lost} faults entered but never returned to the kretprobe (not classified)");
+        }
+    }
+    let dropped: u64 = ctx.drops.iter().sum();
+    if dropped > 0 {
+        let _ = writeln!(
+            out,
+            "warning: the kernel side dropped records (stats map full: {}, threads map full: {}, targets map full: {}, events ring full: {}); rerun with a larger --max-stats",
+            ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3]
+        );
+    }
+    let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultscope_common::{Stat, StatKey};
+
+    fn snap() -> Snapshot {
+        let mut stats = BTreeMap::new();
+        let mut s = Stat::ZERO;
+        for v in [400u64, 420, 450, 5000] {
+            s.record(Some(v));
+        }
+        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16 }, s);
+        let mut e = Stat::ZERO;
+        for _ in 0..5 {
+            e.record(None);
+        }
+        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::FaultEntry as u16 }, e);
+        Snapshot { stats }
+    }
+
+    #[test]
+    fn json_shape() {
+        let avail = vec![
+            ("faults", Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
+            ("reuse", Availability::NotMeasurable("no kprobe PMU".into())),
+            ("copy", Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+        ];
+        let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
+        let ctx = Context {
+            kernel: "6.12".into(),
+            arch: "x86_64",
+            availability: &avail,
+            probes: &[],
+            comms: &comms,
+            drops: [0; 4],
+            duration_ns: 1,
+        };
+        let j = to_json(&snap(), &ctx);
+        assert_eq!(j["schema"], SCHEMA);
+        assert_eq!(j["mode"], "kprobe");
+        let p = &j["processes"][0];
+        assert_eq!(p["pid"], 42);
+        assert_eq!(p["classes"]["faults"]["count"], 4);
+        assert_eq!(p["classes"]["faults"]["max_ns"], 5000);
+        assert!(p["classes"]["faults"]["p50_ns"].as_u64().unwrap() >= 384);
+        assert_eq!(p["classes"]["reuse"]["measurable"], false);
+        // Measured but nothing happened: a real 0, without latency.
+        assert_eq!(p["classes"]["copy"]["count"], 0);
+        assert!(p["classes"]["copy"].get("p50_ns").is_none());
+        assert_eq!(p["lost_returns"], 1);
+        let t = to_text(&snap(), &ctx);
+        assert!(t.contains("n/m"));
+        assert!(t.contains("1 faults entered but never returned"));
+    }
+
+    #[test]
+    fn measured_line_groups_reasons() {
+        let avail = vec![
+            ("faults", Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
+            ("reuse", Availability::NotMeasurable("no PMU".into())),
+            ("copy", Availability::NotMeasurable("no PMU".into())),
+        ];
+        assert_eq!(measured_line(&avail), "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)");
+        assert_eq!(mode(&avail), "tracepoint");
+    }
+}

@@ -1,0 +1,201 @@
+//! The processes to trace: existing pids, or a command faultscope starts
+//! paused, so that it is in the traced set before its `exec`.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Result;
+
+use crate::error::Refusal;
+
+/// Refuses pids that do not exist (or are threads, not processes).
+pub fn check_pid(pid: u32) -> Result<String, Refusal> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| Refusal::new(format!("no process with pid {pid}")))?;
+    let tgid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if tgid != Some(pid) {
+        return Err(Refusal::new(format!(
+            "pid {pid} is a thread of process {}; pass the process id",
+            tgid.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
+        )));
+    }
+    Ok(comm_of(pid).unwrap_or_default())
+}
+
+pub fn comm_of(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Whether the process is gone (or a zombie: it will fault no more).
+pub fn is_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+            .unwrap_or(true),
+    }
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        return p.is_file().then_some(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// A command forked and held before `exec` until [`Paused::release`].
+pub struct Paused {
+    pub pid: u32,
+    go: libc::c_int,
+}
+
+/// Forks the command and stops it before `exec`: the child blocks reading a
+/// pipe, so the caller can add it to the traced set first. (std's Command
+/// cannot do this: its spawn waits for the exec.)
+pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
+    let Some(first) = argv.first() else {
+        return Err(Refusal::new("no command given after --"));
+    };
+    let path = find_program(first)
+        .ok_or_else(|| Refusal::new(format!("command not found: {first}")))?;
+    let cpath = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Refusal::new("command path contains a NUL byte"))?;
+    let cargs: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| Refusal::new("an argument contains a NUL byte"))?;
+    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Refusal::new(format!("pipe: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: the child only calls async-signal-safe functions (close, read,
+    // execv, _exit) on memory prepared before the fork.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Refusal::new(format!("fork: {}", std::io::Error::last_os_error())));
+    }
+    if pid == 0 {
+        unsafe {
+            libc::close(fds[1]);
+            let mut b = 0u8;
+            let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+            if n != 1 {
+                // faultscope gave up before releasing us.
+                libc::_exit(126);
+            }
+            libc::execv(cpath.as_ptr(), ptrs.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    unsafe { libc::close(fds[0]) };
+    Ok(Paused { pid: pid as u32, go: fds[1] })
+}
+
+impl Paused {
+    /// Lets the command exec.
+    pub fn release(self) {
+        let b = b"g";
+        // SAFETY: writing one byte to our end of the pipe.
+        unsafe {
+            libc::write(self.go, b.as_ptr().cast(), 1);
+            libc::close(self.go);
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Paused {
+    /// Not released: the child reads EOF and exits without running the command.
+    fn drop(&mut self) {
+        unsafe {
+            libc::close(self.go);
+            libc::waitpid(self.pid as i32, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Reaps a child without blocking: `Some(exit status)` once it has exited.
+pub fn try_reap(pid: u32) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: plain waitpid on our own child.
+    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    if r == pid as i32 {
+        if libc::WIFEXITED(status) {
+            Some(libc::WEXITSTATUS(status))
+        } else if libc::WIFSIGNALED(status) {
+            Some(128 + libc::WTERMSIG(status))
+        } else {
+            None
+        }
+    } else if r < 0 {
+        Some(-1)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_pid_is_refused() {
+        // pid_max is at most 2^22, so this pid cannot exist.
+        let e = check_pid(u32::MAX - 1).unwrap_err();
+        assert_eq!(e.0, format!("no process with pid {}", u32::MAX - 1));
+    }
+
+    #[test]
+    fn own_pid_is_accepted() {
+        assert!(check_pid(std::process::id()).is_ok());
+        assert!(!is_gone(std::process::id()));
+    }
+
+    #[test]
+    fn unknown_command_is_refused() {
+        let e = spawn_paused(&["/nonexistent/faultscope-nothing".into()]).err().unwrap();
+        assert!(e.0.contains("command not found"));
+    }
+
+    #[test]
+    fn paused_child_runs_only_when_released() {
+        let p = spawn_paused(&["true".into()]).unwrap();
+        let pid = p.pid;
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(try_reap(pid), None, "child must wait for release");
+        p.release();
+        let mut st = None;
+        for _ in 0..200 {
+            st = try_reap(pid);
+            if st.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(st, Some(0));
+    }
+}

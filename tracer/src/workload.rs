@@ -1,0 +1,208 @@
+//! The built-in workload: the seed's scenario with known page arithmetic.
+//!
+//! Populate anonymous memory, fork, let the child exit (COW reuse) or stay
+//! alive (COW copy), then write one byte per page. It reports its own view of
+//! each phase (getrusage minor faults, wall time), which tests use as an
+//! oracle independent of the tracer.
+
+use std::{fs, path::PathBuf, time::Instant};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Thp {
+    /// MADV_NOHUGEPAGE: 4K pages whatever the system setting.
+    Never,
+    /// MADV_HUGEPAGE: THP / mTHP where the system enables them for madvise.
+    Madvise,
+    /// No madvise: the system's default.
+    System,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Child {
+    /// The child exits before the parent writes: writes reuse.
+    Exit,
+    /// The child stays alive while the parent writes: writes copy.
+    Alive,
+}
+
+#[derive(Args, Debug)]
+pub struct WorkloadOpts {
+    /// Anonymous memory to use, e.g. 64M, 256M, 1G.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub size: u64,
+    #[arg(long, value_enum, default_value = "never")]
+    pub thp: Thp,
+    #[arg(long, value_enum, default_value = "exit")]
+    pub child: Child,
+    /// Write the workload's own report (JSON) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (s, 1u64),
+        Some((i, _)) => {
+            let m = match s[i..].to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "" => 1,
+                other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
+            };
+            (&s[..i], m)
+        }
+    };
+    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("bad size {s:?}"))
+}
+
+#[derive(Clone, Copy)]
+struct Usage {
+    minflt: i64,
+    majflt: i64,
+    at: Instant,
+}
+
+fn usage() -> Usage {
+    // SAFETY: getrusage fills the struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
+}
+
+fn phase(a: Usage, b: Usage) -> serde_json::Value {
+    json!({
+        "minflt": b.minflt - a.minflt,
+        "majflt": b.majflt - a.majflt,
+        "wall_ns": (b.at - a.at).as_nanos() as u64,
+    })
+}
+
+/// Touches one byte per page with volatile stores, so the compiler keeps
+/// every store.
+fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: off < len, inside the mapping.
+        unsafe { std::ptr::write_volatile(base.add(off), val) };
+        off += page;
+    }
+}
+
+pub fn run(o: &WorkloadOpts) -> Result<()> {
+    let start = usage();
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let align = 2 << 20;
+    let len = o.size as usize;
+    if len % page != 0 {
+        bail!("--size must be a multiple of the page size ({page})");
+    }
+    // Over-map and align to 2M so that THPs and mTHPs of any order fit.
+    let map_len = len + align;
+    // SAFETY: anonymous private mapping; checked for MAP_FAILED.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            map_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        bail!("mmap of {map_len} bytes: {}", std::io::Error::last_os_error());
+    }
+    let base = ((raw as usize + align - 1) & !(align - 1)) as *mut u8;
+    let advice = match o.thp {
+        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
+        Thp::System => None,
+    };
+    if let Some(a) = advice {
+        // SAFETY: advising our own mapping.
+        if unsafe { libc::madvise(base.cast(), len, a) } != 0 {
+            bail!("madvise: {}", std::io::Error::last_os_error());
+        }
+    }
+    let pages = len / page;
+
+    let t0 = usage();
+    write_pages(base, len, page, 1);
+    let t1 = usage();
+
+    // SAFETY: fork; the child only sleeps/exits.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        if o.child == Child::Alive {
+            // Stay until the parent kills us.
+            loop {
+                unsafe { libc::pause() };
+            }
+        }
+        unsafe { libc::_exit(0) };
+    }
+    if o.child == Child::Exit {
+        let mut st = 0;
+        unsafe { libc::waitpid(child, &mut st, 0) };
+    }
+    let t2 = usage();
+    write_pages(base, len, page, 2);
+    let t3 = usage();
+    if o.child == Child::Alive {
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+    }
+    let end = usage();
+    let report = json!({
+        "workload": "fork-write",
+        "pid": std::process::id(),
+        "child_pid": child,
+        "child": format!("{:?}", o.child).to_lowercase(),
+        "thp": format!("{:?}", o.thp).to_lowercase(),
+        "page_size": page,
+        "bytes": len,
+        "pages": pages,
+        "phases": {
+            "populate": phase(t0, t1),
+            "fork": phase(t1, t2),
+            "write": phase(t2, t3),
+        },
+        "minflt_total": end.minflt,
+        "majflt_total": end.majflt,
+        "minflt_since_main": end.minflt - start.minflt,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    match &o.out {
+        Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("").is_err());
+    }
+}
