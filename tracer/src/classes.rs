@@ -98,7 +98,11 @@ pub const CLASSES: &[ClassSpec] = &[
 /// How a class is measured in this run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Availability {
-    Measured { class: Class, timed: bool, source: &'static str },
+    Measured {
+        class: Class,
+        timed: bool,
+        source: &'static str,
+    },
     NotMeasurable(String),
 }
 
@@ -121,7 +125,11 @@ pub fn availability(
                     None => {
                         return (
                             spec.name,
-                            Availability::Measured { class: src.class, timed: src.timed, source: src.describe },
+                            Availability::Measured {
+                                class: src.class,
+                                timed: src.timed,
+                                source: src.describe,
+                            },
                         )
                     }
                     Some(need) => {
@@ -136,7 +144,10 @@ pub fn availability(
                     }
                 }
             }
-            (spec.name, Availability::NotMeasurable(why.unwrap_or_default()))
+            (
+                spec.name,
+                Availability::NotMeasurable(why.unwrap_or_default()),
+            )
         })
         .collect()
 }
@@ -156,31 +167,93 @@ mod tests {
     #[test]
     fn tracepoint_only_mode() {
         let v = avail(&["page_fault_user", "task_newtask"]);
-        assert!(matches!(get(&v, "faults"), Availability::Measured { class: Class::TpFaults, timed: false, .. }));
-        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::TpPresentWrite, .. }));
-        assert!(matches!(get(&v, "first_touch"), Availability::Measured { class: Class::TpNotPresent, .. }));
+        assert!(matches!(
+            get(&v, "faults"),
+            Availability::Measured {
+                class: Class::TpFaults,
+                timed: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            get(&v, "wp_faults"),
+            Availability::Measured {
+                class: Class::TpPresentWrite,
+                ..
+            }
+        ));
+        assert!(matches!(
+            get(&v, "first_touch"),
+            Availability::Measured {
+                class: Class::TpNotPresent,
+                ..
+            }
+        ));
         match get(&v, "reuse") {
             Availability::NotMeasurable(r) => assert!(r.contains("fault_entry missing"), "{r}"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(get(&v, "contpte_unfold"), Availability::NotMeasurable(_)));
+        assert!(matches!(
+            get(&v, "contpte_unfold"),
+            Availability::NotMeasurable(_)
+        ));
     }
 
     #[test]
     fn kprobe_mode_prefers_kprobes() {
         let v = avail(&[
-            "fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "page_fault_user",
+            "fault_entry",
+            "fault_return",
+            "wp_page",
+            "huge_pmd_wp",
+            "new_anon_rmap",
+            "page_fault_user",
         ]);
-        assert!(matches!(get(&v, "faults"), Availability::Measured { class: Class::Faults, timed: true, .. }));
-        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::WpFaults, .. }));
-        assert!(matches!(get(&v, "spurious"), Availability::Measured { class: Class::Spurious, .. }));
+        assert!(matches!(
+            get(&v, "faults"),
+            Availability::Measured {
+                class: Class::Faults,
+                timed: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            get(&v, "wp_faults"),
+            Availability::Measured {
+                class: Class::WpFaults,
+                ..
+            }
+        ));
+        assert!(matches!(
+            get(&v, "spurious"),
+            Availability::Measured {
+                class: Class::Spurious,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn spurious_accepts_either_exception_source() {
-        let v = avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "mem_abort"]);
+        let v = avail(&[
+            "fault_entry",
+            "fault_return",
+            "wp_page",
+            "huge_pmd_wp",
+            "new_anon_rmap",
+            "mem_abort",
+        ]);
         assert!(matches!(get(&v, "spurious"), Availability::Measured { .. }));
-        let v = avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap"]);
-        assert!(matches!(get(&v, "spurious"), Availability::NotMeasurable(_)));
+        let v = avail(&[
+            "fault_entry",
+            "fault_return",
+            "wp_page",
+            "huge_pmd_wp",
+            "new_anon_rmap",
+        ]);
+        assert!(matches!(
+            get(&v, "spurious"),
+            Availability::NotMeasurable(_)
+        ));
     }
 }

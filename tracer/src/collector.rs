@@ -37,7 +37,17 @@ impl Snapshot {
     /// One class of one process, summed over phases.
     pub fn get(&self, tgid: u32, class: Class) -> Option<Stat> {
         let mut out: Option<Stat> = None;
-        for (k, v) in self.stats.range(StatKey { tgid, phase: 0, class: 0 }..=StatKey { tgid, phase: u16::MAX, class: u16::MAX }) {
+        for (k, v) in self.stats.range(
+            StatKey {
+                tgid,
+                phase: 0,
+                class: 0,
+            }..=StatKey {
+                tgid,
+                phase: u16::MAX,
+                class: u16::MAX,
+            },
+        ) {
             if k.class == class as u16 {
                 out.get_or_insert(Stat::ZERO).merge(v);
             }
@@ -169,9 +179,17 @@ mod tests {
         assert_eq!(m.max_ns, 300);
         assert_eq!(m.sum_ns, 600);
 
-        let key = StatKey { tgid: 7, phase: 0, class: Class::Faults as u16 };
-        let early = Snapshot { stats: [(key, a)].into() };
-        let late = Snapshot { stats: [(key, m)].into() };
+        let key = StatKey {
+            tgid: 7,
+            phase: 0,
+            class: Class::Faults as u16,
+        };
+        let early = Snapshot {
+            stats: [(key, a)].into(),
+        };
+        let late = Snapshot {
+            stats: [(key, m)].into(),
+        };
         let d = late.since(&early);
         let ds = d.stats[&key];
         assert_eq!(ds.count, 1);

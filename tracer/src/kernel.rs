@@ -157,8 +157,16 @@ pub fn kprobe_blacklist() -> Vec<String> {
 }
 
 /// Offsets of a tracepoint's fields, from its tracefs `format` file.
-pub fn tracepoint_fields(tracefs: &Path, category: &str, name: &str) -> Result<HashMap<String, usize>> {
-    let path = tracefs.join("events").join(category).join(name).join("format");
+pub fn tracepoint_fields(
+    tracefs: &Path,
+    category: &str,
+    name: &str,
+) -> Result<HashMap<String, usize>> {
+    let path = tracefs
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     parse_format(&text).with_context(|| format!("parsing {}", path.display()))
 }
@@ -229,7 +237,10 @@ mod tests {
             "ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff T handle_mm_fault\nffff d some_data\nffff t foo.cold\n",
         );
         assert_eq!(k.resolve("do_wp_page").as_deref(), Some("do_wp_page"));
-        assert_eq!(k.resolve("wp_page_copy").as_deref(), Some("wp_page_copy.isra.0"));
+        assert_eq!(
+            k.resolve("wp_page_copy").as_deref(),
+            Some("wp_page_copy.isra.0")
+        );
         assert_eq!(k.resolve("some_data"), None);
         assert_eq!(k.resolve("foo"), None);
         assert_eq!(k.resolve("missing"), None);

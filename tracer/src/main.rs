@@ -19,7 +19,11 @@ use clap::{Parser, Subcommand};
 use error::{Refusal, EXIT_REFUSED};
 
 #[derive(Parser)]
-#[command(name = "faultscope", version, about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds")]
+#[command(
+    name = "faultscope",
+    version,
+    about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -77,7 +81,10 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
         blacklist: &blacklist,
         lockdown: kernel::lockdown(),
     };
-    println!("{:<16} {:<8} {:<10} {:<34} {}", "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE");
+    println!(
+        "{:<16} {:<8} {:<10} {:<34} {}",
+        "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE"
+    );
     for r in probes::resolve(&facts) {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
@@ -96,7 +103,10 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
             hook,
             here
         );
-        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
+        println!(
+            "{:<16} measures: {} (kernel >= {})",
+            "", r.spec.measures, r.spec.min_kernel
+        );
     }
     if load {
         let mut failed = 0;

@@ -65,9 +65,13 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     for &pid in &o.pids {
         comms.insert(pid, target::check_pid(pid)?);
     }
+    if !o.command.is_empty() {
+        target::resolve_command(&o.command)?;
+    }
     // Fail on an unwritable report path now, not after the run.
     if let Some(p) = &o.json {
-        fs::write(p, b"").map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
+        fs::write(p, b"")
+            .map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
     }
     let tracefs = kernel::tracefs()?;
     kernel::require_btf()?;
@@ -89,18 +93,41 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     );
     eprintln!("{}", report::measured_line(&avail));
 
-    let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
+    let follow = if o.follow_children {
+        TARGET_FOLLOW_CHILDREN
+    } else {
+        0
+    };
     let mut live: BTreeSet<u32> = BTreeSet::new();
     for &pid in &o.pids {
-        session.add_target(pid, TargetInfo { phase: 0, flags: follow })?;
+        session.add_target(
+            pid,
+            TargetInfo {
+                phase: 0,
+                flags: follow,
+            },
+        )?;
         live.insert(pid);
     }
     let mut spawned = None;
     if !o.command.is_empty() {
         let paused = target::spawn_paused(&o.command)?;
         let pid = paused.pid;
-        session.add_target(pid, TargetInfo { phase: 0, flags: follow | TARGET_PENDING_EXEC })?;
-        comms.insert(pid, o.command[0].rsplit('/').next().unwrap_or_default().to_string());
+        session.add_target(
+            pid,
+            TargetInfo {
+                phase: 0,
+                flags: follow | TARGET_PENDING_EXEC,
+            },
+        )?;
+        comms.insert(
+            pid,
+            o.command[0]
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        );
         live.insert(pid);
         paused.release();
         spawned = Some(pid);
@@ -138,7 +165,11 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
             if now >= t {
                 let snap = Snapshot::read(&session.bpf)?;
                 let ctx = context(&session, &avail, &comms, started)?;
-                println!("--- interval {} ({:.1}s) ---", ticks + 1, now.duration_since(started).as_secs_f64());
+                println!(
+                    "--- interval {} ({:.1}s) ---",
+                    ticks + 1,
+                    now.duration_since(started).as_secs_f64()
+                );
                 print!("{}", report::to_text(&snap.since(&last), &ctx));
                 last = snap;
                 ticks += 1;
@@ -159,7 +190,10 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     drain_events(&mut session, &mut live, &mut comms)?;
     let snap = Snapshot::read(&session.bpf)?;
     let ctx = context(&session, &avail, &comms, started)?;
-    eprintln!("faultscope: {why} after {:.2}s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "faultscope: {why} after {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
     print!("{}", report::to_text(&snap, &ctx));
     if let Some(p) = &o.json {
         let mut j = report::to_json(&snap, &ctx);
@@ -212,7 +246,9 @@ fn drain_events(
         }
     }
     for e in evs {
-        let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
+        let comm = String::from_utf8_lossy(&e.comm)
+            .trim_end_matches('\0')
+            .to_string();
         match e.kind {
             k if k == LifeKind::Fork as u32 => {
                 if e.aux != 0 {

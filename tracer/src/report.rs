@@ -38,7 +38,13 @@ struct ProbeJson<'a> {
 /// tracepoint-only fallback.
 pub fn mode(avail: &[(&'static str, Availability)]) -> &'static str {
     match avail.iter().find(|(n, _)| *n == "faults") {
-        Some((_, Availability::Measured { class: Class::Faults, .. })) => "kprobe",
+        Some((
+            _,
+            Availability::Measured {
+                class: Class::Faults,
+                ..
+            },
+        )) => "kprobe",
         Some((_, Availability::Measured { .. })) => "tracepoint",
         _ => "none",
     }
@@ -48,7 +54,11 @@ pub fn mode(avail: &[(&'static str, Availability)]) -> &'static str {
 pub fn class_json(snap: &Snapshot, tgid: u32, a: &Availability) -> Value {
     match a {
         Availability::NotMeasurable(reason) => json!({"measurable": false, "reason": reason}),
-        Availability::Measured { class, timed, source } => {
+        Availability::Measured {
+            class,
+            timed,
+            source,
+        } => {
             let s = snap.get(tgid, *class);
             let mut m = Map::new();
             m.insert("count".into(), json!(s.map(|s| s.count).unwrap_or(0)));
@@ -167,7 +177,11 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
     for tgid in pids(snap, ctx) {
         let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
         let _ = writeln!(out, "PID {tgid} ({comm})");
-        let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
+        let _ = writeln!(
+            out,
+            "  {:<22} {:>10} {:>9} {:>9} {:>9}",
+            "CLASS", "COUNT", "P50", "P99", "MAX"
+        );
         for (name, a) in ctx.availability {
             match a {
                 Availability::NotMeasurable(_) => {
@@ -176,7 +190,11 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
                 Availability::Measured { class, timed, .. } => {
                     let s = snap.get(tgid, *class);
                     let count = s.map(|s| s.count).unwrap_or(0);
-                    let lat = if *timed { s.as_ref().and_then(latency) } else { None };
+                    let lat = if *timed {
+                        s.as_ref().and_then(latency)
+                    } else {
+                        None
+                    };
                     match lat {
                         Some(l) => {
                             let _ = writeln!(
@@ -188,7 +206,11 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
                             );
                         }
                         None => {
-                            let _ = writeln!(out, "  {name:<22} {count:>10} {:>9} {:>9} {:>9}", "-", "-", "-");
+                            let _ = writeln!(
+                                out,
+                                "  {name:<22} {count:>10} {:>9} {:>9} {:>9}",
+                                "-", "-", "-"
+                            );
                         }
                     }
                 }
@@ -206,7 +228,10 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
             ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3]
         );
     }
-    let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
+    let _ = writeln!(
+        out,
+        "n/m = not measurable on this kernel (see the line above the table)"
+    );
     out
 }
 
@@ -221,21 +246,49 @@ mod tests {
         for v in [400u64, 420, 450, 5000] {
             s.record(Some(v));
         }
-        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16 }, s);
+        stats.insert(
+            StatKey {
+                tgid: 42,
+                phase: 0,
+                class: Class::Faults as u16,
+            },
+            s,
+        );
         let mut e = Stat::ZERO;
         for _ in 0..5 {
             e.record(None);
         }
-        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::FaultEntry as u16 }, e);
+        stats.insert(
+            StatKey {
+                tgid: 42,
+                phase: 0,
+                class: Class::FaultEntry as u16,
+            },
+            e,
+        );
         Snapshot { stats }
     }
 
     #[test]
     fn json_shape() {
         let avail = vec![
-            ("faults", Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
+            (
+                "faults",
+                Availability::Measured {
+                    class: Class::Faults,
+                    timed: true,
+                    source: "k",
+                },
+            ),
             ("reuse", Availability::NotMeasurable("no kprobe PMU".into())),
-            ("copy", Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+            (
+                "copy",
+                Availability::Measured {
+                    class: Class::Copy,
+                    timed: true,
+                    source: "k",
+                },
+            ),
         ];
         let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
         let ctx = Context {
@@ -268,11 +321,21 @@ mod tests {
     #[test]
     fn measured_line_groups_reasons() {
         let avail = vec![
-            ("faults", Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
+            (
+                "faults",
+                Availability::Measured {
+                    class: Class::TpFaults,
+                    timed: false,
+                    source: "t",
+                },
+            ),
             ("reuse", Availability::NotMeasurable("no PMU".into())),
             ("copy", Availability::NotMeasurable("no PMU".into())),
         ];
-        assert_eq!(measured_line(&avail), "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)");
+        assert_eq!(
+            measured_line(&avail),
+            "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)"
+        );
         assert_eq!(mode(&avail), "tracepoint");
     }
 }

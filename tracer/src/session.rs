@@ -18,7 +18,8 @@ use crate::{
 };
 
 /// The eBPF object built by build.rs for this target's architecture.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
+pub static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
 
 /// What happened to each probe of the table in this run.
 #[derive(Clone, Debug)]
@@ -46,9 +47,19 @@ fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
         }
     };
     want("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF");
-    want("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF");
+    want(
+        "exceptions",
+        "page_fault_user",
+        "error_code",
+        "PF_ERROR_CODE_OFF",
+    );
     want("task", "task_newtask", "pid", "NEWTASK_PID_OFF");
-    want("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF");
+    want(
+        "task",
+        "task_newtask",
+        "clone_flags",
+        "NEWTASK_CLONE_FLAGS_OFF",
+    );
     let mut l = EbpfLoader::new();
     for (name, off) in &offsets {
         l.override_global(name, off, true);
@@ -74,7 +85,8 @@ impl Session {
                     attached: false,
                     reason: Some(why.clone()),
                 },
-                Resolution::Attach(sym) => match attach_one(&mut bpf, spec.program, spec.hook, sym) {
+                Resolution::Attach(sym) => match attach_one(&mut bpf, spec.program, spec.hook, sym)
+                {
                     Ok(()) => ProbeStatus {
                         program: spec.program,
                         target: sym.clone(),
@@ -107,7 +119,9 @@ impl Session {
     }
 
     pub fn attached(&self, program: &str) -> bool {
-        self.status.iter().any(|s| s.program == program && s.attached)
+        self.status
+            .iter()
+            .any(|s| s.program == program && s.attached)
     }
 
     pub fn reason(&self, program: &str) -> Option<&str> {
@@ -118,7 +132,10 @@ impl Session {
     }
 
     pub fn targets(&mut self) -> Result<BpfHashMap<&mut MapData, u32, TargetInfo>> {
-        let m = self.bpf.map_mut("TARGETS").ok_or_else(|| anyhow!("no TARGETS map"))?;
+        let m = self
+            .bpf
+            .map_mut("TARGETS")
+            .ok_or_else(|| anyhow!("no TARGETS map"))?;
         Ok(BpfHashMap::try_from(m)?)
     }
 
@@ -136,7 +153,10 @@ impl Session {
 
     /// Sum over CPUs of the kernel side's drop counters.
     pub fn drops(&self) -> Result<[u64; NDROPS as usize]> {
-        let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
+        let m = self
+            .bpf
+            .map("DROPS")
+            .ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
         let mut out = [0u64; NDROPS as usize];
         for (i, o) in out.iter_mut().enumerate() {
@@ -146,7 +166,10 @@ impl Session {
     }
 
     pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {
-        let m = self.bpf.map_mut("EVENTS").ok_or_else(|| anyhow!("no EVENTS map"))?;
+        let m = self
+            .bpf
+            .map_mut("EVENTS")
+            .ok_or_else(|| anyhow!("no EVENTS map"))?;
         Ok(RingBuf::try_from(m)?)
     }
 
@@ -173,7 +196,8 @@ fn attach_one(bpf: &mut Ebpf, program: &str, hook: Hook, sym: &str) -> Result<()
         Hook::Kprobe(_) | Hook::Kretprobe(_) => {
             let p: &mut KProbe = prog.try_into()?;
             p.load().with_context(|| format!("loading {program}"))?;
-            p.attach(sym, 0).with_context(|| format!("attaching {program} to {sym}"))?;
+            p.attach(sym, 0)
+                .with_context(|| format!("attaching {program} to {sym}"))?;
         }
         Hook::Tracepoint(cat, name) => {
             let p: &mut TracePoint = prog.try_into()?;

@@ -59,7 +59,18 @@ fn find_program(name: &str) -> Option<PathBuf> {
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// The executable a command line runs, looked up in PATH now, so that a
+/// typo is refused before anything is attached.
+pub fn resolve_command(argv: &[String]) -> Result<PathBuf, Refusal> {
+    let Some(first) = argv.first() else {
+        return Err(Refusal::new("no command given after --"));
+    };
+    find_program(first).ok_or_else(|| Refusal::new(format!("command not found: {first}")))
 }
 
 /// A command forked and held before `exec` until [`Paused::release`].
@@ -72,11 +83,7 @@ pub struct Paused {
 /// pipe, so the caller can add it to the traced set first. (std's Command
 /// cannot do this: its spawn waits for the exec.)
 pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
-    let Some(first) = argv.first() else {
-        return Err(Refusal::new("no command given after --"));
-    };
-    let path = find_program(first)
-        .ok_or_else(|| Refusal::new(format!("command not found: {first}")))?;
+    let path = resolve_command(argv)?;
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Refusal::new("command path contains a NUL byte"))?;
     let cargs: Vec<CString> = argv
@@ -90,13 +97,19 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: fds is a valid array of two ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(Refusal::new(format!("pipe: {}", std::io::Error::last_os_error())));
+        return Err(Refusal::new(format!(
+            "pipe: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     // SAFETY: the child only calls async-signal-safe functions (close, read,
     // execv, _exit) on memory prepared before the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(Refusal::new(format!("fork: {}", std::io::Error::last_os_error())));
+        return Err(Refusal::new(format!(
+            "fork: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     if pid == 0 {
         unsafe {
@@ -112,7 +125,10 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
         }
     }
     unsafe { libc::close(fds[0]) };
-    Ok(Paused { pid: pid as u32, go: fds[1] })
+    Ok(Paused {
+        pid: pid as u32,
+        go: fds[1],
+    })
 }
 
 impl Paused {
@@ -177,7 +193,9 @@ mod tests {
 
     #[test]
     fn unknown_command_is_refused() {
-        let e = spawn_paused(&["/nonexistent/faultscope-nothing".into()]).err().unwrap();
+        let e = spawn_paused(&["/nonexistent/faultscope-nothing".into()])
+            .err()
+            .unwrap();
         assert!(e.0.contains("command not found"));
     }
 

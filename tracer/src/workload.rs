@@ -41,6 +41,10 @@ pub struct WorkloadOpts {
     /// Write the workload's own report (JSON) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Sleep this many seconds before starting (time for a tracer to attach
+    /// with -p).
+    #[arg(long, default_value_t = 0.0)]
+    pub start_delay: f64,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -59,7 +63,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("bad size {s:?}"))
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("bad size {s:?}"))
 }
 
 #[derive(Clone, Copy)]
@@ -73,7 +79,11 @@ fn usage() -> Usage {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
+    Usage {
+        minflt: ru.ru_minflt,
+        majflt: ru.ru_majflt,
+        at: Instant::now(),
+    }
 }
 
 fn phase(a: Usage, b: Usage) -> serde_json::Value {
@@ -96,6 +106,9 @@ fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
 }
 
 pub fn run(o: &WorkloadOpts) -> Result<()> {
+    if o.start_delay > 0.0 {
+        std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
+    }
     let start = usage();
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let align = 2 << 20;
@@ -117,7 +130,10 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         )
     };
     if raw == libc::MAP_FAILED {
-        bail!("mmap of {map_len} bytes: {}", std::io::Error::last_os_error());
+        bail!(
+            "mmap of {map_len} bytes: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let base = ((raw as usize + align - 1) & !(align - 1)) as *mut u8;
     let advice = match o.thp {

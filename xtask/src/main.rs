@@ -1,1 +1,125 @@
-fn main(){}
+//! Developer tasks: `cargo xtask setup | test | demo | guest-test`.
+
+mod foundation;
+mod kernels;
+mod setup;
+mod vm;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the toolchain, QEMU and bpf-linker (idempotent).
+    Setup,
+    /// Everything: setup, unit and host tests, the verifier check, the
+    /// guest tests.
+    Test,
+    /// The demo: faultscope tracing the fork/write workload in a guest.
+    Demo,
+    /// Only the guest test (after setup).
+    GuestTest {
+        #[arg(long, default_value = "64M")]
+        size: String,
+    },
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn tools_bin() -> PathBuf {
+    root().join("target/tools/bin")
+}
+
+/// Runs a command, echoing it, failing on a non-zero exit.
+pub fn run(c: &mut Command) -> Result<()> {
+    eprintln!("+ {c:?}");
+    let st = c.status().with_context(|| format!("starting {c:?}"))?;
+    if !st.success() {
+        bail!("{c:?} failed: {st}");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup => setup::setup(),
+        Cmd::Test => test(),
+        Cmd::Demo => demo(),
+        Cmd::GuestTest { size } => foundation::run(&size),
+    }
+}
+
+fn test() -> Result<()> {
+    let t0 = Instant::now();
+    setup::setup()?;
+    // Unit tests and host tests (tracepoint mode, verifier, refusals, no
+    // leftover BPF programs). One thread: host tests attach to the kernel.
+    run(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "faultscope-ebpf",
+        "--",
+        "--test-threads=1",
+    ]))?;
+    let t1 = Instant::now();
+    foundation::run("64M")?;
+    eprintln!(
+        "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
+        (t1 - t0).as_secs_f64(),
+        t1.elapsed().as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn demo() -> Result<()> {
+    setup::setup()?;
+    let k = kernels::by_name("6.12-cloud-amd64")?;
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope()?;
+    let dir = root().join("target/vm/demo");
+    std::fs::create_dir_all(&dir)?;
+    let cpio = vm::initramfs(&dir, &bin, "foundation.sh", &[("SIZE", "256M".into())])?;
+    let run = vm::boot(
+        k,
+        &vmlinuz,
+        &cpio,
+        &dir,
+        std::time::Duration::from_secs(900),
+    )?;
+    for (case, what) in [
+        (
+            "fork4k",
+            "256 MiB, 4K pages: populate, fork, child exits, one byte per page",
+        ),
+        (
+            "fork64k",
+            "256 MiB, 64K mTHP: populate, fork, child exits, one byte per page",
+        ),
+    ] {
+        println!("=== {what} (kernel {}) ===", k.name);
+        print!("{}", run.section(&format!("{case}.out"))?);
+        let r = foundation::check_case(&run, case, if case == "fork4k" { "4K" } else { "64K" })?;
+        print!("{}", r.table);
+    }
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! Host tests: faultscope on the build machine's own kernel (tracepoint mode
+//! where kprobes are missing, kprobe mode where present), checked against the
+//! workload's page arithmetic and getrusage. Needs root. Each test ends by
+//! checking that no faultscope BPF program is left loaded.
+
+use std::{
+    path::Path,
+    process::{Command, Output, Stdio},
+    sync::Mutex,
+    thread::sleep,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
+/// The workload's faults outside the write phase that share its classes
+/// (exec-time COW of data pages, stack/heap pages after fork): 20-50 here.
+const TOLERANCE: u64 = 64;
+/// Names of faultscope's BPF programs (tracer-ebpf), as the kernel keeps them
+/// (BPF_OBJ_NAME_LEN is 16).
+const PROGRAMS: &[&str] = &[
+    "task_newtask",
+    "process_exec",
+    "process_exit",
+    "page_fault_user",
+    "mem_abort",
+    "fault_entry",
+    "fault_return",
+    "wp_page",
+    "huge_pmd_wp",
+    "new_anon_rmap",
+    "contpte_unfold",
+    "contpte_convert",
+    "contpte_fold",
+];
+
+/// Host tests attach to the one kernel: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+fn faultscope(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("running faultscope")
+}
+
+fn read_json(p: &Path) -> Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", p.display()))
+}
+
+fn process(report: &Value, pid: u64) -> &Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no process {pid} in {report:#}"))
+}
+
+fn count(p: &Value, class: &str) -> u64 {
+    p["classes"][class]["count"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("class {class} has no count: {}", p["classes"][class]))
+}
+
+/// The live BPF programs of faultscope, by name (independent of faultscope:
+/// asks the kernel through BPF_PROG_GET_NEXT_ID).
+fn leftover_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| {
+            PROGRAMS
+                .iter()
+                .any(|ours| ours.starts_with(n.as_str()) && !n.is_empty())
+        })
+        .collect()
+}
+
+fn assert_nothing_left() {
+    // Program release after the last fd closes is synchronous for kprobes
+    // and tracepoints; allow the exiting process a moment.
+    for _ in 0..50 {
+        if leftover_programs().is_empty() {
+            return;
+        }
+        sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "faultscope left BPF programs loaded: {:?}",
+        leftover_programs()
+    );
+}
+
+/// Asserts the fork / child-exit / write scenario's arithmetic on a report
+/// of the workload's process.
+/// `attached_late`: faultscope attached with -p while the workload slept, so
+/// the faults of its start-up are not in the report.
+fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
+    let pid = wl["pid"].as_u64().unwrap();
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(report, pid);
+    let wp = count(p, "wp_faults");
+    assert!(
+        (pages..=pages + TOLERANCE).contains(&wp),
+        "wp_faults {wp} for {pages} pages written after fork ({} mode)",
+        report["mode"]
+    );
+    // The workload's own count of write-phase faults: exactly one per page.
+    let write_minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap();
+    assert!(
+        (pages..=pages + 2).contains(&write_minflt),
+        "getrusage write phase {write_minflt}"
+    );
+    // All faults since exec against getrusage (which also counts the few
+    // faults of the forked child before its exec).
+    let faults = count(p, "faults");
+    let retries = p["classes"]["retry"]["count"].as_u64().unwrap_or(0);
+    let minflt = if attached_late {
+        wl["minflt_since_main"].as_u64().unwrap()
+    } else {
+        wl["minflt_total"].as_u64().unwrap() + wl["majflt_total"].as_u64().unwrap()
+    };
+    assert!(
+        (faults - retries).abs_diff(minflt) <= TOLERANCE,
+        "faults {faults} (retries {retries}) vs getrusage minflt+majflt {minflt}"
+    );
+    match report["mode"].as_str().unwrap() {
+        "tracepoint" => {
+            // The kprobe-only classes say so, never 0.
+            for c in ["reuse", "copy", "spurious", "huge_pmd_wp"] {
+                assert_eq!(
+                    p["classes"][c]["measurable"], false,
+                    "{c}: {}",
+                    p["classes"][c]
+                );
+                assert!(p["classes"][c]["reason"].as_str().unwrap().len() > 10);
+            }
+            assert!(
+                count(p, "first_touch") >= pages,
+                "first_touch {}",
+                count(p, "first_touch")
+            );
+        }
+        "kprobe" => {
+            let reuse = count(p, "reuse");
+            assert!(
+                (pages..=pages + TOLERANCE).contains(&reuse),
+                "reuse {reuse}"
+            );
+        }
+        m => panic!("unexpected mode {m}"),
+    }
+}
+
+#[test]
+fn record_command_counts_write_protect_faults() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "--size",
+        "64M",
+        "--thp",
+        "never",
+        "--child",
+        "exit",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("faultscope: measuring"), "{stderr}");
+    let report = read_json(&fs);
+    assert_eq!(report["schema"], "faultscope/1");
+    assert_eq!(report["end"], "all targets exited");
+    assert_eq!(report["command_exit_status"], 0);
+    check_fork_write(&report, &read_json(&wl), false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("wp_faults"), "{text}");
+    assert_nothing_left();
+}
+
+#[test]
+fn record_pid_follows_a_running_process_to_its_exit() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut child = Command::new(BIN)
+        .args([
+            "workload",
+            "--size",
+            "32M",
+            "--thp",
+            "never",
+            "--start-delay",
+            "2",
+            "--out",
+            wl.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let tracer = Command::new(BIN)
+        .args(["record", "-p", &pid, "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    // The child was reaped by us; faultscope sees its exit and stops.
+    let out = tracer.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = read_json(&fs);
+    assert_eq!(report["end"], "all targets exited");
+    check_fork_write(&report, &read_json(&wl), true);
+    assert_nothing_left();
+}
+
+#[test]
+fn sigterm_and_sigint_end_the_run_cleanly() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (sig, end) in [(libc::SIGTERM, "terminated"), (libc::SIGINT, "interrupted")] {
+        let d = tmp();
+        let fs = d.path().join("fs.json");
+        let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+        let tracer = Command::new(BIN)
+            .args([
+                "record",
+                "-p",
+                &target.id().to_string(),
+                "--json",
+                fs.to_str().unwrap(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        sleep(Duration::from_millis(1500));
+        unsafe { libc::kill(tracer.id() as i32, sig) };
+        let out = tracer.wait_with_output().unwrap();
+        target.kill().unwrap();
+        target.wait().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(read_json(&fs)["end"], end);
+        assert_nothing_left();
+    }
+}
+
+#[test]
+fn every_program_passes_the_verifier() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultscope(&["probes", "--load"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in PROGRAMS {
+        assert!(
+            text.contains(&format!("verifier: {p}: ok")),
+            "{p} not accepted:\n{text}"
+        );
+    }
+    assert_nothing_left();
+}
+
+fn assert_refused(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+}
+
+#[test]
+fn bad_input_is_refused_with_one_line() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    assert_refused(
+        &faultscope(&["record", "-p", "4194303"]),
+        "no process with pid 4194303",
+    );
+    assert_refused(&faultscope(&["record"]), "nothing to trace");
+    assert_refused(
+        &faultscope(&["record", "--", "/nonexistent/cmd"]),
+        "command not found",
+    );
+    assert_refused(
+        &faultscope(&["record", "--json", "/nonexistent/dir/r.json", "-p", "1"]),
+        "cannot write /nonexistent/dir/r.json",
+    );
+    // Not root: drop to nobody.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "record",
+            "-p",
+            "1",
+        ])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_refused(&out, "needs root");
+    assert_nothing_left();
+}
+
+#[test]
+fn a_thread_id_is_not_a_process() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A thread of this test process.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let _ = done_rx.recv();
+    });
+    let tid = rx.recv().unwrap();
+    let out = faultscope(&["record", "-p", &tid.to_string()]);
+    done_tx.send(()).unwrap();
+    h.join().unwrap();
+    assert_refused(&out, "is a thread of process");
+}

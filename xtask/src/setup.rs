@@ -1,0 +1,170 @@
+//! `cargo xtask setup`: installs everything the build and the guest tests
+//! need on a fresh Debian bookworm machine. Idempotent: a second run checks
+//! and returns in seconds.
+
+use std::{fs, path::Path, process::Command};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{root, run, tools_bin};
+
+/// Debian packages from the machine's own suites (FACTS.md section 2).
+const PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+    "zlib1g-dev",
+    "libzstd-dev",
+    "busybox-static",
+    "cpio",
+    "xz-utils",
+    "zstd",
+];
+
+/// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with
+/// the backported qemu-utils such machines have, and is 3x slower on arm64).
+const BACKPORTS: &[&str] = &["qemu-system-x86", "qemu-system-arm"];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+pub fn setup() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let bp_missing: Vec<&str> = BACKPORTS
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
+    if !missing.is_empty() || !bp_missing.is_empty() {
+        let suite = backports_source()?;
+        run(Command::new("apt-get").arg("update"))?;
+        if !missing.is_empty() {
+            apt_install(&missing, None)?;
+        }
+        if !bp_missing.is_empty() {
+            apt_install(&bp_missing, Some(&suite))?;
+        }
+    }
+    bpf_linker()?;
+    eprintln!("xtask setup: toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, qemu)");
+    Ok(())
+}
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn apt_install(pkgs: &[&str], suite: Option<&str>) -> Result<()> {
+    let mut c = Command::new("apt-get");
+    c.env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y", "--no-install-recommends"]);
+    if let Some(s) = suite {
+        c.args(["-t", s]);
+    }
+    c.args(pkgs);
+    run(&mut c)
+}
+
+/// The codename's backports suite, added as a source derived from the
+/// machine's own Debian source (same mirror, same keyring); never a host
+/// written into the project.
+fn backports_source() -> Result<String> {
+    let os = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    let codename = os
+        .lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|s| s.trim_matches('"').to_string())
+        .context("no VERSION_CODENAME in /etc/os-release")?;
+    let suite = format!("{codename}-backports");
+    let (uri, keyring) = debian_mirror(&codename)?;
+    let dst = Path::new("/etc/apt/sources.list.d/faultscope-backports.sources");
+    let body = format!(
+        "# Added by faultscope's `cargo xtask setup` (QEMU from backports).\nTypes: deb\nURIs: {uri}\nSuites: {suite}\nComponents: main\n{}",
+        keyring.map(|k| format!("Signed-By: {k}\n")).unwrap_or_default()
+    );
+    if fs::read_to_string(dst).ok().as_deref() != Some(body.as_str()) {
+        fs::write(dst, body).with_context(|| format!("writing {}", dst.display()))?;
+    }
+    Ok(suite)
+}
+
+/// The mirror URI (and keyring) that serves `codename` in the machine's apt
+/// configuration: deb822 `.sources` files or one-line `sources.list`.
+pub fn debian_mirror(codename: &str) -> Result<(String, Option<String>)> {
+    let mut files = vec![Path::new("/etc/apt/sources.list").to_path_buf()];
+    if let Ok(rd) = fs::read_dir("/etc/apt/sources.list.d") {
+        for e in rd.flatten() {
+            files.push(e.path());
+        }
+    }
+    for f in files {
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue;
+        };
+        if f.extension().is_some_and(|e| e == "sources") {
+            for stanza in text.split("\n\n") {
+                let field = |k: &str| {
+                    stanza
+                        .lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .map(|v| v.trim().to_string())
+                };
+                let suites = field("Suites:").unwrap_or_default();
+                if suites.split_whitespace().any(|s| s == codename) {
+                    if let Some(uri) = field("URIs:") {
+                        let uri = uri
+                            .split_whitespace()
+                            .next()
+                            .unwrap_or_default()
+                            .to_string();
+                        return Ok((uri, field("Signed-By:")));
+                    }
+                }
+            }
+        } else if f.extension().is_some_and(|e| e == "list") || f.ends_with("sources.list") {
+            for l in text.lines() {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                if w.first() == Some(&"deb") {
+                    let rest: Vec<&str> = w[1..]
+                        .iter()
+                        .copied()
+                        .filter(|x| !x.starts_with('['))
+                        .collect();
+                    if rest.len() >= 2 && rest[1] == codename {
+                        return Ok((rest[0].to_string(), None));
+                    }
+                }
+            }
+        }
+    }
+    bail!("no apt source for {codename} found in /etc/apt; cannot derive a backports source")
+}
+
+fn bpf_linker() -> Result<()> {
+    let bin = tools_bin().join("bpf-linker");
+    if bin.exists() {
+        return Ok(());
+    }
+    let root = root().join("target/tools");
+    let path = format!(
+        "/usr/lib/llvm-22/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    run(Command::new("cargo")
+        .env("PATH", path)
+        .arg("install")
+        .arg("--root")
+        .arg(&root)
+        .args([
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]))
+}
