@@ -20,8 +20,16 @@ pub struct CaseResult {
     pub failures: Vec<String>,
 }
 
-/// Classes compared with the oracle, in the oracle line's column order.
-const ORACLE_COLUMNS: [&str; 5] = ["faults", "wp_faults", "reuse", "copy", "huge_pmd_wp"];
+/// Classes compared with the oracle, and their column in its output line
+/// (`oracle TGID faults wp reuse copy huge write_nowp spurious`).
+pub const ORACLE_COLUMNS: [(&str, usize); 6] = [
+    ("faults", 0),
+    ("wp_faults", 1),
+    ("reuse", 2),
+    ("copy", 3),
+    ("huge_pmd_wp", 4),
+    ("spurious", 6),
+];
 
 fn count(proc_: &Value, class: &str) -> Option<u64> {
     proc_["classes"][class]["count"].as_u64()
@@ -71,9 +79,9 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
         "  {:<12} {:>10} {:>10}",
         "class", "faultscope", "oracle"
     );
-    for (i, class) in ORACLE_COLUMNS.iter().enumerate() {
+    for (class, col) in ORACLE_COLUMNS {
         let f = count(p, class);
-        let o = oracle.get(i).copied();
+        let o = oracle.get(col).copied();
         let _ = writeln!(table, "  {:<12} {:>10} {:>10}", class, fmt(f), fmt(o));
         if f != o {
             fails.push(format!(

@@ -108,7 +108,13 @@ pub fn initramfs(
         copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
     }
     let guest = root().join("xtask/guest");
-    for f in ["init", "lib.sh", "oracle.awk"] {
+    let oracle = dir.join("oracle");
+    run(Command::new("gcc")
+        .args(["-O2", "-Wall", "-static", "-o"])
+        .arg(&oracle)
+        .arg(guest.join("oracle.c")))?;
+    copy_into(&rootfs, &oracle, "/oracle")?;
+    for f in ["init", "lib.sh"] {
         copy_into(&rootfs, &guest.join(f), f)?;
     }
     let mut script = String::new();

@@ -1,0 +1,153 @@
+/*
+ * The independent oracle of the guest tests: counts from tracefs kprobe
+ * events (not BPF), per process from its exec on, with the per-thread
+ * windows the kernel runs (handle_mm_fault entry .. return).
+ *
+ * Input: /sys/kernel/tracing/trace with options/record-tgid and events
+ *   fso/hmf  handle_mm_fault entry (flags=%u regs=%u, as decimals)
+ *   fso/hmfr handle_mm_fault return
+ *   fso/wp   do_wp_page          fso/hwp do_huge_pmd_wp_page
+ *   fso/nar  folio_add_new_anon_rmap
+ *   sched/sched_process_exec
+ *   x86: exceptions/page_fault_user (error_code bit 0 = present)
+ *   arm64: fso/abt do_mem_abort (far=%x esr=%x: FSC type 0x0c = permission)
+ * Output, one line per process:
+ *   oracle TGID faults wp_faults reuse copy huge_pmd_wp write_nowp spurious
+ * where write_nowp counts user write faults that completed without reaching
+ * do_wp_page, do_huge_pmd_wp_page or a new anon folio, and spurious those of
+ * them whose exception says the page was present.
+ *
+ * Written in C and built static so that it runs fast under TCG and shares
+ * no code with faultscope.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXPID 4194304
+#define MAXT 4096
+
+struct thread {
+	int pid, user, wp, nar, hwp, write;
+	unsigned long addr;              /* of the fault being handled */
+	unsigned long exc_addr, present; /* of the last exception */
+	int exc;
+};
+struct proc { int tgid, exec; unsigned long faults, wpc, reuse, copy, huge, nowp, spurious; };
+
+static struct thread threads[MAXT];
+static struct proc procs[MAXT];
+static int nthreads, nprocs;
+
+static struct thread *thread(int pid)
+{
+	for (int i = 0; i < nthreads; i++)
+		if (threads[i].pid == pid)
+			return &threads[i];
+	if (nthreads == MAXT) { fprintf(stderr, "oracle: too many threads\n"); exit(1); }
+	threads[nthreads].pid = pid;
+	return &threads[nthreads++];
+}
+
+static struct proc *proc(int tgid)
+{
+	for (int i = 0; i < nprocs; i++)
+		if (procs[i].tgid == tgid)
+			return &procs[i];
+	if (nprocs == MAXT) { fprintf(stderr, "oracle: too many processes\n"); exit(1); }
+	procs[nprocs].tgid = tgid;
+	return &procs[nprocs++];
+}
+
+/* A numeric field "name=value"; decimal, or hex with 0x. */
+static unsigned long field(const char *line, const char *name)
+{
+	const char *p = strstr(line, name);
+	return p ? strtoul(p + strlen(name), NULL, 0) : 0;
+}
+
+int main(void)
+{
+	char line[1024];
+	unsigned long lines = 0;
+	while (fgets(line, sizeof line, stdin)) {
+		if (line[0] == '#')
+			continue;
+		/* "comm-PID (  TGID) [CPU] ..." */
+		char *close = strstr(line, ") [");
+		if (!close)
+			continue;
+		char *open = close;
+		while (open > line && *open != '(')
+			open--;
+		if (*open != '(' || open < line + 2)
+			continue;
+		int tgid = atoi(open + 1);
+		char *dash = open - 1;
+		while (dash > line && *dash == ' ')
+			dash--;
+		while (dash > line && *dash >= '0' && *dash <= '9')
+			dash--;
+		if (*dash != '-')
+			continue;
+		int pid = atoi(dash + 1);
+		const char *ev = close + 3;
+		lines++;
+		struct proc *p = proc(tgid);
+		if (strstr(ev, " sched_process_exec: ")) {
+			p->exec = 1;
+			continue;
+		}
+		if (!p->exec)
+			continue;
+		struct thread *t = thread(pid);
+		if (strstr(ev, " page_fault_user: ")) {
+			t->exc = 1;
+			t->exc_addr = field(ev, "address=");
+			t->present = field(ev, "error_code=") & 1;
+		} else if (strstr(ev, " abt: ")) {
+			t->exc = 1;
+			t->exc_addr = field(ev, "far=");
+			t->present = (field(ev, "esr=") & 0x3c) == 0x0c;
+		} else if (strstr(ev, " hmf: ")) {
+			unsigned long flags = field(ev, "flags=");
+			unsigned long regs = field(ev, "regs=");
+			t->user = regs != 0 && (flags & 64);
+			t->write = (flags & 1) != 0;
+			t->addr = field(ev, "addr=");
+			t->wp = t->nar = t->hwp = 0;
+			if (t->user)
+				p->faults++;
+		} else if (strstr(ev, " hmfr: ")) {
+			if (t->user) {
+				unsigned long ret = field(ev, "ret=");
+				if (t->wp) {
+					p->wpc++;
+					if (t->nar) p->copy++; else p->reuse++;
+				}
+				if (t->hwp)
+					p->huge++;
+				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
+				if (t->write && !t->wp && !t->hwp && !t->nar && !(ret & (0x873 | 0x400))) {
+					p->nowp++;
+					if (t->exc && t->present && (t->exc_addr >> 12) == (t->addr >> 12))
+						p->spurious++;
+				}
+			}
+			t->user = 0;
+		} else if (strstr(ev, " wp: ")) {
+			if (t->user) t->wp = 1;
+		} else if (strstr(ev, " nar: ")) {
+			if (t->user) t->nar = 1;
+		} else if (strstr(ev, " hwp: ")) {
+			if (t->user) t->hwp = 1;
+		}
+	}
+	for (int i = 0; i < nprocs; i++)
+		if (procs[i].exec)
+			printf("oracle %d %lu %lu %lu %lu %lu %lu %lu\n", procs[i].tgid, procs[i].faults,
+			       procs[i].wpc, procs[i].reuse, procs[i].copy, procs[i].huge, procs[i].nowp,
+			       procs[i].spurious);
+	fprintf(stderr, "oracle: %lu trace lines\n", lines);
+	return 0;
+}
