@@ -15,48 +15,34 @@ fn main() -> anyhow::Result<()> {
     let root = manifest.parent().context("workspace root")?.to_path_buf();
     println!("cargo:rerun-if-env-changed=FAULTSCOPE_BPF_TOOLCHAIN");
     println!("cargo:rerun-if-env-changed=FAULTSCOPE_BPF_LINKER_DIR");
-    let toolchain =
-        PathBuf::from(env::var("FAULTSCOPE_BPF_TOOLCHAIN").unwrap_or_else(|_| "/usr/bin".into()));
+    let toolchain = PathBuf::from(env::var("FAULTSCOPE_BPF_TOOLCHAIN").unwrap_or_else(|_| "/usr/bin".into()));
     let linker_dir = env::var("FAULTSCOPE_BPF_LINKER_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target/tools/bin"));
-    if !toolchain.join("cargo").exists()
-        || !PathBuf::from("/usr/lib/rustlib/bpfel-unknown-none").exists()
-    {
+    if !toolchain.join("cargo").exists() || !PathBuf::from("/usr/lib/rustlib/bpfel-unknown-none").exists() {
         bail!(
             "the BPF toolchain is missing (Debian's rustc-web, cargo-web and libstd-rust-web-dev-bpf): run `cargo xtask setup`"
         );
     }
     if !linker_dir.join("bpf-linker").exists() {
-        bail!(
-            "bpf-linker is missing from {}: run `cargo xtask setup`",
-            linker_dir.display()
-        );
+        bail!("bpf-linker is missing from {}: run `cargo xtask setup`", linker_dir.display());
     }
-    let path = format!(
-        "{}:{}:/usr/bin:/bin",
-        linker_dir.display(),
-        toolchain.display()
-    );
+    let path = format!("{}:{}:/usr/bin:/bin", linker_dir.display(), toolchain.display());
     // SAFETY: the build script is single-threaded here.
     unsafe {
         env::set_var("PATH", path);
-        // aya-ebpf needs unstable asm on BPF; allow it for those crates only,
-        // which also keeps aya-build from asking for -Zbuild-std.
-        env::set_var(
-            "RUSTC_BOOTSTRAP",
-            "aya_ebpf,aya_ebpf_bindings,aya_ebpf_cty,aya_log_ebpf",
-        );
+        // aya-ebpf and our atomic add need unstable asm on BPF; allow it for
+        // those crates only (the eBPF binary crate is named `faultscope`; a list,
+        // not the package name alone, also keeps
+        // aya-build from asking for -Zbuild-std).
+        env::set_var("RUSTC_BOOTSTRAP", "aya_ebpf,aya_ebpf_bindings,aya_ebpf_cty,aya_log_ebpf,faultscope");
         env::remove_var("CARGO_ENCODED_RUSTFLAGS");
         env::remove_var("RUSTFLAGS");
         // Keep the BPF build's own Cargo.lock and cargo config.
         env::remove_var("CARGO_TARGET_DIR");
         env::remove_var("CARGO_BUILD_TARGET");
     }
-    println!(
-        "cargo:rerun-if-changed={}",
-        root.join("tracer-common/src").display()
-    );
+    println!("cargo:rerun-if-changed={}", root.join("tracer-common/src").display());
     let ebpf = root.join("tracer-ebpf");
     aya_build::build_ebpf(
         [aya_build::Package {

@@ -113,8 +113,7 @@ impl ThreadFault {
     /// page was present (a permission fault, not a translation fault).
     #[inline(always)]
     pub fn present(&self) -> Option<bool> {
-        if self.seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK)
-        {
+        if self.seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
             return None;
         }
         if self.exc_arch == ExcArch::X86 as u32 {
@@ -163,11 +162,7 @@ impl ThreadFault {
         }
         if seen & SEEN_WP != 0 {
             set = set.with(Class::WpFaults);
-            set = set.with(if seen & SEEN_NEW_ANON != 0 {
-                Class::Copy
-            } else {
-                Class::Reuse
-            });
+            set = set.with(if seen & SEEN_NEW_ANON != 0 { Class::Copy } else { Class::Reuse });
         }
         if seen & SEEN_HUGE_WP != 0 {
             set = set.with(Class::HugePmdWp);
@@ -196,4 +191,117 @@ pub fn classify_x86_error_code(code: u64) -> ClassSet {
         set = set.with(Class::TpNotPresent);
     }
     set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: u32 = FAULT_FLAG_WRITE | FAULT_FLAG_USER;
+    const R: u32 = FAULT_FLAG_USER;
+    const A: u64 = 0x7f00_0000_1000;
+
+    /// One fault through the state machine: exception, entry, marks, return.
+    fn fault(
+        t: &mut ThreadFault,
+        exc: Option<(ExcArch, u64)>,
+        flags: u32,
+        marks: &[u32],
+        ret: u32,
+    ) -> ClassSet {
+        if let Some((arch, code)) = exc {
+            t.on_exception(arch, A + 0x10, code);
+        }
+        t.on_entry(1_000, A + 0x20, flags);
+        for m in marks {
+            t.mark(*m);
+        }
+        t.on_return(ret).expect("a user fault was in progress")
+    }
+
+    #[test]
+    fn reuse_copy_and_huge() {
+        let mut t = ThreadFault::default();
+        let x86_wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER));
+        let s = fault(&mut t, x86_wp, W, &[SEEN_WP], 0);
+        assert!(s.has(Class::Faults) && s.has(Class::WriteFaults) && s.has(Class::WpFaults));
+        assert!(s.has(Class::Reuse) && !s.has(Class::Copy) && !s.has(Class::Spurious));
+        let s = fault(&mut t, x86_wp, W, &[SEEN_WP, SEEN_NEW_ANON], 0);
+        assert!(s.has(Class::Copy) && !s.has(Class::Reuse));
+        let s = fault(&mut t, x86_wp, W, &[SEEN_HUGE_WP], 0);
+        assert!(s.has(Class::HugePmdWp) && !s.has(Class::WpFaults) && !s.has(Class::Spurious));
+    }
+
+    #[test]
+    fn marks_of_one_fault_do_not_leak_into_the_next() {
+        let mut t = ThreadFault::default();
+        let wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE));
+        fault(&mut t, wp, W, &[SEEN_WP, SEEN_NEW_ANON], 0);
+        let s = fault(&mut t, wp, W, &[], 0);
+        assert!(!s.has(Class::WpFaults) && !s.has(Class::Copy));
+        assert!(s.has(Class::Spurious), "present write that reached nothing: spurious");
+    }
+
+    #[test]
+    fn spurious_rule() {
+        let mut t = ThreadFault::default();
+        // x86: PROT|WRITE, nothing reached, completed.
+        let s = fault(&mut t, Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE)), W, &[], 0);
+        assert!(s.has(Class::Spurious));
+        // Not present (first touch): not spurious, even if nothing was marked.
+        let s = fault(&mut t, Some((ExcArch::X86, X86_PF_WRITE)), W, &[], 0);
+        assert!(!s.has(Class::Spurious));
+        // A read fault is never spurious in this sense.
+        let s = fault(&mut t, Some((ExcArch::X86, X86_PF_PROT)), R, &[], 0);
+        assert!(!s.has(Class::Spurious) && !s.has(Class::WriteFaults));
+        // Retried or failed faults did not complete.
+        let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[], VM_FAULT_RETRY);
+        assert!(!s.has(Class::Spurious) && s.has(Class::Retry));
+        let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[], VM_FAULT_SIGSEGV);
+        assert!(!s.has(Class::Spurious) && s.has(Class::Error));
+        // A new anon folio (the PTE was zapped meanwhile): not spurious.
+        let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[SEEN_NEW_ANON], 0);
+        assert!(!s.has(Class::Spurious));
+        // arm64: permission fault (FSC 0x0f = level 3) vs translation (0x07).
+        let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_004f)), W, &[], 0);
+        assert!(s.has(Class::Spurious));
+        let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_0047)), W, &[], 0);
+        assert!(!s.has(Class::Spurious));
+    }
+
+    #[test]
+    fn exception_of_another_page_is_not_used() {
+        let mut t = ThreadFault::default();
+        t.on_exception(ExcArch::X86, A + 0x5000, 3);
+        t.on_entry(0, A, W);
+        assert_eq!(t.present(), None);
+        let s = t.on_return(0).unwrap();
+        assert!(!s.has(Class::Spurious), "unknown presence is not spurious");
+    }
+
+    #[test]
+    fn marks_outside_a_user_fault_are_ignored() {
+        let mut t = ThreadFault::default();
+        // GUP's do_wp_page with no user fault around it.
+        t.mark(SEEN_WP);
+        assert_eq!(t.on_return(0), None);
+        // A retry enters again: each call is one fault, as kprobe_profile counts.
+        t.on_entry(0, A, W);
+        assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(Class::Retry));
+        t.on_entry(0, A, W);
+        t.mark(SEEN_WP);
+        assert!(t.on_return(0).unwrap().has(Class::Reuse));
+        assert_eq!(t.on_return(0), None, "a return without an entry");
+    }
+
+    #[test]
+    fn error_codes() {
+        let s = classify_x86_error_code(X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
+        assert!(s.has(Class::TpFaults) && s.has(Class::TpWrite) && s.has(Class::TpPresentWrite));
+        assert!(!s.has(Class::TpNotPresent));
+        let s = classify_x86_error_code(X86_PF_WRITE | X86_PF_USER);
+        assert!(s.has(Class::TpNotPresent) && !s.has(Class::TpPresentWrite));
+        let s = classify_x86_error_code(X86_PF_PROT | X86_PF_USER);
+        assert!(!s.has(Class::TpWrite));
+    }
 }

@@ -70,3 +70,32 @@ pub fn bucket_range(idx: usize) -> (u64, u64) {
     let lo = (1u64 << m) + sub * width;
     (lo, lo + width)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_values_in_order() {
+        let mut last = 0;
+        for v in (0..100_000u64).chain([1 << 39, (1 << 40) - 1, 1 << 40, u64::MAX]) {
+            let b = bucket_of(v);
+            assert!(b >= last || v == 0, "monotonic at {v}");
+            last = b;
+            let (lo, hi) = bucket_range(b);
+            if b < NBUCKETS - 1 {
+                assert!(lo <= v && v < hi, "{v} in bucket {b} = [{lo}, {hi})");
+                // Quarter-octave buckets: width at most a quarter of lo.
+                assert!(v < 4 || (hi - lo) * 4 <= lo, "bucket {b} too wide");
+            }
+        }
+        assert_eq!(bucket_of(u64::MAX), NBUCKETS - 1);
+    }
+
+    #[test]
+    fn msb_matches_leading_zeros() {
+        for v in [1u64, 2, 3, 4, 255, 256, 1 << 33, u64::MAX] {
+            assert_eq!(msb(v), 63 - v.leading_zeros());
+        }
+    }
+}

@@ -23,12 +23,7 @@ pub struct Stat {
 }
 
 impl Stat {
-    pub const ZERO: Stat = Stat {
-        count: 0,
-        sum_ns: 0,
-        max_ns: 0,
-        hist: [0; NBUCKETS],
-    };
+    pub const ZERO: Stat = Stat { count: 0, sum_ns: 0, max_ns: 0, hist: [0; NBUCKETS] };
 
     /// Account one event; `ns == None` for classes that are only counted.
     /// Per-CPU, so no atomics are needed.
@@ -74,8 +69,22 @@ pub const TARGET_FOLLOW_CHILDREN: u32 = 1 << 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TargetInfo {
-    pub phase: u32,
     pub flags: u32,
+    pub _reserved: u32,
+}
+
+/// Index in the `PHASE` array (u64 values: BPF has 64-bit atomics only) of the count of lifecycle changes (forks,
+/// child exits and execs of traced processes), bumped by the kernel.
+pub const PHASE_LIFECYCLE: u32 = 0;
+/// Index of the count of marks, written only by user space.
+pub const PHASE_MARKS: u32 = 1;
+
+/// The phase a fault is accounted to: both counters only grow, so their sum
+/// names each phase of the run uniquely, and neither side ever has to
+/// read-modify-write the other's counter.
+#[inline(always)]
+pub const fn phase_id(lifecycle: u32, marks: u32) -> u32 {
+    lifecycle.wrapping_add(marks)
 }
 
 /// Process lifecycle events, sent to user space through a ring buffer. These
@@ -83,9 +92,17 @@ pub struct TargetInfo {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LifeKind {
+    /// A traced process forked a child (`pid`); a new phase starts.
     Fork = 1,
+    /// A traced process exec'd.
     Exec = 2,
+    /// A traced process exited.
     Exit = 3,
+    /// A child of a traced process (`pid`) exited; a new phase starts.
+    ChildExit = 4,
+    /// A child of a traced process (`pid`) exec'd: it no longer shares the
+    /// parent's memory; a new phase starts.
+    ChildExec = 5,
 }
 
 #[repr(C)]
@@ -97,8 +114,11 @@ pub struct LifeEvent {
     pub tgid: u32,
     /// The thread that did it; for `Fork`, the new child's pid.
     pub pid: u32,
-    /// `Exit`: exit code as in `task->exit_code`; `Fork`: 1 if followed.
+    /// `Fork`: 1 if the child is followed (traced too).
     pub aux: u32,
+    /// The phase that starts with this event (Fork, ChildExit, ChildExec).
+    pub phase: u32,
+    pub _pad: u32,
     pub comm: [u8; 16],
 }
 

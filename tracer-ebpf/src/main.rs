@@ -9,23 +9,25 @@
 //! create, so untraced processes pay one hash lookup.
 #![no_std]
 #![no_main]
+// Inline asm on BPF, for the one atomic add (core has no atomic RMW there).
+#![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{kprobe, kretprobe, map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{ProbeContext, RetProbeContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
 use faultscope_common::{
     class::{Class, ClassSet},
     fault::{
-        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_HUGE_WP,
-        SEEN_NEW_ANON, SEEN_WP,
+        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
-        LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,
-        DROP_TARGETS_FULL, DROP_THREADS_FULL, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+        phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,
+        DROP_TARGETS_FULL, DROP_THREADS_FULL, PHASE_LIFECYCLE, PHASE_MARKS, TARGET_FOLLOW_CHILDREN,
+        TARGET_PENDING_EXEC,
     },
 };
 
@@ -53,6 +55,16 @@ static STATS: PerCpuHashMap<StatKey, Stat> = PerCpuHashMap::with_max_entries(204
 /// A zeroed `Stat` to insert from: a `Stat` does not fit on the BPF stack.
 #[map]
 static ZERO: PerCpuArray<Stat> = PerCpuArray::with_max_entries(1, 0);
+
+/// Phase counters: [PHASE_LIFECYCLE] bumped here on forks and child
+/// exits/execs of traced processes, [PHASE_MARKS] written by user space.
+#[map]
+static PHASE: Array<u64> = Array::with_max_entries(2, 0);
+
+/// Children of traced processes that still share their memory (forked, not
+/// yet exited or exec'd): child pid -> parent tgid.
+#[map]
+static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Counters of things the kernel side could not record (full maps).
 #[map]
@@ -105,6 +117,30 @@ fn counted_target(tgid: u32) -> Option<TargetInfo> {
     Some(*t)
 }
 
+#[inline(always)]
+fn phase_counter(idx: u32) -> u32 {
+    PHASE.get(idx).copied().unwrap_or(0) as u32
+}
+
+/// The current phase (see `phase_id`).
+#[inline(always)]
+fn current_phase() -> u32 {
+    phase_id(phase_counter(PHASE_LIFECYCLE), phase_counter(PHASE_MARKS))
+}
+
+/// Starts a new phase on a lifecycle change; returns its id.
+#[inline(always)]
+fn bump_phase() -> u32 {
+    if let Some(p) = PHASE.get_ptr_mut(PHASE_LIFECYCLE) {
+        // BPF_XADD: core offers no atomic read-modify-write on BPF. Two
+        // changes on two CPUs at once may then read the same new value; the
+        // phase is then shared, never lost.
+        unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {v}", p = in(reg) p, v = in(reg) 1u64) };
+        return current_phase();
+    }
+    0
+}
+
 /// `ns` for classes that are only counted.
 const UNTIMED: u64 = u64::MAX;
 
@@ -112,11 +148,7 @@ const UNTIMED: u64 = u64::MAX;
 /// per call site keeps the verifier's work per program small.
 #[inline(never)]
 fn record(tgid: u32, phase: u32, class: u32, ns: u64) {
-    let key = StatKey {
-        tgid,
-        phase: phase as u16,
-        class: class as u16,
-    };
+    let key = StatKey { tgid, phase: phase as u16, class: class as u16 };
     let mut p = STATS.get_ptr_mut(&key);
     if p.is_none() {
         if let Some(z) = ZERO.get_ptr(0) {
@@ -162,12 +194,12 @@ fn thread_state(tid: u32) -> Option<*mut ThreadFault> {
 #[tracepoint]
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     let (tid, tgid) = pid_tgid();
-    let Some(t) = counted_target(tgid) else {
+    if counted_target(tgid).is_none() {
         return 0;
-    };
+    }
     let addr: u64 = unsafe { ctx.read_at(cfg(&PF_ADDRESS_OFF)) }.unwrap_or(0);
     let code: u64 = unsafe { ctx.read_at(cfg(&PF_ERROR_CODE_OFF)) }.unwrap_or(0);
-    record_set(tgid, t.phase, classify_x86_error_code(code), UNTIMED);
+    record_set(tgid, current_phase(), classify_x86_error_code(code), UNTIMED);
     if let Some(s) = thread_state(tid) {
         unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
     }
@@ -201,13 +233,13 @@ pub fn fault_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let (tid, tgid) = pid_tgid();
-    let Some(t) = counted_target(tgid) else {
+    if counted_target(tgid).is_none() {
         return 0;
-    };
+    }
     let addr: u64 = ctx.arg(1).unwrap_or(0);
     if let Some(s) = thread_state(tid) {
         unsafe { (*s).on_entry(bpf_ktime_get_ns(), addr, flags as u32) };
-        record(tgid, t.phase, Class::FaultEntry as u32, UNTIMED);
+        record(tgid, current_phase(), Class::FaultEntry as u32, UNTIMED);
     }
     0
 }
@@ -227,8 +259,7 @@ pub fn fault_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     // The phase is read at return: a fault belongs to the phase it ends in.
-    let phase = unsafe { TARGETS.get(&tgid) }.map(|t| t.phase).unwrap_or(0);
-    record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
+    record_set(tgid, current_phase(), set, now.saturating_sub(st.start_ns));
     0
 }
 
@@ -267,8 +298,8 @@ pub fn new_anon_rmap(_ctx: ProbeContext) -> u32 {
 #[inline(always)]
 fn count_current(class: Class) -> u32 {
     let (_, tgid) = pid_tgid();
-    if let Some(t) = counted_target(tgid) {
-        record(tgid, t.phase, class as u32, UNTIMED);
+    if counted_target(tgid).is_some() {
+        record(tgid, current_phase(), class as u32, UNTIMED);
     }
     0
 }
@@ -294,7 +325,7 @@ pub fn contpte_fold(_ctx: ProbeContext) -> u32 {
 // ---- process lifecycle --------------------------------------------------------
 
 #[inline(always)]
-fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32) {
+fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: u32) {
     match EVENTS.reserve::<LifeEvent>(0) {
         Some(mut e) => {
             let comm = bpf_get_current_comm().unwrap_or([0; 16]);
@@ -304,6 +335,8 @@ fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32) {
                 tgid,
                 pid,
                 aux,
+                phase,
+                _pad: 0,
                 comm,
             });
             e.submit(0);
@@ -330,29 +363,43 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let child = child as u32;
     let follow = t.flags & TARGET_FOLLOW_CHILDREN != 0;
     if follow {
-        let info = TargetInfo {
-            phase: t.phase,
-            flags: t.flags & !TARGET_PENDING_EXEC,
-        };
+        let info = TargetInfo { flags: t.flags & !TARGET_PENDING_EXEC, _reserved: 0 };
         if TARGETS.insert(&child, &info, BPF_ANY).is_err() {
             drop_count(DROP_TARGETS_FULL);
         }
     }
-    debug!(&ctx, "traced process {} forked {}", tgid, child);
-    send(LifeKind::Fork, tgid, child, follow as u32);
+    if CHILDREN.insert(&child, &tgid, BPF_ANY).is_err() {
+        drop_count(DROP_TARGETS_FULL);
+    }
+    let phase = bump_phase();
+    debug!(&ctx, "traced process {} forked {}: phase {}", tgid, child, phase);
+    send(LifeKind::Fork, tgid, child, follow as u32, phase);
     0
 }
 
+/// A child of a traced process stopped sharing its memory (exit or exec):
+/// the parent's COW faults change nature, so a new phase starts.
+#[inline(always)]
+fn child_gone(kind: LifeKind, child: u32) {
+    if let Some(parent) = unsafe { CHILDREN.get(&child) }.copied() {
+        let _ = CHILDREN.remove(&child);
+        let phase = bump_phase();
+        send(kind, parent, child, 0, phase);
+    }
+}
+
 /// `sched:sched_process_exec`: a command faultscope started begins to count
-/// at its exec; other targets report their new comm.
+/// at its exec; other targets report their new comm; a child of a target
+/// that execs ends its phase.
 #[tracepoint]
 pub fn process_exec(_ctx: TracePointContext) -> u32 {
     let (tid, tgid) = pid_tgid();
+    child_gone(LifeKind::ChildExec, tgid);
     let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
         return 0;
     };
     unsafe { (*t).flags &= !TARGET_PENDING_EXEC };
-    send(LifeKind::Exec, tgid, tid, 0);
+    send(LifeKind::Exec, tgid, tid, 0, current_phase());
     0
 }
 
@@ -360,10 +407,14 @@ pub fn process_exec(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn process_exit(_ctx: TracePointContext) -> u32 {
     let (tid, tgid) = pid_tgid();
-    if tid != tgid || unsafe { TARGETS.get(&tgid) }.is_none() {
+    if tid != tgid {
         return 0;
     }
-    send(LifeKind::Exit, tgid, tid, 0);
+    child_gone(LifeKind::ChildExit, tgid);
+    if unsafe { TARGETS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    send(LifeKind::Exit, tgid, tid, 0, current_phase());
     0
 }
 

@@ -26,83 +26,167 @@ pub const CLASSES: &[ClassSpec] = &[
     ClassSpec {
         name: "faults",
         sources: &[
-            Source { class: Class::Faults, needs: &FAULT, timed: true, describe: "kprobe handle_mm_fault (user faults, each call)" },
-            Source { class: Class::TpFaults, needs: &["page_fault_user"], timed: false, describe: "tracepoint exceptions:page_fault_user" },
+            Source {
+                class: Class::Faults,
+                needs: &FAULT,
+                timed: true,
+                describe: "kprobe handle_mm_fault (user faults, each call)",
+            },
+            Source {
+                class: Class::TpFaults,
+                needs: &["page_fault_user"],
+                timed: false,
+                describe: "tracepoint exceptions:page_fault_user",
+            },
         ],
     },
     ClassSpec {
         name: "write_faults",
         sources: &[
-            Source { class: Class::WriteFaults, needs: &FAULT, timed: true, describe: "kprobe handle_mm_fault, FAULT_FLAG_WRITE" },
-            Source { class: Class::TpWrite, needs: &["page_fault_user"], timed: false, describe: "tracepoint exceptions:page_fault_user, error_code WRITE" },
+            Source {
+                class: Class::WriteFaults,
+                needs: &FAULT,
+                timed: true,
+                describe: "kprobe handle_mm_fault, FAULT_FLAG_WRITE",
+            },
+            Source {
+                class: Class::TpWrite,
+                needs: &["page_fault_user"],
+                timed: false,
+                describe: "tracepoint exceptions:page_fault_user, error_code WRITE",
+            },
         ],
     },
     ClassSpec {
         name: "wp_faults",
         sources: &[
-            Source { class: Class::WpFaults, needs: &["fault_entry", "fault_return", "wp_page"], timed: true, describe: "kprobe do_wp_page within a user fault" },
-            Source { class: Class::TpPresentWrite, needs: &["page_fault_user"], timed: false, describe: "tracepoint exceptions:page_fault_user, error_code PROT|WRITE (includes spurious faults)" },
+            Source {
+                class: Class::WpFaults,
+                needs: &["fault_entry", "fault_return", "wp_page"],
+                timed: true,
+                describe: "kprobe do_wp_page within a user fault",
+            },
+            Source {
+                class: Class::TpPresentWrite,
+                needs: &["page_fault_user"],
+                timed: false,
+                describe:
+                    "tracepoint exceptions:page_fault_user, error_code PROT|WRITE (includes spurious faults)",
+            },
         ],
     },
     ClassSpec {
         name: "reuse",
-        sources: &[Source { class: Class::Reuse, needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"], timed: true, describe: "do_wp_page without folio_add_new_anon_rmap" }],
+        sources: &[Source {
+            class: Class::Reuse,
+            needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
+            timed: true,
+            describe: "do_wp_page without folio_add_new_anon_rmap",
+        }],
     },
     ClassSpec {
         name: "copy",
-        sources: &[Source { class: Class::Copy, needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"], timed: true, describe: "do_wp_page with folio_add_new_anon_rmap" }],
+        sources: &[Source {
+            class: Class::Copy,
+            needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
+            timed: true,
+            describe: "do_wp_page with folio_add_new_anon_rmap",
+        }],
     },
     ClassSpec {
         name: "spurious",
         sources: &[Source {
             class: Class::Spurious,
-            needs: &["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "page_fault_user|mem_abort"],
+            needs: &[
+                "fault_entry",
+                "fault_return",
+                "wp_page",
+                "huge_pmd_wp",
+                "new_anon_rmap",
+                "page_fault_user|mem_abort",
+            ],
             timed: true,
             describe: "write fault on a present page that reached no write-protect or new-folio path",
         }],
     },
     ClassSpec {
         name: "huge_pmd_wp",
-        sources: &[Source { class: Class::HugePmdWp, needs: &["fault_entry", "fault_return", "huge_pmd_wp"], timed: true, describe: "kprobe do_huge_pmd_wp_page within a user fault" }],
+        sources: &[Source {
+            class: Class::HugePmdWp,
+            needs: &["fault_entry", "fault_return", "huge_pmd_wp"],
+            timed: true,
+            describe: "kprobe do_huge_pmd_wp_page within a user fault",
+        }],
     },
     ClassSpec {
         name: "contpte_unfold",
-        sources: &[Source { class: Class::ContpteUnfold, needs: &["contpte_unfold"], timed: false, describe: "kprobe __contpte_try_unfold" }],
+        sources: &[Source {
+            class: Class::ContpteUnfold,
+            needs: &["contpte_unfold"],
+            timed: false,
+            describe: "kprobe __contpte_try_unfold",
+        }],
     },
     ClassSpec {
         name: "contpte_convert",
-        sources: &[Source { class: Class::ContpteConvert, needs: &["contpte_convert"], timed: false, describe: "kprobe contpte_convert" }],
+        sources: &[Source {
+            class: Class::ContpteConvert,
+            needs: &["contpte_convert"],
+            timed: false,
+            describe: "kprobe contpte_convert",
+        }],
     },
     ClassSpec {
         name: "contpte_fold_attempt",
-        sources: &[Source { class: Class::ContpteFoldAttempt, needs: &["contpte_fold"], timed: false, describe: "kprobe __contpte_try_fold" }],
+        sources: &[Source {
+            class: Class::ContpteFoldAttempt,
+            needs: &["contpte_fold"],
+            timed: false,
+            describe: "kprobe __contpte_try_fold",
+        }],
     },
     ClassSpec {
         name: "first_touch",
-        sources: &[Source { class: Class::TpNotPresent, needs: &["page_fault_user"], timed: false, describe: "tracepoint exceptions:page_fault_user, error_code without PROT" }],
+        sources: &[Source {
+            class: Class::TpNotPresent,
+            needs: &["page_fault_user"],
+            timed: false,
+            describe: "tracepoint exceptions:page_fault_user, error_code without PROT",
+        }],
     },
     ClassSpec {
         name: "major",
-        sources: &[Source { class: Class::Major, needs: &FAULT, timed: true, describe: "handle_mm_fault returned VM_FAULT_MAJOR" }],
+        sources: &[Source {
+            class: Class::Major,
+            needs: &FAULT,
+            timed: true,
+            describe: "handle_mm_fault returned VM_FAULT_MAJOR",
+        }],
     },
     ClassSpec {
         name: "retry",
-        sources: &[Source { class: Class::Retry, needs: &FAULT, timed: true, describe: "handle_mm_fault returned VM_FAULT_RETRY" }],
+        sources: &[Source {
+            class: Class::Retry,
+            needs: &FAULT,
+            timed: true,
+            describe: "handle_mm_fault returned VM_FAULT_RETRY",
+        }],
     },
     ClassSpec {
         name: "error",
-        sources: &[Source { class: Class::Error, needs: &FAULT, timed: true, describe: "handle_mm_fault returned VM_FAULT_ERROR" }],
+        sources: &[Source {
+            class: Class::Error,
+            needs: &FAULT,
+            timed: true,
+            describe: "handle_mm_fault returned VM_FAULT_ERROR",
+        }],
     },
 ];
 
 /// How a class is measured in this run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Availability {
-    Measured {
-        class: Class,
-        timed: bool,
-        source: &'static str,
-    },
+    Measured { class: Class, timed: bool, source: &'static str },
     NotMeasurable(String),
 }
 
@@ -117,10 +201,7 @@ pub fn availability(
         .map(|spec| {
             let mut why = None;
             for src in spec.sources {
-                let missing = src
-                    .needs
-                    .iter()
-                    .find(|need| !need.split('|').any(&attached));
+                let missing = src.needs.iter().find(|need| !need.split('|').any(&attached));
                 match missing {
                     None => {
                         return (
@@ -134,20 +215,13 @@ pub fn availability(
                     }
                     Some(need) => {
                         if why.is_none() {
-                            let r = need
-                                .split('|')
-                                .filter_map(&reason)
-                                .collect::<Vec<_>>()
-                                .join("; ");
+                            let r = need.split('|').filter_map(&reason).collect::<Vec<_>>().join("; ");
                             why = Some(format!("needs {need}: {r}"));
                         }
                     }
                 }
             }
-            (
-                spec.name,
-                Availability::NotMeasurable(why.unwrap_or_default()),
-            )
+            (spec.name, Availability::NotMeasurable(why.unwrap_or_default()))
         })
         .collect()
 }
@@ -169,34 +243,15 @@ mod tests {
         let v = avail(&["page_fault_user", "task_newtask"]);
         assert!(matches!(
             get(&v, "faults"),
-            Availability::Measured {
-                class: Class::TpFaults,
-                timed: false,
-                ..
-            }
+            Availability::Measured { class: Class::TpFaults, timed: false, .. }
         ));
-        assert!(matches!(
-            get(&v, "wp_faults"),
-            Availability::Measured {
-                class: Class::TpPresentWrite,
-                ..
-            }
-        ));
-        assert!(matches!(
-            get(&v, "first_touch"),
-            Availability::Measured {
-                class: Class::TpNotPresent,
-                ..
-            }
-        ));
+        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::TpPresentWrite, .. }));
+        assert!(matches!(get(&v, "first_touch"), Availability::Measured { class: Class::TpNotPresent, .. }));
         match get(&v, "reuse") {
             Availability::NotMeasurable(r) => assert!(r.contains("fault_entry missing"), "{r}"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(
-            get(&v, "contpte_unfold"),
-            Availability::NotMeasurable(_)
-        ));
+        assert!(matches!(get(&v, "contpte_unfold"), Availability::NotMeasurable(_)));
     }
 
     #[test]
@@ -211,49 +266,18 @@ mod tests {
         ]);
         assert!(matches!(
             get(&v, "faults"),
-            Availability::Measured {
-                class: Class::Faults,
-                timed: true,
-                ..
-            }
+            Availability::Measured { class: Class::Faults, timed: true, .. }
         ));
-        assert!(matches!(
-            get(&v, "wp_faults"),
-            Availability::Measured {
-                class: Class::WpFaults,
-                ..
-            }
-        ));
-        assert!(matches!(
-            get(&v, "spurious"),
-            Availability::Measured {
-                class: Class::Spurious,
-                ..
-            }
-        ));
+        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::WpFaults, .. }));
+        assert!(matches!(get(&v, "spurious"), Availability::Measured { class: Class::Spurious, .. }));
     }
 
     #[test]
     fn spurious_accepts_either_exception_source() {
-        let v = avail(&[
-            "fault_entry",
-            "fault_return",
-            "wp_page",
-            "huge_pmd_wp",
-            "new_anon_rmap",
-            "mem_abort",
-        ]);
+        let v =
+            avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "mem_abort"]);
         assert!(matches!(get(&v, "spurious"), Availability::Measured { .. }));
-        let v = avail(&[
-            "fault_entry",
-            "fault_return",
-            "wp_page",
-            "huge_pmd_wp",
-            "new_anon_rmap",
-        ]);
-        assert!(matches!(
-            get(&v, "spurious"),
-            Availability::NotMeasurable(_)
-        ));
+        let v = avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap"]);
+        assert!(matches!(get(&v, "spurious"), Availability::NotMeasurable(_)));
     }
 }

@@ -34,25 +34,30 @@ impl Snapshot {
         v
     }
 
-    /// One class of one process, summed over phases.
-    pub fn get(&self, tgid: u32, class: Class) -> Option<Stat> {
+    /// One class of one process, summed over phases (`phase == None`) or in
+    /// one phase.
+    pub fn get_in(&self, tgid: u32, phase: Option<u16>, class: Class) -> Option<Stat> {
         let mut out: Option<Stat> = None;
-        for (k, v) in self.stats.range(
-            StatKey {
-                tgid,
-                phase: 0,
-                class: 0,
-            }..=StatKey {
-                tgid,
-                phase: u16::MAX,
-                class: u16::MAX,
-            },
-        ) {
-            if k.class == class as u16 {
+        let lo = StatKey { tgid, phase: 0, class: 0 };
+        let hi = StatKey { tgid, phase: u16::MAX, class: u16::MAX };
+        for (k, v) in self.stats.range(lo..=hi) {
+            if k.class == class as u16 && phase.is_none_or(|p| p == k.phase) {
                 out.get_or_insert(Stat::ZERO).merge(v);
             }
         }
         out
+    }
+
+    pub fn get(&self, tgid: u32, class: Class) -> Option<Stat> {
+        self.get_in(tgid, None, class)
+    }
+
+    /// Phase keys in which the process has any count.
+    pub fn phases_of(&self, tgid: u32) -> Vec<u16> {
+        let mut v: Vec<u16> = self.stats.keys().filter(|k| k.tgid == tgid).map(|k| k.phase).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// `self - earlier`: what happened between two snapshots.
@@ -179,17 +184,9 @@ mod tests {
         assert_eq!(m.max_ns, 300);
         assert_eq!(m.sum_ns, 600);
 
-        let key = StatKey {
-            tgid: 7,
-            phase: 0,
-            class: Class::Faults as u16,
-        };
-        let early = Snapshot {
-            stats: [(key, a)].into(),
-        };
-        let late = Snapshot {
-            stats: [(key, m)].into(),
-        };
+        let key = StatKey { tgid: 7, phase: 0, class: Class::Faults as u16 };
+        let early = Snapshot { stats: [(key, a)].into() };
+        let late = Snapshot { stats: [(key, m)].into() };
         let d = late.since(&early);
         let ds = d.stats[&key];
         assert_eq!(ds.count, 1);

@@ -29,15 +29,7 @@ pub fn tracefs() -> Result<PathBuf, Refusal> {
     let dst = c"/sys/kernel/tracing";
     let fstype = c"tracefs";
     // SAFETY: plain mount(2) with static C strings.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            dst.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc == 0 && p.join("events").is_dir() {
         return readable(p);
     }
@@ -50,10 +42,7 @@ pub fn tracefs() -> Result<PathBuf, Refusal> {
 
 fn readable(p: &Path) -> Result<PathBuf, Refusal> {
     fs::read_dir(p.join("events")).map_err(|e| {
-        Refusal::new(format!(
-            "tracefs at {} is not readable ({e}); run faultscope as root",
-            p.display()
-        ))
+        Refusal::new(format!("tracefs at {} is not readable ({e}); run faultscope as root", p.display()))
     })?;
     Ok(p.to_path_buf())
 }
@@ -90,6 +79,15 @@ pub fn lockdown() -> Option<String> {
     let start = s.find('[')? + 1;
     let end = s[start..].find(']')? + start;
     Some(s[start..end].to_string())
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns, so user-space
+/// marks and kernel events share one time line.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime fills ts.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 pub fn release() -> String {
@@ -148,25 +146,13 @@ impl Kallsyms {
 /// debugfs is mounted.
 pub fn kprobe_blacklist() -> Vec<String> {
     fs::read_to_string("/sys/kernel/debug/kprobes/blacklist")
-        .map(|s| {
-            s.lines()
-                .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
-                .collect()
-        })
+        .map(|s| s.lines().filter_map(|l| l.split_whitespace().nth(1).map(str::to_string)).collect())
         .unwrap_or_default()
 }
 
 /// Offsets of a tracepoint's fields, from its tracefs `format` file.
-pub fn tracepoint_fields(
-    tracefs: &Path,
-    category: &str,
-    name: &str,
-) -> Result<HashMap<String, usize>> {
-    let path = tracefs
-        .join("events")
-        .join(category)
-        .join(name)
-        .join("format");
+pub fn tracepoint_fields(tracefs: &Path, category: &str, name: &str) -> Result<HashMap<String, usize>> {
+    let path = tracefs.join("events").join(category).join(name).join("format");
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     parse_format(&text).with_context(|| format!("parsing {}", path.display()))
 }
@@ -192,13 +178,7 @@ pub fn parse_format(text: &str) -> Result<HashMap<String, usize>> {
             bail!("malformed field line: {line}");
         };
         // "unsigned long error_code" / "char comm[16]"
-        let name = decl
-            .rsplit(' ')
-            .next()
-            .unwrap_or(decl)
-            .split('[')
-            .next()
-            .unwrap_or_default();
+        let name = decl.rsplit(' ').next().unwrap_or(decl).split('[').next().unwrap_or_default();
         out.insert(name.to_string(), offset);
     }
     if out.is_empty() {
@@ -237,10 +217,7 @@ mod tests {
             "ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff T handle_mm_fault\nffff d some_data\nffff t foo.cold\n",
         );
         assert_eq!(k.resolve("do_wp_page").as_deref(), Some("do_wp_page"));
-        assert_eq!(
-            k.resolve("wp_page_copy").as_deref(),
-            Some("wp_page_copy.isra.0")
-        );
+        assert_eq!(k.resolve("wp_page_copy").as_deref(), Some("wp_page_copy.isra.0"));
         assert_eq!(k.resolve("some_data"), None);
         assert_eq!(k.resolve("foo"), None);
         assert_eq!(k.resolve("missing"), None);

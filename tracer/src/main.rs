@@ -8,6 +8,8 @@ mod classes;
 mod collector;
 mod error;
 mod kernel;
+mod marks;
+mod phases;
 mod probes;
 mod record;
 mod report;
@@ -39,6 +41,13 @@ enum Cmd {
         #[arg(long)]
         load: bool,
     },
+    /// Start a new phase in a running `faultscope record`.
+    Mark {
+        /// The recorder's pid, when several are running.
+        #[arg(long)]
+        recorder: Option<u32>,
+        label: String,
+    },
     /// The built-in fork/write workload (populate, fork, child exits or
     /// stays, write one byte per page), reporting its own page arithmetic.
     Workload(workload::WorkloadOpts),
@@ -54,6 +63,7 @@ fn main() {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(record::run(o))),
         Cmd::Probes { load } => probes_cmd(load),
+        Cmd::Mark { recorder, label } => marks::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
     };
     match res {
@@ -81,10 +91,7 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
         blacklist: &blacklist,
         lockdown: kernel::lockdown(),
     };
-    println!(
-        "{:<16} {:<8} {:<10} {:<34} {}",
-        "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE"
-    );
+    println!("{:<16} {:<8} {:<10} {:<34} {}", "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE");
     for r in probes::resolve(&facts) {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
@@ -103,10 +110,7 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
             hook,
             here
         );
-        println!(
-            "{:<16} measures: {} (kernel >= {})",
-            "", r.spec.measures, r.spec.min_kernel
-        );
+        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
     }
     if load {
         let mut failed = 0;

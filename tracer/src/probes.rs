@@ -63,8 +63,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::Any,
         min_kernel: "3.5",
         required: true,
-        measures:
-            "forks of traced processes (clone_flags tell processes from threads); follows children",
+        measures: "forks of traced processes (clone_flags tell processes from threads); follows children",
     },
     ProbeSpec {
         program: "process_exec",
@@ -88,8 +87,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::X86_64,
         min_kernel: "3.13",
         required: false,
-        measures:
-            "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
+        measures: "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
     },
     ProbeSpec {
         program: "mem_abort",
@@ -190,13 +188,7 @@ pub struct KernelFacts<'a> {
 }
 
 pub fn resolve(facts: &KernelFacts<'_>) -> Vec<Resolved> {
-    PROBES
-        .iter()
-        .map(|spec| Resolved {
-            spec,
-            resolution: resolve_one(spec, facts),
-        })
-        .collect()
+    PROBES.iter().map(|spec| Resolved { spec, resolution: resolve_one(spec, facts) }).collect()
 }
 
 fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
@@ -213,9 +205,7 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
         }
         Hook::Kprobe(funcs) | Hook::Kretprobe(funcs) => {
             if !facts.kprobe_pmu {
-                return Resolution::Unavailable(
-                    "no kprobe PMU (kernel built without CONFIG_KPROBES)".into(),
-                );
+                return Resolution::Unavailable("no kprobe PMU (kernel built without CONFIG_KPROBES)".into());
             }
             if facts.lockdown.as_deref() == Some("confidentiality") {
                 return Resolution::Unavailable(
@@ -248,47 +238,20 @@ mod tests {
     use super::*;
 
     fn facts<'a>(k: &'a Kallsyms, pmu: bool, tracefs: &'a Path) -> KernelFacts<'a> {
-        KernelFacts {
-            tracefs,
-            kallsyms: Some(k),
-            kprobe_pmu: pmu,
-            blacklist: &[],
-            lockdown: None,
-        }
+        KernelFacts { tracefs, kallsyms: Some(k), kprobe_pmu: pmu, blacklist: &[], lockdown: None }
     }
 
     #[test]
     fn fallback_symbol_is_used() {
-        let k = Kallsyms::parse(
-            "0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n",
-        );
+        let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n");
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, true, dir.path()));
-        let get = |p: &str| {
-            r.iter()
-                .find(|r| r.spec.program == p)
-                .unwrap()
-                .resolution
-                .clone()
-        };
-        assert_eq!(
-            get("fault_entry"),
-            Resolution::Attach("handle_mm_fault".into())
-        );
-        assert_eq!(
-            get("wp_page"),
-            Resolution::Attach("do_wp_page.isra.0".into())
-        );
-        assert_eq!(
-            get("new_anon_rmap"),
-            Resolution::Attach("page_add_new_anon_rmap".into())
-        );
-        assert!(
-            matches!(get("huge_pmd_wp"), Resolution::Unavailable(r) if r.contains("no symbol"))
-        );
-        assert!(
-            matches!(get("task_newtask"), Resolution::Unavailable(r) if r.contains("no tracepoint"))
-        );
+        let get = |p: &str| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
+        assert_eq!(get("fault_entry"), Resolution::Attach("handle_mm_fault".into()));
+        assert_eq!(get("wp_page"), Resolution::Attach("do_wp_page.isra.0".into()));
+        assert_eq!(get("new_anon_rmap"), Resolution::Attach("page_add_new_anon_rmap".into()));
+        assert!(matches!(get("huge_pmd_wp"), Resolution::Unavailable(r) if r.contains("no symbol")));
+        assert!(matches!(get("task_newtask"), Resolution::Unavailable(r) if r.contains("no tracepoint")));
     }
 
     #[test]
@@ -297,9 +260,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, false, dir.path()));
         let e = r.iter().find(|r| r.spec.program == "fault_entry").unwrap();
-        assert!(
-            matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES"))
-        );
+        assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES")));
     }
 
     #[test]

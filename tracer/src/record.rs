@@ -1,26 +1,30 @@
 //! `faultscope record`: resolve probes, attach, trace the targets until
 //! Ctrl-C, SIGTERM, --duration or the exit of every target, then report and
-//! detach.
+//! detach. [`Recorder`] is also what `bench` uses to trace itself.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use faultscope_common::maps::{
-    LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+use faultscope_common::maps::{LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
+use serde_json::{json, Value};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    signal::unix::{signal, SignalKind},
 };
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     classes::{self, Availability},
     collector::Snapshot,
     error::Refusal,
     kernel::{self, Kallsyms},
+    marks,
+    phases::Timeline,
     probes::{self, KernelFacts},
     report,
     session::Session,
@@ -48,12 +52,153 @@ pub struct RecordOpts {
     /// fork time, so none of their faults is missed).
     #[arg(long)]
     pub follow_children: bool,
+    /// Start a new phase each time faultscope receives this signal (USR1,
+    /// USR2 or HUP).
+    #[arg(long, value_parser = marks::parse_signal)]
+    pub mark_on_signal: Option<i32>,
     /// Entries of the in-kernel stats map (process x phase x class).
     #[arg(long, default_value_t = 2048)]
     pub max_stats: u32,
     /// Command to start and trace from its exec.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// A tracing session with its phase timeline and the processes it knows.
+pub struct Recorder {
+    pub session: Session,
+    pub avail: Vec<(&'static str, Availability)>,
+    pub timeline: Timeline,
+    pub comms: BTreeMap<u32, String>,
+    /// Traced processes still running.
+    pub live: BTreeSet<u32>,
+    started: Instant,
+}
+
+impl Recorder {
+    /// Checks the system, resolves the probe table and attaches. Prints the
+    /// one line saying what is measured here.
+    pub fn start(max_stats: u32) -> Result<Recorder> {
+        kernel::require_root()?;
+        let tracefs = kernel::tracefs()?;
+        kernel::require_btf()?;
+        let kallsyms = Kallsyms::load().ok();
+        let blacklist = kernel::kprobe_blacklist();
+        let facts = KernelFacts {
+            tracefs: &tracefs,
+            kallsyms: kallsyms.as_ref(),
+            kprobe_pmu: kernel::has_kprobe_pmu(),
+            blacklist: &blacklist,
+            lockdown: kernel::lockdown(),
+        };
+        let resolved = probes::resolve(&facts);
+        let session = Session::attach(&tracefs, &resolved, max_stats)?;
+        let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
+        eprintln!("{}", report::measured_line(&avail));
+        let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
+        Ok(Recorder {
+            session,
+            avail,
+            timeline,
+            comms: BTreeMap::new(),
+            live: BTreeSet::new(),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn add(&mut self, pid: u32, flags: u32, comm: String) -> Result<()> {
+        self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
+        self.comms.insert(pid, comm);
+        self.live.insert(pid);
+        Ok(())
+    }
+
+    /// Starts a phase named `mark:LABEL`; returns its name.
+    pub fn mark(&mut self, label: &str) -> Result<String> {
+        // Events first, so the mark lands after the lifecycle changes that
+        // happened before it.
+        self.drain_events()?;
+        let id = self.session.mark()?;
+        self.timeline.mark(id, kernel::monotonic_ns(), label);
+        Ok(self.timeline.current().name.clone())
+    }
+
+    /// Applies lifecycle events: phases, followed children joining the live
+    /// set, exits leaving it (and the traced set, so a reused pid is not
+    /// traced).
+    pub fn drain_events(&mut self) -> Result<()> {
+        let mut evs = Vec::new();
+        {
+            let mut ring = self.session.events()?;
+            while let Some(item) = ring.next() {
+                if item.len() >= std::mem::size_of::<LifeEvent>() {
+                    // SAFETY: the kernel wrote a LifeEvent; read unaligned.
+                    evs.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifeEvent) });
+                }
+            }
+        }
+        evs.sort_by_key(|e| e.ts_ns);
+        for e in evs {
+            let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
+            match e.kind {
+                k if k == LifeKind::Fork as u32 => {
+                    self.timeline.fork(e.phase, e.ts_ns, e.pid);
+                    if e.aux != 0 {
+                        self.live.insert(e.pid);
+                        self.comms.insert(e.pid, comm);
+                    }
+                }
+                k if k == LifeKind::ChildExit as u32 => {
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, false)
+                }
+                k if k == LifeKind::ChildExec as u32 => {
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, true)
+                }
+                k if k == LifeKind::Exec as u32 => {
+                    self.comms.insert(e.tgid, comm);
+                }
+                k if k == LifeKind::Exit as u32 => {
+                    self.live.remove(&e.tgid);
+                    self.session.remove_target(e.tgid);
+                }
+                _ => {}
+            }
+        }
+        self.session.flush_logs();
+        Ok(())
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::read(&self.session.bpf)
+    }
+
+    pub fn context(&self) -> Result<report::Context<'_>> {
+        Ok(report::Context {
+            kernel: kernel::release(),
+            arch: std::env::consts::ARCH,
+            availability: &self.avail,
+            probes: &self.session.status,
+            comms: &self.comms,
+            drops: self.session.drops()?,
+            duration_ns: self.started.elapsed().as_nanos() as u64,
+            timeline: &self.timeline,
+        })
+    }
+
+    /// Ends the last phase and builds the final JSON report.
+    pub fn finish(&mut self, snap: &Snapshot) -> Result<Value> {
+        self.drain_events()?;
+        self.timeline.end(kernel::monotonic_ns());
+        Ok(report::to_json(snap, &self.context()?))
+    }
+}
+
+/// Writes a JSON file whole or not at all.
+pub fn write_json(p: &Path, j: &Value) -> Result<()> {
+    let tmp = p.with_extension("tmp");
+    fs::write(&tmp, serde_json::to_string_pretty(j)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))
 }
 
 pub async fn run(o: RecordOpts) -> Result<i32> {
@@ -70,72 +215,33 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     }
     // Fail on an unwritable report path now, not after the run.
     if let Some(p) = &o.json {
-        fs::write(p, b"")
-            .map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
+        fs::write(p, b"").map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
     }
-    let tracefs = kernel::tracefs()?;
-    kernel::require_btf()?;
-
-    let kallsyms = Kallsyms::load().ok();
-    let blacklist = kernel::kprobe_blacklist();
-    let facts = KernelFacts {
-        tracefs: &tracefs,
-        kallsyms: kallsyms.as_ref(),
-        kprobe_pmu: kernel::has_kprobe_pmu(),
-        blacklist: &blacklist,
-        lockdown: kernel::lockdown(),
-    };
-    let resolved = probes::resolve(&facts);
-    let mut session = Session::attach(&tracefs, &resolved, o.max_stats)?;
-    let avail = classes::availability(
-        |p| session.attached(p),
-        |p| session.reason(p).map(str::to_string),
-    );
-    eprintln!("{}", report::measured_line(&avail));
-
-    let follow = if o.follow_children {
-        TARGET_FOLLOW_CHILDREN
-    } else {
-        0
-    };
-    let mut live: BTreeSet<u32> = BTreeSet::new();
-    for &pid in &o.pids {
-        session.add_target(
-            pid,
-            TargetInfo {
-                phase: 0,
-                flags: follow,
-            },
-        )?;
-        live.insert(pid);
+    let mut rec = Recorder::start(o.max_stats)?;
+    let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
+    for (pid, comm) in comms {
+        rec.add(pid, follow, comm)?;
     }
     let mut spawned = None;
     if !o.command.is_empty() {
         let paused = target::spawn_paused(&o.command)?;
         let pid = paused.pid;
-        session.add_target(
-            pid,
-            TargetInfo {
-                phase: 0,
-                flags: follow | TARGET_PENDING_EXEC,
-            },
-        )?;
-        comms.insert(
-            pid,
-            o.command[0]
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_string(),
-        );
-        live.insert(pid);
+        let comm = o.command[0].rsplit('/').next().unwrap_or_default().to_string();
+        rec.add(pid, follow | TARGET_PENDING_EXEC, comm)?;
         paused.release();
         spawned = Some(pid);
     }
+    let sock_path = marks::socket_path(std::process::id());
+    let listener = marks::listen(&sock_path)?;
 
     let started = Instant::now();
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigmark = match o.mark_on_signal {
+        Some(s) => Some(signal(SignalKind::from_raw(s))?),
+        None => None,
+    };
+    let mut signal_marks = 0u32;
     let mut poll = tokio::time::interval(Duration::from_millis(50));
     let interval = o.interval.map(Duration::from_secs_f64);
     let mut next_tick = interval.map(|d| started + d);
@@ -147,30 +253,39 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         tokio::select! {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
+            Some(()) = async { match sigmark.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => {
+                signal_marks += 1;
+                let name = rec.mark(&format!("signal#{signal_marks}"))?;
+                eprintln!("faultscope: phase {name}");
+            }
+            Ok((stream, _)) = listener.accept() => {
+                if let Err(e) = serve_mark(&mut rec, stream).await {
+                    eprintln!("faultscope: mark request failed: {e:#}");
+                }
+            }
             _ = poll.tick() => {}
         }
-        session.flush_logs();
-        drain_events(&mut session, &mut live, &mut comms)?;
+        rec.drain_events()?;
         if let Some(pid) = spawned {
             if cmd_status.is_none() {
                 cmd_status = target::try_reap(pid);
                 if cmd_status.is_some() {
-                    live.remove(&pid);
+                    rec.live.remove(&pid);
                 }
             }
         }
-        live.retain(|&p| !target::is_gone(p));
+        rec.live.retain(|&p| !target::is_gone(p));
         let now = Instant::now();
         if let (Some(t), Some(d)) = (next_tick, interval) {
             if now >= t {
-                let snap = Snapshot::read(&session.bpf)?;
-                let ctx = context(&session, &avail, &comms, started)?;
+                let snap = rec.snapshot()?;
                 println!(
-                    "--- interval {} ({:.1}s) ---",
+                    "--- interval {} ({:.1}s), phase {} ---",
                     ticks + 1,
-                    now.duration_since(started).as_secs_f64()
+                    now.duration_since(started).as_secs_f64(),
+                    rec.timeline.current().name
                 );
-                print!("{}", report::to_text(&snap.since(&last), &ctx));
+                print!("{}", report::to_text(&snap.since(&last), &rec.context()?));
                 last = snap;
                 ticks += 1;
                 next_tick = Some(t + d);
@@ -182,89 +297,44 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         if deadline.is_some_and(|d| now >= d) {
             break "duration reached";
         }
-        if live.is_empty() {
+        if rec.live.is_empty() {
             break "all targets exited";
         }
     };
+    drop(listener);
+    let _ = fs::remove_file(&sock_path);
     // Final read after the targets are gone or the run was stopped.
-    drain_events(&mut session, &mut live, &mut comms)?;
-    let snap = Snapshot::read(&session.bpf)?;
-    let ctx = context(&session, &avail, &comms, started)?;
-    eprintln!(
-        "faultscope: {why} after {:.2}s",
-        started.elapsed().as_secs_f64()
-    );
-    print!("{}", report::to_text(&snap, &ctx));
+    let snap = rec.snapshot()?;
+    let mut j = rec.finish(&snap)?;
+    eprintln!("faultscope: {why} after {:.2}s", started.elapsed().as_secs_f64());
+    print!("{}", report::to_text(&snap, &rec.context()?));
     if let Some(p) = &o.json {
-        let mut j = report::to_json(&snap, &ctx);
-        j["end"] = serde_json::json!(why);
+        j["end"] = json!(why);
         if let Some(st) = cmd_status {
-            j["command_exit_status"] = serde_json::json!(st);
+            j["command_exit_status"] = json!(st);
         }
-        let tmp = p.with_extension("tmp");
-        fs::write(&tmp, serde_json::to_string_pretty(&j)?)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
+        write_json(p, &j)?;
     }
     // A command still running (Ctrl-C/--duration) is left to run, detached.
-    drop(session);
+    drop(rec);
     Ok(0)
 }
 
-fn context<'a>(
-    session: &'a Session,
-    avail: &'a [(&'static str, Availability)],
-    comms: &'a BTreeMap<u32, String>,
-    started: Instant,
-) -> Result<report::Context<'a>> {
-    Ok(report::Context {
-        kernel: kernel::release(),
-        arch: std::env::consts::ARCH,
-        availability: avail,
-        probes: &session.status,
-        comms,
-        drops: session.drops()?,
-        duration_ns: started.elapsed().as_nanos() as u64,
-    })
-}
-
-/// Applies lifecycle events: followed children join the live set, exits
-/// leave it (and the traced set, so a reused pid is not traced).
-fn drain_events(
-    session: &mut Session,
-    live: &mut BTreeSet<u32>,
-    comms: &mut BTreeMap<u32, String>,
-) -> Result<()> {
-    let mut evs = Vec::new();
-    {
-        let mut ring = session.events()?;
-        while let Some(item) = ring.next() {
-            if item.len() >= std::mem::size_of::<LifeEvent>() {
-                // SAFETY: the kernel wrote a LifeEvent; read unaligned.
-                evs.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifeEvent) });
-            }
+/// One `faultscope mark` request: "mark LABEL\n" -> "ok PHASE-NAME\n".
+async fn serve_mark(rec: &mut Recorder, stream: tokio::net::UnixStream) -> Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(2), BufReader::new(r).read_line(&mut line))
+        .await
+        .context("timed out reading the request")??;
+    let reply = match marks::parse_request(&line) {
+        Ok(label) => {
+            let name = rec.mark(&label)?;
+            eprintln!("faultscope: phase {name}");
+            format!("ok {name}\n")
         }
-    }
-    for e in evs {
-        let comm = String::from_utf8_lossy(&e.comm)
-            .trim_end_matches('\0')
-            .to_string();
-        match e.kind {
-            k if k == LifeKind::Fork as u32 => {
-                if e.aux != 0 {
-                    live.insert(e.pid);
-                    comms.insert(e.pid, comm);
-                }
-            }
-            k if k == LifeKind::Exec as u32 => {
-                comms.insert(e.tgid, comm);
-            }
-            k if k == LifeKind::Exit as u32 => {
-                live.remove(&e.tgid);
-                session.remove_target(e.tgid);
-            }
-            _ => {}
-        }
-    }
+        Err(e) => format!("error {e}\n"),
+    };
+    w.write_all(reply.as_bytes()).await?;
     Ok(())
 }

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::{
     classes::Availability,
     collector::{latency, Snapshot},
+    phases::Timeline,
     session::ProbeStatus,
 };
 
@@ -23,6 +24,7 @@ pub struct Context<'a> {
     pub comms: &'a BTreeMap<u32, String>,
     pub drops: [u64; 4],
     pub duration_ns: u64,
+    pub timeline: &'a Timeline,
 }
 
 #[derive(Serialize)]
@@ -38,28 +40,18 @@ struct ProbeJson<'a> {
 /// tracepoint-only fallback.
 pub fn mode(avail: &[(&'static str, Availability)]) -> &'static str {
     match avail.iter().find(|(n, _)| *n == "faults") {
-        Some((
-            _,
-            Availability::Measured {
-                class: Class::Faults,
-                ..
-            },
-        )) => "kprobe",
+        Some((_, Availability::Measured { class: Class::Faults, .. })) => "kprobe",
         Some((_, Availability::Measured { .. })) => "tracepoint",
         _ => "none",
     }
 }
 
-/// One class's JSON object for one process.
-pub fn class_json(snap: &Snapshot, tgid: u32, a: &Availability) -> Value {
+/// One class's JSON object for one process, over the run or in one phase.
+pub fn class_json(snap: &Snapshot, tgid: u32, phase: Option<u16>, a: &Availability) -> Value {
     match a {
         Availability::NotMeasurable(reason) => json!({"measurable": false, "reason": reason}),
-        Availability::Measured {
-            class,
-            timed,
-            source,
-        } => {
-            let s = snap.get(tgid, *class);
+        Availability::Measured { class, timed, source } => {
+            let s = snap.get_in(tgid, phase, *class);
             let mut m = Map::new();
             m.insert("count".into(), json!(s.map(|s| s.count).unwrap_or(0)));
             if *timed {
@@ -79,14 +71,32 @@ pub fn class_json(snap: &Snapshot, tgid: u32, a: &Availability) -> Value {
 pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
     let mut procs = Vec::new();
     for tgid in pids(snap, ctx) {
-        let mut classes = Map::new();
-        for (name, a) in ctx.availability {
-            classes.insert((*name).into(), class_json(snap, tgid, a));
-        }
+        let classes_in = |phase: Option<u16>| {
+            let mut classes = Map::new();
+            for (name, a) in ctx.availability {
+                classes.insert((*name).into(), class_json(snap, tgid, phase, a));
+            }
+            Value::Object(classes)
+        };
+        let phases: Vec<Value> = ctx
+            .timeline
+            .phases()
+            .iter()
+            .map(|ph| {
+                json!({
+                    "id": ph.id,
+                    "name": ph.name,
+                    "start_ns": ph.start_ns,
+                    "end_ns": ph.end_ns,
+                    "classes": classes_in(Some(ph.id as u16)),
+                })
+            })
+            .collect();
         let mut p = json!({
             "pid": tgid,
             "comm": ctx.comms.get(&tgid).cloned().unwrap_or_default(),
-            "classes": classes,
+            "classes": classes_in(None),
+            "phases": phases,
         });
         if let Some(lost) = lost_returns(snap, tgid) {
             p["lost_returns"] = json!(lost);
@@ -139,11 +149,8 @@ fn lost_returns(snap: &Snapshot, tgid: u32) -> Option<u64> {
 
 /// One line saying what is measured here and what is not, and why.
 pub fn measured_line(avail: &[(&'static str, Availability)]) -> String {
-    let measured: Vec<&str> = avail
-        .iter()
-        .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
-        .map(|(n, _)| *n)
-        .collect();
+    let measured: Vec<&str> =
+        avail.iter().filter(|(_, a)| matches!(a, Availability::Measured { .. })).map(|(n, _)| *n).collect();
     let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (n, a) in avail {
         if let Availability::NotMeasurable(r) = a {
@@ -153,10 +160,7 @@ pub fn measured_line(avail: &[(&'static str, Availability)]) -> String {
     let mut s = format!("faultscope: measuring {}", measured.join(", "));
     if !reasons.is_empty() {
         s.push_str("; not measurable here: ");
-        let parts: Vec<String> = reasons
-            .iter()
-            .map(|(r, ns)| format!("{} ({r})", ns.join(", ")))
-            .collect();
+        let parts: Vec<String> = reasons.iter().map(|(r, ns)| format!("{} ({r})", ns.join(", "))).collect();
         s.push_str(&parts.join("; "));
     }
     s
@@ -171,53 +175,71 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
-/// The plain table, libbpf-tools style: one block per process.
-pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
-    let mut out = String::new();
-    for tgid in pids(snap, ctx) {
-        let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
-        let _ = writeln!(out, "PID {tgid} ({comm})");
-        let _ = writeln!(
-            out,
-            "  {:<22} {:>10} {:>9} {:>9} {:>9}",
-            "CLASS", "COUNT", "P50", "P99", "MAX"
-        );
-        for (name, a) in ctx.availability {
-            match a {
-                Availability::NotMeasurable(_) => {
+fn class_rows(
+    out: &mut String,
+    snap: &Snapshot,
+    tgid: u32,
+    phase: Option<u16>,
+    ctx: &Context<'_>,
+    all: bool,
+) {
+    for (name, a) in ctx.availability {
+        match a {
+            Availability::NotMeasurable(_) => {
+                if all {
                     let _ = writeln!(out, "  {name:<22} {:>10}", "n/m");
                 }
-                Availability::Measured { class, timed, .. } => {
-                    let s = snap.get(tgid, *class);
-                    let count = s.map(|s| s.count).unwrap_or(0);
-                    let lat = if *timed {
-                        s.as_ref().and_then(latency)
-                    } else {
-                        None
-                    };
-                    match lat {
-                        Some(l) => {
-                            let _ = writeln!(
-                                out,
-                                "  {name:<22} {count:>10} {:>9} {:>9} {:>9}",
-                                fmt_ns(l.p50_ns),
-                                fmt_ns(l.p99_ns),
-                                fmt_ns(l.max_ns)
-                            );
-                        }
-                        None => {
-                            let _ = writeln!(
-                                out,
-                                "  {name:<22} {count:>10} {:>9} {:>9} {:>9}",
-                                "-", "-", "-"
-                            );
-                        }
-                    }
+            }
+            Availability::Measured { class, timed, .. } => {
+                let s = snap.get_in(tgid, phase, *class);
+                let count = s.map(|s| s.count).unwrap_or(0);
+                if count == 0 && !all {
+                    continue;
                 }
+                let lat = if *timed { s.as_ref().and_then(latency) } else { None };
+                let (p50, p99, max) = match lat {
+                    Some(l) => (fmt_ns(l.p50_ns), fmt_ns(l.p99_ns), fmt_ns(l.max_ns)),
+                    None => ("-".into(), "-".into(), "-".into()),
+                };
+                let _ = writeln!(out, "  {name:<22} {count:>10} {p50:>9} {p99:>9} {max:>9}");
             }
         }
+    }
+}
+
+fn header(out: &mut String) {
+    let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
+}
+
+/// The plain table, libbpf-tools style: per process, each phase in which it
+/// faulted (classes with counts), then the whole run (every class).
+pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
+    let mut out = String::new();
+    let t0 = ctx.timeline.phases().first().map(|p| p.start_ns).unwrap_or(0);
+    for tgid in pids(snap, ctx) {
+        let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
+        let keys = snap.phases_of(tgid);
+        if keys.len() > 1 {
+            for ph in ctx.timeline.phases().iter().filter(|p| keys.contains(&(p.id as u16))) {
+                let end = ph.end_ns.map(|e| format!("{:.3}s", (e - t0) as f64 / 1e9)).unwrap_or("now".into());
+                let _ = writeln!(
+                    out,
+                    "PID {tgid} ({comm}) phase {} [{:.3}s .. {end}]",
+                    ph.name,
+                    (ph.start_ns - t0) as f64 / 1e9
+                );
+                header(&mut out);
+                class_rows(&mut out, snap, tgid, Some(ph.id as u16), ctx, false);
+            }
+        }
+        let _ = writeln!(out, "PID {tgid} ({comm}) whole run");
+        header(&mut out);
+        class_rows(&mut out, snap, tgid, None, ctx, true);
         if let Some(lost) = lost_returns(snap, tgid) {
-            let _ = writeln!(out, "  warning: {lost} faults entered but never returned to the kretprobe (not classified)");
+            let _ = writeln!(
+                out,
+                "  warning: {lost} faults entered but never returned to the kretprobe (not classified)"
+            );
         }
     }
     let dropped: u64 = ctx.drops.iter().sum();
@@ -228,10 +250,7 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
             ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3]
         );
     }
-    let _ = writeln!(
-        out,
-        "n/m = not measurable on this kernel (see the line above the table)"
-    );
+    let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
     out
 }
 
@@ -246,51 +265,24 @@ mod tests {
         for v in [400u64, 420, 450, 5000] {
             s.record(Some(v));
         }
-        stats.insert(
-            StatKey {
-                tgid: 42,
-                phase: 0,
-                class: Class::Faults as u16,
-            },
-            s,
-        );
+        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16 }, s);
         let mut e = Stat::ZERO;
         for _ in 0..5 {
             e.record(None);
         }
-        stats.insert(
-            StatKey {
-                tgid: 42,
-                phase: 0,
-                class: Class::FaultEntry as u16,
-            },
-            e,
-        );
+        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::FaultEntry as u16 }, e);
         Snapshot { stats }
     }
 
     #[test]
     fn json_shape() {
         let avail = vec![
-            (
-                "faults",
-                Availability::Measured {
-                    class: Class::Faults,
-                    timed: true,
-                    source: "k",
-                },
-            ),
+            ("faults", Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
             ("reuse", Availability::NotMeasurable("no kprobe PMU".into())),
-            (
-                "copy",
-                Availability::Measured {
-                    class: Class::Copy,
-                    timed: true,
-                    source: "k",
-                },
-            ),
+            ("copy", Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
         ];
         let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
+        let timeline = Timeline::new(0, 0);
         let ctx = Context {
             kernel: "6.12".into(),
             arch: "x86_64",
@@ -299,6 +291,7 @@ mod tests {
             comms: &comms,
             drops: [0; 4],
             duration_ns: 1,
+            timeline: &timeline,
         };
         let j = to_json(&snap(), &ctx);
         assert_eq!(j["schema"], SCHEMA);
@@ -313,6 +306,8 @@ mod tests {
         assert_eq!(p["classes"]["copy"]["count"], 0);
         assert!(p["classes"]["copy"].get("p50_ns").is_none());
         assert_eq!(p["lost_returns"], 1);
+        assert_eq!(p["phases"][0]["name"], "before-fork");
+        assert_eq!(p["phases"][0]["classes"]["faults"]["count"], 4);
         let t = to_text(&snap(), &ctx);
         assert!(t.contains("n/m"));
         assert!(t.contains("1 faults entered but never returned"));
@@ -321,14 +316,7 @@ mod tests {
     #[test]
     fn measured_line_groups_reasons() {
         let avail = vec![
-            (
-                "faults",
-                Availability::Measured {
-                    class: Class::TpFaults,
-                    timed: false,
-                    source: "t",
-                },
-            ),
+            ("faults", Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
             ("reuse", Availability::NotMeasurable("no PMU".into())),
             ("copy", Availability::NotMeasurable("no PMU".into())),
         ];

@@ -5,12 +5,13 @@
 use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{anyhow, Context as _, Result};
+use aya::maps::Array;
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
-use faultscope_common::maps::{TargetInfo, NDROPS};
+use faultscope_common::maps::{phase_id, TargetInfo, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS};
 
 use crate::{
     kernel,
@@ -18,8 +19,7 @@ use crate::{
 };
 
 /// The eBPF object built by build.rs for this target's architecture.
-pub static EBPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
 
 /// What happened to each probe of the table in this run.
 #[derive(Clone, Debug)]
@@ -47,19 +47,9 @@ fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
         }
     };
     want("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF");
-    want(
-        "exceptions",
-        "page_fault_user",
-        "error_code",
-        "PF_ERROR_CODE_OFF",
-    );
+    want("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF");
     want("task", "task_newtask", "pid", "NEWTASK_PID_OFF");
-    want(
-        "task",
-        "task_newtask",
-        "clone_flags",
-        "NEWTASK_CLONE_FLAGS_OFF",
-    );
+    want("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF");
     let mut l = EbpfLoader::new();
     for (name, off) in &offsets {
         l.override_global(name, off, true);
@@ -85,8 +75,7 @@ impl Session {
                     attached: false,
                     reason: Some(why.clone()),
                 },
-                Resolution::Attach(sym) => match attach_one(&mut bpf, spec.program, spec.hook, sym)
-                {
+                Resolution::Attach(sym) => match attach_one(&mut bpf, spec.program, spec.hook, sym) {
                     Ok(()) => ProbeStatus {
                         program: spec.program,
                         target: sym.clone(),
@@ -111,38 +100,24 @@ impl Session {
             }
             status.push(st);
         }
-        Ok(Session {
-            bpf,
-            status,
-            _logger: logger,
-        })
+        Ok(Session { bpf, status, _logger: logger })
     }
 
     pub fn attached(&self, program: &str) -> bool {
-        self.status
-            .iter()
-            .any(|s| s.program == program && s.attached)
+        self.status.iter().any(|s| s.program == program && s.attached)
     }
 
     pub fn reason(&self, program: &str) -> Option<&str> {
-        self.status
-            .iter()
-            .find(|s| s.program == program)
-            .and_then(|s| s.reason.as_deref())
+        self.status.iter().find(|s| s.program == program).and_then(|s| s.reason.as_deref())
     }
 
     pub fn targets(&mut self) -> Result<BpfHashMap<&mut MapData, u32, TargetInfo>> {
-        let m = self
-            .bpf
-            .map_mut("TARGETS")
-            .ok_or_else(|| anyhow!("no TARGETS map"))?;
+        let m = self.bpf.map_mut("TARGETS").ok_or_else(|| anyhow!("no TARGETS map"))?;
         Ok(BpfHashMap::try_from(m)?)
     }
 
     pub fn add_target(&mut self, tgid: u32, info: TargetInfo) -> Result<()> {
-        self.targets()?
-            .insert(tgid, info, 0)
-            .with_context(|| format!("adding pid {tgid} to the traced set"))
+        self.targets()?.insert(tgid, info, 0).with_context(|| format!("adding pid {tgid} to the traced set"))
     }
 
     pub fn remove_target(&mut self, tgid: u32) {
@@ -153,10 +128,7 @@ impl Session {
 
     /// Sum over CPUs of the kernel side's drop counters.
     pub fn drops(&self) -> Result<[u64; NDROPS as usize]> {
-        let m = self
-            .bpf
-            .map("DROPS")
-            .ok_or_else(|| anyhow!("no DROPS map"))?;
+        let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
         let mut out = [0u64; NDROPS as usize];
         for (i, o) in out.iter_mut().enumerate() {
@@ -165,11 +137,30 @@ impl Session {
         Ok(out)
     }
 
+    fn phase_counters(&self) -> Result<(u32, u32)> {
+        let m = self.bpf.map("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
+        let a: Array<_, u64> = Array::try_from(m)?;
+        Ok((a.get(&PHASE_LIFECYCLE, 0)? as u32, a.get(&PHASE_MARKS, 0)? as u32))
+    }
+
+    /// The phase faults are accounted to now.
+    pub fn current_phase(&self) -> Result<u32> {
+        let (l, m) = self.phase_counters()?;
+        Ok(phase_id(l, m))
+    }
+
+    /// Starts a new phase (a mark) and returns its id. Only user space
+    /// writes the marks counter, so a plain write is race-free.
+    pub fn mark(&mut self) -> Result<u32> {
+        let (_, marks) = self.phase_counters()?;
+        let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
+        let mut a: Array<_, u64> = Array::try_from(m)?;
+        a.set(PHASE_MARKS, marks.wrapping_add(1) as u64, 0)?;
+        self.current_phase()
+    }
+
     pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {
-        let m = self
-            .bpf
-            .map_mut("EVENTS")
-            .ok_or_else(|| anyhow!("no EVENTS map"))?;
+        let m = self.bpf.map_mut("EVENTS").ok_or_else(|| anyhow!("no EVENTS map"))?;
         Ok(RingBuf::try_from(m)?)
     }
 
@@ -189,21 +180,18 @@ fn hook_name(h: Hook) -> String {
 }
 
 fn attach_one(bpf: &mut Ebpf, program: &str, hook: Hook, sym: &str) -> Result<()> {
-    let prog = bpf
-        .program_mut(program)
-        .ok_or_else(|| anyhow!("program {program} missing from the eBPF object"))?;
+    let prog =
+        bpf.program_mut(program).ok_or_else(|| anyhow!("program {program} missing from the eBPF object"))?;
     match hook {
         Hook::Kprobe(_) | Hook::Kretprobe(_) => {
             let p: &mut KProbe = prog.try_into()?;
             p.load().with_context(|| format!("loading {program}"))?;
-            p.attach(sym, 0)
-                .with_context(|| format!("attaching {program} to {sym}"))?;
+            p.attach(sym, 0).with_context(|| format!("attaching {program} to {sym}"))?;
         }
         Hook::Tracepoint(cat, name) => {
             let p: &mut TracePoint = prog.try_into()?;
             p.load().with_context(|| format!("loading {program}"))?;
-            p.attach(cat, name)
-                .with_context(|| format!("attaching {program} to {cat}:{name}"))?;
+            p.attach(cat, name).with_context(|| format!("attaching {program} to {cat}:{name}"))?;
         }
     }
     Ok(())
@@ -229,9 +217,7 @@ pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), Stri
     let mut out = BTreeMap::new();
     for spec in PROBES {
         let res = (|| -> Result<()> {
-            let prog = bpf
-                .program_mut(spec.program)
-                .ok_or_else(|| anyhow!("missing from the object"))?;
+            let prog = bpf.program_mut(spec.program).ok_or_else(|| anyhow!("missing from the object"))?;
             match spec.hook {
                 Hook::Kprobe(_) | Hook::Kretprobe(_) => {
                     let p: &mut KProbe = prog.try_into()?;

@@ -16,10 +16,8 @@ use crate::error::Refusal;
 pub fn check_pid(pid: u32) -> Result<String, Refusal> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|_| Refusal::new(format!("no process with pid {pid}")))?;
-    let tgid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse::<u32>().ok());
+    let tgid =
+        status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse::<u32>().ok());
     if tgid != Some(pid) {
         return Err(Refusal::new(format!(
             "pid {pid} is a thread of process {}; pass the process id",
@@ -30,19 +28,16 @@ pub fn check_pid(pid: u32) -> Result<String, Refusal> {
 }
 
 pub fn comm_of(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_string())
+    fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
 /// Whether the process is gone (or a zombie: it will fault no more).
 pub fn is_gone(pid: u32) -> bool {
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(s) => s
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
-            .unwrap_or(true),
+        Ok(s) => {
+            s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])).unwrap_or(true)
+        }
     }
 }
 
@@ -52,16 +47,12 @@ fn find_program(name: &str) -> Option<PathBuf> {
         return p.is_file().then_some(p);
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| is_executable(p))
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| is_executable(p))
 }
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 /// The executable a command line runs, looked up in PATH now, so that a
@@ -97,19 +88,13 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: fds is a valid array of two ints.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(Refusal::new(format!(
-            "pipe: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Refusal::new(format!("pipe: {}", std::io::Error::last_os_error())));
     }
     // SAFETY: the child only calls async-signal-safe functions (close, read,
     // execv, _exit) on memory prepared before the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(Refusal::new(format!(
-            "fork: {}",
-            std::io::Error::last_os_error()
-        )));
+        return Err(Refusal::new(format!("fork: {}", std::io::Error::last_os_error())));
     }
     if pid == 0 {
         unsafe {
@@ -125,10 +110,7 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
         }
     }
     unsafe { libc::close(fds[0]) };
-    Ok(Paused {
-        pid: pid as u32,
-        go: fds[1],
-    })
+    Ok(Paused { pid: pid as u32, go: fds[1] })
 }
 
 impl Paused {
@@ -193,9 +175,7 @@ mod tests {
 
     #[test]
     fn unknown_command_is_refused() {
-        let e = spawn_paused(&["/nonexistent/faultscope-nothing".into()])
-            .err()
-            .unwrap();
+        let e = spawn_paused(&["/nonexistent/faultscope-nothing".into()]).err().unwrap();
         assert!(e.0.contains("command not found"));
     }
 

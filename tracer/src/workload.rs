@@ -63,9 +63,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         }
     };
     let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
-        .filter(|v| *v > 0)
-        .ok_or_else(|| format!("bad size {s:?}"))
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("bad size {s:?}"))
 }
 
 #[derive(Clone, Copy)]
@@ -79,11 +77,7 @@ fn usage() -> Usage {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    Usage {
-        minflt: ru.ru_minflt,
-        majflt: ru.ru_majflt,
-        at: Instant::now(),
-    }
+    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
 }
 
 fn phase(a: Usage, b: Usage) -> serde_json::Value {
@@ -130,10 +124,7 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         )
     };
     if raw == libc::MAP_FAILED {
-        bail!(
-            "mmap of {map_len} bytes: {}",
-            std::io::Error::last_os_error()
-        );
+        bail!("mmap of {map_len} bytes: {}", std::io::Error::last_os_error());
     }
     let base = ((raw as usize + align - 1) & !(align - 1)) as *mut u8;
     let advice = match o.thp {

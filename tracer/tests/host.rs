@@ -43,10 +43,7 @@ fn tmp() -> tempfile::TempDir {
 }
 
 fn faultscope(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("running faultscope")
+    Command::new(BIN).args(args).output().expect("running faultscope")
 }
 
 fn read_json(p: &Path) -> Value {
@@ -75,11 +72,7 @@ fn leftover_programs() -> Vec<String> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| {
-            PROGRAMS
-                .iter()
-                .any(|ours| ours.starts_with(n.as_str()) && !n.is_empty())
-        })
+        .filter(|n| PROGRAMS.iter().any(|ours| ours.starts_with(n.as_str()) && !n.is_empty()))
         .collect()
 }
 
@@ -92,10 +85,7 @@ fn assert_nothing_left() {
         }
         sleep(Duration::from_millis(100));
     }
-    panic!(
-        "faultscope left BPF programs loaded: {:?}",
-        leftover_programs()
-    );
+    panic!("faultscope left BPF programs loaded: {:?}", leftover_programs());
 }
 
 /// Asserts the fork / child-exit / write scenario's arithmetic on a report
@@ -114,10 +104,7 @@ fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
     );
     // The workload's own count of write-phase faults: exactly one per page.
     let write_minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap();
-    assert!(
-        (pages..=pages + 2).contains(&write_minflt),
-        "getrusage write phase {write_minflt}"
-    );
+    assert!((pages..=pages + 2).contains(&write_minflt), "getrusage write phase {write_minflt}");
     // All faults since exec against getrusage (which also counts the few
     // faults of the forked child before its exec).
     let faults = count(p, "faults");
@@ -135,25 +122,14 @@ fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
         "tracepoint" => {
             // The kprobe-only classes say so, never 0.
             for c in ["reuse", "copy", "spurious", "huge_pmd_wp"] {
-                assert_eq!(
-                    p["classes"][c]["measurable"], false,
-                    "{c}: {}",
-                    p["classes"][c]
-                );
+                assert_eq!(p["classes"][c]["measurable"], false, "{c}: {}", p["classes"][c]);
                 assert!(p["classes"][c]["reason"].as_str().unwrap().len() > 10);
             }
-            assert!(
-                count(p, "first_touch") >= pages,
-                "first_touch {}",
-                count(p, "first_touch")
-            );
+            assert!(count(p, "first_touch") >= pages, "first_touch {}", count(p, "first_touch"));
         }
         "kprobe" => {
             let reuse = count(p, "reuse");
-            assert!(
-                (pages..=pages + TOLERANCE).contains(&reuse),
-                "reuse {reuse}"
-            );
+            assert!((pages..=pages + TOLERANCE).contains(&reuse), "reuse {reuse}");
         }
         m => panic!("unexpected mode {m}"),
     }
@@ -180,11 +156,7 @@ fn record_command_counts_write_protect_faults() {
         "--out",
         wl.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("faultscope: measuring"), "{stderr}");
     let report = read_json(&fs);
@@ -226,11 +198,7 @@ fn record_pid_follows_a_running_process_to_its_exit() {
     assert!(child.wait().unwrap().success());
     // The child was reaped by us; faultscope sees its exit and stops.
     let out = tracer.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report = read_json(&fs);
     assert_eq!(report["end"], "all targets exited");
     check_fork_write(&report, &read_json(&wl), true);
@@ -245,13 +213,7 @@ fn sigterm_and_sigint_end_the_run_cleanly() {
         let fs = d.path().join("fs.json");
         let mut target = Command::new("sleep").arg("30").spawn().unwrap();
         let tracer = Command::new(BIN)
-            .args([
-                "record",
-                "-p",
-                &target.id().to_string(),
-                "--json",
-                fs.to_str().unwrap(),
-            ])
+            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -261,11 +223,7 @@ fn sigterm_and_sigint_end_the_run_cleanly() {
         let out = tracer.wait_with_output().unwrap();
         target.kill().unwrap();
         target.wait().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(read_json(&fs)["end"], end);
         assert_nothing_left();
     }
@@ -276,16 +234,9 @@ fn every_program_passes_the_verifier() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = faultscope(&["probes", "--load"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     for p in PROGRAMS {
-        assert!(
-            text.contains(&format!("verifier: {p}: ok")),
-            "{p} not accepted:\n{text}"
-        );
+        assert!(text.contains(&format!("verifier: {p}: ok")), "{p} not accepted:\n{text}");
     }
     assert_nothing_left();
 }
@@ -300,30 +251,16 @@ fn assert_refused(out: &Output, needle: &str) {
 #[test]
 fn bad_input_is_refused_with_one_line() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    assert_refused(
-        &faultscope(&["record", "-p", "4194303"]),
-        "no process with pid 4194303",
-    );
+    assert_refused(&faultscope(&["record", "-p", "4194303"]), "no process with pid 4194303");
     assert_refused(&faultscope(&["record"]), "nothing to trace");
-    assert_refused(
-        &faultscope(&["record", "--", "/nonexistent/cmd"]),
-        "command not found",
-    );
+    assert_refused(&faultscope(&["record", "--", "/nonexistent/cmd"]), "command not found");
     assert_refused(
         &faultscope(&["record", "--json", "/nonexistent/dir/r.json", "-p", "1"]),
         "cannot write /nonexistent/dir/r.json",
     );
     // Not root: drop to nobody.
     let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            BIN,
-            "record",
-            "-p",
-            "1",
-        ])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "record", "-p", "1"])
         .output()
         .expect("setpriv (util-linux)");
     assert_refused(&out, "needs root");

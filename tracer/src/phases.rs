@@ -1,0 +1,209 @@
+//! Workload phases. The kernel attributes every fault to a phase id (see
+//! `faultscope_common::maps::phase_id`); this module turns the lifecycle
+//! events and user marks that start phases into named, timed phases:
+//!
+//! ```text
+//! before-fork -> fork#1 child-alive -> fork#1 after-child-exit -> fork#2 ...
+//! ```
+//!
+//! plus `mark:LABEL` phases from `faultscope mark`, signals or bench.
+
+use std::collections::BTreeMap;
+
+/// Within this time of its fork, a child's exec is "at once" (system(),
+/// posix_spawn): its COW window was a blip, and the phase says so.
+pub const EXEC_AT_ONCE_NS: u64 = 50_000_000;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phase {
+    pub id: u32,
+    pub name: String,
+    pub start_ns: u64,
+    /// None while the phase is current.
+    pub end_ns: Option<u64>,
+    /// Children of traced processes sharing memory during this phase.
+    pub children_alive: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Child {
+    fork_no: u32,
+    forked_ns: u64,
+}
+
+/// The phase state machine, fed events in time order.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    phases: Vec<Phase>,
+    alive: BTreeMap<u32, Child>,
+    forks: u32,
+}
+
+impl Timeline {
+    /// Starts with phase `id` (the kernel's counters at attach time).
+    pub fn new(id: u32, start_ns: u64) -> Timeline {
+        Timeline {
+            phases: vec![Phase { id, name: "before-fork".into(), start_ns, end_ns: None, children_alive: 0 }],
+            alive: BTreeMap::new(),
+            forks: 0,
+        }
+    }
+
+    fn push(&mut self, id: u32, ts: u64, name: String) {
+        if let Some(last) = self.phases.last_mut() {
+            if last.end_ns.is_none() {
+                last.end_ns = Some(ts);
+            }
+        }
+        self.phases.push(Phase { id, name, start_ns: ts, end_ns: None, children_alive: self.alive.len() });
+    }
+
+    /// A traced process forked `child`; phase `id` starts.
+    pub fn fork(&mut self, id: u32, ts: u64, child: u32) {
+        self.forks += 1;
+        let n = self.forks;
+        // A reused pid is a new child: the old entry is replaced.
+        self.alive.insert(child, Child { fork_no: n, forked_ns: ts });
+        let name = if self.alive.len() == 1 {
+            format!("fork#{n} child-alive")
+        } else {
+            format!("fork#{n} child-alive ({} children)", self.alive.len())
+        };
+        self.push(id, ts, name);
+    }
+
+    /// `child` exited (`exec == false`) or exec'd; phase `id` starts.
+    pub fn child_gone(&mut self, id: u32, ts: u64, child: u32, exec: bool) {
+        let Some(c) = self.alive.remove(&child) else {
+            // A child forked before we attached: still a change of phase.
+            let what = if exec { "after-child-exec" } else { "after-child-exit" };
+            self.push(id, ts, format!("{what} (pid {child})"));
+            return;
+        };
+        let n = c.fork_no;
+        let mut name = if !self.alive.is_empty() {
+            format!(
+                "fork#{n} {}, {} still alive",
+                if exec { "child exec'd" } else { "child exited" },
+                self.alive.len()
+            )
+        } else if exec {
+            format!("fork#{n} after-child-exec")
+        } else {
+            format!("fork#{n} after-child-exit")
+        };
+        if exec && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
+            name.push_str(" (child exec'd at once, as from system())");
+        }
+        self.push(id, ts, name);
+    }
+
+    pub fn mark(&mut self, id: u32, ts: u64, label: &str) {
+        let mut name = format!("mark:{label}");
+        if !self.alive.is_empty() {
+            name.push_str(&format!(" (child alive: {})", self.alive.len()));
+        }
+        self.push(id, ts, name);
+    }
+
+    pub fn end(&mut self, ts: u64) {
+        if let Some(last) = self.phases.last_mut() {
+            last.end_ns.get_or_insert(ts);
+        }
+    }
+
+    pub fn phases(&self) -> &[Phase] {
+        &self.phases
+    }
+
+    pub fn current(&self) -> &Phase {
+        self.phases.last().expect("a timeline has a phase")
+    }
+
+    /// The phase with kernel id `id` (ids are u16 in the stats key).
+    pub fn by_key(&self, key: u16) -> Option<&Phase> {
+        self.phases.iter().rev().find(|p| p.id as u16 == key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(t: &Timeline) -> Vec<String> {
+        t.phases().iter().map(|p| p.name.clone()).collect()
+    }
+
+    #[test]
+    fn fork_then_exit() {
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 100, 50);
+        t.child_gone(2, 200_000_000, 50, false);
+        t.end(300_000_000);
+        assert_eq!(names(&t), ["before-fork", "fork#1 child-alive", "fork#1 after-child-exit"]);
+        let p = t.phases();
+        assert_eq!((p[1].start_ns, p[1].end_ns), (100, Some(200_000_000)));
+        assert_eq!(p[2].end_ns, Some(300_000_000));
+        assert_eq!(t.by_key(2).unwrap().name, "fork#1 after-child-exit");
+    }
+
+    #[test]
+    fn child_that_execs_at_once() {
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 1_000, 60);
+        t.child_gone(2, 1_000 + 2_000_000, 60, true);
+        assert_eq!(names(&t)[2], "fork#1 after-child-exec (child exec'd at once, as from system())");
+        // A late exec is not "at once".
+        t.fork(3, 10_000_000_000, 61);
+        t.child_gone(4, 11_000_000_000, 61, true);
+        assert_eq!(names(&t)[4], "fork#2 after-child-exec");
+    }
+
+    #[test]
+    fn overlapping_children() {
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 10, 70);
+        t.fork(2, 20, 71);
+        t.child_gone(3, 30, 70, false);
+        t.child_gone(4, 40, 71, false);
+        assert_eq!(
+            names(&t),
+            [
+                "before-fork",
+                "fork#1 child-alive",
+                "fork#2 child-alive (2 children)",
+                "fork#1 child exited, 1 still alive",
+                "fork#2 after-child-exit"
+            ]
+        );
+        assert_eq!(t.phases()[2].children_alive, 2);
+    }
+
+    #[test]
+    fn pid_reuse_is_a_new_child() {
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 10, 80);
+        t.child_gone(2, 20, 80, false);
+        t.fork(3, 30, 80);
+        t.child_gone(4, 40, 80, false);
+        assert_eq!(names(&t)[3], "fork#2 child-alive");
+        assert_eq!(names(&t)[4], "fork#2 after-child-exit");
+        // An exit of a child we never saw fork still starts a phase.
+        t.child_gone(5, 50, 99, false);
+        assert_eq!(names(&t)[5], "after-child-exit (pid 99)");
+    }
+
+    #[test]
+    fn marks_and_ids() {
+        let mut t = Timeline::new(7, 0);
+        t.mark(8, 5, "populate");
+        t.fork(9, 6, 1);
+        t.mark(10, 7, "write");
+        assert_eq!(
+            names(&t),
+            ["before-fork", "mark:populate", "fork#1 child-alive", "mark:write (child alive: 1)"]
+        );
+        assert_eq!(t.current().id, 10);
+        assert!(t.by_key(11).is_none());
+    }
+}
