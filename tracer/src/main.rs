@@ -4,9 +4,11 @@
 //! kernel maps -> collector (snapshots) -> classes (what is measurable here)
 //! -> report (table, JSON).
 
+mod bench;
 mod classes;
 mod collector;
 mod error;
+mod folio;
 mod kernel;
 mod marks;
 mod phases;
@@ -41,6 +43,9 @@ enum Cmd {
         #[arg(long)]
         load: bool,
     },
+    /// The seed's scenario as a benchmark that traces itself: folios of a
+    /// given size, populate, fork, a write pattern; counts per phase.
+    Bench(bench::BenchOpts),
     /// Start a new phase in a running `faultscope record`.
     Mark {
         /// The recorder's pid, when several are running.
@@ -65,6 +70,7 @@ fn main() {
         Cmd::Probes { load } => probes_cmd(load),
         Cmd::Mark { recorder, label } => marks::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
+        Cmd::Bench(o) => bench::run(&o),
     };
     match res {
         Ok(code) => std::process::exit(code),

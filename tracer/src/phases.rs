@@ -119,11 +119,6 @@ impl Timeline {
     pub fn current(&self) -> &Phase {
         self.phases.last().expect("a timeline has a phase")
     }
-
-    /// The phase with kernel id `id` (ids are u16 in the stats key).
-    pub fn by_key(&self, key: u16) -> Option<&Phase> {
-        self.phases.iter().rev().find(|p| p.id as u16 == key)
-    }
 }
 
 #[cfg(test)]
@@ -144,7 +139,6 @@ mod tests {
         let p = t.phases();
         assert_eq!((p[1].start_ns, p[1].end_ns), (100, Some(200_000_000)));
         assert_eq!(p[2].end_ns, Some(300_000_000));
-        assert_eq!(t.by_key(2).unwrap().name, "fork#1 after-child-exit");
     }
 
     #[test]
@@ -204,6 +198,5 @@ mod tests {
             ["before-fork", "mark:populate", "fork#1 child-alive", "mark:write (child alive: 1)"]
         );
         assert_eq!(t.current().id, 10);
-        assert!(t.by_key(11).is_none());
     }
 }

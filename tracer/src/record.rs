@@ -73,6 +73,9 @@ pub struct Recorder {
     /// Traced processes still running.
     pub live: BTreeSet<u32>,
     started: Instant,
+    /// tracefs `trace_marker`: each mark is also written to the ftrace
+    /// buffer, so traces taken beside faultscope can be split by phase.
+    marker: Option<fs::File>,
 }
 
 impl Recorder {
@@ -96,7 +99,9 @@ impl Recorder {
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         eprintln!("{}", report::measured_line(&avail));
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
+        let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
         Ok(Recorder {
+            marker,
             session,
             avail,
             timeline,
@@ -118,7 +123,14 @@ impl Recorder {
         // Events first, so the mark lands after the lifecycle changes that
         // happened before it.
         self.drain_events()?;
-        let id = self.session.mark()?;
+        let line = format!("faultscope phase mark:{label}\n");
+        let marker = self.marker.as_ref();
+        let id = self.session.mark(|| {
+            if let Some(mut f) = marker {
+                use std::io::Write as _;
+                let _ = f.write_all(line.as_bytes());
+            }
+        })?;
         self.timeline.mark(id, kernel::monotonic_ns(), label);
         Ok(self.timeline.current().name.clone())
     }

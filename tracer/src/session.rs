@@ -151,11 +151,15 @@ impl Session {
 
     /// Starts a new phase (a mark) and returns its id. Only user space
     /// writes the marks counter, so a plain write is race-free.
-    pub fn mark(&mut self) -> Result<u32> {
+    /// `then` runs right after the switch, before anything else can touch
+    /// memory: it is where the tracefs marker goes, so that a trace split on
+    /// markers splits exactly where the kernel switched phase.
+    pub fn mark(&mut self, then: impl FnOnce()) -> Result<u32> {
         let (_, marks) = self.phase_counters()?;
         let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
         let mut a: Array<_, u64> = Array::try_from(m)?;
         a.set(PHASE_MARKS, marks.wrapping_add(1) as u64, 0)?;
+        then();
         self.current_phase()
     }
 

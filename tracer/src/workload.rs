@@ -66,21 +66,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("bad size {s:?}"))
 }
 
+/// getrusage(RUSAGE_SELF) and the time: the workload's own view of a phase.
 #[derive(Clone, Copy)]
-struct Usage {
-    minflt: i64,
-    majflt: i64,
-    at: Instant,
+pub struct Usage {
+    pub minflt: i64,
+    pub majflt: i64,
+    pub at: Instant,
 }
 
-fn usage() -> Usage {
+pub fn usage() -> Usage {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
 }
 
-fn phase(a: Usage, b: Usage) -> serde_json::Value {
+pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
     json!({
         "minflt": b.minflt - a.minflt,
         "majflt": b.majflt - a.majflt,
@@ -90,7 +91,7 @@ fn phase(a: Usage, b: Usage) -> serde_json::Value {
 
 /// Touches one byte per page with volatile stores, so the compiler keeps
 /// every store.
-fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
+pub fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
     let mut off = 0;
     while off < len {
         // SAFETY: off < len, inside the mapping.
@@ -99,18 +100,11 @@ fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
     }
 }
 
-pub fn run(o: &WorkloadOpts) -> Result<()> {
-    if o.start_delay > 0.0 {
-        std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
-    }
-    let start = usage();
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+/// Anonymous private memory of `len` bytes aligned to 2M (so THPs and
+/// mTHPs of any order fit), with `advice` applied. Never unmapped: the
+/// process ends after using it.
+pub fn map_aligned(len: usize, advice: Option<libc::c_int>) -> Result<*mut u8> {
     let align = 2 << 20;
-    let len = o.size as usize;
-    if len % page != 0 {
-        bail!("--size must be a multiple of the page size ({page})");
-    }
-    // Over-map and align to 2M so that THPs and mTHPs of any order fit.
     let map_len = len + align;
     // SAFETY: anonymous private mapping; checked for MAP_FAILED.
     let raw = unsafe {
@@ -127,17 +121,31 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         bail!("mmap of {map_len} bytes: {}", std::io::Error::last_os_error());
     }
     let base = ((raw as usize + align - 1) & !(align - 1)) as *mut u8;
-    let advice = match o.thp {
-        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
-        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
-        Thp::System => None,
-    };
     if let Some(a) = advice {
         // SAFETY: advising our own mapping.
         if unsafe { libc::madvise(base.cast(), len, a) } != 0 {
             bail!("madvise: {}", std::io::Error::last_os_error());
         }
     }
+    Ok(base)
+}
+
+pub fn run(o: &WorkloadOpts) -> Result<()> {
+    if o.start_delay > 0.0 {
+        std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
+    }
+    let start = usage();
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = o.size as usize;
+    if len % page != 0 {
+        bail!("--size must be a multiple of the page size ({page})");
+    }
+    let advice = match o.thp {
+        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
+        Thp::System => None,
+    };
+    let base = map_aligned(len, advice)?;
     let pages = len / page;
 
     let t0 = usage();

@@ -1,0 +1,427 @@
+//! `faultscope bench MODE`: the seed's measurements as one command. The
+//! process traces itself: it attaches, sets up folios of the size asked for,
+//! populates, forks (the child exits or stays), writes in the chosen pattern,
+//! and marks each of these phases, so the tracer's counts per phase sit
+//! beside the workload's own numbers (pages, folios, getrusage, wall time,
+//! store latency) in one report.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Barrier},
+    time::Instant,
+};
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::{
+    classes::Availability,
+    collector::{latency, Snapshot},
+    error::Refusal,
+    folio::{self, FolioCheck, Knobs, PAGE, PMD_SIZE},
+    kernel,
+    record::{write_json, Recorder},
+    workload::{self, map_aligned, usage, Child, Usage},
+};
+
+/// The write pattern after fork.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Mode {
+    /// One byte per page, ascending.
+    Seq,
+    /// One byte per page, in random order.
+    Random,
+    /// memset() of all of it.
+    Memset,
+    /// N threads (--threads), one byte per page in random order, each its
+    /// own share of the pages.
+    Threads,
+    /// N threads each writing every page in its own random order: threads
+    /// race on the same pages (spurious faults from races).
+    ThreadsSame,
+    /// One byte per folio.
+    PerFolio,
+    /// Read every page of a folio, then store to each (stale read-only TLB
+    /// entries: spurious faults on real hardware).
+    ReadThenStore,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchOpts {
+    #[arg(value_enum, default_value = "seq")]
+    pub mode: Mode,
+    /// Anonymous memory, aligned to the folio size.
+    #[arg(long, default_value = "256M", value_parser = workload::parse_size)]
+    pub size: u64,
+    /// Folio size: 4K, 16K, 32K, 64K, 128K ... 2M.
+    #[arg(long, default_value = "4K", value_parser = folio::parse_folio)]
+    pub folio: u64,
+    /// With --folio 2M: keep the THPs mapped by PMDs (default: PTE-mapped,
+    /// the PMD split without splitting the folio).
+    #[arg(long)]
+    pub pmd: bool,
+    #[arg(long, value_enum, default_value = "exit")]
+    pub child: Child,
+    #[arg(long, default_value_t = 8)]
+    pub threads: usize,
+    /// Time every store by itself (clock_gettime around it, as the seed).
+    #[arg(long)]
+    pub time_stores: bool,
+    /// Seed of the random orders.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long, default_value_t = 2048)]
+    pub max_stats: u32,
+}
+
+/// One workload phase as the workload saw it.
+struct Step {
+    label: &'static str,
+    from: Usage,
+    to: Usage,
+}
+
+struct Memory {
+    base: *mut u8,
+    len: usize,
+}
+
+// The region is only shared with the writer threads, which write disjoint
+// bytes or race on purpose (the race is what ThreadsSame measures).
+unsafe impl Send for Memory {}
+unsafe impl Sync for Memory {}
+
+/// A bench phase (the recorder also writes it to tracefs' trace_marker).
+fn mark(rec: &mut Recorder, label: &str) -> Result<()> {
+    rec.mark(label).map(drop)
+}
+
+pub fn run(o: &BenchOpts) -> Result<i32> {
+    if o.pmd && o.folio != PMD_SIZE {
+        return Err(Refusal::new("--pmd goes with --folio 2M").into());
+    }
+    if o.size % o.folio != 0 {
+        return Err(Refusal::new(format!(
+            "--size must be a multiple of the folio size {}",
+            folio::human(o.folio)
+        ))
+        .into());
+    }
+    let mut rec = Recorder::start(o.max_stats)?;
+    rec.add(std::process::id(), 0, "faultscope-bench".into())?;
+    let knobs = Knobs::set_for(o.folio)?;
+    let len = o.size as usize;
+    let advice = if o.folio == PAGE { libc::MADV_NOHUGEPAGE } else { libc::MADV_HUGEPAGE };
+    let mem = Arc::new(Memory { base: map_aligned(len, Some(advice))?, len });
+    let pages = len / PAGE as usize;
+    let mut steps = Vec::new();
+
+    mark(&mut rec, "populate")?;
+    let u0 = usage();
+    workload::write_pages(mem.base, len, PAGE as usize, 1);
+    let u1 = usage();
+    steps.push(Step { label: "populate", from: u0, to: u1 });
+    if o.folio == PMD_SIZE && !o.pmd {
+        split_pmds(mem.base, len)?;
+    }
+    let check = folio::check(mem.base as usize, o.size, o.folio)?;
+    drop(knobs);
+    verify(&check, o)?;
+
+    let plan = plan(o, pages);
+    mark(&mut rec, "fork")?;
+    let u2 = usage();
+    // SAFETY: the child only pauses or exits.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        unsafe {
+            if o.child == Child::Alive {
+                loop {
+                    libc::pause();
+                }
+            }
+            libc::_exit(0);
+        }
+    }
+    if o.child == Child::Exit {
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    }
+    let u3 = usage();
+    steps.push(Step { label: "fork", from: u2, to: u3 });
+
+    mark(&mut rec, "write")?;
+    let u4 = usage();
+    let stores = write(plan, o, &mem);
+    let u5 = usage();
+    steps.push(Step { label: "write", from: u4, to: u5 });
+    mark(&mut rec, "done")?;
+    if o.child == Child::Alive {
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+    }
+
+    let snap = rec.snapshot()?;
+    let mut report = rec.finish(&snap)?;
+    let folios = o.size / o.folio;
+    let store_latency = stores.map(|mut v| {
+        v.sort_unstable();
+        let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+        json!({"n": v.len(), "p50_ns": q(0.5), "p99_ns": q(0.99), "max_ns": v[v.len() - 1],
+               "mean_ns": v.iter().sum::<u64>() / v.len() as u64})
+    });
+    report["bench"] = json!({
+        "mode": format!("{:?}", o.mode).to_lowercase(),
+        "size": o.size,
+        "folio": folio::human(o.folio),
+        "mapping": if o.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" },
+        "child": format!("{:?}", o.child).to_lowercase(),
+        "threads": if matches!(o.mode, Mode::Threads | Mode::ThreadsSame) { o.threads } else { 1 },
+        "pages": pages,
+        "folios": folios,
+        "folio_check": {"blocks": check.blocks, "whole_folios": check.whole_folios, "pmd_mapped_bytes": check.pmd_mapped_bytes},
+        "pid": std::process::id(),
+        "child_pid": child,
+        "phases": steps.iter().map(|s| json!({
+            "name": s.label,
+            "minflt": s.to.minflt - s.from.minflt,
+            "majflt": s.to.majflt - s.from.majflt,
+            "wall_ns": (s.to.at - s.from.at).as_nanos() as u64,
+        })).collect::<Vec<_>>(),
+        "store_latency": store_latency,
+    });
+    print!("{}", summary(&report, &rec, &snap));
+    if let Some(p) = &o.json {
+        write_json(p, &report)?;
+    }
+    Ok(0)
+}
+
+/// Maps each 2M THP by PTEs without splitting the folio: mprotect() of one
+/// page splits the PMD, and the second call restores the protection.
+fn split_pmds(base: *mut u8, len: usize) -> Result<()> {
+    let mut off = 0;
+    while off < len {
+        for prot in [libc::PROT_READ, libc::PROT_READ | libc::PROT_WRITE] {
+            // SAFETY: our own mapping.
+            if unsafe { libc::mprotect(base.add(off).cast(), PAGE as usize, prot) } != 0 {
+                bail!("mprotect: {}", std::io::Error::last_os_error());
+            }
+        }
+        off += PMD_SIZE as usize;
+    }
+    Ok(())
+}
+
+fn verify(c: &FolioCheck, o: &BenchOpts) -> Result<()> {
+    let what = folio::human(o.folio);
+    if c.whole_folios != c.blocks {
+        return Err(Refusal::new(format!(
+            "only {} of {} {what} blocks are backed by one {what} folio (mTHP/THP allocation fell back); \
+             free memory or lower --size",
+            c.whole_folios, c.blocks
+        ))
+        .into());
+    }
+    let want_pmd = if o.folio == PMD_SIZE && o.pmd { o.size } else { 0 };
+    if c.pmd_mapped_bytes != want_pmd {
+        return Err(Refusal::new(format!(
+            "{} bytes are mapped by PMDs, expected {want_pmd} ({})",
+            c.pmd_mapped_bytes,
+            if want_pmd == 0 { "PTE-mapped" } else { "PMD-mapped" }
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// What the write phase will do, built before fork so that building it
+/// (allocations, page lists) adds no fault to the phases it measures.
+enum Plan {
+    Memset,
+    /// Pages per writer (one writer unless a threads mode), and whether to
+    /// read each folio's pages before storing.
+    Stores {
+        writers: Vec<Vec<usize>>,
+        read_first: bool,
+    },
+}
+
+fn plan(o: &BenchOpts, pages: usize) -> Plan {
+    let order = |seed: u64| {
+        let mut v: Vec<usize> = (0..pages).collect();
+        fastrand::Rng::with_seed(seed).shuffle(&mut v);
+        v
+    };
+    let n = o.threads.max(1);
+    let writers = match o.mode {
+        Mode::Memset => return Plan::Memset,
+        Mode::Seq | Mode::ReadThenStore => vec![(0..pages).collect()],
+        Mode::Random => vec![order(o.seed)],
+        Mode::PerFolio => vec![(0..pages).step_by((o.folio / PAGE) as usize).collect()],
+        Mode::Threads => {
+            let all = order(o.seed);
+            (0..n).map(|i| all.iter().copied().skip(i).step_by(n).collect()).collect()
+        }
+        Mode::ThreadsSame => (0..n).map(|i| order(o.seed + i as u64)).collect(),
+    };
+    Plan::Stores { writers, read_first: o.mode == Mode::ReadThenStore }
+}
+
+/// Runs the plan; returns store latencies when timed.
+fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>) -> Option<Vec<u64>> {
+    let (writers, read_first) = match plan {
+        Plan::Memset => {
+            // SAFETY: the whole region is ours.
+            unsafe { std::ptr::write_bytes(mem.base, 3, mem.len) };
+            return None;
+        }
+        Plan::Stores { writers, read_first } => (writers, read_first),
+    };
+    let per_folio = (o.folio / PAGE) as usize;
+    let time = o.time_stores;
+    if writers.len() == 1 {
+        let list = &writers[0];
+        if !read_first {
+            return store_pages(mem, list, time);
+        }
+        // Folio by folio: read its pages, then store to them.
+        let mut lat = Vec::new();
+        for chunk in list.chunks(per_folio) {
+            let mut sum = 0u8;
+            for &p in chunk {
+                // SAFETY: inside the region.
+                sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(mem.base.add(p * PAGE as usize)) });
+            }
+            std::hint::black_box(sum);
+            lat.extend(store_pages(mem, chunk, time).unwrap_or_default());
+        }
+        return time.then_some(lat);
+    }
+    let barrier = Arc::new(Barrier::new(writers.len()));
+    let handles: Vec<_> = writers
+        .into_iter()
+        .map(|mine| {
+            let mem = Arc::clone(mem);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                store_pages(&mem, &mine, time)
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.join().expect("writer thread").unwrap_or_default());
+    }
+    time.then_some(lat)
+}
+
+/// One volatile byte store per listed page; with `time`, the latency of
+/// each store (the clock read between stores, as in the seed).
+fn store_pages(mem: &Memory, pages: &[usize], time: bool) -> Option<Vec<u64>> {
+    if !time {
+        for &p in pages {
+            // SAFETY: inside the region.
+            unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
+        }
+        return None;
+    }
+    let mut lat = Vec::with_capacity(pages.len());
+    for &p in pages {
+        let t = Instant::now();
+        unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    Some(lat)
+}
+
+/// Phase keys of a bench step: its mark and the automatic phases (fork,
+/// child exit) that follow it up to the next mark.
+fn step_phases(rec: &Recorder, step: &str) -> Vec<u16> {
+    let phases = rec.timeline.phases();
+    let Some(i) = phases.iter().position(|p| p.name.starts_with(&format!("mark:{step}"))) else {
+        return Vec::new();
+    };
+    let mut keys = vec![phases[i].id as u16];
+    keys.extend(phases[i + 1..].iter().take_while(|p| !p.name.starts_with("mark:")).map(|p| p.id as u16));
+    keys
+}
+
+/// The seed's table: per bench phase, the workload's numbers beside the
+/// tracer's counts.
+fn summary(report: &Value, rec: &Recorder, snap: &Snapshot) -> String {
+    use std::fmt::Write as _;
+    let b = &report["bench"];
+    let pid = std::process::id();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "faultscope bench {}: {} MiB, {} folios ({}-mapped), child {}, kernel {}",
+        b["mode"].as_str().unwrap_or(""),
+        b["size"].as_u64().unwrap_or(0) >> 20,
+        b["folio"].as_str().unwrap_or(""),
+        b["mapping"].as_str().unwrap_or(""),
+        b["child"].as_str().unwrap_or(""),
+        kernel::release()
+    );
+    let classes = ["faults", "wp_faults", "reuse", "copy", "spurious", "huge_pmd_wp", "contpte_unfold"];
+    let _ = write!(out, "{:<10} {:>9} {:>8}", "phase", "wall(ms)", "minflt");
+    for c in classes {
+        let _ = write!(out, " {:>12}", c);
+    }
+    out.push('\n');
+    for step in b["phases"].as_array().into_iter().flatten() {
+        let name = step["name"].as_str().unwrap_or("");
+        let _ = write!(
+            out,
+            "{:<10} {:>9.2} {:>8}",
+            name,
+            step["wall_ns"].as_u64().unwrap_or(0) as f64 / 1e6,
+            step["minflt"]
+        );
+        let keys = step_phases(rec, name);
+        for c in classes {
+            let cell = match rec.avail.iter().find(|(n, _)| *n == c).map(|(_, a)| a) {
+                Some(Availability::Measured { class, .. }) => keys
+                    .iter()
+                    .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
+                    .sum::<u64>()
+                    .to_string(),
+                _ => "n/m".into(),
+            };
+            let _ = write!(out, " {cell:>12}");
+        }
+        out.push('\n');
+    }
+    if let Some(key) =
+        rec.timeline.phases().iter().find(|p| p.name.starts_with("mark:write")).map(|p| p.id as u16)
+    {
+        if let Some(Availability::Measured { class, timed: true, .. }) =
+            rec.avail.iter().find(|(n, _)| *n == "faults").map(|(_, a)| a)
+        {
+            if let Some(l) = snap.get_in(pid, Some(key), *class).as_ref().and_then(latency) {
+                let _ = writeln!(
+                    out,
+                    "write-phase fault latency (ns): p50 {} p99 {} max {}",
+                    l.p50_ns, l.p99_ns, l.max_ns
+                );
+            }
+        }
+    }
+    if let Some(s) = b["store_latency"].as_object() {
+        let _ = writeln!(
+            out,
+            "store latency (ns): p50 {} p99 {} max {} (n={})",
+            s["p50_ns"], s["p99_ns"], s["max_ns"], s["n"]
+        );
+    }
+    out
+}
