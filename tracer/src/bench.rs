@@ -198,6 +198,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         "store_latency": store_latency,
     });
     print!("{}", summary(&report, &rec, &snap));
+    print!("{}", crate::findings::attach(&mut report));
     if let Some(p) = &o.json {
         write_json(p, &report)?;
     }

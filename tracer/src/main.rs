@@ -7,7 +7,9 @@
 mod bench;
 mod classes;
 mod collector;
+mod diff;
 mod error;
+mod findings;
 mod folio;
 mod kernel;
 mod marks;
@@ -15,8 +17,10 @@ mod phases;
 mod probes;
 mod record;
 mod report;
+mod reportfile;
 mod session;
 mod target;
+mod verify;
 mod workload;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +50,11 @@ enum Cmd {
     /// The seed's scenario as a benchmark that traces itself: folios of a
     /// given size, populate, fork, a write pattern; counts per phase.
     Bench(bench::BenchOpts),
+    /// Two reports side by side, per phase and class, with ratios.
+    Diff { a: std::path::PathBuf, b: std::path::PathBuf },
+    /// Assertions over a report (or a run) for CI; exit 1 when one fails,
+    /// 3 when a class is not measurable on that kernel.
+    Verify(verify::VerifyOpts),
     /// Start a new phase in a running `faultscope record`.
     Mark {
         /// The recorder's pid, when several are running.
@@ -71,6 +80,8 @@ fn main() {
         Cmd::Mark { recorder, label } => marks::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
         Cmd::Bench(o) => bench::run(&o),
+        Cmd::Diff { a, b } => diff::run(&a, &b),
+        Cmd::Verify(o) => verify::run(&o),
     };
     match res {
         Ok(code) => std::process::exit(code),

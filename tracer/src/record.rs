@@ -320,6 +320,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     let mut j = rec.finish(&snap)?;
     eprintln!("faultscope: {why} after {:.2}s", started.elapsed().as_secs_f64());
     print!("{}", report::to_text(&snap, &rec.context()?));
+    print!("{}", crate::findings::attach(&mut j));
     if let Some(p) = &o.json {
         j["end"] = json!(why);
         if let Some(st) = cmd_status {

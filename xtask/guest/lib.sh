@@ -12,6 +12,9 @@ oracle_setup() {
 	echo 'p:fso/nar folio_add_new_anon_rmap' >> $T/kprobe_events
 	if [ "$(uname -m)" = aarch64 ]; then
 		echo 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64' >> $T/kprobe_events
+		echo 'p:fso/unfold __contpte_try_unfold' >> $T/kprobe_events
+		echo 'p:fso/conv contpte_convert' >> $T/kprobe_events
+		echo 'p:fso/fold __contpte_try_fold' >> $T/kprobe_events
 	else
 		echo 1 > $T/events/exceptions/page_fault_user/enable
 	fi

@@ -4,18 +4,23 @@
  * windows the kernel runs (handle_mm_fault entry .. return).
  *
  * Input: /sys/kernel/tracing/trace with options/record-tgid and events
- *   fso/hmf  handle_mm_fault entry (flags=%u regs=%u, as decimals)
- *   fso/hmfr handle_mm_fault return
+ *   fso/hmf  handle_mm_fault entry (addr=%x flags=%u regs=%u)
+ *   fso/hmfr handle_mm_fault return (ret=%u)
  *   fso/wp   do_wp_page          fso/hwp do_huge_pmd_wp_page
  *   fso/nar  folio_add_new_anon_rmap
- *   sched/sched_process_exec
  *   x86: exceptions/page_fault_user (error_code bit 0 = present)
- *   arm64: fso/abt do_mem_abort (far=%x esr=%x: FSC type 0x0c = permission)
- * Output, one line per process:
- *   oracle TGID faults wp_faults reuse copy huge_pmd_wp write_nowp spurious
- * where write_nowp counts user write faults that completed without reaching
- * do_wp_page, do_huge_pmd_wp_page or a new anon folio, and spurious those of
- * them whose exception says the page was present.
+ *   arm64: fso/abt do_mem_abort (far=%x esr=%x: FSC type 0x0c = permission),
+ *          fso/unfold __contpte_try_unfold, fso/conv contpte_convert,
+ *          fso/fold __contpte_try_fold
+ *   sched/sched_process_exec
+ *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
+ *   the instant it switches phase) split a process's counts by phase.
+ * Output, per process and per (process, phase):
+ *   oracle tgid=N phase=ALL|LABEL faults=.. wp=.. reuse=.. copy=.. huge=..
+ *          nowp=.. spurious=.. unfold=.. convert=.. fold=..
+ * nowp counts user write faults that completed without reaching do_wp_page,
+ * do_huge_pmd_wp_page or a new anon folio; spurious those of them whose
+ * exception says the page was present.
  *
  * Written in C and built static so that it runs fast under TCG and shares
  * no code with faultscope.
@@ -24,8 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXPID 4194304
 #define MAXT 4096
+#define MAXPH 64
+#define NC 10
+
+static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge",
+				 "nowp", "spurious", "unfold", "convert", "fold" };
+enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, CONVERT, FOLD };
 
 struct thread {
 	int pid, user, wp, nar, hwp, write;
@@ -33,7 +43,8 @@ struct thread {
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
 };
-struct proc { int tgid, exec; unsigned long faults, wpc, reuse, copy, huge, nowp, spurious; };
+struct phase { char label[80]; unsigned long c[NC]; };
+struct proc { int tgid, exec, nph; unsigned long c[NC]; struct phase ph[MAXPH]; };
 
 static struct thread threads[MAXT];
 static struct proc procs[MAXT];
@@ -59,11 +70,26 @@ static struct proc *proc(int tgid)
 	return &procs[nprocs++];
 }
 
+static void count(struct proc *p, int what)
+{
+	p->c[what]++;
+	if (p->nph)
+		p->ph[p->nph - 1].c[what]++;
+}
+
 /* A numeric field "name=value"; decimal, or hex with 0x. */
 static unsigned long field(const char *line, const char *name)
 {
 	const char *p = strstr(line, name);
 	return p ? strtoul(p + strlen(name), NULL, 0) : 0;
+}
+
+static void print(int tgid, const char *label, const unsigned long *c)
+{
+	printf("oracle tgid=%d phase=%s", tgid, label);
+	for (int i = 0; i < NC; i++)
+		printf(" %s=%lu", names[i], c[i]);
+	printf("\n");
 }
 
 int main(void)
@@ -100,6 +126,14 @@ int main(void)
 		}
 		if (!p->exec)
 			continue;
+		const char *m = strstr(ev, "faultscope phase ");
+		if (m && strstr(ev, "tracing_mark_write: ")) {
+			if (p->nph == MAXPH) { fprintf(stderr, "oracle: too many phases\n"); exit(1); }
+			struct phase *ph = &p->ph[p->nph++];
+			snprintf(ph->label, sizeof ph->label, "%s", m + strlen("faultscope phase "));
+			ph->label[strcspn(ph->label, "\n")] = 0;
+			continue;
+		}
 		struct thread *t = thread(pid);
 		if (strstr(ev, " page_fault_user: ")) {
 			t->exc = 1;
@@ -116,22 +150,21 @@ int main(void)
 			t->write = (flags & 1) != 0;
 			t->addr = field(ev, "addr=");
 			t->wp = t->nar = t->hwp = 0;
-			if (t->user)
-				p->faults++;
 		} else if (strstr(ev, " hmfr: ")) {
 			if (t->user) {
 				unsigned long ret = field(ev, "ret=");
+				count(p, FAULTS);
 				if (t->wp) {
-					p->wpc++;
-					if (t->nar) p->copy++; else p->reuse++;
+					count(p, WP);
+					count(p, t->nar ? COPY : REUSE);
 				}
 				if (t->hwp)
-					p->huge++;
+					count(p, HUGE);
 				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
 				if (t->write && !t->wp && !t->hwp && !t->nar && !(ret & (0x873 | 0x400))) {
-					p->nowp++;
+					count(p, NOWP);
 					if (t->exc && t->present && (t->exc_addr >> 12) == (t->addr >> 12))
-						p->spurious++;
+						count(p, SPURIOUS);
 				}
 			}
 			t->user = 0;
@@ -141,13 +174,21 @@ int main(void)
 			if (t->user) t->nar = 1;
 		} else if (strstr(ev, " hwp: ")) {
 			if (t->user) t->hwp = 1;
+		} else if (strstr(ev, " unfold: ")) {
+			count(p, UNFOLD);
+		} else if (strstr(ev, " conv: ")) {
+			count(p, CONVERT);
+		} else if (strstr(ev, " fold: ")) {
+			count(p, FOLD);
 		}
 	}
-	for (int i = 0; i < nprocs; i++)
-		if (procs[i].exec)
-			printf("oracle %d %lu %lu %lu %lu %lu %lu %lu\n", procs[i].tgid, procs[i].faults,
-			       procs[i].wpc, procs[i].reuse, procs[i].copy, procs[i].huge, procs[i].nowp,
-			       procs[i].spurious);
+	for (int i = 0; i < nprocs; i++) {
+		if (!procs[i].exec)
+			continue;
+		print(procs[i].tgid, "ALL", procs[i].c);
+		for (int j = 0; j < procs[i].nph; j++)
+			print(procs[i].tgid, procs[i].ph[j].label, procs[i].ph[j].c);
+	}
 	fprintf(stderr, "oracle: %lu trace lines\n", lines);
 	return 0;
 }
