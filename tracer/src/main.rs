@@ -12,6 +12,7 @@ mod error;
 mod findings;
 mod folio;
 mod kernel;
+mod live;
 mod marks;
 mod phases;
 mod probes;

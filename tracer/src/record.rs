@@ -255,7 +255,9 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     };
     let mut signal_marks = 0u32;
     let mut poll = tokio::time::interval(Duration::from_millis(50));
-    let interval = o.interval.map(Duration::from_secs_f64);
+    let live_view = crate::live::enabled();
+    // On a terminal the live view redraws every interval (1 s by default).
+    let interval = o.interval.or(live_view.then_some(1.0)).map(Duration::from_secs_f64);
     let mut next_tick = interval.map(|d| started + d);
     let deadline = o.duration.map(|d| started + Duration::from_secs_f64(d));
     let mut ticks = 0u64;
@@ -291,13 +293,13 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         if let (Some(t), Some(d)) = (next_tick, interval) {
             if now >= t {
                 let snap = rec.snapshot()?;
-                println!(
-                    "--- interval {} ({:.1}s), phase {} ---",
-                    ticks + 1,
-                    now.duration_since(started).as_secs_f64(),
-                    rec.timeline.current().name
-                );
-                print!("{}", report::to_text(&snap.since(&last), &rec.context()?));
+                let elapsed = now.duration_since(started).as_secs_f64();
+                if live_view {
+                    print!("{}", crate::live::frame(&snap, &rec.context()?, elapsed));
+                } else {
+                    println!("--- interval {} ({elapsed:.1}s), phase {} ---", ticks + 1, rec.timeline.current().name);
+                    print!("{}", report::to_text(&snap.since(&last), &rec.context()?));
+                }
                 last = snap;
                 ticks += 1;
                 next_tick = Some(t + d);
