@@ -152,12 +152,13 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     if o.child == Child::Exit {
         unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
     }
+    let lat = latency_buffers(&plan, o.time_stores);
     let u3 = usage();
     steps.push(Step { label: "fork", from: u2, to: u3 });
 
     mark(&mut rec, "write")?;
     let u4 = usage();
-    let stores = write(plan, o, &mem);
+    let stores = write(plan, o, &mem, lat);
     let u5 = usage();
     steps.push(Step { label: "write", from: u4, to: u5 });
     mark(&mut rec, "done")?;
@@ -276,8 +277,18 @@ fn plan(o: &BenchOpts, pages: usize) -> Plan {
     Plan::Stores { writers, read_first: o.mode == Mode::ReadThenStore }
 }
 
-/// Runs the plan; returns store latencies when timed.
-fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>) -> Option<Vec<u64>> {
+/// Buffers for store latencies, one per writer. Allocated and touched after
+/// fork, before the write phase: memory that existed at fork would take a
+/// COW fault of its own when written, and fresh memory a first-touch fault.
+fn latency_buffers(plan: &Plan, time: bool) -> Vec<Vec<u64>> {
+    match plan {
+        Plan::Stores { writers, .. } if time => writers.iter().map(|w| vec![1u64; w.len()]).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Runs the plan; fills `lat` (when timed) with each store's latency.
+fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> Option<Vec<u64>> {
     let (writers, read_first) = match plan {
         Plan::Memset => {
             // SAFETY: the whole region is ours.
@@ -287,61 +298,66 @@ fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>) -> Option<Vec<u64>> {
         Plan::Stores { writers, read_first } => (writers, read_first),
     };
     let per_folio = (o.folio / PAGE) as usize;
-    let time = o.time_stores;
+    let timed = !lat.is_empty();
     if writers.len() == 1 {
         let list = &writers[0];
+        let mut out = lat.pop();
         if !read_first {
-            return store_pages(mem, list, time);
+            store_pages(mem, list, out.as_deref_mut());
+            return out;
         }
         // Folio by folio: read its pages, then store to them.
-        let mut lat = Vec::new();
-        for chunk in list.chunks(per_folio) {
+        for (i, chunk) in list.chunks(per_folio).enumerate() {
             let mut sum = 0u8;
             for &p in chunk {
                 // SAFETY: inside the region.
                 sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(mem.base.add(p * PAGE as usize)) });
             }
             std::hint::black_box(sum);
-            lat.extend(store_pages(mem, chunk, time).unwrap_or_default());
+            let slot = out.as_deref_mut().map(|o| &mut o[i * per_folio..i * per_folio + chunk.len()]);
+            store_pages(mem, chunk, slot);
         }
-        return time.then_some(lat);
+        return out;
     }
     let barrier = Arc::new(Barrier::new(writers.len()));
+    let mut bufs: Vec<Option<Vec<u64>>> =
+        (0..writers.len()).map(|i| lat.get_mut(i).map(std::mem::take)).collect();
     let handles: Vec<_> = writers
         .into_iter()
-        .map(|mine| {
+        .zip(bufs.iter_mut().map(Option::take))
+        .map(|(mine, mut buf)| {
             let mem = Arc::clone(mem);
             let barrier = Arc::clone(&barrier);
             std::thread::spawn(move || {
                 barrier.wait();
-                store_pages(&mem, &mine, time)
+                store_pages(&mem, &mine, buf.as_deref_mut());
+                buf
             })
         })
         .collect();
-    let mut lat = Vec::new();
-    for h in handles {
-        lat.extend(h.join().expect("writer thread").unwrap_or_default());
-    }
-    time.then_some(lat)
+    let all: Vec<u64> =
+        handles.into_iter().flat_map(|h| h.join().expect("writer thread").unwrap_or_default()).collect();
+    timed.then_some(all)
 }
 
-/// One volatile byte store per listed page; with `time`, the latency of
-/// each store (the clock read between stores, as in the seed).
-fn store_pages(mem: &Memory, pages: &[usize], time: bool) -> Option<Vec<u64>> {
-    if !time {
-        for &p in pages {
-            // SAFETY: inside the region.
-            unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
+/// One volatile byte store per listed page; with `lat`, the latency of each
+/// store (the clock read between stores, as in the seed).
+fn store_pages(mem: &Memory, pages: &[usize], lat: Option<&mut [u64]>) {
+    match lat {
+        None => {
+            for &p in pages {
+                // SAFETY: inside the region.
+                unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
+            }
         }
-        return None;
+        Some(lat) => {
+            for (slot, &p) in lat.iter_mut().zip(pages) {
+                let t = Instant::now();
+                unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
+                *slot = t.elapsed().as_nanos() as u64;
+            }
+        }
     }
-    let mut lat = Vec::with_capacity(pages.len());
-    for &p in pages {
-        let t = Instant::now();
-        unsafe { std::ptr::write_volatile(mem.base.add(p * PAGE as usize), 2) };
-        lat.push(t.elapsed().as_nanos() as u64);
-    }
-    Some(lat)
 }
 
 /// Phase keys of a bench step: its mark and the automatic phases (fork,

@@ -6,7 +6,8 @@ use std::{fmt::Write as _, io::IsTerminal as _};
 
 use crate::{classes::Availability, collector::Snapshot, report::Context};
 
-const COLUMNS: [&str; 7] = ["faults", "wp_faults", "reuse", "copy", "spurious", "huge_pmd_wp", "contpte_unfold"];
+const COLUMNS: [&str; 7] =
+    ["faults", "wp_faults", "reuse", "copy", "spurious", "huge_pmd_wp", "contpte_unfold"];
 
 pub fn enabled() -> bool {
     std::io::stdout().is_terminal()
@@ -21,7 +22,9 @@ pub fn frame(snap: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> String {
         let _ = write!(out, " {:>11}", c);
     }
     out.push('\n');
-    for tgid in snap.pids().into_iter().chain(ctx.comms.keys().copied()).collect::<std::collections::BTreeSet<_>>() {
+    for tgid in
+        snap.pids().into_iter().chain(ctx.comms.keys().copied()).collect::<std::collections::BTreeSet<_>>()
+    {
         let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
         let _ = write!(out, "{tgid:>8} {comm:<16}");
         for c in COLUMNS {

@@ -297,7 +297,11 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
                 if live_view {
                     print!("{}", crate::live::frame(&snap, &rec.context()?, elapsed));
                 } else {
-                    println!("--- interval {} ({elapsed:.1}s), phase {} ---", ticks + 1, rec.timeline.current().name);
+                    println!(
+                        "--- interval {} ({elapsed:.1}s), phase {} ---",
+                        ticks + 1,
+                        rec.timeline.current().name
+                    );
                     print!("{}", report::to_text(&snap.since(&last), &rec.context()?));
                 }
                 last = snap;

@@ -283,3 +283,189 @@ fn a_thread_id_is_not_a_process() {
     h.join().unwrap();
     assert_refused(&out, "is a thread of process");
 }
+
+/// A phase of a process by name prefix.
+fn phase<'a>(p: &'a Value, prefix: &str) -> &'a Value {
+    p["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|ph| ph["name"].as_str().unwrap().starts_with(prefix))
+        .unwrap_or_else(|| panic!("no phase {prefix}: {:#}", p["phases"]))
+}
+
+#[test]
+fn automatic_phases_split_the_fork_scenario() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "--size",
+        "32M",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (report, wl) = (read_json(&fs), read_json(&wl));
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let names: Vec<&str> =
+        p["phases"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["before-fork", "fork#1 child-alive", "fork#1 after-child-exit"], "{names:?}");
+    // Populate happens before the fork; the writes after the child exited.
+    let before = phase(p, "before-fork");
+    assert!(count(before, "faults") >= pages);
+    let after = phase(p, "fork#1 after-child-exit");
+    let wp = count(after, "wp_faults");
+    assert!((pages..=pages + TOLERANCE).contains(&wp), "wp after child exit {wp}");
+    assert!(
+        phase(p, "fork#1 child-alive")["end_ns"].as_u64().unwrap() <= after["start_ns"].as_u64().unwrap()
+    );
+    assert_nothing_left();
+}
+
+fn bench(args: &[&str], json: &Path) -> Value {
+    let mut a = vec!["bench"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--json", json.to_str().unwrap()]);
+    let out = faultscope(&a);
+    assert!(out.status.success(), "bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    read_json(json)
+}
+
+/// The bench's write step (its mark and the phases up to the next mark).
+fn bench_write(report: &Value) -> (u64, u64) {
+    let b = &report["bench"];
+    let p = process(report, b["pid"].as_u64().unwrap());
+    let ph = p["phases"].as_array().unwrap();
+    let i = ph.iter().position(|x| x["name"] == "mark:write").expect("mark:write");
+    let wp: u64 = ph[i..]
+        .iter()
+        .take_while(|x| x["name"] == "mark:write" || !x["name"].as_str().unwrap().starts_with("mark:"))
+        .map(|x| count(x, "wp_faults"))
+        .sum();
+    (wp, b["pages"].as_u64().unwrap())
+}
+
+#[test]
+fn bench_counts_its_write_phase_exactly() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    for folio in ["4K", "64K", "2M"] {
+        let r = bench(
+            &["seq", "--size", "32M", "--folio", folio, "--time-stores"],
+            &d.path().join(format!("{folio}.json")),
+        );
+        let b = &r["bench"];
+        assert_eq!(b["folio_check"]["whole_folios"], b["folio_check"]["blocks"], "{folio}: {b}");
+        assert_eq!(b["mapping"], "pte");
+        let (wp, pages) = bench_write(&r);
+        // Kprobe or tracepoint mode alike, one write-protect fault per page;
+        // the few others are the bench's own stack pages.
+        assert!((pages..=pages + 8).contains(&wp), "{folio}: wp {wp} for {pages} pages");
+        // The workload's own count of the same phase.
+        let minflt = b["phases"].as_array().unwrap().iter().find(|x| x["name"] == "write").unwrap()["minflt"]
+            .as_u64()
+            .unwrap();
+        assert!((pages..=pages + 8).contains(&minflt), "{folio}: getrusage {minflt}");
+        assert!(b["store_latency"]["n"].as_u64().unwrap() == pages);
+        assert!(r["findings"].is_array());
+    }
+    // PMD-mapped THPs: one write-protect fault per 2M, not per page.
+    let r = bench(&["seq", "--size", "32M", "--folio", "2M", "--pmd"], &d.path().join("pmd.json"));
+    assert!(r["bench"]["folio_check"]["pmd_mapped_bytes"].as_u64().unwrap() == 32 << 20);
+    let (wp, _) = bench_write(&r);
+    assert!(wp <= 16 + 8, "PMD-mapped: {wp} write-protect faults for 16 THPs");
+    assert_nothing_left();
+}
+
+#[test]
+fn verify_and_diff_over_recorded_reports() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let a = d.path().join("a.json");
+    let b = d.path().join("b.json");
+    bench(&["seq", "--size", "16M", "--folio", "4K"], &a);
+    bench(&["seq", "--size", "16M", "--folio", "64K"], &b);
+    let v = |args: &[&str]| {
+        let mut all = vec!["verify"];
+        all.extend_from_slice(args);
+        faultscope(&all)
+    };
+    let out = v(&[
+        "--phase",
+        "mark:write",
+        "--expect",
+        "wp_faults>=4096",
+        "--expect",
+        "wp_faults<=4104",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = v(&["--phase", "mark:write", "--expect", "wp_faults<100", a.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL wp_faults<100: wp_faults is 4"));
+    if read_json(&a)["mode"] == "tracepoint" {
+        let out = v(&["--expect", "contpte_unfold=0", a.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(3), "not measurable is its own exit code");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("NOT MEASURABLE"));
+    }
+    let bad = d.path().join("bad.json");
+    std::fs::write(&bad, "{\"schema\": \"faultscope/1\", \"proc").unwrap();
+    assert_refused(&v(&["--expect", "faults>0", bad.to_str().unwrap()]), "not a faultscope report");
+    let out = faultscope(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("warning: workloads differ: bench folio \"4K\" vs \"64K\""), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("mark:write") && l.contains("wp_faults")), "{text}");
+    assert_nothing_left();
+}
+
+#[test]
+fn marks_from_the_command_line_and_signals() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let tracer = Command::new(BIN)
+        .args([
+            "record",
+            "-p",
+            &target.id().to_string(),
+            "--mark-on-signal",
+            "USR1",
+            "--json",
+            fs.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(1500));
+    let out = Command::new(BIN)
+        .args(["mark", "--recorder", &tracer.id().to_string(), "BGSAVE done"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "phase mark:BGSAVE done");
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGUSR1) };
+    sleep(Duration::from_millis(300));
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_json(&fs);
+    let names: Vec<&str> =
+        r["processes"][0]["phases"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["before-fork", "mark:BGSAVE done", "mark:signal#1"]);
+    // No recorder left: mark is refused.
+    assert_refused(&faultscope(&["mark", "x"]), "no faultscope record is running");
+    assert_nothing_left();
+}
