@@ -118,6 +118,16 @@ impl Recorder {
         Ok(())
     }
 
+    /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
+    /// where faultscope attached and detached, in any ftrace trace taken
+    /// beside it.
+    pub fn trace_mark(&self, label: &str) {
+        if let Some(mut f) = self.marker.as_ref() {
+            use std::io::Write as _;
+            let _ = f.write_all(format!("faultscope phase {label}\n").as_bytes());
+        }
+    }
+
     /// Starts a phase named `mark:LABEL`; returns its name.
     pub fn mark(&mut self, label: &str) -> Result<String> {
         // Events first, so the mark lands after the lifecycle changes that
@@ -243,6 +253,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         paused.release();
         spawned = Some(pid);
     }
+    rec.trace_mark("attach");
     let sock_path = marks::socket_path(std::process::id());
     let listener = marks::listen(&sock_path)?;
 
@@ -322,6 +333,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     drop(listener);
     let _ = fs::remove_file(&sock_path);
     // Final read after the targets are gone or the run was stopped.
+    rec.trace_mark("detach");
     let snap = rec.snapshot()?;
     let mut j = rec.finish(&snap)?;
     eprintln!("faultscope: {why} after {:.2}s", started.elapsed().as_secs_f64());

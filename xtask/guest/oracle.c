@@ -14,7 +14,8 @@
  *          fso/fold __contpte_try_fold
  *   sched/sched_process_exec
  *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
- *   the instant it switches phase) split a process's counts by phase.
+ *   the instant it switches phase, or attaches) split the counts by phase;
+ *   like faultscope's phases they hold for every process.
  * Output, per process and per (process, phase):
  *   oracle tgid=N phase=ALL|LABEL faults=.. wp=.. reuse=.. copy=.. huge=..
  *          nowp=.. spurious=.. unfold=.. convert=.. fold=..
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #define MAXT 4096
+#define MAXP 512
 #define MAXPH 64
 #define NC 10
 
@@ -43,12 +45,13 @@ struct thread {
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
 };
-struct phase { char label[80]; unsigned long c[NC]; };
-struct proc { int tgid, exec, nph; unsigned long c[NC]; struct phase ph[MAXPH]; };
+struct proc { int tgid, exec; unsigned long c[NC]; unsigned long ph[MAXPH][NC]; };
 
 static struct thread threads[MAXT];
-static struct proc procs[MAXT];
+static struct proc procs[MAXP];
 static int nthreads, nprocs;
+static char labels[MAXPH][80];
+static int nph; /* phases seen; counts go to the last one */
 
 static struct thread *thread(int pid)
 {
@@ -65,7 +68,7 @@ static struct proc *proc(int tgid)
 	for (int i = 0; i < nprocs; i++)
 		if (procs[i].tgid == tgid)
 			return &procs[i];
-	if (nprocs == MAXT) { fprintf(stderr, "oracle: too many processes\n"); exit(1); }
+	if (nprocs == MAXP) { fprintf(stderr, "oracle: too many processes\n"); exit(1); }
 	procs[nprocs].tgid = tgid;
 	return &procs[nprocs++];
 }
@@ -73,8 +76,8 @@ static struct proc *proc(int tgid)
 static void count(struct proc *p, int what)
 {
 	p->c[what]++;
-	if (p->nph)
-		p->ph[p->nph - 1].c[what]++;
+	if (nph)
+		p->ph[nph - 1][what]++;
 }
 
 /* A numeric field "name=value"; decimal, or hex with 0x. */
@@ -119,6 +122,14 @@ int main(void)
 		int pid = atoi(dash + 1);
 		const char *ev = close + 3;
 		lines++;
+		const char *m = strstr(ev, "faultscope phase ");
+		if (m && strstr(ev, "tracing_mark_write: ")) {
+			if (nph == MAXPH) { fprintf(stderr, "oracle: too many phases\n"); exit(1); }
+			snprintf(labels[nph], sizeof labels[nph], "%s", m + strlen("faultscope phase "));
+			labels[nph][strcspn(labels[nph], "\n")] = 0;
+			nph++;
+			continue;
+		}
 		struct proc *p = proc(tgid);
 		if (strstr(ev, " sched_process_exec: ")) {
 			p->exec = 1;
@@ -126,14 +137,6 @@ int main(void)
 		}
 		if (!p->exec)
 			continue;
-		const char *m = strstr(ev, "faultscope phase ");
-		if (m && strstr(ev, "tracing_mark_write: ")) {
-			if (p->nph == MAXPH) { fprintf(stderr, "oracle: too many phases\n"); exit(1); }
-			struct phase *ph = &p->ph[p->nph++];
-			snprintf(ph->label, sizeof ph->label, "%s", m + strlen("faultscope phase "));
-			ph->label[strcspn(ph->label, "\n")] = 0;
-			continue;
-		}
 		struct thread *t = thread(pid);
 		if (strstr(ev, " page_fault_user: ")) {
 			t->exc = 1;
@@ -186,8 +189,8 @@ int main(void)
 		if (!procs[i].exec)
 			continue;
 		print(procs[i].tgid, "ALL", procs[i].c);
-		for (int j = 0; j < procs[i].nph; j++)
-			print(procs[i].tgid, procs[i].ph[j].label, procs[i].ph[j].c);
+		for (int j = 0; j < nph; j++)
+			print(procs[i].tgid, labels[j], procs[i].ph[j]);
 	}
 	fprintf(stderr, "oracle: %lu trace lines\n", lines);
 	return 0;
