@@ -433,6 +433,30 @@ fn summary(report: &Value, rec: &Recorder, snap: &Snapshot) -> String {
             }
         }
     }
+    // Per folio and per 64K block: the seed's "16 faults per 64K folio".
+    let write_keys = step_phases(rec, "write");
+    let folios = b["folios"].as_u64().unwrap_or(1).max(1);
+    let blocks64k = (b["size"].as_u64().unwrap_or(0) >> 16).max(1);
+    let mut per = Vec::new();
+    for (name, denom, what) in [
+        ("write_faults", folios, "per folio"),
+        ("reuse", folios, "per folio"),
+        ("copy", folios, "per folio"),
+        ("contpte_unfold", blocks64k, "per 64K block"),
+    ] {
+        if let Some(Availability::Measured { class, .. }) =
+            rec.avail.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
+        {
+            let n: u64 = write_keys
+                .iter()
+                .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
+                .sum();
+            per.push(format!("{name} {:.2} {what}", n as f64 / denom as f64));
+        }
+    }
+    if !per.is_empty() {
+        let _ = writeln!(out, "write phase: {}", per.join(", "));
+    }
     if let Some(s) = b["store_latency"].as_object() {
         let _ = writeln!(
             out,
