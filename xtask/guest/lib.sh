@@ -2,21 +2,34 @@
 T=/sys/kernel/tracing
 MM=/sys/kernel/mm/transparent_hugepage
 
+# oracle_event NAME DEFINITION: adds a kprobe event. If the kernel refuses
+# it, the oracle cannot count what needs NAME (rather than counting 0), and
+# "@@FS-ORACLE-MISSING NAME reason" tells the host which columns are unknown.
+oracle_event() {
+	echo "$2" >> $T/kprobe_events 2>/dev/null && return
+	sym=${2#* }; sym=${sym%% *}
+	why=$(grep 'error:' $T/error_log 2>/dev/null | tail -n 1 | sed 's/^.*error: //')
+	grep -qw "$sym" /sys/kernel/debug/kprobes/blacklist && why="$why; $sym is on the kprobe blacklist"
+	echo "@@FS-ORACLE-MISSING $1 kprobe $sym refused: ${why:-no reason given}"
+}
+
 # The oracle's kprobe events. $argN works on x86-64 and arm64 alike.
 oracle_setup() {
 	echo > $T/kprobe_events
-	echo 'p:fso/hmf handle_mm_fault addr=$arg2:x64 flags=$arg3:u32 regs=$arg4:u64' >> $T/kprobe_events
-	echo 'r:fso/hmfr handle_mm_fault ret=$retval:u32' >> $T/kprobe_events
-	echo 'p:fso/wp do_wp_page' >> $T/kprobe_events
-	echo 'p:fso/hwp do_huge_pmd_wp_page' >> $T/kprobe_events
-	echo 'p:fso/nar folio_add_new_anon_rmap' >> $T/kprobe_events
+	oracle_event hmf 'p:fso/hmf handle_mm_fault addr=$arg2:x64 flags=$arg3:u32 regs=$arg4:u64'
+	oracle_event hmfr 'r:fso/hmfr handle_mm_fault ret=$retval:u32'
+	oracle_event wp 'p:fso/wp do_wp_page'
+	oracle_event hwp 'p:fso/hwp do_huge_pmd_wp_page'
+	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap'
 	if [ "$(uname -m)" = aarch64 ]; then
-		echo 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64' >> $T/kprobe_events
-		echo 'p:fso/unfold __contpte_try_unfold' >> $T/kprobe_events
-		echo 'p:fso/conv contpte_convert' >> $T/kprobe_events
-		echo 'p:fso/fold __contpte_try_fold' >> $T/kprobe_events
+		oracle_event exc 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64'
+		oracle_event unfold 'p:fso/unfold __contpte_try_unfold'
+		oracle_event conv 'p:fso/conv contpte_convert'
+		oracle_event fold 'p:fso/fold __contpte_try_fold'
 	else
-		echo 1 > $T/events/exceptions/page_fault_user/enable
+		echo 1 > $T/events/exceptions/page_fault_user/enable ||
+			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_user refused"
+		for e in unfold conv fold; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
 	fi
 	echo 1 > $T/options/record-tgid
 	echo 32768 > $T/buffer_size_kb

@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask setup | test | demo | guest-test`.
 
+mod cross;
 mod foundation;
 mod kernels;
 mod setup;
@@ -33,14 +34,15 @@ enum Cmd {
     GuestTest {
         #[arg(long, default_value = "64M")]
         size: String,
+        /// The guest kernel (kernels::KERNELS).
+        #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        kernel: String,
     },
 }
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
 pub fn tools_bin() -> PathBuf {
@@ -63,7 +65,7 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::setup(),
         Cmd::Test => test(),
         Cmd::Demo => demo(),
-        Cmd::GuestTest { size } => foundation::run(&size),
+        Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
     }
 }
 
@@ -81,7 +83,7 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ]))?;
     let t1 = Instant::now();
-    foundation::run("64M")?;
+    foundation::run("6.12-cloud-amd64", "64M")?;
     eprintln!(
         "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
         (t1 - t0).as_secs_f64(),
@@ -95,26 +97,14 @@ fn demo() -> Result<()> {
     setup::setup()?;
     let k = kernels::by_name("6.12-cloud-amd64")?;
     let vmlinuz = kernels::fetch(k)?;
-    let bin = vm::build_faultscope()?;
+    let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm/demo");
     std::fs::create_dir_all(&dir)?;
-    let cpio = vm::initramfs(&dir, &bin, "foundation.sh", &[("SIZE", "256M".into())])?;
-    let run = vm::boot(
-        k,
-        &vmlinuz,
-        &cpio,
-        &dir,
-        std::time::Duration::from_secs(900),
-    )?;
+    let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", "256M".into())])?;
+    let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))?;
     for (case, what) in [
-        (
-            "fork4k",
-            "256 MiB, 4K pages: populate, fork, child exits, one byte per page",
-        ),
-        (
-            "fork64k",
-            "256 MiB, 64K mTHP: populate, fork, child exits, one byte per page",
-        ),
+        ("fork4k", "256 MiB, 4K pages: populate, fork, child exits, one byte per page"),
+        ("fork64k", "256 MiB, 64K mTHP: populate, fork, child exits, one byte per page"),
     ] {
         println!("=== {what} (kernel {}) ===", k.name);
         print!("{}", run.section(&format!("{case}.out"))?);

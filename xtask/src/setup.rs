@@ -20,6 +20,14 @@ const PACKAGES: &[&str] = &[
     "cpio",
     "xz-utils",
     "zstd",
+    "gcc",
+    "libc6-dev",
+    // arm64 guests: the cross C compiler and static libc (the oracle, and
+    // the linker of faultscope's cross build), and Debian's prebuilt Rust
+    // std for aarch64 (Multi-Arch: same, matching rustc-web's version).
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "libstd-rust-web-dev:arm64",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with
@@ -29,13 +37,10 @@ const BACKPORTS: &[&str] = &["qemu-system-x86", "qemu-system-arm"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 pub fn setup() -> Result<()> {
+    let new_arch = foreign_arch("arm64")?;
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
-    let bp_missing: Vec<&str> = BACKPORTS
-        .iter()
-        .copied()
-        .filter(|p| !installed(p))
-        .collect();
-    if !missing.is_empty() || !bp_missing.is_empty() {
+    let bp_missing: Vec<&str> = BACKPORTS.iter().copied().filter(|p| !installed(p)).collect();
+    if new_arch || !missing.is_empty() || !bp_missing.is_empty() {
         let suite = backports_source()?;
         run(Command::new("apt-get").arg("update"))?;
         if !missing.is_empty() {
@@ -46,8 +51,19 @@ pub fn setup() -> Result<()> {
         }
     }
     bpf_linker()?;
-    eprintln!("xtask setup: toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, qemu)");
+    eprintln!("xtask setup: toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, qemu, arm64 cross)");
     Ok(())
+}
+
+/// Adds `arch` as a dpkg foreign architecture (for `libstd-rust-web-dev:arm64`
+/// and arm64 downloads); true when it was new, so the lists need an update.
+fn foreign_arch(arch: &str) -> Result<bool> {
+    let out = Command::new("dpkg").arg("--print-foreign-architectures").output().context("dpkg")?;
+    if String::from_utf8_lossy(&out.stdout).split_whitespace().any(|a| a == arch) {
+        return Ok(false);
+    }
+    run(Command::new("dpkg").args(["--add-architecture", arch]))?;
+    Ok(true)
 }
 
 fn installed(pkg: &str) -> bool {
@@ -60,8 +76,7 @@ fn installed(pkg: &str) -> bool {
 
 fn apt_install(pkgs: &[&str], suite: Option<&str>) -> Result<()> {
     let mut c = Command::new("apt-get");
-    c.env("DEBIAN_FRONTEND", "noninteractive")
-        .args(["install", "-y", "--no-install-recommends"]);
+    c.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "--no-install-recommends"]);
     if let Some(s) = suite {
         c.args(["-t", s]);
     }
@@ -73,12 +88,7 @@ fn apt_install(pkgs: &[&str], suite: Option<&str>) -> Result<()> {
 /// machine's own Debian source (same mirror, same keyring); never a host
 /// written into the project.
 fn backports_source() -> Result<String> {
-    let os = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
-    let codename = os
-        .lines()
-        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
-        .map(|s| s.trim_matches('"').to_string())
-        .context("no VERSION_CODENAME in /etc/os-release")?;
+    let codename = codename()?;
     let suite = format!("{codename}-backports");
     let (uri, keyring) = debian_mirror(&codename)?;
     let dst = Path::new("/etc/apt/sources.list.d/faultscope-backports.sources");
@@ -90,6 +100,15 @@ fn backports_source() -> Result<String> {
         fs::write(dst, body).with_context(|| format!("writing {}", dst.display()))?;
     }
     Ok(suite)
+}
+
+/// The machine's Debian codename (bookworm).
+pub fn codename() -> Result<String> {
+    let os = fs::read_to_string("/etc/os-release").context("reading /etc/os-release")?;
+    os.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|s| s.trim_matches('"').to_string())
+        .context("no VERSION_CODENAME in /etc/os-release")
 }
 
 /// The mirror URI (and keyring) that serves `codename` in the machine's apt
@@ -107,20 +126,12 @@ pub fn debian_mirror(codename: &str) -> Result<(String, Option<String>)> {
         };
         if f.extension().is_some_and(|e| e == "sources") {
             for stanza in text.split("\n\n") {
-                let field = |k: &str| {
-                    stanza
-                        .lines()
-                        .find_map(|l| l.strip_prefix(k))
-                        .map(|v| v.trim().to_string())
-                };
+                let field =
+                    |k: &str| stanza.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.trim().to_string());
                 let suites = field("Suites:").unwrap_or_default();
                 if suites.split_whitespace().any(|s| s == codename) {
                     if let Some(uri) = field("URIs:") {
-                        let uri = uri
-                            .split_whitespace()
-                            .next()
-                            .unwrap_or_default()
-                            .to_string();
+                        let uri = uri.split_whitespace().next().unwrap_or_default().to_string();
                         return Ok((uri, field("Signed-By:")));
                     }
                 }
@@ -129,11 +140,7 @@ pub fn debian_mirror(codename: &str) -> Result<(String, Option<String>)> {
             for l in text.lines() {
                 let w: Vec<&str> = l.split_whitespace().collect();
                 if w.first() == Some(&"deb") {
-                    let rest: Vec<&str> = w[1..]
-                        .iter()
-                        .copied()
-                        .filter(|x| !x.starts_with('['))
-                        .collect();
+                    let rest: Vec<&str> = w[1..].iter().copied().filter(|x| !x.starts_with('[')).collect();
                     if rest.len() >= 2 && rest[1] == codename {
                         return Ok((rest[0].to_string(), None));
                     }
@@ -141,7 +148,7 @@ pub fn debian_mirror(codename: &str) -> Result<(String, Option<String>)> {
             }
         }
     }
-    bail!("no apt source for {codename} found in /etc/apt; cannot derive a backports source")
+    bail!("no apt source for {codename} found in /etc/apt; cannot derive an apt source from it")
 }
 
 fn bpf_linker() -> Result<()> {
@@ -150,21 +157,13 @@ fn bpf_linker() -> Result<()> {
         return Ok(());
     }
     let root = root().join("target/tools");
-    let path = format!(
-        "/usr/lib/llvm-22/bin:{}",
-        std::env::var("PATH").unwrap_or_default()
-    );
-    run(Command::new("cargo")
-        .env("PATH", path)
-        .arg("install")
-        .arg("--root")
-        .arg(&root)
-        .args([
-            "bpf-linker",
-            "--version",
-            BPF_LINKER_VERSION,
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-        ]))
+    let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
+    run(Command::new("cargo").env("PATH", path).arg("install").arg("--root").arg(&root).args([
+        "bpf-linker",
+        "--version",
+        BPF_LINKER_VERSION,
+        "--no-default-features",
+        "--features",
+        "llvm-22",
+    ]))
 }

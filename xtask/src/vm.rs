@@ -1,7 +1,8 @@
-//! The guest runner: an initramfs with busybox, faultscope (and the shared
-//! libraries it links), the guest scripts and one case script, booted under
-//! QEMU TCG (KVM here is a nested software hypervisor that stock kernels
-//! die under). Results come back as marked sections of the console log.
+//! The guest runner: an initramfs with busybox, faultscope (and, on amd64,
+//! the shared libraries it links; the arm64 build is static), the guest
+//! scripts and one case script, booted under QEMU TCG (KVM here is a nested
+//! software hypervisor that stock kernels die under; arm64 is emulated
+//! anyway). Results come back as marked sections of the console log.
 
 use std::{
     collections::BTreeMap,
@@ -13,7 +14,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{kernels::GuestKernel, root, run};
+use crate::{cross, kernels::GuestKernel, root, run};
 
 pub struct GuestRun {
     pub console: String,
@@ -23,25 +24,17 @@ pub struct GuestRun {
 
 impl GuestRun {
     pub fn section(&self, name: &str) -> Result<&str> {
-        self.sections
-            .get(name)
-            .map(String::as_str)
-            .with_context(|| {
-                format!(
-                    "the guest printed no section {name}; console tail:\n{}",
-                    tail(&self.console, 40)
-                )
-            })
+        self.sections.get(name).map(String::as_str).with_context(|| {
+            format!("the guest printed no section {name}; console tail:\n{}", tail(&self.console, 40))
+        })
     }
 
     /// Values of marker lines `@@FS-<tag> <case> <value>`.
     pub fn marker(&self, tag: &str, case: &str) -> Option<String> {
         let prefix = format!("@@FS-{tag} {case} ");
-        self.console.lines().find_map(|l| {
-            l.trim_end_matches('\r')
-                .strip_prefix(&prefix)
-                .map(|v| v.trim().to_string())
-        })
+        self.console
+            .lines()
+            .find_map(|l| l.trim_end_matches('\r').strip_prefix(&prefix).map(|v| v.trim().to_string()))
     }
 }
 
@@ -50,14 +43,14 @@ pub fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Builds the release binary the guest runs.
-pub fn build_faultscope() -> Result<PathBuf> {
-    run(Command::new("cargo").current_dir(root()).args([
-        "build",
-        "--release",
-        "-p",
-        "faultscope",
-    ]))?;
+/// Builds the release binary the guest of `arch` runs.
+pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
+    match arch {
+        "amd64" => {}
+        "arm64" => return cross::build_faultscope(),
+        other => bail!("no faultscope build for arch {other}"),
+    }
+    run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", "faultscope"]))?;
     Ok(root().join("target/release/faultscope"))
 }
 
@@ -88,9 +81,11 @@ fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
     Ok(())
 }
 
-/// Builds `dir/init.cpio.gz` holding the guest scripts and `case_script`.
+/// Builds `dir/init.cpio.gz` for an `arch` guest, holding the guest scripts
+/// and `case_script`.
 pub fn initramfs(
     dir: &Path,
+    arch: &str,
     faultscope: &Path,
     case_script: &str,
     env: &[(&str, String)],
@@ -102,17 +97,20 @@ pub fn initramfs(
     for d in ["bin", "sbin", "proc", "sys", "dev", "tmp", "usr/bin"] {
         fs::create_dir_all(rootfs.join(d))?;
     }
-    copy_into(&rootfs, Path::new("/bin/busybox"), "/bin/busybox")?;
+    let (busybox, cc) = match arch {
+        "arm64" => (cross::busybox()?, cross::CC),
+        _ => (PathBuf::from("/bin/busybox"), "gcc"),
+    };
+    copy_into(&rootfs, &busybox, "/bin/busybox")?;
     copy_into(&rootfs, faultscope, "/faultscope")?;
-    for lib in shared_libs(faultscope)? {
-        copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
+    if arch == "amd64" {
+        for lib in shared_libs(faultscope)? {
+            copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
+        }
     }
     let guest = root().join("xtask/guest");
     let oracle = dir.join("oracle");
-    run(Command::new("gcc")
-        .args(["-O2", "-Wall", "-static", "-o"])
-        .arg(&oracle)
-        .arg(guest.join("oracle.c")))?;
+    run(Command::new(cc).args(["-O2", "-Wall", "-static", "-o"]).arg(&oracle).arg(guest.join("oracle.c")))?;
     copy_into(&rootfs, &oracle, "/oracle")?;
     for f in ["init", "lib.sh"] {
         copy_into(&rootfs, &guest.join(f), f)?;
@@ -122,8 +120,7 @@ pub fn initramfs(
         script.push_str(&format!("export {k}='{v}'\n"));
     }
     script.push_str(
-        &fs::read_to_string(guest.join(case_script))
-            .with_context(|| format!("reading {case_script}"))?,
+        &fs::read_to_string(guest.join(case_script)).with_context(|| format!("reading {case_script}"))?,
     );
     fs::write(rootfs.join("case.sh"), script)?;
     use std::os::unix::fs::PermissionsExt;
@@ -132,10 +129,7 @@ pub fn initramfs(
     let status = Command::new("sh")
         .current_dir(&rootfs)
         .arg("-c")
-        .arg(format!(
-            "find . | cpio -o -H newc --quiet | gzip -1 > {}",
-            cpio.display()
-        ))
+        .arg(format!("find . | cpio -o -H newc --quiet | gzip -1 > {}", cpio.display()))
         .status()?;
     if !status.success() {
         bail!("building the initramfs failed");
@@ -144,13 +138,7 @@ pub fn initramfs(
 }
 
 /// Boots `kernel` with the initramfs under QEMU TCG and returns the console.
-pub fn boot(
-    k: GuestKernel,
-    vmlinuz: &Path,
-    cpio: &Path,
-    dir: &Path,
-    timeout: Duration,
-) -> Result<GuestRun> {
+pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Duration) -> Result<GuestRun> {
     let (qemu, args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
@@ -169,7 +157,26 @@ pub fn boot(
             .map(String::from)
             .to_vec(),
         ),
-        other => bail!("no guest runner for arch {other} yet"),
+        // pauth-impdef: QEMU's default pointer-authentication algorithm
+        // makes the guest about 3x slower.
+        "arm64" => (
+            "qemu-system-aarch64",
+            [
+                "-M",
+                "virt",
+                "-cpu",
+                "max,pauth-impdef=on",
+                "-smp",
+                "2",
+                "-m",
+                "2G",
+                "-append",
+                "console=ttyAMA0 panic=-1 quiet",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+        other => bail!("no guest runner for arch {other}"),
     };
     let log = dir.join("console.log");
     let started = Instant::now();
@@ -198,11 +205,7 @@ pub fn boot(
             tail(&console, 60)
         );
     }
-    Ok(GuestRun {
-        sections: sections(&console),
-        console,
-        wall,
-    })
+    Ok(GuestRun { sections: sections(&console), console, wall })
 }
 
 /// `@@FS-BEGIN name` .. `@@FS-END name` blocks of the console.
@@ -232,9 +235,6 @@ mod tests {
     fn sections_are_parsed() {
         let s = super::sections("x\n@@FS-BEGIN a\n1\n2\n@@FS-END a\n@@FS-BEGIN b\n3\n");
         assert_eq!(s["a"], "1\n2\n");
-        assert!(
-            !s.contains_key("b"),
-            "an unterminated section is not a result"
-        );
+        assert!(!s.contains_key("b"), "an unterminated section is not a result");
     }
 }

@@ -1,0 +1,170 @@
+//! The kernel matrix: `faultscope bench` cases in guests of every kernel x
+//! arch, each compared, per bench phase, with the tracefs oracle of the same
+//! run and with the workload's page arithmetic.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+
+use crate::vm::GuestRun;
+
+/// (faultscope class, oracle column).
+pub const COMPARED: [(&str, &str); 8] = [
+    ("faults", "faults"),
+    ("wp_faults", "wp"),
+    ("reuse", "reuse"),
+    ("copy", "copy"),
+    ("huge_pmd_wp", "huge"),
+    ("spurious", "spurious"),
+    ("contpte_unfold", "unfold"),
+    ("contpte_convert", "convert"),
+];
+
+/// Faults of the bench's own stack pages in its write phase (measured 3-4).
+pub const SLACK: u64 = 8;
+
+/// `oracle tgid=N phase=P k=v...` lines, by (tgid, phase).
+pub fn parse_oracle(text: &str) -> BTreeMap<(u64, String), BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("oracle ") else { continue };
+        let mut tgid = None;
+        let mut phase = None;
+        let mut counts = BTreeMap::new();
+        for kv in rest.split_whitespace() {
+            let Some((k, v)) = kv.split_once('=') else { continue };
+            match k {
+                "tgid" => tgid = v.parse().ok(),
+                "phase" => phase = Some(v.to_string()),
+                _ => {
+                    if let Ok(n) = v.parse() {
+                        counts.insert(k.to_string(), n);
+                    }
+                }
+            }
+        }
+        if let (Some(t), Some(p)) = (tgid, phase) {
+            out.insert((t, p), counts);
+        }
+    }
+    out
+}
+
+/// faultscope's counts of a bench step (its mark and the automatic phases up
+/// to the next mark); `None` for a class not measurable there.
+pub fn step_counts(report: &Value, pid: u64, step: &str) -> Result<BTreeMap<String, Option<u64>>> {
+    let p = report["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
+        .with_context(|| format!("no process {pid} in the bench report"))?;
+    let phases = p["phases"].as_array().context("no phases")?;
+    let i = phases.iter().position(|ph| ph["name"] == step).with_context(|| format!("no phase {step}"))?;
+    let span: Vec<&Value> = std::iter::once(&phases[i])
+        .chain(phases[i + 1..].iter().take_while(|ph| !ph["name"].as_str().unwrap_or("").starts_with("mark:")))
+        .collect();
+    let mut out = BTreeMap::new();
+    for (class, _) in COMPARED {
+        let measurable = span[0]["classes"][class]["measurable"] != false;
+        let n: u64 = span.iter().filter_map(|ph| ph["classes"][class]["count"].as_u64()).sum();
+        out.insert(class.to_string(), measurable.then_some(n));
+    }
+    Ok(out)
+}
+
+pub struct CaseResult {
+    pub table: String,
+    pub failures: Vec<String>,
+}
+
+/// Checks one bench case of a guest run.
+pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult> {
+    let mut fails = Vec::new();
+    let rc = run.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        anyhow::bail!("{kernel} {case}: bench exited with {rc:?}:\n{}", run.section(&format!("{case}.out")).unwrap_or(""));
+    }
+    let report: Value = serde_json::from_str(run.section(&format!("{case}.json"))?).context("bench JSON")?;
+    let oracle = parse_oracle(run.section(&format!("{case}.oracle"))?);
+    let b = &report["bench"];
+    let pid = b["pid"].as_u64().context("bench pid")?;
+    let pages = b["pages"].as_u64().unwrap_or(0);
+    let folios = b["folios"].as_u64().unwrap_or(0);
+    let mine = step_counts(&report, pid, "mark:write")?;
+    let theirs = oracle
+        .get(&(pid, "mark:write".to_string()))
+        .with_context(|| format!("{kernel} {case}: the oracle has no mark:write phase for pid {pid}"))?;
+    let write_minflt = b["phases"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == "write"))
+        .and_then(|p| p["minflt"].as_u64())
+        .unwrap_or(0);
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "{kernel} {case}: {pages} pages, {folios} folios of {}, write-phase getrusage minflt {write_minflt}, guest wall {:.1}s",
+        b["folio"].as_str().unwrap_or("?"),
+        run.wall.as_secs_f64()
+    );
+    let _ = writeln!(table, "  {:<16} {:>10} {:>10}", "mark:write", "faultscope", "oracle");
+    for (class, col) in COMPARED {
+        let f = mine[class];
+        let o = theirs.get(col).copied();
+        let shown = f.map(|v| v.to_string()).unwrap_or_else(|| "n/m".into());
+        let _ = writeln!(table, "  {class:<16} {shown:>10} {:>10}", o.map(|v| v.to_string()).unwrap_or("-".into()));
+        if let Some(f) = f {
+            if Some(f) != o {
+                fails.push(format!("{kernel} {case}: {class} faultscope {f} != oracle {o:?}"));
+            }
+        }
+    }
+    let get = |c: &str| mine[c].unwrap_or(0);
+    let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
+    let mut expect = |ok: bool, what: String| {
+        let _ = writeln!(table, "  {} {what}", if ok { "ok  " } else { "FAIL" });
+        if !ok {
+            fails.push(format!("{kernel} {case}: {what}"));
+        }
+    };
+    let folio = b["folio"].as_str().unwrap_or("");
+    match case {
+        "4k-exit" => expect(within(get("reuse"), pages), format!("reuse {} = pages {pages} (+{SLACK})", get("reuse"))),
+        "64k-exit" | "2m-pte-exit" => {
+            let (r, c) = (get("reuse"), get("copy"));
+            expect(
+                within(r + c, pages),
+                format!("reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page", if c > r { "copies" } else { "reuses" }),
+            );
+        }
+        "2m-pmd-exit" => {
+            expect(within(get("huge_pmd_wp"), folios), format!("huge_pmd_wp {} = THPs {folios}", get("huge_pmd_wp")));
+        }
+        "4k-alive" | "64k-alive" => expect(within(get("copy"), pages), format!("copy {} = pages {pages} (child alive)", get("copy"))),
+        "spurious-race" => {
+            let sp = get("spurious");
+            let _ = writeln!(table, "  spurious write faults from 4 threads racing: {sp} (oracle {:?})", theirs.get("spurious"));
+        }
+        _ => {}
+    }
+    if b["mapping"] == "pte" && folio == "64K" && mine["contpte_unfold"].is_some() && case == "64k-exit" {
+        let u = get("contpte_unfold");
+        expect(u == folios, format!("contpte_unfold {u} = 64K blocks written {folios}"));
+    }
+    if run.marker("OVERRUN", case).as_deref() != Some("0") {
+        fails.push(format!("{kernel} {case}: the oracle's trace buffer overran"));
+    }
+    Ok(CaseResult { table, failures: fails })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oracle_lines() {
+        let o = parse_oracle("oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n");
+        assert_eq!(o[&(5, "mark:write".to_string())]["faults"], 2);
+        assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
+        assert_eq!(o.len(), 2);
+    }
+}
