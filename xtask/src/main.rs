@@ -3,6 +3,7 @@
 mod cross;
 mod foundation;
 mod kernels;
+mod matrix;
 mod setup;
 mod vm;
 
@@ -39,6 +40,18 @@ enum Cmd {
               clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
     },
+    /// The kernel matrix: bench cases against the tracefs oracle, on every
+    /// kernel x arch (or those given).
+    Matrix {
+        #[arg(long = "kernel", value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        kernels: Vec<String>,
+        #[arg(long, default_value = "16M")]
+        size: String,
+        /// Cases (default: matrix::DEFAULT_CASES).
+        #[arg(long = "case")]
+        cases: Vec<String>,
+    },
 }
 
 pub fn root() -> PathBuf {
@@ -66,6 +79,15 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
+        Cmd::Matrix { kernels: names, size, cases } => {
+            let ks = if names.is_empty() {
+                kernels::KERNELS.to_vec()
+            } else {
+                names.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?
+            };
+            let cases = if cases.is_empty() { matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect() } else { cases };
+            matrix::run(&ks, &size, &cases)
+        }
     }
 }
 

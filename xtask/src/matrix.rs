@@ -168,3 +168,36 @@ mod tests {
         assert_eq!(o.len(), 2);
     }
 }
+
+/// Cases run on every kernel by default (`cargo xtask test`).
+pub const DEFAULT_CASES: &[&str] =
+    &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
+
+/// Boots each kernel once and runs `cases` in it.
+pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]) -> Result<()> {
+    use crate::{kernels, root, vm};
+    let mut failures = Vec::new();
+    for &k in kernels {
+        let vmlinuz = kernels::fetch(k)?;
+        let bin = vm::build_faultscope(k.arch)?;
+        let dir = root().join("target/vm/matrix").join(k.name);
+        std::fs::create_dir_all(&dir)?;
+        let env = [("SIZE", size.to_string()), ("CASES", cases.join(" "))];
+        let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
+        let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))?;
+        for case in cases {
+            match check_case(&run, k.name, case) {
+                Ok(r) => {
+                    print!("{}", r.table);
+                    failures.extend(r.failures);
+                }
+                Err(e) => failures.push(format!("{e:#}")),
+            }
+        }
+        println!("guest {} ran {} cases in {:.1}s", k.name, cases.len(), run.wall.as_secs_f64());
+    }
+    if !failures.is_empty() {
+        anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));
+    }
+    Ok(())
+}
