@@ -59,6 +59,11 @@ pub const SEEN_WP: u32 = 1 << 1;
 pub const SEEN_HUGE_WP: u32 = 1 << 2;
 pub const SEEN_NEW_ANON: u32 = 1 << 3;
 pub const SEEN_EXC: u32 = 1 << 4;
+/// `ptep_set_access_flags` (or its contpte / PMD variants) ran: the fault
+/// reached `handle_pte_fault`'s tail on a present entry that needed no
+/// write-protect handling. Tells "present" where no exception record can
+/// (arm64's `do_mem_abort` is on the kprobe blacklist).
+pub const SEEN_ACCESS: u32 = 1 << 5;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -109,12 +114,18 @@ impl ThreadFault {
         }
     }
 
-    /// Whether the recorded exception is the one being handled and says the
-    /// page was present (a permission fault, not a translation fault).
+    /// Whether the page was present: from the exception record when it is
+    /// the one being handled (a permission fault, not a translation fault),
+    /// else from the kernel having taken the present-entry path.
     #[inline(always)]
     pub fn present(&self) -> Option<bool> {
-        if self.seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
-            return None;
+        self.present_with(self.seen)
+    }
+
+    #[inline(always)]
+    fn present_with(&self, seen: u32) -> Option<bool> {
+        if seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
+            return if seen & SEEN_ACCESS != 0 { Some(true) } else { None };
         }
         if self.exc_arch == ExcArch::X86 as u32 {
             Some(self.exc_code & X86_PF_PROT != 0)
@@ -135,10 +146,12 @@ impl ThreadFault {
     ///   else `reuse` (`wp_page_reuse` is inline and cannot be probed).
     /// - `huge_pmd_wp`: reached `do_huge_pmd_wp_page`.
     /// - `spurious`: a write fault, completed (no RETRY, no error), on a page
-    ///   the exception says was present, that reached neither write-protect
-    ///   handler nor a path installing a new anon folio: the kernel found the
-    ///   PTE writable already (`handle_pte_fault`'s "already writable" path),
-    ///   i.e. the CPU faulted on a stale read-only TLB entry or lost a race.
+    ///   that was present (x86: the exception's error code has PROT; else:
+    ///   the kernel reached `ptep_set_access_flags` & co.), that reached
+    ///   neither write-protect handler nor a path installing a new anon
+    ///   folio: the kernel found the PTE writable already
+    ///   (`handle_pte_fault`'s "already writable" path), i.e. the CPU faulted
+    ///   on a stale read-only TLB entry or lost a race.
     #[inline(always)]
     pub fn on_return(&mut self, ret: u32) -> Option<ClassSet> {
         if self.seen & SEEN_IN_FAULT == 0 {
@@ -169,7 +182,7 @@ impl ThreadFault {
         }
         let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON) != 0;
         let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
-        if write && !handled && completed && self.present() == Some(true) {
+        if write && !handled && completed && self.present_with(seen) == Some(true) {
             set = set.with(Class::Spurious);
         }
         Some(set)
@@ -266,6 +279,19 @@ mod tests {
         let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_004f)), W, &[], 0);
         assert!(s.has(Class::Spurious));
         let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_0047)), W, &[], 0);
+        assert!(!s.has(Class::Spurious));
+    }
+
+    #[test]
+    fn access_flags_path_tells_present_without_an_exception_record() {
+        let mut t = ThreadFault::default();
+        let s = fault(&mut t, None, W, &[SEEN_ACCESS], 0);
+        assert!(s.has(Class::Spurious));
+        // Reached through do_wp_page (wp_page_reuse sets access flags too).
+        let s = fault(&mut t, None, W, &[SEEN_WP, SEEN_ACCESS], 0);
+        assert!(!s.has(Class::Spurious) && s.has(Class::Reuse));
+        // The mark is per fault.
+        let s = fault(&mut t, None, W, &[], 0);
         assert!(!s.has(Class::Spurious));
     }
 

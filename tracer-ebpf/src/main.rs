@@ -22,7 +22,7 @@ use aya_log_ebpf::debug;
 use faultscope_common::{
     class::{Class, ClassSet},
     fault::{
-        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
+        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_ACCESS, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
         phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,
@@ -291,6 +291,25 @@ pub fn huge_pmd_wp(_ctx: ProbeContext) -> u32 {
 #[kprobe]
 pub fn new_anon_rmap(_ctx: ProbeContext) -> u32 {
     mark(SEEN_NEW_ANON)
+}
+
+/// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
+/// present-entry tail of `handle_pte_fault`.
+#[kprobe]
+pub fn access_flags(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_ACCESS)
+}
+
+/// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
+#[kprobe]
+pub fn access_flags_cont(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_ACCESS)
+}
+
+/// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
+#[kprobe]
+pub fn huge_accessed(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_ACCESS)
 }
 
 // ---- arm64 contpte ------------------------------------------------------------

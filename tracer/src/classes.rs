@@ -103,10 +103,10 @@ pub const CLASSES: &[ClassSpec] = &[
                 "wp_page",
                 "huge_pmd_wp",
                 "new_anon_rmap",
-                "page_fault_user|mem_abort",
+                "page_fault_user|mem_abort|access_flags",
             ],
             timed: true,
-            describe: "write fault on a present page that reached no write-protect or new-folio path",
+            describe: "write fault on a present page (x86 error code PROT, else the present-entry path) that reached no write-protect or new-folio path",
         }],
     },
     ClassSpec {

@@ -138,6 +138,30 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "a new anon folio mapped: inside do_wp_page, a COW copy",
     },
     ProbeSpec {
+        program: "access_flags",
+        hook: Hook::Kprobe(&["ptep_set_access_flags", "__ptep_set_access_flags"]),
+        arch: Arch::Any,
+        min_kernel: "2.6 (arm64: __ptep_set_access_flags since 6.9)",
+        required: false,
+        measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
+    },
+    ProbeSpec {
+        program: "access_flags_cont",
+        hook: Hook::Kprobe(&["contpte_ptep_set_access_flags"]),
+        arch: Arch::Aarch64,
+        min_kernel: "6.9",
+        required: false,
+        measures: "the same for contpte blocks",
+    },
+    ProbeSpec {
+        program: "huge_accessed",
+        hook: Hook::Kprobe(&["huge_pmd_set_accessed"]),
+        arch: Arch::Any,
+        min_kernel: "3.8",
+        required: false,
+        measures: "the same for PMD-mapped THPs",
+    },
+    ProbeSpec {
         program: "contpte_unfold",
         hook: Hook::Kprobe(&["__contpte_try_unfold"]),
         arch: Arch::Aarch64,
@@ -218,9 +242,7 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
             for f in funcs {
                 if let Some(sym) = k.resolve(f) {
                     if facts.blacklist.iter().any(|b| b == &sym) {
-                        return Resolution::Unavailable(format!(
-                            "{sym} is on the kprobe blacklist (notrace)"
-                        ));
+                        return Resolution::Unavailable(format!("{sym} is on the kprobe blacklist"));
                     }
                     return Resolution::Attach(sym);
                 }
@@ -264,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn blacklisted_is_notrace() {
+    fn blacklisted_is_refused() {
         let k = Kallsyms::parse("0 T handle_mm_fault\n");
         let dir = tempfile::tempdir().unwrap();
         let bl = vec!["handle_mm_fault".to_string()];

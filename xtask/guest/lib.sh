@@ -21,12 +21,16 @@ oracle_setup() {
 	oracle_event wp 'p:fso/wp do_wp_page'
 	oracle_event hwp 'p:fso/hwp do_huge_pmd_wp_page'
 	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap'
+	oracle_event hacc 'p:fso/hacc huge_pmd_set_accessed'
 	if [ "$(uname -m)" = aarch64 ]; then
 		oracle_event exc 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64'
+		oracle_event acc 'p:fso/acc __ptep_set_access_flags'
+		oracle_event accc 'p:fso/accc contpte_ptep_set_access_flags'
 		oracle_event unfold 'p:fso/unfold __contpte_try_unfold'
 		oracle_event conv 'p:fso/conv contpte_convert'
 		oracle_event fold 'p:fso/fold __contpte_try_fold'
 	else
+		oracle_event acc 'p:fso/acc ptep_set_access_flags'
 		echo 1 > $T/events/exceptions/page_fault_user/enable ||
 			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_user refused"
 		for e in unfold conv fold; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done

@@ -9,17 +9,7 @@ use serde_json::Value;
 
 use crate::vm::GuestRun;
 
-/// (faultscope class, oracle column).
-pub const COMPARED: [(&str, &str); 8] = [
-    ("faults", "faults"),
-    ("wp_faults", "wp"),
-    ("reuse", "reuse"),
-    ("copy", "copy"),
-    ("huge_pmd_wp", "huge"),
-    ("spurious", "spurious"),
-    ("contpte_unfold", "unfold"),
-    ("contpte_convert", "convert"),
-];
+use crate::foundation::{oracle_unknown, ORACLE_COLUMNS};
 
 /// Faults of the bench's own stack pages in its write phase (measured 3-4).
 pub const SLACK: u64 = 8;
@@ -61,10 +51,12 @@ pub fn step_counts(report: &Value, pid: u64, step: &str) -> Result<BTreeMap<Stri
     let phases = p["phases"].as_array().context("no phases")?;
     let i = phases.iter().position(|ph| ph["name"] == step).with_context(|| format!("no phase {step}"))?;
     let span: Vec<&Value> = std::iter::once(&phases[i])
-        .chain(phases[i + 1..].iter().take_while(|ph| !ph["name"].as_str().unwrap_or("").starts_with("mark:")))
+        .chain(
+            phases[i + 1..].iter().take_while(|ph| !ph["name"].as_str().unwrap_or("").starts_with("mark:")),
+        )
         .collect();
     let mut out = BTreeMap::new();
-    for (class, _) in COMPARED {
+    for (class, _, _) in ORACLE_COLUMNS {
         let measurable = span[0]["classes"][class]["measurable"] != false;
         let n: u64 = span.iter().filter_map(|ph| ph["classes"][class]["count"].as_u64()).sum();
         out.insert(class.to_string(), measurable.then_some(n));
@@ -82,7 +74,10 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     let mut fails = Vec::new();
     let rc = run.marker("RC", case).unwrap_or_default();
     if rc != "0" {
-        anyhow::bail!("{kernel} {case}: bench exited with {rc:?}:\n{}", run.section(&format!("{case}.out")).unwrap_or(""));
+        anyhow::bail!(
+            "{kernel} {case}: bench exited with {rc:?}:\n{}",
+            run.section(&format!("{case}.out")).unwrap_or("")
+        );
     }
     let report: Value = serde_json::from_str(run.section(&format!("{case}.json"))?).context("bench JSON")?;
     let oracle = parse_oracle(run.section(&format!("{case}.oracle"))?);
@@ -106,16 +101,20 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         b["folio"].as_str().unwrap_or("?"),
         run.wall.as_secs_f64()
     );
-    let _ = writeln!(table, "  {:<16} {:>10} {:>10}", "mark:write", "faultscope", "oracle");
-    for (class, col) in COMPARED {
+    let _ = writeln!(table, "  {:<20} {:>10} {:>10}", "mark:write", "faultscope", "oracle");
+    for (class, col, events) in ORACLE_COLUMNS {
         let f = mine[class];
-        let o = theirs.get(col).copied();
+        // Unknown to the oracle (a refused event) is not 0: then faultscope
+        // must say "not measurable" too.
+        let o = if oracle_unknown(run, events).is_empty() { theirs.get(col).copied() } else { None };
         let shown = f.map(|v| v.to_string()).unwrap_or_else(|| "n/m".into());
-        let _ = writeln!(table, "  {class:<16} {shown:>10} {:>10}", o.map(|v| v.to_string()).unwrap_or("-".into()));
-        if let Some(f) = f {
-            if Some(f) != o {
-                fails.push(format!("{kernel} {case}: {class} faultscope {f} != oracle {o:?}"));
-            }
+        let _ = writeln!(
+            table,
+            "  {class:<20} {shown:>10} {:>10}",
+            o.map(|v| v.to_string()).unwrap_or("-".into())
+        );
+        if f != o {
+            fails.push(format!("{kernel} {case}: {class} faultscope {f:?} != oracle {o:?}"));
         }
     }
     let get = |c: &str| mine[c].unwrap_or(0);
@@ -128,21 +127,37 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     };
     let folio = b["folio"].as_str().unwrap_or("");
     match case {
-        "4k-exit" => expect(within(get("reuse"), pages), format!("reuse {} = pages {pages} (+{SLACK})", get("reuse"))),
+        "4k-exit" => {
+            expect(within(get("reuse"), pages), format!("reuse {} = pages {pages} (+{SLACK})", get("reuse")))
+        }
         "64k-exit" | "2m-pte-exit" => {
             let (r, c) = (get("reuse"), get("copy"));
             expect(
                 within(r + c, pages),
-                format!("reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page", if c > r { "copies" } else { "reuses" }),
+                format!(
+                    "reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page",
+                    if c > r { "copies" } else { "reuses" }
+                ),
             );
         }
         "2m-pmd-exit" => {
-            expect(within(get("huge_pmd_wp"), folios), format!("huge_pmd_wp {} = THPs {folios}", get("huge_pmd_wp")));
+            expect(
+                within(get("huge_pmd_wp"), folios),
+                format!("huge_pmd_wp {} = THPs {folios}", get("huge_pmd_wp")),
+            );
         }
-        "4k-alive" | "64k-alive" => expect(within(get("copy"), pages), format!("copy {} = pages {pages} (child alive)", get("copy"))),
+        "4k-alive" | "64k-alive" => {
+            expect(within(get("copy"), pages), format!("copy {} = pages {pages} (child alive)", get("copy")))
+        }
         "spurious-race" => {
             let sp = get("spurious");
-            expect(true, format!("spurious write faults from 4 threads racing: {sp} (oracle {:?})", theirs.get("spurious")));
+            expect(
+                true,
+                format!(
+                    "spurious write faults from 4 threads racing: {sp} (oracle {:?})",
+                    theirs.get("spurious")
+                ),
+            );
         }
         _ => {}
     }
@@ -162,7 +177,9 @@ mod tests {
 
     #[test]
     fn oracle_lines() {
-        let o = parse_oracle("oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n");
+        let o = parse_oracle(
+            "oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n",
+        );
         assert_eq!(o[&(5, "mark:write".to_string())]["faults"], 2);
         assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
         assert_eq!(o.len(), 2);
