@@ -98,12 +98,10 @@ impl Timeline {
         self.push(id, ts, name);
     }
 
+    /// A mark's phase is named by its label alone (so scripts can find it);
+    /// whether children were alive is in `children_alive`.
     pub fn mark(&mut self, id: u32, ts: u64, label: &str) {
-        let mut name = format!("mark:{label}");
-        if !self.alive.is_empty() {
-            name.push_str(&format!(" (child alive: {})", self.alive.len()));
-        }
-        self.push(id, ts, name);
+        self.push(id, ts, format!("mark:{label}"));
     }
 
     pub fn end(&mut self, ts: u64) {

@@ -88,6 +88,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
                     "name": ph.name,
                     "start_ns": ph.start_ns,
                     "end_ns": ph.end_ns,
+                    "children_alive": ph.children_alive,
                     "classes": classes_in(Some(ph.id as u16)),
                 })
             })
