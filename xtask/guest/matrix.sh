@@ -31,3 +31,11 @@ for c in $CASES; do
 	spurious-race) bench_case $c threads-same --threads 4 --size $S --folio 4K --child exit ;;
 	esac
 done
+
+# faultscope verify as CI would use it: no contpte unfold in the write phase.
+for c in 64k-exit 4k-exit; do
+	[ -f /tmp/$c.json ] || continue
+	/faultscope verify --phase mark:write --expect contpte_unfold=0 /tmp/$c.json > /tmp/verify-$c.out 2>&1
+	echo "@@FS-VERIFY $c $?"
+	emit verify-$c /tmp/verify-$c.out
+done

@@ -1,9 +1,11 @@
 //! Developer tasks: `cargo xtask setup | test | demo | guest-test`.
 
 mod cross;
+mod demo;
 mod foundation;
 mod kernels;
 mod matrix;
+mod redis;
 mod setup;
 mod vm;
 
@@ -52,6 +54,19 @@ enum Cmd {
         #[arg(long = "case")]
         cases: Vec<String>,
     },
+    /// Redis end to end: the host's redis-server 7.0 in a guest of the
+    /// generic 6.12 kernel (host userspace over 9p), traced by faultscope
+    /// across a BGSAVE, against the tracefs oracle and Redis' own INFO.
+    Redis {
+        /// Keys DEBUG POPULATE loads (values of --value-size bytes).
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 512)]
+        value_size: u64,
+        /// SETs redis-benchmark sends in each run.
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+    },
 }
 
 pub fn root() -> PathBuf {
@@ -85,9 +100,14 @@ fn main() -> Result<()> {
             } else {
                 names.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?
             };
-            let cases = if cases.is_empty() { matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect() } else { cases };
+            let cases = if cases.is_empty() {
+                matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect()
+            } else {
+                cases
+            };
             matrix::run(&ks, &size, &cases)
         }
+        Cmd::Redis { keys, value_size, requests } => redis::run(keys, value_size, requests),
     }
 }
 
@@ -106,6 +126,8 @@ fn test() -> Result<()> {
     ]))?;
     let t1 = Instant::now();
     foundation::run("6.12-cloud-amd64", "64M")?;
+    let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
+    matrix::run(kernels::KERNELS, "16M", &cases)?;
     eprintln!(
         "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
         (t1 - t0).as_secs_f64(),
@@ -117,21 +139,5 @@ fn test() -> Result<()> {
 
 fn demo() -> Result<()> {
     setup::setup()?;
-    let k = kernels::by_name("6.12-cloud-amd64")?;
-    let vmlinuz = kernels::fetch(k)?;
-    let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/demo");
-    std::fs::create_dir_all(&dir)?;
-    let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", "256M".into())])?;
-    let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))?;
-    for (case, what) in [
-        ("fork4k", "256 MiB, 4K pages: populate, fork, child exits, one byte per page"),
-        ("fork64k", "256 MiB, 64K mTHP: populate, fork, child exits, one byte per page"),
-    ] {
-        println!("=== {what} (kernel {}) ===", k.name);
-        print!("{}", run.section(&format!("{case}.out"))?);
-        let r = foundation::check_case(&run, case, if case == "fork4k" { "4K" } else { "64K" })?;
-        print!("{}", r.table);
-    }
-    Ok(())
+    demo::run_demo("256M")
 }

@@ -85,10 +85,6 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     let pid = b["pid"].as_u64().context("bench pid")?;
     let pages = b["pages"].as_u64().unwrap_or(0);
     let folios = b["folios"].as_u64().unwrap_or(0);
-    let mine = step_counts(&report, pid, "mark:write")?;
-    let theirs = oracle
-        .get(&(pid, "mark:write".to_string()))
-        .with_context(|| format!("{kernel} {case}: the oracle has no mark:write phase for pid {pid}"))?;
     let write_minflt = b["phases"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["name"] == "write"))
@@ -101,22 +97,39 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         b["folio"].as_str().unwrap_or("?"),
         run.wall.as_secs_f64()
     );
-    let _ = writeln!(table, "  {:<20} {:>10} {:>10}", "mark:write", "faultscope", "oracle");
-    for (class, col, events) in ORACLE_COLUMNS {
-        let f = mine[class];
-        // Unknown to the oracle (a refused event) is not 0: then faultscope
-        // must say "not measurable" too.
-        let o = if oracle_unknown(run, events).is_empty() { theirs.get(col).copied() } else { None };
-        let shown = f.map(|v| v.to_string()).unwrap_or_else(|| "n/m".into());
-        let _ = writeln!(
-            table,
-            "  {class:<20} {shown:>10} {:>10}",
-            o.map(|v| v.to_string()).unwrap_or("-".into())
-        );
-        if f != o {
-            fails.push(format!("{kernel} {case}: {class} faultscope {f:?} != oracle {o:?}"));
-        }
+    // Every bench step, phase by phase, against the oracle's counts between
+    // the same trace markers.
+    let steps = ["mark:populate", "mark:fork", "mark:write"];
+    let _ = write!(table, "  {:<20}", "faultscope/oracle");
+    for st in steps {
+        let _ = write!(table, " {st:>21}");
     }
+    table.push('\n');
+    let mut per_step = Vec::new();
+    for st in steps {
+        let mine = step_counts(&report, pid, st)?;
+        let theirs = oracle
+            .get(&(pid, st.to_string()))
+            .with_context(|| format!("{kernel} {case}: the oracle has no {st} phase for pid {pid}"))?
+            .clone();
+        per_step.push((mine, theirs));
+    }
+    for (class, col, events) in ORACLE_COLUMNS {
+        let _ = write!(table, "  {class:<20}");
+        for (st, (mine, theirs)) in steps.iter().zip(&per_step) {
+            let f = mine[class];
+            // Unknown to the oracle (a refused event) is not 0: then
+            // faultscope must say "not measurable" too.
+            let o = if oracle_unknown(run, events).is_empty() { theirs.get(col).copied() } else { None };
+            let show = |v: Option<u64>, none: &str| v.map(|v| v.to_string()).unwrap_or_else(|| none.into());
+            let _ = write!(table, " {:>21}", format!("{}/{}", show(f, "n/m"), show(o, "-")));
+            if f != o {
+                fails.push(format!("{kernel} {case} {st}: {class} faultscope {f:?} != oracle {o:?}"));
+            }
+        }
+        table.push('\n');
+    }
+    let (mine, theirs) = (&per_step[2].0, &per_step[2].1);
     let get = |c: &str| mine[c].unwrap_or(0);
     let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
     let mut expect = |ok: bool, what: String| {
@@ -186,6 +199,37 @@ mod tests {
     }
 }
 
+/// `faultscope verify --expect contpte_unfold=0` over the write phase of the
+/// 64K and 4K runs: on arm64 it must fail (exit 1, count printed) where the
+/// kernel unfolded and pass where it did not; on x86 the class is not
+/// measurable (exit 3).
+fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
+    let mut fails = Vec::new();
+    for case in ["64k-exit", "4k-exit"] {
+        let Some(rc) = run.marker("VERIFY", case) else { continue };
+        let out = run.section(&format!("verify-{case}")).unwrap_or("").trim().to_string();
+        let unfolds = run
+            .section(&format!("{case}.json"))
+            .ok()
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+            .and_then(|r| step_counts(&r, r["bench"]["pid"].as_u64()?, "mark:write").ok())
+            .and_then(|m| m["contpte_unfold"]);
+        let want = match (k.arch, unfolds) {
+            ("arm64", Some(0)) => "0",
+            ("arm64", Some(_)) => "1",
+            _ => "3",
+        };
+        println!("{} verify contpte_unfold=0 on {case}: exit {rc} (want {want}): {out}", k.name);
+        if rc != want {
+            fails.push(format!("{} verify on {case}: exit {rc}, want {want}: {out}", k.name));
+        }
+        if want == "1" && !out.contains(&format!("contpte_unfold is {}", unfolds.unwrap_or(0))) {
+            fails.push(format!("{} verify on {case} does not print the count: {out}", k.name));
+        }
+    }
+    fails
+}
+
 /// Cases run on every kernel by default (`cargo xtask test`).
 pub const DEFAULT_CASES: &[&str] =
     &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
@@ -211,6 +255,7 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
                 Err(e) => failures.push(format!("{e:#}")),
             }
         }
+        failures.extend(check_verify(&run, k));
         println!("guest {} ran {} cases in {:.1}s", k.name, cases.len(), run.wall.as_secs_f64());
     }
     if !failures.is_empty() {
