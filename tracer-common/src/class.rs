@@ -23,7 +23,9 @@ pub enum Class {
     Spurious = 5,
     /// `do_huge_pmd_wp_page`: write-protect fault on a PMD-mapped THP.
     HugePmdWp = 6,
-    /// arm64 `__contpte_try_unfold`: a contpte block was unfolded.
+    /// arm64 `contpte_convert` to non-contiguous PTEs: a contpte block was
+    /// unfolded (through `__contpte_try_unfold`, or directly as 7.x does
+    /// from `contpte_ptep_set_access_flags`).
     ContpteUnfold = 7,
     /// arm64 `contpte_convert`: a block was rewritten (fold or unfold).
     ContpteConvert = 8,
@@ -47,10 +49,14 @@ pub enum Class {
     /// ... whose error code lacks PROT: the page was not present (first touch,
     /// swap-in, NUMA hinting).
     TpNotPresent = 17,
+    /// arm64 `__contpte_try_unfold` calls (6.12 unfolds through it).
+    ContpteTryUnfold = 18,
+    /// arm64 `contpte_convert` to contiguous PTEs: a block was folded.
+    ContpteFold = 19,
 }
 
 impl Class {
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 20;
 
     pub const ALL: [Class; Class::COUNT] = [
         Class::Faults,
@@ -71,7 +77,28 @@ impl Class {
         Class::TpWrite,
         Class::TpPresentWrite,
         Class::TpNotPresent,
+        Class::ContpteTryUnfold,
+        Class::ContpteFold,
     ];
+
+    /// The classes `ThreadFault::on_return` can produce: the kretprobe only
+    /// walks these (walking all would make the verifier's work explode).
+    pub const FAULT_RETURN: [Class; 10] = [
+        Class::Faults,
+        Class::WriteFaults,
+        Class::WpFaults,
+        Class::Reuse,
+        Class::Copy,
+        Class::Spurious,
+        Class::HugePmdWp,
+        Class::Retry,
+        Class::Error,
+        Class::Major,
+    ];
+
+    /// The classes `classify_x86_error_code` can produce.
+    pub const ERROR_CODE: [Class; 4] =
+        [Class::TpFaults, Class::TpWrite, Class::TpPresentWrite, Class::TpNotPresent];
 
     pub const fn bit(self) -> u32 {
         1 << (self as u16)

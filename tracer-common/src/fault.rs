@@ -331,3 +331,32 @@ mod tests {
         assert!(!s.has(Class::TpWrite));
     }
 }
+
+#[cfg(test)]
+mod candidate_tests {
+    use super::*;
+
+    /// The kretprobe records only `Class::FAULT_RETURN`: every class
+    /// `on_return` can set must be in it (and likewise for error codes).
+    #[test]
+    fn candidates_cover_what_can_be_produced() {
+        let mut t = ThreadFault::default();
+        for marks in [0, SEEN_WP, SEEN_WP | SEEN_NEW_ANON, SEEN_HUGE_WP, SEEN_ACCESS] {
+            for ret in [0, VM_FAULT_RETRY, VM_FAULT_SIGSEGV, VM_FAULT_MAJOR] {
+                t.on_exception(ExcArch::X86, 0, X86_PF_PROT | X86_PF_WRITE);
+                t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER);
+                t.mark(marks);
+                let set = t.on_return(ret).unwrap();
+                for c in Class::ALL {
+                    assert!(!set.has(c) || Class::FAULT_RETURN.contains(&c), "{c:?}");
+                }
+            }
+        }
+        for code in 0..8 {
+            let set = classify_x86_error_code(code);
+            for c in Class::ALL {
+                assert!(!set.has(c) || Class::ERROR_CODE.contains(&c), "{c:?}");
+            }
+        }
+    }
+}

@@ -164,8 +164,8 @@ fn record(tgid: u32, phase: u32, class: u32, ns: u64) {
 }
 
 #[inline(always)]
-fn record_set(tgid: u32, phase: u32, set: ClassSet, ns: u64) {
-    for c in Class::ALL {
+fn record_set(tgid: u32, phase: u32, candidates: &[Class], set: ClassSet, ns: u64) {
+    for &c in candidates {
         if set.has(c) {
             record(tgid, phase, c as u32, ns);
         }
@@ -199,7 +199,7 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     }
     let addr: u64 = unsafe { ctx.read_at(cfg(&PF_ADDRESS_OFF)) }.unwrap_or(0);
     let code: u64 = unsafe { ctx.read_at(cfg(&PF_ERROR_CODE_OFF)) }.unwrap_or(0);
-    record_set(tgid, current_phase(), classify_x86_error_code(code), UNTIMED);
+    record_set(tgid, current_phase(), &Class::ERROR_CODE, classify_x86_error_code(code), UNTIMED);
     if let Some(s) = thread_state(tid) {
         unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
     }
@@ -259,7 +259,7 @@ pub fn fault_return(ctx: RetProbeContext) -> u32 {
         return 0;
     };
     // The phase is read at return: a fault belongs to the phase it ends in.
-    record_set(tgid, current_phase(), set, now.saturating_sub(st.start_ns));
+    record_set(tgid, current_phase(), &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
     0
 }
 
@@ -323,16 +323,22 @@ fn count_current(class: Class) -> u32 {
     0
 }
 
-/// `__contpte_try_unfold`: a contpte block is unfolded (to change one PTE).
+/// `__contpte_try_unfold` (6.12 unfolds through it to change one PTE).
 #[kprobe]
 pub fn contpte_unfold(_ctx: ProbeContext) -> u32 {
-    count_current(Class::ContpteUnfold)
+    count_current(Class::ContpteTryUnfold)
 }
 
-/// `contpte_convert`: a block is rewritten, in either direction.
+/// arm64 PTE_CONT: the contiguous hint of a PTE.
+const PTE_CONT: u64 = 1 << 52;
+
+/// `contpte_convert(mm, addr, ptep, pte)`: a block is rewritten; `pte`
+/// carries PTE_CONT when it is folded, not when it is unfolded.
 #[kprobe]
-pub fn contpte_convert(_ctx: ProbeContext) -> u32 {
-    count_current(Class::ContpteConvert)
+pub fn contpte_convert(ctx: ProbeContext) -> u32 {
+    let pte: u64 = ctx.arg(3).unwrap_or(0);
+    count_current(Class::ContpteConvert);
+    count_current(if pte & PTE_CONT != 0 { Class::ContpteFold } else { Class::ContpteUnfold })
 }
 
 /// `__contpte_try_fold`: an attempt to fold a block (most fail).

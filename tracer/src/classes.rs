@@ -122,9 +122,18 @@ pub const CLASSES: &[ClassSpec] = &[
         name: "contpte_unfold",
         sources: &[Source {
             class: Class::ContpteUnfold,
-            needs: &["contpte_unfold"],
+            needs: &["contpte_convert"],
             timed: false,
-            describe: "kprobe __contpte_try_unfold",
+            describe: "kprobe contpte_convert, new PTE without PTE_CONT",
+        }],
+    },
+    ClassSpec {
+        name: "contpte_fold",
+        sources: &[Source {
+            class: Class::ContpteFold,
+            needs: &["contpte_convert"],
+            timed: false,
+            describe: "kprobe contpte_convert, new PTE with PTE_CONT",
         }],
     },
     ClassSpec {
@@ -134,6 +143,15 @@ pub const CLASSES: &[ClassSpec] = &[
             needs: &["contpte_convert"],
             timed: false,
             describe: "kprobe contpte_convert",
+        }],
+    },
+    ClassSpec {
+        name: "contpte_try_unfold",
+        sources: &[Source {
+            class: Class::ContpteTryUnfold,
+            needs: &["contpte_unfold"],
+            timed: false,
+            describe: "kprobe __contpte_try_unfold",
         }],
     },
     ClassSpec {

@@ -12,7 +12,7 @@ use crate::{
     reportfile::{class, ClassValue, Report},
 };
 
-const CLASSES: [&str; 10] = [
+const CLASSES: [&str; 11] = [
     "faults",
     "write_faults",
     "wp_faults",
@@ -21,6 +21,7 @@ const CLASSES: [&str; 10] = [
     "spurious",
     "huge_pmd_wp",
     "contpte_unfold",
+    "contpte_fold",
     "contpte_convert",
     "first_touch",
 ];

@@ -139,9 +139,13 @@ pub const PROBES: &[ProbeSpec] = &[
     },
     ProbeSpec {
         program: "access_flags",
-        hook: Hook::Kprobe(&["ptep_set_access_flags", "__ptep_set_access_flags"]),
+        hook: Hook::Kprobe(&[
+            "ptep_set_access_flags",
+            "__ptep_set_access_flags",
+            "__ptep_set_access_flags_anysz",
+        ]),
         arch: Arch::Any,
-        min_kernel: "2.6 (arm64: __ptep_set_access_flags since 6.9)",
+        min_kernel: "2.6 (arm64: __ptep_set_access_flags since 6.9, __ptep_set_access_flags_anysz in 7.x)",
         required: false,
         measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
     },
@@ -167,7 +171,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::Aarch64,
         min_kernel: "6.9",
         required: false,
-        measures: "contpte blocks unfolded",
+        measures: "__contpte_try_unfold calls (6.12's unfold path)",
     },
     ProbeSpec {
         program: "contpte_convert",
@@ -175,7 +179,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::Aarch64,
         min_kernel: "6.9",
         required: false,
-        measures: "contpte blocks rewritten (fold or unfold)",
+        measures: "contpte blocks rewritten: folded (PTE_CONT in the new PTE) or unfolded",
     },
     ProbeSpec {
         program: "contpte_fold",

@@ -5,12 +5,17 @@ MM=/sys/kernel/mm/transparent_hugepage
 # oracle_event NAME DEFINITION: adds a kprobe event. If the kernel refuses
 # it, the oracle cannot count what needs NAME (rather than counting 0), and
 # "@@FS-ORACLE-MISSING NAME reason" tells the host which columns are unknown.
+# Further DEFINITIONs are fallbacks (the same event on another symbol).
 oracle_event() {
-	echo "$2" >> $T/kprobe_events 2>/dev/null && return
-	sym=${2#* }; sym=${sym%% *}
+	name=$1; shift
+	for def in "$@"; do
+		echo "$def" >> $T/kprobe_events 2>/dev/null && return 0
+	done
+	sym=${def#* }; sym=${sym%% *}
 	why=$(grep 'error:' $T/error_log 2>/dev/null | tail -n 1 | sed 's/^.*error: //')
 	grep -qw "$sym" /sys/kernel/debug/kprobes/blacklist && why="$why; $sym is on the kprobe blacklist"
-	echo "@@FS-ORACLE-MISSING $1 kprobe $sym refused: ${why:-no reason given}"
+	echo "@@FS-ORACLE-MISSING $name kprobe $sym refused: ${why:-no reason given}"
+	return 1
 }
 
 # The oracle's kprobe events. $argN works on x86-64 and arm64 alike.
@@ -24,16 +29,16 @@ oracle_setup() {
 	oracle_event hacc 'p:fso/hacc huge_pmd_set_accessed'
 	if [ "$(uname -m)" = aarch64 ]; then
 		oracle_event exc 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64'
-		oracle_event acc 'p:fso/acc __ptep_set_access_flags'
+		oracle_event acc 'p:fso/acc __ptep_set_access_flags' 'p:fso/acc __ptep_set_access_flags_anysz'
 		oracle_event accc 'p:fso/accc contpte_ptep_set_access_flags'
 		oracle_event unfold 'p:fso/unfold __contpte_try_unfold'
-		oracle_event conv 'p:fso/conv contpte_convert'
+		oracle_event conv 'p:fso/conv contpte_convert pte=$arg4:x64'
 		oracle_event fold 'p:fso/fold __contpte_try_fold'
 	else
 		oracle_event acc 'p:fso/acc ptep_set_access_flags'
 		echo 1 > $T/events/exceptions/page_fault_user/enable ||
 			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_user refused"
-		for e in unfold conv fold; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
+		for e in unfold conv fold accc; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
 	fi
 	echo 1 > $T/options/record-tgid
 	echo 32768 > $T/buffer_size_kb

@@ -14,7 +14,8 @@
  *     the present-entry tail of a fault ("present" where no exception is seen)
  *   arm64: fso/abt do_mem_abort (far=%x esr=%x: FSC type 0x0c = permission;
  *          on the kprobe blacklist of the kernels tested, so usually absent),
- *          fso/unfold __contpte_try_unfold, fso/conv contpte_convert,
+ *          fso/unfold __contpte_try_unfold, fso/conv contpte_convert (pte=%x:
+ *          PTE_CONT, bit 52, set when the block is folded, clear unfolded),
  *          fso/fold __contpte_try_fold
  *   sched/sched_process_exec
  *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
@@ -22,7 +23,7 @@
  *   like faultscope's phases they hold for every process.
  * Output, per process and per (process, phase):
  *   oracle tgid=N phase=ALL|LABEL faults=.. wp=.. reuse=.. copy=.. huge=..
- *          nowp=.. spurious=.. unfold=.. convert=.. fold=..
+ *          nowp=.. spurious=.. unfold=.. folded=.. convert=.. tryunfold=.. fold=..
  * nowp counts user write faults that completed without reaching do_wp_page,
  * do_huge_pmd_wp_page or a new anon folio; spurious those of them whose
  * exception says the page was present (or, without a matching exception,
@@ -38,11 +39,11 @@
 #define MAXT 4096
 #define MAXP 512
 #define MAXPH 64
-#define NC 10
+#define NC 12
 
-static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge",
-				 "nowp", "spurious", "unfold", "convert", "fold" };
-enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, CONVERT, FOLD };
+static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge", "nowp", "spurious",
+				 "unfold", "folded", "convert", "tryunfold", "fold" };
+enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD };
 
 struct thread {
 	int pid, user, wp, nar, hwp, acc, write;
@@ -186,9 +187,10 @@ int main(void)
 		} else if (strstr(ev, " acc: ") || strstr(ev, " accc: ") || strstr(ev, " hacc: ")) {
 			if (t->user) t->acc = 1;
 		} else if (strstr(ev, " unfold: ")) {
-			count(p, UNFOLD);
+			count(p, TRYUNFOLD);
 		} else if (strstr(ev, " conv: ")) {
 			count(p, CONVERT);
+			count(p, field(ev, "pte=") & (1UL << 52) ? FOLDED : UNFOLD);
 		} else if (strstr(ev, " fold: ")) {
 			count(p, FOLD);
 		}

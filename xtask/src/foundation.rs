@@ -27,15 +27,17 @@ pub struct CaseResult {
 /// Classes compared with the oracle, their key in its output line
 /// (`oracle tgid=N phase=ALL faults=.. wp=.. reuse=.. ...`), and the oracle
 /// events (lib.sh `oracle_event`) the key needs.
-pub const ORACLE_COLUMNS: [(&str, &str, &[&str]); 9] = [
+pub const ORACLE_COLUMNS: [(&str, &str, &[&str]); 11] = [
     ("faults", "faults", &["hmf", "hmfr"]),
     ("wp_faults", "wp", &["hmf", "hmfr", "wp"]),
     ("reuse", "reuse", &["hmf", "hmfr", "wp", "nar"]),
     ("copy", "copy", &["hmf", "hmfr", "wp", "nar"]),
     ("huge_pmd_wp", "huge", &["hmf", "hmfr", "hwp"]),
     ("spurious", "spurious", &["hmf", "hmfr", "wp", "hwp", "nar", "exc|acc"]),
-    ("contpte_unfold", "unfold", &["unfold"]),
+    ("contpte_unfold", "unfold", &["conv"]),
+    ("contpte_fold", "folded", &["conv"]),
     ("contpte_convert", "convert", &["conv"]),
+    ("contpte_try_unfold", "tryunfold", &["unfold"]),
     ("contpte_fold_attempt", "fold", &["fold"]),
 ];
 

@@ -42,6 +42,14 @@ enum Cmd {
               clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
     },
+    /// Boot a kernel and run a script of xtask/guest/ in it (for looking
+    /// around: kallsyms, probe points); prints the console.
+    GuestScript {
+        #[arg(long, value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        kernel: String,
+        script: String,
+    },
     /// The kernel matrix: bench cases against the tracefs oracle, on every
     /// kernel x arch (or those given).
     Matrix {
@@ -58,7 +66,7 @@ enum Cmd {
     /// generic 6.12 kernel (host userspace over 9p), traced by faultscope
     /// across a BGSAVE, against the tracefs oracle and Redis' own INFO.
     Redis {
-        /// Keys DEBUG POPULATE loads (values of --value-size bytes).
+        /// Keys loaded before each run (values of --value-size bytes).
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
         #[arg(long, default_value_t = 512)]
@@ -94,6 +102,17 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
+        Cmd::GuestScript { kernel, script } => {
+            let k = kernels::by_name(&kernel)?;
+            let vmlinuz = kernels::fetch(k)?;
+            let bin = vm::build_faultscope(k.arch)?;
+            let dir = root().join("target/vm/script").join(k.name);
+            std::fs::create_dir_all(&dir)?;
+            let cpio = vm::initramfs(&dir, k.arch, &bin, &script, &[])?;
+            let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(600))?;
+            print!("{}", run.console);
+            Ok(())
+        }
         Cmd::Matrix { kernels: names, size, cases } => {
             let ks = if names.is_empty() {
                 kernels::KERNELS.to_vec()
