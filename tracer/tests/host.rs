@@ -135,11 +135,10 @@ fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
     }
 }
 
-#[test]
-fn record_command_counts_write_protect_faults() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let d = tmp();
-    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+/// `faultscope record --json -- faultscope workload --size SIZE`: the output,
+/// the report and the workload's own report.
+fn record_workload(d: &Path, size: &str) -> (Output, Value, Value) {
+    let (fs, wl) = (d.join("fs.json"), d.join("wl.json"));
     let out = faultscope(&[
         "record",
         "--json",
@@ -148,7 +147,7 @@ fn record_command_counts_write_protect_faults() {
         BIN,
         "workload",
         "--size",
-        "64M",
+        size,
         "--thp",
         "never",
         "--child",
@@ -157,13 +156,21 @@ fn record_command_counts_write_protect_faults() {
         wl.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (report, wl) = (read_json(&fs), read_json(&wl));
+    (out, report, wl)
+}
+
+#[test]
+fn record_command_counts_write_protect_faults() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (out, report, wl) = record_workload(d.path(), "64M");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("faultscope: measuring"), "{stderr}");
-    let report = read_json(&fs);
     assert_eq!(report["schema"], "faultscope/1");
     assert_eq!(report["end"], "all targets exited");
     assert_eq!(report["command_exit_status"], 0);
-    check_fork_write(&report, &read_json(&wl), false);
+    check_fork_write(&report, &wl, false);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("wp_faults"), "{text}");
     assert_nothing_left();
@@ -298,21 +305,7 @@ fn phase<'a>(p: &'a Value, prefix: &str) -> &'a Value {
 fn automatic_phases_split_the_fork_scenario() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let d = tmp();
-    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
-    let out = faultscope(&[
-        "record",
-        "--json",
-        fs.to_str().unwrap(),
-        "--",
-        BIN,
-        "workload",
-        "--size",
-        "32M",
-        "--out",
-        wl.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (report, wl) = (read_json(&fs), read_json(&wl));
+    let (_, report, wl) = record_workload(d.path(), "32M");
     let pages = wl["pages"].as_u64().unwrap();
     let p = process(&report, wl["pid"].as_u64().unwrap());
     let names: Vec<&str> =
