@@ -147,6 +147,7 @@ fn test() -> Result<()> {
     foundation::run("6.12-cloud-amd64", "64M")?;
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     matrix::run(kernels::KERNELS, "16M", &cases)?;
+    redis::run(100_000, 512, 100_000)?;
     eprintln!(
         "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
         (t1 - t0).as_secs_f64(),

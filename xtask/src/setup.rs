@@ -28,6 +28,10 @@ const PACKAGES: &[&str] = &[
     "gcc-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     "libstd-rust-web-dev:arm64",
+    // `cargo xtask redis`: the guest runs the host's redis-server over 9p
+    // (its service is never started here: see `NoServiceStart`).
+    "redis-server",
+    "redis-tools",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with
@@ -75,6 +79,7 @@ fn installed(pkg: &str) -> bool {
 }
 
 fn apt_install(pkgs: &[&str], suite: Option<&str>) -> Result<()> {
+    let _guard = NoServiceStart::new()?;
     let mut c = Command::new("apt-get");
     c.env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "--no-install-recommends"]);
     if let Some(s) = suite {
@@ -82,6 +87,37 @@ fn apt_install(pkgs: &[&str], suite: Option<&str>) -> Result<()> {
     }
     c.args(pkgs);
     run(&mut c)
+}
+
+/// Keeps dpkg from starting the services of what it installs (redis-server's
+/// would otherwise start on the host): Debian's invoke-rc.d and
+/// deb-systemd-invoke ask /usr/sbin/policy-rc.d, whose exit code 101 means
+/// "action forbidden". Written only where the machine has none (containers
+/// often do), and removed again on drop.
+struct NoServiceStart(bool);
+
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
+
+impl NoServiceStart {
+    fn new() -> Result<Self> {
+        let p = Path::new(POLICY_RC_D);
+        if p.exists() {
+            return Ok(Self(false));
+        }
+        fs::write(p, "#!/bin/sh\n# Written by faultscope's `cargo xtask setup` while it installs packages.\nexit 101\n")
+            .with_context(|| format!("writing {POLICY_RC_D}"))?;
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+        Ok(Self(true))
+    }
+}
+
+impl Drop for NoServiceStart {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = fs::remove_file(POLICY_RC_D);
+        }
+    }
 }
 
 /// The codename's backports suite, added as a source derived from the

@@ -90,6 +90,19 @@ pub fn initramfs(
     case_script: &str,
     env: &[(&str, String)],
 ) -> Result<PathBuf> {
+    initramfs_with(dir, arch, faultscope, case_script, env, &[])
+}
+
+/// [`initramfs`] plus `extra` files: (file on this machine, path in the
+/// guest), e.g. kernel modules from [`kernel_modules`].
+pub fn initramfs_with(
+    dir: &Path,
+    arch: &str,
+    faultscope: &Path,
+    case_script: &str,
+    env: &[(&str, String)],
+    extra: &[(PathBuf, String)],
+) -> Result<PathBuf> {
     let rootfs = dir.join("root");
     if rootfs.exists() {
         fs::remove_dir_all(&rootfs)?;
@@ -115,6 +128,9 @@ pub fn initramfs(
     for f in ["init", "lib.sh"] {
         copy_into(&rootfs, &guest.join(f), f)?;
     }
+    for (src, dst) in extra {
+        copy_into(&rootfs, src, dst)?;
+    }
     let mut script = String::new();
     for (k, v) in env {
         script.push_str(&format!("export {k}='{v}'\n"));
@@ -139,6 +155,18 @@ pub fn initramfs(
 
 /// Boots `kernel` with the initramfs under QEMU TCG and returns the console.
 pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Duration) -> Result<GuestRun> {
+    boot_with(k, vmlinuz, cpio, dir, timeout, &[])
+}
+
+/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]).
+pub fn boot_with(
+    k: GuestKernel,
+    vmlinuz: &Path,
+    cpio: &Path,
+    dir: &Path,
+    timeout: Duration,
+    extra: &[String],
+) -> Result<GuestRun> {
     let (qemu, args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
@@ -189,6 +217,7 @@ pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Du
         .arg(vmlinuz)
         .arg("-initrd")
         .arg(cpio)
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(fs::File::create(&log)?)
         .stderr(Stdio::inherit())
@@ -206,6 +235,99 @@ pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Du
         );
     }
     Ok(GuestRun { sections: sections(&console), console, wall })
+}
+
+/// The 9p tag [`virtfs_host_root`] exports this machine's `/` under.
+pub const HOST_ROOT_TAG: &str = "hostroot";
+
+/// QEMU arguments that export this machine's whole `/`, read-only, to the
+/// guest over virtio-9p (tag [`HOST_ROOT_TAG`]), so a guest can chroot into
+/// the host's own userspace. `multidevs=remap` keeps inode numbers of the
+/// host's several file systems apart. The guest kernel needs 9p: the generic
+/// Debian flavour has it as modules ([`kernel_modules`]); -cloud has none.
+pub fn virtfs_host_root() -> Vec<String> {
+    vec![
+        "-virtfs".into(),
+        format!("local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"),
+    ]
+}
+
+/// The `depends=` entry of a kernel module's .modinfo (its NUL-separated
+/// `key=value` strings): the modules it needs loaded first.
+fn module_depends(ko: &[u8]) -> Vec<String> {
+    ko.split(|&b| b == 0)
+        .filter_map(|s| s.strip_prefix(b"depends="))
+        .flat_map(|d| String::from_utf8_lossy(d).split(',').map(str::to_string).collect::<Vec<_>>())
+        .filter(|d| !d.is_empty())
+        .collect()
+}
+
+/// Kernel modules `wanted` (by name, e.g. "9p") and what they depend on,
+/// from an unpacked Debian package's `modules` folder (`kernel/**.ko.xz`):
+/// decompressed under `dir/modules`, in load order (dependencies first;
+/// read from each module's own `depends=`, since a .deb has no modules.dep).
+/// Returns (decompressed file, `/modules/NAME.ko` in the guest) pairs; the
+/// guest `insmod`s them in this order.
+pub fn kernel_modules(modules: &Path, wanted: &[&str], dir: &Path) -> Result<Vec<(PathBuf, String)>> {
+    fn find(dir: &Path, file: &str) -> Option<PathBuf> {
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if let Some(f) = find(&p, file) {
+                    return Some(f);
+                }
+            } else if p.file_name().is_some_and(|n| n == file) {
+                return Some(p);
+            }
+        }
+        None
+    }
+    fn visit(
+        name: &str,
+        modules: &Path,
+        out_dir: &Path,
+        chain: &mut Vec<String>,
+        out: &mut Vec<(PathBuf, String)>,
+    ) -> Result<()> {
+        let guest = format!("/modules/{name}.ko");
+        if out.iter().any(|(_, g)| *g == guest) {
+            return Ok(());
+        }
+        if chain.iter().any(|c| c == name) {
+            bail!("kernel modules depend on each other in a cycle: {} -> {name}", chain.join(" -> "));
+        }
+        // Module names use '_' where files may use '-'.
+        let src =
+            [format!("{name}.ko.xz"), format!("{}.ko.xz", name.replace('_', "-")), format!("{name}.ko")]
+                .iter()
+                .find_map(|f| find(&modules.join("kernel"), f))
+                .with_context(|| format!("no module {name} under {}", modules.join("kernel").display()))?;
+        let dst = out_dir.join(format!("{name}.ko"));
+        if src.extension().is_some_and(|e| e == "xz") {
+            let o =
+                Command::new("xz").arg("-dc").arg(&src).output().context("xz (run `cargo xtask setup`)")?;
+            if !o.status.success() {
+                bail!("xz -dc {} failed: {}", src.display(), String::from_utf8_lossy(&o.stderr));
+            }
+            fs::write(&dst, &o.stdout)?;
+        } else {
+            fs::copy(&src, &dst)?;
+        }
+        chain.push(name.to_string());
+        for d in module_depends(&fs::read(&dst)?) {
+            visit(&d, modules, out_dir, chain, out)?;
+        }
+        chain.pop();
+        out.push((dst, guest));
+        Ok(())
+    }
+    let out_dir = dir.join("modules");
+    fs::create_dir_all(&out_dir)?;
+    let mut out = Vec::new();
+    for w in wanted {
+        visit(w, modules, &out_dir, &mut Vec::new(), &mut out)?;
+    }
+    Ok(out)
 }
 
 /// `@@FS-BEGIN name` .. `@@FS-END name` blocks of the console.
@@ -236,5 +358,12 @@ mod tests {
         let s = super::sections("x\n@@FS-BEGIN a\n1\n2\n@@FS-END a\n@@FS-BEGIN b\n3\n");
         assert_eq!(s["a"], "1\n2\n");
         assert!(!s.contains_key("b"), "an unterminated section is not a result");
+    }
+
+    #[test]
+    fn module_depends_are_read_from_modinfo() {
+        let ko = b"\x7fELF\0junk\0license=GPL\0depends=netfs,9pnet\0intree=Y\0name=9p\0";
+        assert_eq!(super::module_depends(ko), ["netfs", "9pnet"]);
+        assert!(super::module_depends(b"depends=\0name=netfs\0").is_empty());
     }
 }

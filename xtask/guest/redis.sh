@@ -1,0 +1,188 @@
+# Redis end to end (`cargo xtask redis`): the host's own redis-server, seen
+# over virtio-9p and run in a chroot, traced by faultscope across a BGSAVE
+# while the tracefs oracle traces the same run.
+#
+# Tracing control, faultscope (/faultscope, with its libraries, from the
+# initramfs) and the oracle stay outside the chroot; only Redis and its
+# tools run inside it. PIDs are global, so faultscope -p works across.
+#
+# Env: MODULES (kernel modules in load order, /modules/NAME.ko), KEYS,
+# VALUE_SIZE, REQUESTS.
+. /lib.sh
+H=/host
+SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
+
+fail() { echo "@@FS-FAIL $*"; exit 1; }
+
+# The host's / over 9p, with the guest's /proc, /sys and /dev, and tmpfs
+# where Redis and its tools write.
+host_root() {
+	for m in $MODULES; do
+		insmod /modules/$m.ko || fail "insmod $m"
+	done
+	mkdir -p $H
+	# The export is read-only, so caching it (cache=loose) is safe; it makes
+	# every exec of a dynamic binary a lot cheaper under TCG.
+	mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose hostroot $H || fail "mount -t 9p hostroot"
+	for d in proc sys dev; do
+		mount -o bind /$d $H/$d || fail "bind /$d"
+	done
+	mount -t tmpfs tmp $H/tmp && mount -t tmpfs run $H/run || fail "tmpfs in the chroot"
+}
+
+in_host() { chroot $H /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp "$@"; }
+cli() { in_host /usr/bin/redis-cli -s $SOCK "$@" | tr -d '\r'; }
+info_field() { cli INFO "$1" | sed -n "s/^$2://p"; }
+uptime_s() { read u _ < /proc/uptime; echo $u; }
+
+# The data set, loaded inside Redis in one script (as fast as DEBUG
+# POPULATE), under the names redis-benchmark -r gives its keys
+# (key:%012d, 0 <= n < KEYS), so that the SETs overwrite them.
+LOAD="local v = string.rep('x', tonumber(ARGV[2]))
+for i = 0, tonumber(ARGV[1]) - 1 do redis.call('SET', string.format('key:%012d', i), v) end
+return 'loaded'"
+
+# start_redis RUN: a fresh trace, then redis-server exec'd while tracing is
+# on (the oracle counts a process from its exec), then the data set.
+start_redis() {
+	dir=/tmp/$1
+	mkdir -p $H$dir
+	echo > $T/trace
+	echo 1 > $T/tracing_on
+	in_host /usr/bin/redis-server --port 0 --unixsocket $SOCK --save '' --appendonly no \
+		--dir $dir --logfile $dir/redis.log &
+	i=0
+	until [ "$(cli PING 2>/dev/null)" = PONG ]; do
+		i=$((i + 1))
+		[ $i -gt 300 ] && { emit $1.redis.log $H$dir/redis.log; fail "$1: redis-server did not start"; }
+		sleep 0.1
+	done
+	pid=$(pidof redis-server)
+	echo "@@FS-PID $1 $pid"
+	echo "@@FS-KEYS $1 $KEYS"
+	up "$1.redis-up"
+	echo "@@FS-POPULATE $1 $(cli EVAL "$LOAD" 0 $KEYS $VALUE_SIZE) dbsize=$(cli DBSIZE)"
+	up "$1.populated"
+}
+
+# bgsave RUN: BGSAVE, then wait until Redis has reaped the child
+# (rdb_bgsave_in_progress:0). @@FS-BGSAVE RUN T0 T1 REPLY: /proc/uptime
+# before the command and when the end was seen.
+bgsave() {
+	t0=$(uptime_s)
+	r=$(cli BGSAVE)
+	i=0
+	until [ "$(info_field persistence rdb_bgsave_in_progress)" = 0 ]; do
+		i=$((i + 1))
+		[ $i -gt 1200 ] && fail "$1: BGSAVE did not end"
+		sleep 0.05
+	done
+	t1=$(uptime_s)
+	echo "@@FS-BGSAVE $1 $t0 $t1 $r"
+}
+
+# info RUN WHEN: the whole INFO as section RUN.info.WHEN.
+info() {
+	cli INFO > /tmp/$1.info.$2
+	emit $1.info.$2 /tmp/$1.info.$2
+}
+
+# record_start RUN: faultscope record -p on redis-server; returns once it
+# listens for marks, which it does after writing "faultscope phase attach".
+record_start() {
+	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
+	/faultscope record -p $pid --json /tmp/$1.fs.json > /tmp/$1.out 2>&1 &
+	fs=$!
+	i=0
+	until [ -S /run/faultscope/record-$fs.sock ]; do
+		i=$((i + 1))
+		if [ $i -gt 1200 ] || ! kill -0 $fs 2>/dev/null; then
+			emit $1.out /tmp/$1.out
+			if kill -0 $fs 2>/dev/null; then
+				for f in status wchan stack syscall; do emit $1.faultscope.$f /proc/$fs/$f; done
+				for t in /proc/$fs/task/*; do echo "task $t: $(cat $t/wchan) $(cat $t/syscall)"; done
+				dmesg | tail -n 20
+			fi
+			fail "$1: faultscope did not attach within 120 s"
+		fi
+		sleep 0.1
+	done
+	up "$1.attached"
+	# Redis is idle here; let any straggling work (the last client's
+	# teardown) finish inside the window.
+	sleep 0.3
+}
+
+# bench RUN: redis-benchmark SETs over the populated key range.
+bench() {
+	in_host /usr/bin/redis-benchmark -s $SOCK -t set -n $REQUESTS -d $VALUE_SIZE -r $KEYS -q 2>&1 |
+		tr '\r' '\n' | grep . | tail -n 1 > /tmp/$1.bench
+	echo "@@FS-BENCH $1 $(cat /tmp/$1.bench)"
+	up "$1.bench"
+}
+
+# record_stop RUN: SIGINT to faultscope (Redis idle by then), tracing off,
+# the oracle over the trace, everything printed.
+record_stop() {
+	sleep 0.3
+	kill -INT $fs
+	wait $fs
+	echo "@@FS-RC $1 $?"
+	echo 0 > $T/tracing_on
+	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
+	echo "@@FS-KPROBES-LEFT $1 $((kp1 - kp0))"
+	up "$1.recorded"
+	/oracle < $T/trace > /tmp/$1.oracle
+	up "$1.oracle"
+	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $1 /"
+	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$1 '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
+	emit $1.out /tmp/$1.out
+	emit $1.fs.json /tmp/$1.fs.json
+	emit $1.oracle /tmp/$1.oracle
+}
+
+stop_redis() {
+	cli SHUTDOWN NOSAVE > /dev/null 2>&1
+	i=0
+	while kill -0 $pid 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -gt 100 ] && { kill -9 $pid; break; }
+		sleep 0.1
+	done
+	emit $1.redis.log $H/tmp/$1/redis.log
+}
+
+up boot
+host_root
+up host-root
+echo "@@FS-REDIS-VERSION $(in_host /usr/bin/redis-server --version)"
+# What Redis asks of a host that BGSAVEs (it warns otherwise).
+echo 1 > /proc/sys/vm/overcommit_memory
+oracle_setup
+# Redis turns THP off for itself (disable-thp yes); 4K for everything else
+# traced beside it too.
+thp_mode 4K
+
+# Run 1: BGSAVE first (the child has exited when faultscope attaches), then
+# SETs: the pages the fork write-protected are reused, one by one.
+start_redis run1
+bgsave run1
+info run1 after-bgsave
+record_start run1
+bench run1
+record_stop run1
+info run1 end
+stop_redis run1
+
+# Run 2: faultscope attached across the BGSAVE: its automatic phases must
+# show the fork and the child's exit. INFO before attaching and after
+# detaching brackets the window for total_forks.
+start_redis run2
+info run2 before
+record_start run2
+bgsave run2
+bench run2
+record_stop run2
+info run2 end
+stop_redis run2
+up done
