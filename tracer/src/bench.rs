@@ -114,8 +114,14 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     rec.add(std::process::id(), 0, "faultscope-bench".into())?;
     let knobs = Knobs::set_for(o.folio)?;
     let len = o.size as usize;
-    let advice = if o.folio == PAGE { libc::MADV_NOHUGEPAGE } else { libc::MADV_HUGEPAGE };
-    let mem = Arc::new(Memory { base: map_aligned(len, Some(advice))?, len });
+    // 4K: no THP at all. 2M: MADV_HUGEPAGE lets the fault compact memory
+    // for a THP (defrag=madvise). mTHP sizes need only their knob.
+    let advice = match o.folio {
+        PAGE => Some(libc::MADV_NOHUGEPAGE),
+        PMD_SIZE => Some(libc::MADV_HUGEPAGE),
+        _ => None,
+    };
+    let mem = Arc::new(Memory { base: map_aligned(len, advice)?, len });
     let pages = len / PAGE as usize;
     let mut steps = Vec::new();
 
@@ -128,7 +134,6 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         split_pmds(mem.base, len)?;
     }
     let check = folio::check(mem.base as usize, o.size, o.folio)?;
-    drop(knobs);
     verify(&check, o)?;
 
     let plan = plan(o, pages);
@@ -162,6 +167,18 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     let u5 = usage();
     steps.push(Step { label: "write", from: u4, to: u5 });
     mark(&mut rec, "done")?;
+    // The knobs (and khugepaged's pause) held until here: khugepaged must
+    // not collapse the region into PMD-mapped THPs during the run. Check
+    // that nothing did.
+    let after = folio::check(mem.base as usize, o.size, o.folio)?;
+    drop(knobs);
+    if after.pmd_mapped_bytes != check.pmd_mapped_bytes {
+        bail!(
+            "the memory's mapping changed during the run ({} -> {} bytes PMD-mapped): the counts are not of the scenario asked for; run again",
+            check.pmd_mapped_bytes,
+            after.pmd_mapped_bytes
+        );
+    }
     if o.child == Child::Alive {
         unsafe {
             libc::kill(child, libc::SIGKILL);

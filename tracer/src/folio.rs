@@ -40,12 +40,18 @@ pub struct Knobs {
 
 impl Knobs {
     /// Makes new anonymous memory get folios of `size`: that size's mTHP
-    /// knob to `always` and every other size to `never`. 4K needs no knob
-    /// (the region is madvised NOHUGEPAGE).
+    /// knob to `always` and every other size to `never`, and khugepaged
+    /// paused, so that it cannot collapse the memory into PMD-mapped THPs
+    /// during the run. 4K needs no knob (the region is madvised
+    /// NOHUGEPAGE).
     pub fn set_for(size: u64) -> Result<Knobs> {
         let mut k = Knobs { saved: Vec::new() };
         if size == PAGE {
             return Ok(k);
+        }
+        let sleep = Path::new(THP).join("khugepaged/scan_sleep_millisecs");
+        if sleep.exists() {
+            k.set(&sleep, "3600000")?;
         }
         let want = Path::new(THP).join(format!("hugepages-{}kB", size >> 10));
         if !want.join("enabled").exists() {

@@ -273,6 +273,8 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     let deadline = o.duration.map(|d| started + Duration::from_secs_f64(d));
     let mut ticks = 0u64;
     let mut last = Snapshot::default();
+    // The time series: per interval, its phase and each process's counts.
+    let mut series: Vec<Value> = Vec::new();
     let mut cmd_status = None;
     let why = loop {
         tokio::select! {
@@ -315,6 +317,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
                     );
                     print!("{}", report::to_text(&snap.since(&last), &rec.context()?));
                 }
+                series.push(interval_json(&snap.since(&last), &rec, elapsed));
                 last = snap;
                 ticks += 1;
                 next_tick = Some(t + d);
@@ -341,6 +344,11 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     print!("{}", crate::findings::attach(&mut j));
     if let Some(p) = &o.json {
         j["end"] = json!(why);
+        if o.interval.is_some() {
+            // The last, partial interval up to the end of the run.
+            series.push(interval_json(&snap.since(&last), &rec, started.elapsed().as_secs_f64()));
+            j["intervals"] = json!(series);
+        }
         if let Some(st) = cmd_status {
             j["command_exit_status"] = json!(st);
         }
@@ -349,6 +357,26 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     // A command still running (Ctrl-C/--duration) is left to run, detached.
     drop(rec);
     Ok(0)
+}
+
+/// One interval of the time series: what each process did in it, in the
+/// phase that was current at its end.
+fn interval_json(delta: &Snapshot, rec: &Recorder, elapsed_s: f64) -> Value {
+    let procs: Vec<Value> = delta
+        .pids()
+        .into_iter()
+        .map(|pid| {
+            let mut classes = serde_json::Map::new();
+            for (name, a) in &rec.avail {
+                if let Availability::Measured { class, .. } = a {
+                    classes
+                        .insert((*name).into(), json!(delta.get(pid, *class).map(|s| s.count).unwrap_or(0)));
+                }
+            }
+            json!({"pid": pid, "counts": classes})
+        })
+        .collect();
+    json!({"t_s": elapsed_s, "phase": rec.timeline.current().name, "processes": procs})
 }
 
 /// One `faultscope mark` request: "mark LABEL\n" -> "ok PHASE-NAME\n".

@@ -197,7 +197,7 @@ fn record_pid_follows_a_running_process_to_its_exit() {
         .unwrap();
     let pid = child.id().to_string();
     let tracer = Command::new(BIN)
-        .args(["record", "-p", &pid, "--json", fs.to_str().unwrap()])
+        .args(["record", "-p", &pid, "--interval", "0.3", "--json", fs.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -209,6 +209,17 @@ fn record_pid_follows_a_running_process_to_its_exit() {
     let report = read_json(&fs);
     assert_eq!(report["end"], "all targets exited");
     check_fork_write(&report, &read_json(&wl), true);
+    // The interval time series adds up to the whole run.
+    let p = process(&report, pid.parse().unwrap());
+    let series: u64 = report["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["processes"].as_array().unwrap().iter())
+        .filter(|x| x["pid"].as_u64() == Some(pid.parse().unwrap()))
+        .map(|x| x["counts"]["wp_faults"].as_u64().unwrap())
+        .sum();
+    assert_eq!(series, count(p, "wp_faults"));
     assert_nothing_left();
 }
 
