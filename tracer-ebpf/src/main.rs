@@ -22,7 +22,8 @@ use aya_log_ebpf::debug;
 use faultscope_common::{
     class::{Class, ClassSet},
     fault::{
-        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_ACCESS, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
+        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_ACCESS, SEEN_HUGE_WP,
+        SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
         phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,

@@ -60,6 +60,12 @@ impl Snapshot {
         v
     }
 
+    /// The snapshot without one phase of one process.
+    pub fn without_phase(mut self, tgid: u32, phase: u16) -> Snapshot {
+        self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self
+    }
+
     /// `self - earlier`: what happened between two snapshots.
     pub fn since(&self, earlier: &Snapshot) -> Snapshot {
         let mut stats = BTreeMap::new();

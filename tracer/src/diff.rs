@@ -124,7 +124,8 @@ pub fn diff(a: &Report, b: &Report) -> String {
         for c in CLASSES {
             let (ta, va) = cell(ca.as_ref(), c);
             let (tb, vb) = cell(cb.as_ref(), c);
-            if va == Some(0.0) && vb == Some(0.0) {
+            // Nothing to compare: both zero, or both not measurable.
+            if (va == Some(0.0) && vb == Some(0.0)) || (va.is_none() && vb.is_none()) {
                 continue;
             }
             let ratio = match (va, vb) {

@@ -104,6 +104,17 @@ impl Timeline {
         self.push(id, ts, format!("mark:{label}"));
     }
 
+    /// Forgets the current phase (bench's own reporting) and reopens the
+    /// one before it up to the end.
+    pub fn drop_current(&mut self) {
+        if self.phases.len() > 1 {
+            self.phases.pop();
+            if let Some(last) = self.phases.last_mut() {
+                last.end_ns = None;
+            }
+        }
+    }
+
     pub fn end(&mut self, ts: u64) {
         if let Some(last) = self.phases.last_mut() {
             last.end_ns.get_or_insert(ts);
