@@ -335,6 +335,10 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     };
     drop(listener);
     let _ = fs::remove_file(&sock_path);
+    // Its exit event may come before it can be reaped: reap it now.
+    if let (Some(pid), None, "all targets exited") = (spawned, cmd_status, why) {
+        cmd_status = target::wait(pid);
+    }
     // Final read after the targets are gone or the run was stopped.
     rec.trace_mark("detach");
     let snap = rec.snapshot()?;

@@ -138,9 +138,18 @@ impl Drop for Paused {
 
 /// Reaps a child without blocking: `Some(exit status)` once it has exited.
 pub fn try_reap(pid: u32) -> Option<i32> {
+    reap(pid, libc::WNOHANG)
+}
+
+/// Reaps a child that is known to be exiting (blocks until it is).
+pub fn wait(pid: u32) -> Option<i32> {
+    reap(pid, 0)
+}
+
+fn reap(pid: u32, flags: libc::c_int) -> Option<i32> {
     let mut status = 0;
     // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    let r = unsafe { libc::waitpid(pid as i32, &mut status, flags) };
     if r == pid as i32 {
         if libc::WIFEXITED(status) {
             Some(libc::WEXITSTATUS(status))
