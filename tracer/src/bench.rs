@@ -75,6 +75,10 @@ pub struct BenchOpts {
     pub json: Option<PathBuf>,
     #[arg(long, default_value_t = 2048)]
     pub max_stats: u32,
+    /// Run the workload without the tracer (for overhead: compare wall
+    /// times with and without, in one session).
+    #[arg(long)]
+    pub no_trace: bool,
 }
 
 /// One workload phase as the workload saw it.
@@ -95,8 +99,11 @@ unsafe impl Send for Memory {}
 unsafe impl Sync for Memory {}
 
 /// A bench phase (the recorder also writes it to tracefs' trace_marker).
-fn mark(rec: &mut Recorder, label: &str) -> Result<()> {
-    rec.mark(label).map(drop)
+fn mark(rec: &mut Option<Recorder>, label: &str) -> Result<()> {
+    match rec {
+        Some(r) => r.mark(label).map(drop),
+        None => Ok(()),
+    }
 }
 
 pub fn run(o: &BenchOpts) -> Result<i32> {
@@ -110,8 +117,14 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         ))
         .into());
     }
-    let mut rec = Recorder::start(o.max_stats)?;
-    rec.add(std::process::id(), 0, "faultscope-bench".into())?;
+    let mut rec = if o.no_trace {
+        crate::kernel::require_root()?;
+        None
+    } else {
+        let mut r = Recorder::start(o.max_stats)?;
+        r.add(std::process::id(), 0, "faultscope-bench".into())?;
+        Some(r)
+    };
     let knobs = Knobs::set_for(o.folio)?;
     let len = o.size as usize;
     // 4K: no THP at all. 2M: MADV_HUGEPAGE lets the fault compact memory
@@ -190,10 +203,21 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     // map is not read atomically: the faults of reading would land in the
     // phase being read. So reading gets a phase of its own, left out.
     mark(&mut rec, "report")?;
-    let reading = rec.timeline.current().id as u16;
-    let snap = rec.snapshot()?.without_phase(std::process::id(), reading);
-    rec.timeline.drop_current();
-    let mut report = rec.finish(&snap)?;
+    let traced = match rec.as_mut() {
+        Some(r) => {
+            let reading = r.timeline.current().id as u16;
+            let snap = r.snapshot()?.without_phase(std::process::id(), reading);
+            r.timeline.drop_current();
+            Some((r.finish(&snap)?, snap))
+        }
+        None => None,
+    };
+    let mut report = match &traced {
+        Some((j, _)) => j.clone(),
+        None => {
+            json!({"schema": crate::report::SCHEMA, "kernel": kernel::release(), "tracer": "off", "processes": []})
+        }
+    };
     let folios = o.size / o.folio;
     let store_latency = stores.map(|mut v| {
         v.sort_unstable();
@@ -221,7 +245,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         })).collect::<Vec<_>>(),
         "store_latency": store_latency,
     });
-    print!("{}", summary(&report, &rec, &snap));
+    print!("{}", summary(&report, rec.as_ref().zip(traced.as_ref().map(|(_, s)| s))));
     print!("{}", crate::findings::attach(&mut report));
     if let Some(p) = &o.json {
         write_json(p, &report)?;
@@ -397,20 +421,36 @@ fn step_phases(rec: &Recorder, step: &str) -> Vec<u16> {
 
 /// The seed's table: per bench phase, the workload's numbers beside the
 /// tracer's counts.
-fn summary(report: &Value, rec: &Recorder, snap: &Snapshot) -> String {
+fn summary(report: &Value, traced: Option<(&Recorder, &Snapshot)>) -> String {
     use std::fmt::Write as _;
     let b = &report["bench"];
     let pid = std::process::id();
+    // A class's count over a bench step: None when not measurable here.
+    let step_count = |step: &str, name: &str| -> Option<u64> {
+        let (rec, snap) = traced?;
+        let Some(Availability::Measured { class, .. }) =
+            rec.avail.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
+        else {
+            return None;
+        };
+        Some(
+            step_phases(rec, step)
+                .iter()
+                .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
+                .sum(),
+        )
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "faultscope bench {}: {} MiB, {} folios ({}-mapped), child {}, kernel {}",
+        "faultscope bench {}: {} MiB, {} folios ({}-mapped), child {}, kernel {}{}",
         b["mode"].as_str().unwrap_or(""),
         b["size"].as_u64().unwrap_or(0) >> 20,
         b["folio"].as_str().unwrap_or(""),
         b["mapping"].as_str().unwrap_or(""),
         b["child"].as_str().unwrap_or(""),
-        kernel::release()
+        kernel::release(),
+        if traced.is_none() { " (tracer off)" } else { "" }
     );
     let classes = ["faults", "wp_faults", "reuse", "copy", "spurious", "huge_pmd_wp", "contpte_unfold"];
     let _ = write!(out, "{:<10} {:>9} {:>8}", "phase", "wall(ms)", "minflt");
@@ -420,34 +460,24 @@ fn summary(report: &Value, rec: &Recorder, snap: &Snapshot) -> String {
     out.push('\n');
     for step in b["phases"].as_array().into_iter().flatten() {
         let name = step["name"].as_str().unwrap_or("");
-        let _ = write!(
-            out,
-            "{:<10} {:>9.2} {:>8}",
-            name,
-            step["wall_ns"].as_u64().unwrap_or(0) as f64 / 1e6,
-            step["minflt"]
-        );
-        let keys = step_phases(rec, name);
+        let ms = step["wall_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
+        let _ = write!(out, "{name:<10} {ms:>9.2} {:>8}", step["minflt"]);
         for c in classes {
-            let cell = match rec.avail.iter().find(|(n, _)| *n == c).map(|(_, a)| a) {
-                Some(Availability::Measured { class, .. }) => keys
-                    .iter()
-                    .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
-                    .sum::<u64>()
-                    .to_string(),
-                _ => "n/m".into(),
+            let cell = match (traced, step_count(name, c)) {
+                (None, _) => "off".to_string(),
+                (_, Some(n)) => n.to_string(),
+                (_, None) => "n/m".to_string(),
             };
             let _ = write!(out, " {cell:>12}");
         }
         out.push('\n');
     }
-    if let Some(key) =
-        rec.timeline.phases().iter().find(|p| p.name.starts_with("mark:write")).map(|p| p.id as u16)
-    {
-        if let Some(Availability::Measured { class, timed: true, .. }) =
-            rec.avail.iter().find(|(n, _)| *n == "faults").map(|(_, a)| a)
+    if let Some((rec, snap)) = traced {
+        let write = step_phases(rec, "write");
+        let faults = rec.avail.iter().find(|(n, _)| *n == "faults").map(|(_, a)| a);
+        if let (Some(key), Some(Availability::Measured { class, timed: true, .. })) = (write.first(), faults)
         {
-            if let Some(l) = snap.get_in(pid, Some(key), *class).as_ref().and_then(latency) {
+            if let Some(l) = snap.get_in(pid, Some(*key), *class).as_ref().and_then(latency) {
                 let _ = writeln!(
                     out,
                     "write-phase fault latency (ns): p50 {} p99 {} max {}",
@@ -457,26 +487,19 @@ fn summary(report: &Value, rec: &Recorder, snap: &Snapshot) -> String {
         }
     }
     // Per folio and per 64K block: the seed's "16 faults per 64K folio".
-    let write_keys = step_phases(rec, "write");
     let folios = b["folios"].as_u64().unwrap_or(1).max(1);
     let blocks64k = (b["size"].as_u64().unwrap_or(0) >> 16).max(1);
-    let mut per = Vec::new();
-    for (name, denom, what) in [
+    let per: Vec<String> = [
         ("write_faults", folios, "per folio"),
         ("reuse", folios, "per folio"),
         ("copy", folios, "per folio"),
         ("contpte_unfold", blocks64k, "per 64K block"),
-    ] {
-        if let Some(Availability::Measured { class, .. }) =
-            rec.avail.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
-        {
-            let n: u64 = write_keys
-                .iter()
-                .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
-                .sum();
-            per.push(format!("{name} {:.2} {what}", n as f64 / denom as f64));
-        }
-    }
+    ]
+    .iter()
+    .filter_map(|(name, denom, what)| {
+        step_count("write", name).map(|n| format!("{name} {:.2} {what}", n as f64 / *denom as f64))
+    })
+    .collect();
     if !per.is_empty() {
         let _ = writeln!(out, "write phase: {}", per.join(", "));
     }

@@ -5,6 +5,7 @@ mod demo;
 mod foundation;
 mod kernels;
 mod matrix;
+mod overhead;
 mod redis;
 mod setup;
 mod vm;
@@ -49,6 +50,19 @@ enum Cmd {
               clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
         script: String,
+    },
+    /// Tracer overhead as a ratio: bench with the tracer off and on,
+    /// alternately, in one session (a benchmark, not part of `test`).
+    Overhead {
+        /// On this host instead of a guest.
+        #[arg(long)]
+        host: bool,
+        #[arg(long, default_value = "6.12-cloud-amd64")]
+        kernel: String,
+        #[arg(long, default_value = "64M")]
+        size: String,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// The kernel matrix: bench cases against the tracefs oracle, on every
     /// kernel x arch (or those given).
@@ -102,6 +116,7 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
+        Cmd::Overhead { host, kernel, size, runs } => overhead::run(host, &kernel, &size, runs),
         Cmd::GuestScript { kernel, script } => {
             let k = kernels::by_name(&kernel)?;
             let vmlinuz = kernels::fetch(k)?;
