@@ -51,6 +51,9 @@ pub struct ProbeSpec {
     /// Without it faultscope cannot run at all.
     pub required: bool,
     pub measures: &'static str,
+    /// Not attached when this other program is: it would only repeat what
+    /// that one tells, at a cost on every fault.
+    pub redundant_with: Option<&'static str>,
 }
 
 /// Every probe. The order is the order of attachment: the per-thread state is
@@ -64,6 +67,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "3.5",
         required: true,
         measures: "forks of traced processes (clone_flags tell processes from threads); follows children",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "process_exec",
@@ -72,6 +76,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "3.4",
         required: true,
         measures: "exec of traced processes (a started command counts from its exec)",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "process_exit",
@@ -80,6 +85,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "2.6.32",
         required: true,
         measures: "exit of traced processes (ends the run when all are gone)",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "page_fault_user",
@@ -88,6 +94,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "3.13",
         required: false,
         measures: "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "mem_abort",
@@ -96,6 +103,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "3.7",
         required: false,
         measures: "ESR of each abort: permission fault = present page (spurious rule)",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "fault_entry",
@@ -104,6 +112,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "4.9",
         required: false,
         measures: "start of each user fault (regs != NULL, FAULT_FLAG_USER)",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "fault_return",
@@ -112,6 +121,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "4.9",
         required: false,
         measures: "end of each user fault: latency, vm_fault_t, classification",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "wp_page",
@@ -120,6 +130,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "2.6",
         required: false,
         measures: "write-protect faults on PTEs",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "huge_pmd_wp",
@@ -128,6 +139,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "2.6.38",
         required: false,
         measures: "write-protect faults on PMD-mapped THPs",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "new_anon_rmap",
@@ -136,6 +148,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "6.3 (folio_*), earlier page_*",
         required: false,
         measures: "a new anon folio mapped: inside do_wp_page, a COW copy",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "access_flags",
@@ -148,6 +161,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "2.6 (arm64: __ptep_set_access_flags since 6.9, __ptep_set_access_flags_anysz in 7.x)",
         required: false,
         measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
+        redundant_with: Some("page_fault_user"),
     },
     ProbeSpec {
         program: "access_flags_cont",
@@ -156,6 +170,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "6.9",
         required: false,
         measures: "the same for contpte blocks",
+        redundant_with: Some("page_fault_user"),
     },
     ProbeSpec {
         program: "huge_accessed",
@@ -164,6 +179,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "3.8",
         required: false,
         measures: "the same for PMD-mapped THPs",
+        redundant_with: Some("page_fault_user"),
     },
     ProbeSpec {
         program: "contpte_unfold",
@@ -172,6 +188,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "6.9",
         required: false,
         measures: "__contpte_try_unfold calls (6.12's unfold path)",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "contpte_convert",
@@ -180,6 +197,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "6.9",
         required: false,
         measures: "contpte blocks rewritten: folded (PTE_CONT in the new PTE) or unfolded",
+        redundant_with: None,
     },
     ProbeSpec {
         program: "contpte_fold",
@@ -188,6 +206,7 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "6.9",
         required: false,
         measures: "contpte fold attempts",
+        redundant_with: None,
     },
 ];
 

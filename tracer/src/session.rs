@@ -68,7 +68,16 @@ impl Session {
         let mut status = Vec::new();
         for r in resolved {
             let spec = r.spec;
+            let redundant = spec
+                .redundant_with
+                .filter(|other| status.iter().any(|s: &ProbeStatus| s.program == *other && s.attached));
             let st = match &r.resolution {
+                _ if redundant.is_some() => ProbeStatus {
+                    program: spec.program,
+                    target: hook_name(spec.hook),
+                    attached: false,
+                    reason: Some(format!("not needed: {} tells the same", redundant.unwrap_or_default())),
+                },
                 Resolution::Unavailable(why) => ProbeStatus {
                     program: spec.program,
                     target: hook_name(spec.hook),
