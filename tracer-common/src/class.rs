@@ -37,26 +37,23 @@ pub enum Class {
     Error = 11,
     /// `handle_mm_fault` returned `VM_FAULT_MAJOR` (I/O was needed).
     Major = 12,
-    /// Entries into `handle_mm_fault` (internal: compared with returns to
-    /// detect kretprobe misses).
-    FaultEntry = 13,
     /// Tracepoint `exceptions:page_fault_user`: every user page-fault exception.
-    TpFaults = 14,
+    TpFaults = 13,
     /// ... whose error code has the WRITE bit.
-    TpWrite = 15,
+    TpWrite = 14,
     /// ... whose error code has PROT|WRITE: a write to a present page.
-    TpPresentWrite = 16,
+    TpPresentWrite = 15,
     /// ... whose error code lacks PROT: the page was not present (first touch,
     /// swap-in, NUMA hinting).
-    TpNotPresent = 17,
+    TpNotPresent = 16,
     /// arm64 `__contpte_try_unfold` calls (6.12 unfolds through it).
-    ContpteTryUnfold = 18,
+    ContpteTryUnfold = 17,
     /// arm64 `contpte_convert` to contiguous PTEs: a block was folded.
-    ContpteFold = 19,
+    ContpteFold = 18,
 }
 
 impl Class {
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 19;
 
     pub const ALL: [Class; Class::COUNT] = [
         Class::Faults,
@@ -72,7 +69,6 @@ impl Class {
         Class::Retry,
         Class::Error,
         Class::Major,
-        Class::FaultEntry,
         Class::TpFaults,
         Class::TpWrite,
         Class::TpPresentWrite,

@@ -94,14 +94,18 @@ impl ThreadFault {
         self.seen |= SEEN_EXC;
     }
 
-    /// `handle_mm_fault` entered for a user fault.
+    /// `handle_mm_fault` entered for a user fault. Returns true when the
+    /// thread's previous user fault never returned (its kretprobe was
+    /// missed): that one was not classified.
     #[inline(always)]
-    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32) {
+    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32) -> bool {
+        let lost = self.seen & SEEN_IN_FAULT != 0;
         self.start_ns = now_ns;
         self.fault_addr = addr;
         self.flags = flags;
         // Keep the exception record; forget the marks of the previous fault.
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
+        lost
     }
 
     /// A probe inside the fault fired (do_wp_page, ...): remember it, but only
@@ -225,7 +229,7 @@ mod tests {
         if let Some((arch, code)) = exc {
             t.on_exception(arch, A + 0x10, code);
         }
-        t.on_entry(1_000, A + 0x20, flags);
+        assert!(!t.on_entry(1_000, A + 0x20, flags), "no fault left open");
         for m in marks {
             t.mark(*m);
         }
@@ -303,6 +307,15 @@ mod tests {
         assert_eq!(t.present(), None);
         let s = t.on_return(0).unwrap();
         assert!(!s.has(Class::Spurious), "unknown presence is not spurious");
+    }
+
+    #[test]
+    fn a_missed_return_is_seen_at_the_next_entry() {
+        let mut t = ThreadFault::default();
+        assert!(!t.on_entry(0, A, W));
+        assert!(t.on_entry(1, A, W), "the first fault never returned");
+        assert!(t.on_return(0).is_some());
+        assert!(!t.on_entry(2, A, W));
     }
 
     #[test]

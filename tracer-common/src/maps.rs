@@ -128,7 +128,11 @@ pub const DROP_STATS_FULL: u32 = 0;
 pub const DROP_THREADS_FULL: u32 = 1;
 pub const DROP_TARGETS_FULL: u32 = 2;
 pub const DROP_EVENTS_FULL: u32 = 3;
-pub const NDROPS: u32 = 4;
+/// A user fault entered `handle_mm_fault` and its kretprobe never ran (the
+/// kernel had no free kretprobe instance): that fault was not classified.
+/// Seen when the thread's next fault enters.
+pub const DROP_LOST_RETURN: u32 = 4;
+pub const NDROPS: u32 = 5;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -26,9 +26,9 @@ use faultscope_common::{
         SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
-        phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_STATS_FULL,
-        DROP_TARGETS_FULL, DROP_THREADS_FULL, PHASE_LIFECYCLE, PHASE_MARKS, TARGET_FOLLOW_CHILDREN,
-        TARGET_PENDING_EXEC,
+        phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_LOST_RETURN,
+        DROP_STATS_FULL, DROP_TARGETS_FULL, DROP_THREADS_FULL, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS,
+        TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
     },
 };
 
@@ -69,7 +69,7 @@ static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
 /// Counters of things the kernel side could not record (full maps).
 #[map]
-static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(4, 0);
+static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NDROPS, 0);
 
 /// Process lifecycle events for user space.
 #[map]
@@ -239,8 +239,9 @@ pub fn fault_entry(ctx: ProbeContext) -> u32 {
     }
     let addr: u64 = ctx.arg(1).unwrap_or(0);
     if let Some(s) = thread_state(tid) {
-        unsafe { (*s).on_entry(bpf_ktime_get_ns(), addr, flags as u32) };
-        record(tgid, current_phase(), Class::FaultEntry as u32, UNTIMED);
+        if unsafe { (*s).on_entry(bpf_ktime_get_ns(), addr, flags as u32) } {
+            drop_count(DROP_LOST_RETURN);
+        }
     }
     0
 }

@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use faultscope_common::Class;
+use faultscope_common::{maps::NDROPS, Class};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -22,7 +22,7 @@ pub struct Context<'a> {
     pub availability: &'a [(&'static str, Availability)],
     pub probes: &'a [ProbeStatus],
     pub comms: &'a BTreeMap<u32, String>,
-    pub drops: [u64; 4],
+    pub drops: [u64; NDROPS as usize],
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
 }
@@ -93,15 +93,12 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
                 })
             })
             .collect();
-        let mut p = json!({
+        let p = json!({
             "pid": tgid,
             "comm": ctx.comms.get(&tgid).cloned().unwrap_or_default(),
             "classes": classes_in(None),
             "phases": phases,
         });
-        if let Some(lost) = lost_returns(snap, tgid) {
-            p["lost_returns"] = json!(lost);
-        }
         procs.push(p);
     }
     let probes: Vec<ProbeJson<'_>> = ctx
@@ -126,6 +123,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
             "threads_map_full": ctx.drops[1],
             "targets_map_full": ctx.drops[2],
             "events_ring_full": ctx.drops[3],
+            "lost_kretprobe_returns": ctx.drops[4],
         },
         "processes": procs,
     })
@@ -138,14 +136,6 @@ fn pids(snap: &Snapshot, ctx: &Context<'_>) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-/// handle_mm_fault entries minus returns: kretprobe instances the kernel
-/// could not allocate (faults not classified). `None` when all returned.
-fn lost_returns(snap: &Snapshot, tgid: u32) -> Option<u64> {
-    let entries = snap.get(tgid, Class::FaultEntry)?.count;
-    let returns = snap.get(tgid, Class::Faults).map(|s| s.count).unwrap_or(0);
-    (entries > returns).then(|| entries - returns)
 }
 
 /// One line saying what is measured here and what is not, and why.
@@ -236,19 +226,13 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
         let _ = writeln!(out, "PID {tgid} ({comm}) whole run");
         header(&mut out);
         class_rows(&mut out, snap, tgid, None, ctx, true);
-        if let Some(lost) = lost_returns(snap, tgid) {
-            let _ = writeln!(
-                out,
-                "  warning: {lost} faults entered but never returned to the kretprobe (not classified)"
-            );
-        }
     }
     let dropped: u64 = ctx.drops.iter().sum();
     if dropped > 0 {
         let _ = writeln!(
             out,
-            "warning: the kernel side dropped records (stats map full: {}, threads map full: {}, targets map full: {}, events ring full: {}); rerun with a larger --max-stats",
-            ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3]
+            "warning: the kernel side dropped records (stats map full: {}, threads map full: {}, targets map full: {}, events ring full: {}, faults whose kretprobe was missed: {}); rerun with a larger --max-stats",
+            ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3], ctx.drops[4]
         );
     }
     let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
@@ -267,11 +251,6 @@ mod tests {
             s.record(Some(v));
         }
         stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16 }, s);
-        let mut e = Stat::ZERO;
-        for _ in 0..5 {
-            e.record(None);
-        }
-        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::FaultEntry as u16 }, e);
         Snapshot { stats }
     }
 
@@ -290,7 +269,7 @@ mod tests {
             availability: &avail,
             probes: &[],
             comms: &comms,
-            drops: [0; 4],
+            drops: [0, 0, 0, 0, 1],
             duration_ns: 1,
             timeline: &timeline,
         };
@@ -306,12 +285,12 @@ mod tests {
         // Measured but nothing happened: a real 0, without latency.
         assert_eq!(p["classes"]["copy"]["count"], 0);
         assert!(p["classes"]["copy"].get("p50_ns").is_none());
-        assert_eq!(p["lost_returns"], 1);
+        assert_eq!(j["drops"]["lost_kretprobe_returns"], 1);
         assert_eq!(p["phases"][0]["name"], "before-fork");
         assert_eq!(p["phases"][0]["classes"]["faults"]["count"], 4);
         let t = to_text(&snap(), &ctx);
         assert!(t.contains("n/m"));
-        assert!(t.contains("1 faults entered but never returned"));
+        assert!(t.contains("faults whose kretprobe was missed: 1"), "{t}");
     }
 
     #[test]

@@ -147,8 +147,8 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     if (faults - retries.min(faults)).abs_diff(minflt) > TOLERANCE {
         fails.push(format!("{case}: faults {faults} (retries {retries}) vs getrusage {minflt}"));
     }
-    if p.get("lost_returns").is_some() {
-        fails.push(format!("{case}: kretprobe lost returns: {}", p["lost_returns"]));
+    if fs["drops"]["lost_kretprobe_returns"].as_u64() != Some(0) {
+        fails.push(format!("{case}: kretprobe returns lost: {}", fs["drops"]["lost_kretprobe_returns"]));
     }
     for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
         let v = run.marker(tag, case).unwrap_or_default();

@@ -177,9 +177,8 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         get("reuse") + get("copy") > 0,
         format!("the SETs' write-protect faults show: reuse {} + copy {} > 0", get("reuse"), get("copy")),
     );
-    if let Some(l) = p.get("lost_returns") {
-        expect(&mut t, false, format!("kretprobe lost returns: {l}"));
-    }
+    let lost = &report["drops"]["lost_kretprobe_returns"];
+    expect(&mut t, lost.as_u64() == Some(0), format!("kretprobe returns lost: {lost}"));
     for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
         let v = run.marker(tag, name).unwrap_or_default();
         expect(&mut t, v == want, format!("{tag} = {v}"));
