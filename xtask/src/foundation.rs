@@ -54,6 +54,14 @@ pub fn oracle_unknown(run: &vm::GuestRun, events: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The process `pid` of a faultscope report.
+pub fn report_process(report: &Value, pid: u64) -> Result<&Value> {
+    report["processes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
+        .with_context(|| format!("no process {pid} in faultscope's report"))
+}
+
 fn count(proc_: &Value, class: &str) -> Option<u64> {
     proc_["classes"][class]["count"].as_u64()
 }
@@ -73,10 +81,7 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
         serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
     let pid = wl["pid"].as_u64().context("workload pid")?;
     let pages = wl["pages"].as_u64().context("workload pages")?;
-    let p = fs["processes"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
-        .with_context(|| format!("{case}: no process {pid} in faultscope's report"))?;
+    let p = report_process(&fs, pid).with_context(|| case.to_string())?;
     if fs["mode"] != "kprobe" {
         fails.push(format!("{case}: mode is {}, not kprobe", fs["mode"]));
     }

@@ -44,10 +44,7 @@ pub fn parse_oracle(text: &str) -> BTreeMap<(u64, String), BTreeMap<String, u64>
 /// faultscope's counts of a bench step (its mark and the automatic phases up
 /// to the next mark); `None` for a class not measurable there.
 pub fn step_counts(report: &Value, pid: u64, step: &str) -> Result<BTreeMap<String, Option<u64>>> {
-    let p = report["processes"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
-        .with_context(|| format!("no process {pid} in the bench report"))?;
+    let p = crate::foundation::report_process(report, pid)?;
     let phases = p["phases"].as_array().context("no phases")?;
     let i = phases.iter().position(|ph| ph["name"] == step).with_context(|| format!("no phase {step}"))?;
     let span: Vec<&Value> = std::iter::once(&phases[i])

@@ -126,10 +126,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     let pid: u64 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
     let report: Value =
         serde_json::from_str(run.section(&format!("{name}.fs.json"))?).context("faultscope JSON")?;
-    let p = report["processes"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
-        .with_context(|| format!("no process {pid} in faultscope's report"))?;
+    let p = crate::foundation::report_process(&report, pid)?;
     if report["mode"] != "kprobe" {
         fails.push(format!("{name}: mode is {}, not kprobe", report["mode"]));
     }
