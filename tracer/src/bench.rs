@@ -110,7 +110,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     if o.pmd && o.folio != PMD_SIZE {
         return Err(Refusal::new("--pmd goes with --folio 2M").into());
     }
-    if o.size % o.folio != 0 {
+    if !o.size.is_multiple_of(o.folio) {
         return Err(Refusal::new(format!(
             "--size must be a multiple of the folio size {}",
             folio::human(o.folio)

@@ -26,7 +26,7 @@ pub fn parse_folio(s: &str) -> Result<u64, String> {
 }
 
 pub fn human(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
         format!("{}M", bytes >> 20)
     } else {
         format!("{}K", bytes >> 10)

@@ -109,7 +109,7 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
         blacklist: &blacklist,
         lockdown: kernel::lockdown(),
     };
-    println!("{:<16} {:<8} {:<10} {:<34} {}", "PROGRAM", "ARCH", "REQUIRED", "HOOK", "HERE");
+    println!("{:<16} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
     for r in probes::resolve(&facts) {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),

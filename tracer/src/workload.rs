@@ -137,7 +137,7 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
     let start = usage();
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let len = o.size as usize;
-    if len % page != 0 {
+    if !len.is_multiple_of(page) {
         bail!("--size must be a multiple of the page size ({page})");
     }
     let advice = match o.thp {
