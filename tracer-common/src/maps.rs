@@ -122,6 +122,16 @@ pub struct LifeEvent {
     pub comm: [u8; 16],
 }
 
+/// `CONFIG` array, written by user space once the probes are attached and
+/// before any target is added: what the tracepoint must record, so that
+/// no fault pays for counts the report will not show.
+/// The `ClassSet` bits of the error-code classes to count.
+pub const CONFIG_TP_CLASSES: u32 = 0;
+/// Non-zero when the kretprobe classifies faults and needs the exception
+/// record (error code) of each.
+pub const CONFIG_EXCEPTIONS: u32 = 1;
+pub const NCONFIG: u32 = 2;
+
 /// Index of counters in the `DROPS` per-CPU array: things that went wrong in
 /// the kernel and must be reported, never silently lost.
 pub const DROP_STATS_FULL: u32 = 0;

@@ -26,9 +26,9 @@ use faultscope_common::{
         SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
-        phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, DROP_EVENTS_FULL, DROP_LOST_RETURN,
-        DROP_STATS_FULL, DROP_TARGETS_FULL, DROP_THREADS_FULL, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS,
-        TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+        phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, CONFIG_EXCEPTIONS, CONFIG_TP_CLASSES,
+        DROP_EVENTS_FULL, DROP_LOST_RETURN, DROP_STATS_FULL, DROP_TARGETS_FULL, DROP_THREADS_FULL, NCONFIG,
+        NDROPS, PHASE_LIFECYCLE, PHASE_MARKS, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
     },
 };
 
@@ -66,6 +66,10 @@ static PHASE: Array<u64> = Array::with_max_entries(2, 0);
 /// yet exited or exec'd): child pid -> parent tgid.
 #[map]
 static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
+
+/// What the tracepoint records (see `CONFIG_TP_CLASSES`).
+#[map]
+static CONFIG: Array<u32> = Array::with_max_entries(NCONFIG, 0);
 
 /// Counters of things the kernel side could not record (full maps).
 #[map]
@@ -198,11 +202,19 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     if counted_target(tgid).is_none() {
         return 0;
     }
-    let addr: u64 = unsafe { ctx.read_at(cfg(&PF_ADDRESS_OFF)) }.unwrap_or(0);
     let code: u64 = unsafe { ctx.read_at(cfg(&PF_ERROR_CODE_OFF)) }.unwrap_or(0);
-    record_set(tgid, current_phase(), &Class::ERROR_CODE, classify_x86_error_code(code), UNTIMED);
-    if let Some(s) = thread_state(tid) {
-        unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
+    // Only the classes the report takes from here (all of them without
+    // kprobes, first_touch alone with them).
+    let wanted = CONFIG.get(CONFIG_TP_CLASSES).copied().unwrap_or(0);
+    let set = ClassSet(classify_x86_error_code(code).0 & wanted);
+    if set.0 != 0 {
+        record_set(tgid, current_phase(), &Class::ERROR_CODE, set, UNTIMED);
+    }
+    if CONFIG.get(CONFIG_EXCEPTIONS).copied().unwrap_or(0) != 0 {
+        let addr: u64 = unsafe { ctx.read_at(cfg(&PF_ADDRESS_OFF)) }.unwrap_or(0);
+        if let Some(s) = thread_state(tid) {
+            unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
+        }
     }
     0
 }

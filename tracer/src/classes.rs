@@ -244,6 +244,18 @@ pub fn availability(
         .collect()
 }
 
+/// The `ClassSet` bits of the error-code classes the report takes from the
+/// tracepoint: the kernel side counts only these.
+pub fn error_code_classes(avail: &[(&'static str, Availability)]) -> u32 {
+    avail
+        .iter()
+        .filter_map(|(_, a)| match a {
+            Availability::Measured { class, .. } if Class::ERROR_CODE.contains(class) => Some(class.bit()),
+            _ => None,
+        })
+        .fold(0, |m, b| m | b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +282,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(get(&v, "contpte_unfold"), Availability::NotMeasurable(_)));
+    }
+
+    #[test]
+    fn tracepoint_counts_only_what_is_reported() {
+        let tp = avail(&["page_fault_user"]);
+        assert_eq!(
+            error_code_classes(&tp),
+            Class::ERROR_CODE.iter().fold(0, |m, c| m | c.bit()),
+            "without kprobes every error-code class is reported"
+        );
+        let kp = avail(&[
+            "fault_entry",
+            "fault_return",
+            "wp_page",
+            "huge_pmd_wp",
+            "new_anon_rmap",
+            "page_fault_user",
+        ]);
+        assert_eq!(error_code_classes(&kp), Class::TpNotPresent.bit(), "with kprobes only first_touch");
     }
 
     #[test]

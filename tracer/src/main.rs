@@ -100,17 +100,8 @@ fn main() {
 fn probes_cmd(load: bool) -> anyhow::Result<i32> {
     kernel::require_root()?;
     let tracefs = kernel::tracefs()?;
-    let kallsyms = kernel::Kallsyms::load().ok();
-    let blacklist = kernel::kprobe_blacklist();
-    let facts = probes::KernelFacts {
-        tracefs: &tracefs,
-        kallsyms: kallsyms.as_ref(),
-        kprobe_pmu: kernel::has_kprobe_pmu(),
-        blacklist: &blacklist,
-        lockdown: kernel::lockdown(),
-    };
     println!("{:<16} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
-    for r in probes::resolve(&facts) {
+    for r in probes::resolve_here(&tracefs) {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
             probes::Hook::Kretprobe(f) => format!("kretprobe {}", f.join(" > ")),

@@ -234,6 +234,20 @@ pub struct KernelFacts<'a> {
     pub lockdown: Option<String>,
 }
 
+/// Resolves the table against the running kernel (reads kallsyms, the
+/// kprobe blacklist, the PMU and lockdown once).
+pub fn resolve_here(tracefs: &Path) -> Vec<Resolved> {
+    let kallsyms = Kallsyms::load().ok();
+    let blacklist = kernel::kprobe_blacklist();
+    resolve(&KernelFacts {
+        tracefs,
+        kallsyms: kallsyms.as_ref(),
+        kprobe_pmu: kernel::has_kprobe_pmu(),
+        blacklist: &blacklist,
+        lockdown: kernel::lockdown(),
+    })
+}
+
 pub fn resolve(facts: &KernelFacts<'_>) -> Vec<Resolved> {
     PROBES.iter().map(|spec| Resolved { spec, resolution: resolve_one(spec, facts) }).collect()
 }

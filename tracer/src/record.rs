@@ -22,11 +22,9 @@ use crate::{
     classes::{self, Availability},
     collector::Snapshot,
     error::Refusal,
-    kernel::{self, Kallsyms},
-    marks,
+    kernel, marks,
     phases::Timeline,
-    probes::{self, KernelFacts},
-    report,
+    probes, report,
     session::Session,
     target,
 };
@@ -85,18 +83,11 @@ impl Recorder {
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
-        let kallsyms = Kallsyms::load().ok();
-        let blacklist = kernel::kprobe_blacklist();
-        let facts = KernelFacts {
-            tracefs: &tracefs,
-            kallsyms: kallsyms.as_ref(),
-            kprobe_pmu: kernel::has_kprobe_pmu(),
-            blacklist: &blacklist,
-            lockdown: kernel::lockdown(),
-        };
-        let resolved = probes::resolve(&facts);
-        let session = Session::attach(&tracefs, &resolved, max_stats)?;
+        let resolved = probes::resolve_here(&tracefs);
+        let mut session = Session::attach(&tracefs, &resolved, max_stats)?;
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
+        // Before any target is added: no fault is counted before this.
+        session.configure(classes::error_code_classes(&avail), session.attached("fault_return"))?;
         eprintln!("{}", report::measured_line(&avail));
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
         let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
@@ -122,10 +113,7 @@ impl Recorder {
     /// where faultscope attached and detached, in any ftrace trace taken
     /// beside it.
     pub fn trace_mark(&self, label: &str) {
-        if let Some(mut f) = self.marker.as_ref() {
-            use std::io::Write as _;
-            let _ = f.write_all(format!("faultscope phase {label}\n").as_bytes());
-        }
+        write_marker(self.marker.as_ref(), &marker_line(label));
     }
 
     /// Starts a phase named `mark:LABEL`; returns its name.
@@ -133,14 +121,11 @@ impl Recorder {
         // Events first, so the mark lands after the lifecycle changes that
         // happened before it.
         self.drain_events()?;
-        let line = format!("faultscope phase mark:{label}\n");
+        // Formatted before the switch: nothing between the switch and the
+        // marker may touch new memory.
+        let line = marker_line(&format!("mark:{label}"));
         let marker = self.marker.as_ref();
-        let id = self.session.mark(|| {
-            if let Some(mut f) = marker {
-                use std::io::Write as _;
-                let _ = f.write_all(line.as_bytes());
-            }
-        })?;
+        let id = self.session.mark(|| write_marker(marker, &line))?;
         self.timeline.mark(id, kernel::monotonic_ns(), label);
         Ok(self.timeline.current().name.clone())
     }
@@ -212,6 +197,18 @@ impl Recorder {
         self.drain_events()?;
         self.timeline.end(kernel::monotonic_ns());
         Ok(report::to_json(snap, &self.context()?))
+    }
+}
+
+/// The trace_marker line of a phase (the guest oracle splits on it).
+fn marker_line(label: &str) -> String {
+    format!("faultscope phase {label}\n")
+}
+
+fn write_marker(marker: Option<&fs::File>, line: &str) {
+    if let Some(mut f) = marker {
+        use std::io::Write as _;
+        let _ = f.write_all(line.as_bytes());
     }
 }
 

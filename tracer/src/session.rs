@@ -11,7 +11,9 @@ use aya::{
     programs::{KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
-use faultscope_common::maps::{phase_id, TargetInfo, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS};
+use faultscope_common::maps::{
+    phase_id, TargetInfo, CONFIG_EXCEPTIONS, CONFIG_TP_CLASSES, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS,
+};
 
 use crate::{
     kernel,
@@ -133,6 +135,15 @@ impl Session {
         if let Ok(mut t) = self.targets() {
             let _ = t.remove(&tgid);
         }
+    }
+
+    /// Tells the kernel side what to record (see `CONFIG_TP_CLASSES`).
+    pub fn configure(&mut self, tp_classes: u32, exceptions: bool) -> Result<()> {
+        let m = self.bpf.map_mut("CONFIG").ok_or_else(|| anyhow!("no CONFIG map"))?;
+        let mut a: Array<_, u32> = Array::try_from(m)?;
+        a.set(CONFIG_TP_CLASSES, tp_classes, 0)?;
+        a.set(CONFIG_EXCEPTIONS, exceptions as u32, 0)?;
+        Ok(())
     }
 
     /// Sum over CPUs of the kernel side's drop counters.
