@@ -473,3 +473,28 @@ fn marks_from_the_command_line_and_signals() {
     assert_refused(&faultscope(&["mark", "x"]), "no faultscope record is running");
     assert_nothing_left();
 }
+
+#[test]
+fn bench_restores_sysfs_knobs_when_terminated() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let knobs = [
+        "/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled",
+        "/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
+    ];
+    let before: Vec<String> = knobs.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect();
+    let child = Command::new(BIN)
+        .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(400));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    // SIGTERM is deferred until the knobs are back and the probes gone.
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
+    let after: Vec<String> = knobs.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect();
+    assert_eq!(before, after);
+    assert_nothing_left();
+}
