@@ -11,8 +11,10 @@ use crate::vm::GuestRun;
 
 use crate::foundation::{oracle_unknown, ORACLE_COLUMNS};
 
-/// Faults of the bench's own stack pages in its write phase (measured 3-4).
-pub const SLACK: u64 = 8;
+/// Faults of the bench's own pages (stack, heap) in its write phase: 0-4
+/// with the child gone; with the child alive every such page is copied
+/// too (4-9 seen across the matrix). The oracle comparison stays exact.
+pub const SLACK: u64 = 16;
 
 /// `oracle tgid=N phase=P k=v...` lines, by (tgid, phase).
 pub fn parse_oracle(text: &str) -> BTreeMap<(u64, String), BTreeMap<String, u64>> {
