@@ -205,10 +205,15 @@ fn marker_line(label: &str) -> String {
     format!("faultscope phase {label}\n")
 }
 
+/// A failed write costs the ftrace trace beside faultscope its phase
+/// boundary, never faultscope's own counts; it is said on stderr, since a
+/// trace split at the wrong place would be misread.
 fn write_marker(marker: Option<&fs::File>, line: &str) {
     if let Some(mut f) = marker {
         use std::io::Write as _;
-        let _ = f.write_all(line.as_bytes());
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            eprintln!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end());
+        }
     }
 }
 

@@ -46,7 +46,7 @@ static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge", "nowp"
 enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD };
 
 struct thread {
-	int pid, user, wp, nar, hwp, acc, write;
+	int pid, tgid, user, wp, nar, hwp, acc, write;
 	unsigned long addr;              /* of the fault being handled */
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
@@ -55,9 +55,10 @@ struct proc { int tgid, exec; unsigned long c[NC]; unsigned long ph[MAXPH][NC]; 
 
 static struct thread threads[MAXT];
 static struct proc procs[MAXP];
-static int nthreads, nprocs;
+static int nthreads, nprocs, nexec;
 static char labels[MAXPH][80];
 static int nph; /* phases seen; counts go to the last one */
+static unsigned long unknown_tgid; /* lines whose tgid the trace did not know */
 
 static struct thread *thread(int pid)
 {
@@ -117,7 +118,13 @@ int main(void)
 			open--;
 		if (*open != '(' || open < line + 2)
 			continue;
-		int tgid = atoi(open + 1);
+		/* "(-------)" where the tgid cache missed this pid: then its
+		 * tgid is the one seen before, or its own pid (an exec'd
+		 * process leads its thread group). */
+		char *num = open + 1;
+		while (*num == ' ')
+			num++;
+		int tgid = *num >= '0' && *num <= '9' ? atoi(num) : -1;
 		char *dash = open - 1;
 		while (dash > line && *dash == ' ')
 			dash--;
@@ -126,6 +133,13 @@ int main(void)
 		if (*dash != '-')
 			continue;
 		int pid = atoi(dash + 1);
+		if (tgid < 0) {
+			unknown_tgid++;
+			tgid = pid;
+			for (int i = 0; i < nthreads; i++)
+				if (threads[i].pid == pid)
+					tgid = threads[i].tgid;
+		}
 		const char *ev = close + 3;
 		lines++;
 		const char *m = strstr(ev, "faultscope phase ");
@@ -138,12 +152,14 @@ int main(void)
 		}
 		struct proc *p = proc(tgid);
 		if (strstr(ev, " sched_process_exec: ")) {
+			nexec += !p->exec;
 			p->exec = 1;
 			continue;
 		}
 		if (!p->exec)
 			continue;
 		struct thread *t = thread(pid);
+		t->tgid = tgid;
 		if (strstr(ev, " page_fault_user: ")) {
 			t->exc = 1;
 			t->exc_addr = field(ev, "address=");
@@ -202,6 +218,15 @@ int main(void)
 		for (int j = 0; j < nph; j++)
 			print(procs[i].tgid, labels[j], procs[i].ph[j]);
 	}
-	fprintf(stderr, "oracle: %lu trace lines\n", lines);
+	/* For the host's error messages: what the trace held. */
+	printf("oracle: %lu trace lines, %lu with an unknown tgid, %d processes exec'd:", lines,
+	       unknown_tgid, nexec);
+	for (int i = 0; i < nprocs; i++)
+		if (procs[i].exec)
+			printf(" %d", procs[i].tgid);
+	printf("; phases:");
+	for (int j = 0; j < nph; j++)
+		printf(" %s", labels[j]);
+	printf("\n");
 	return 0;
 }

@@ -159,10 +159,24 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ]))?;
     let t1 = Instant::now();
-    foundation::run("6.12-cloud-amd64", "64M")?;
+    // Every guest stage runs even when one before it failed: one run of the
+    // suite then tells all that is wrong.
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
-    matrix::run(kernels::KERNELS, "16M", &cases)?;
-    redis::run(100_000, 512, 100_000)?;
+    let stages: [(&str, &dyn Fn() -> Result<()>); 3] = [
+        ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
+        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases)),
+        ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
+    ];
+    let mut failed = Vec::new();
+    for (name, stage) in stages {
+        if let Err(e) = stage() {
+            eprintln!("xtask test: {name} FAILED: {e:#}");
+            failed.push(name);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("xtask test: failed: {} (errors above)", failed.join(", "));
+    }
     eprintln!(
         "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
         (t1 - t0).as_secs_f64(),

@@ -16,6 +16,21 @@ use crate::foundation::{oracle_unknown, ORACLE_COLUMNS};
 /// too (4-9 seen across the matrix). The oracle comparison stays exact.
 pub const SLACK: u64 = 16;
 
+/// Why the oracle of `section` has no counts for (`pid`, `phase`): its own
+/// summary line (trace lines, unknown tgids, exec'd pids, phase markers
+/// seen) and the trace buffer's overrun, so that a failed run says whether
+/// the trace lost the process, the marker, or the whole section.
+pub fn oracle_gap(run: &GuestRun, case: &str, section: &str, pid: u64, phase: &str) -> String {
+    let text = run.section(section).unwrap_or("");
+    let summary = text.lines().find(|l| l.starts_with("oracle:")).unwrap_or("no oracle summary line");
+    let overrun = run.marker("OVERRUN", case).unwrap_or_else(|| "not reported".into());
+    let out = run.section(&format!("{case}.out")).map(|o| crate::vm::tail(o, 15)).unwrap_or_default();
+    format!(
+        "the oracle has no {phase} phase for pid {pid} ({summary}; trace buffer overrun {overrun}); \
+         oracle section:\n{text}faultscope's output:\n{out}"
+    )
+}
+
 /// `oracle tgid=N phase=P k=v...` lines, by (tgid, phase).
 pub fn parse_oracle(text: &str) -> BTreeMap<(u64, String), BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
@@ -68,18 +83,22 @@ pub struct CaseResult {
     pub failures: Vec<String>,
 }
 
-/// Checks one bench case of a guest run.
+/// Checks one bench case of a guest run. An error is the harness's (the
+/// guest printed no results for the case); wrong counts are `failures`.
 pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult> {
     let mut fails = Vec::new();
-    let rc = run.marker("RC", case).unwrap_or_default();
+    let rc = run
+        .marker("RC", case)
+        .with_context(|| format!("{kernel} {case}: the guest printed no exit status for the bench"))?;
     if rc != "0" {
-        anyhow::bail!(
-            "{kernel} {case}: bench exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
+        // faultscope's own failure: a result, never rerun.
+        let out = run.section(&format!("{case}.out")).unwrap_or("");
+        let failures = vec![format!("{kernel} {case}: bench exited with {rc:?}:\n{out}")];
+        return Ok(CaseResult { table: String::new(), failures });
     }
     let report: Value = serde_json::from_str(run.section(&format!("{case}.json"))?).context("bench JSON")?;
-    let oracle = parse_oracle(run.section(&format!("{case}.oracle"))?);
+    let sec = format!("{case}.oracle");
+    let oracle = parse_oracle(run.section(&sec)?);
     let b = &report["bench"];
     let pid = b["pid"].as_u64().context("bench pid")?;
     let pages = b["pages"].as_u64().unwrap_or(0);
@@ -109,7 +128,7 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         let mine = step_counts(&report, pid, st)?;
         let theirs = oracle
             .get(&(pid, st.to_string()))
-            .with_context(|| format!("{kernel} {case}: the oracle has no {st} phase for pid {pid}"))?
+            .with_context(|| format!("{kernel} {case}: {}", oracle_gap(run, case, &sec, pid, st)))?
             .clone();
         per_step.push((mine, theirs));
     }
@@ -196,6 +215,24 @@ mod tests {
         assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
         assert_eq!(o.len(), 2);
     }
+
+    #[test]
+    fn a_missing_oracle_phase_says_what_the_trace_held() {
+        let console = "@@FS-RC c 0\n@@FS-OVERRUN c 0\n@@FS-BEGIN c.oracle\n\
+                       oracle tgid=7 phase=ALL faults=1\n\
+                       oracle: 9 trace lines, 0 with an unknown tgid, 1 processes exec'd: 7; phases: x\n\
+                       @@FS-END c.oracle\n";
+        let run = GuestRun {
+            console: console.into(),
+            sections: crate::vm::sections(console),
+            wall: std::time::Duration::ZERO,
+        };
+        let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
+        assert!(e.contains("no section c.json"), "{e}");
+        let gap = oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
+        assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
+        assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
+    }
 }
 
 /// `faultscope verify --expect contpte_unfold=0` over the write phase of the
@@ -229,6 +266,14 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
     fails
 }
 
+/// Prints the guest kernel's warnings of a run, if it had any.
+fn print_complaints(run: &GuestRun) {
+    let c = run.kernel_complaints();
+    if !c.is_empty() {
+        println!("  the guest kernel warned:\n    {}", c.join("\n    "));
+    }
+}
+
 /// Cases run on every kernel by default (`cargo xtask test`).
 pub const DEFAULT_CASES: &[&str] =
     &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
@@ -242,20 +287,47 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
         let bin = vm::build_faultscope(k.arch)?;
         let dir = root().join("target/vm/matrix").join(k.name);
         std::fs::create_dir_all(&dir)?;
-        let env = [("SIZE", size.to_string()), ("CASES", cases.join(" "))];
-        let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
-        let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))?;
+        let boot = |cases: &[String]| -> Result<GuestRun> {
+            let env = [("SIZE", size.to_string()), ("CASES", cases.join(" "))];
+            let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
+            vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))
+        };
+        let run = boot(cases)?;
+        let mut harness_errors = Vec::new();
         for case in cases {
             match check_case(&run, k.name, case) {
                 Ok(r) => {
                     print!("{}", r.table);
                     failures.extend(r.failures);
                 }
-                Err(e) => failures.push(format!("{e:#}")),
+                Err(e) => harness_errors.push((case.clone(), format!("{e:#}"))),
             }
         }
         failures.extend(check_verify(&run, k));
         println!("guest {} ran {} cases in {:.1}s", k.name, cases.len(), run.wall.as_secs_f64());
+        print_complaints(&run);
+        // A case without results (no bench output, no oracle counts for it)
+        // measured nothing, right or wrong: it runs once more in a fresh
+        // guest, and the first error stays in the log. Count mismatches are
+        // never rerun.
+        if !harness_errors.is_empty() {
+            let again: Vec<String> = harness_errors.iter().map(|(c, _)| c.clone()).collect();
+            for (_, e) in &harness_errors {
+                println!("HARNESS ERROR (the case runs again in a new guest): {e}");
+            }
+            let rerun = boot(&again)?;
+            for case in &again {
+                match check_case(&rerun, k.name, case) {
+                    Ok(r) => {
+                        print!("{}", r.table);
+                        failures.extend(r.failures);
+                    }
+                    Err(e) => failures.push(format!("{e:#} (twice)")),
+                }
+            }
+            println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
+            print_complaints(&rerun);
+        }
     }
     if !failures.is_empty() {
         anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));

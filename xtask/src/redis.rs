@@ -134,9 +134,9 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         fails.push(format!("{name}: pid {pid} is {}, not redis-server", p["comm"]));
     }
     let oracle = matrix::parse_oracle(run.section(&format!("{name}.oracle"))?);
-    let theirs = oracle
-        .get(&(pid, "attach".to_string()))
-        .with_context(|| format!("the oracle has no phase \"attach\" for redis-server {pid}"))?;
+    let theirs = oracle.get(&(pid, "attach".to_string())).with_context(|| {
+        format!("redis-server: {}", matrix::oracle_gap(run, name, &format!("{name}.oracle"), pid, "attach"))
+    })?;
     let count = |ph: &Value, class: &str| ph["classes"][class]["count"].as_u64();
 
     let mut t = String::new();

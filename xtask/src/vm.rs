@@ -29,6 +29,23 @@ impl GuestRun {
         })
     }
 
+    /// The kernel's warnings and errors (dmesg levels 0-4, kernel facility)
+    /// printed in the run: the guest keeps them off the console while a
+    /// case runs, so a failed run shows them from here.
+    pub fn kernel_complaints(&self) -> Vec<&str> {
+        let dmesg = self.sections.get("dmesg").map(String::as_str).unwrap_or("");
+        dmesg
+            .lines()
+            .filter(|l| {
+                let level = l
+                    .strip_prefix('<')
+                    .and_then(|r| r.split_once('>'))
+                    .and_then(|(n, _)| n.parse::<u32>().ok());
+                matches!(level, Some(n) if n <= 4)
+            })
+            .collect()
+    }
+
     /// Values of marker lines `@@FS-<tag> <case> <value>`.
     pub fn marker(&self, tag: &str, case: &str) -> Option<String> {
         let prefix = format!("@@FS-{tag} {case} ");
@@ -358,6 +375,18 @@ mod tests {
         let s = super::sections("x\n@@FS-BEGIN a\n1\n2\n@@FS-END a\n@@FS-BEGIN b\n3\n");
         assert_eq!(s["a"], "1\n2\n");
         assert!(!s.contains_key("b"), "an unterminated section is not a result");
+    }
+
+    #[test]
+    fn kernel_complaints_are_warnings_and_worse() {
+        let console = "@@FS-BEGIN dmesg\n<6>[ 1.0] booted\n<3>[ 9.1] rcu: INFO: stall\n<12>[ 9.2] user\n\
+                       <4>[ 9.3] WARNING: x\n@@FS-END dmesg\n";
+        let run = super::GuestRun {
+            console: console.into(),
+            sections: super::sections(console),
+            wall: std::time::Duration::ZERO,
+        };
+        assert_eq!(run.kernel_complaints(), ["<3>[ 9.1] rcu: INFO: stall", "<4>[ 9.3] WARNING: x"]);
     }
 
     #[test]
