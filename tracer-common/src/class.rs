@@ -14,7 +14,8 @@ pub enum Class {
     WriteFaults = 1,
     /// ... that reached `do_wp_page` (write-protect fault on a present PTE).
     WpFaults = 2,
-    /// `do_wp_page` that did not install a new anon folio: COW **reuse**.
+    /// `do_wp_page` on a private mapping that did not install a new anon
+    /// folio: COW **reuse**.
     Reuse = 3,
     /// `do_wp_page` that installed a new anon folio (`folio_add_new_anon_rmap`): COW **copy**.
     Copy = 4,
@@ -50,10 +51,14 @@ pub enum Class {
     ContpteTryUnfold = 17,
     /// arm64 `contpte_convert` to contiguous PTEs: a block was folded.
     ContpteFold = 18,
+    /// `do_wp_page` on a shared mapping (`wp_page_shared`, seen through its
+    /// `fault_dirty_shared_page`): write-notify for dirty tracking
+    /// (writeback, soft-dirty, `page_mkwrite`), no COW at all.
+    WpShared = 19,
 }
 
 impl Class {
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 20;
 
     pub const ALL: [Class; Class::COUNT] = [
         Class::Faults,
@@ -75,16 +80,18 @@ impl Class {
         Class::TpNotPresent,
         Class::ContpteTryUnfold,
         Class::ContpteFold,
+        Class::WpShared,
     ];
 
     /// The classes `ThreadFault::on_return` can produce: the kretprobe only
     /// walks these (walking all would make the verifier's work explode).
-    pub const FAULT_RETURN: [Class; 10] = [
+    pub const FAULT_RETURN: [Class; 11] = [
         Class::Faults,
         Class::WriteFaults,
         Class::WpFaults,
         Class::Reuse,
         Class::Copy,
+        Class::WpShared,
         Class::Spurious,
         Class::HugePmdWp,
         Class::Retry,

@@ -64,6 +64,10 @@ pub const SEEN_EXC: u32 = 1 << 4;
 /// write-protect handling. Tells "present" where no exception record can
 /// (arm64's `do_mem_abort` is on the kprobe blacklist).
 pub const SEEN_ACCESS: u32 = 1 << 5;
+/// `fault_dirty_shared_page` ran: the fault wrote to a shared mapping's page
+/// (`wp_page_shared` after `do_wp_page`, or `do_shared_fault` on a page not
+/// yet mapped). `wp_page_shared` is inline; this is its probeable tail.
+pub const SEEN_DIRTY_SHARED: u32 = 1 << 6;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -145,9 +149,11 @@ impl ThreadFault {
     ///
     /// The rules:
     /// - `faults`: every return; `write_faults`: FAULT_FLAG_WRITE.
-    /// - `wp_faults`: reached `do_wp_page`; of those, `copy` if it also reached
-    ///   `folio_add_new_anon_rmap` (a new anon folio replaced the old one),
-    ///   else `reuse` (`wp_page_reuse` is inline and cannot be probed).
+    /// - `wp_faults`: reached `do_wp_page`; of those, `wp_shared` if it also
+    ///   reached `fault_dirty_shared_page` (a shared mapping: write-notify,
+    ///   not COW), else `copy` if it reached `folio_add_new_anon_rmap` (a
+    ///   new anon folio replaced the old one), else `reuse` (`wp_page_reuse`
+    ///   is inline and cannot be probed).
     /// - `huge_pmd_wp`: reached `do_huge_pmd_wp_page`.
     /// - `spurious`: a write fault, completed (no RETRY, no error), on a page
     ///   that was present (x86: the exception's error code has PROT; else:
@@ -179,12 +185,18 @@ impl ThreadFault {
         }
         if seen & SEEN_WP != 0 {
             set = set.with(Class::WpFaults);
-            set = set.with(if seen & SEEN_NEW_ANON != 0 { Class::Copy } else { Class::Reuse });
+            set = set.with(if seen & SEEN_DIRTY_SHARED != 0 {
+                Class::WpShared
+            } else if seen & SEEN_NEW_ANON != 0 {
+                Class::Copy
+            } else {
+                Class::Reuse
+            });
         }
         if seen & SEEN_HUGE_WP != 0 {
             set = set.with(Class::HugePmdWp);
         }
-        let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON) != 0;
+        let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON | SEEN_DIRTY_SHARED) != 0;
         let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
         if write && !handled && completed && self.present_with(seen) == Some(true) {
             set = set.with(Class::Spurious);
@@ -247,6 +259,21 @@ mod tests {
         assert!(s.has(Class::Copy) && !s.has(Class::Reuse));
         let s = fault(&mut t, x86_wp, W, &[SEEN_HUGE_WP], 0);
         assert!(s.has(Class::HugePmdWp) && !s.has(Class::WpFaults) && !s.has(Class::Spurious));
+    }
+
+    #[test]
+    fn shared_mapping_write_protect_is_neither_reuse_nor_copy() {
+        let mut t = ThreadFault::default();
+        let x86_wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER));
+        let s = fault(&mut t, x86_wp, W, &[SEEN_WP, SEEN_DIRTY_SHARED], 0);
+        assert!(s.has(Class::WpFaults) && s.has(Class::WpShared));
+        assert!(!s.has(Class::Reuse) && !s.has(Class::Copy) && !s.has(Class::Spurious));
+        // do_shared_fault: the first write to a shared file page, not present.
+        let s = fault(&mut t, Some((ExcArch::X86, X86_PF_WRITE)), W, &[SEEN_DIRTY_SHARED], 0);
+        assert!(!s.has(Class::WpFaults) && !s.has(Class::WpShared) && !s.has(Class::Spurious));
+        // No exception record (arm64): dirtying a shared page is handling.
+        let s = fault(&mut t, None, W, &[SEEN_DIRTY_SHARED, SEEN_ACCESS], 0);
+        assert!(!s.has(Class::Spurious));
     }
 
     #[test]
@@ -354,7 +381,9 @@ mod candidate_tests {
     #[test]
     fn candidates_cover_what_can_be_produced() {
         let mut t = ThreadFault::default();
-        for marks in [0, SEEN_WP, SEEN_WP | SEEN_NEW_ANON, SEEN_HUGE_WP, SEEN_ACCESS] {
+        for marks in
+            [0, SEEN_WP, SEEN_WP | SEEN_NEW_ANON, SEEN_WP | SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_ACCESS]
+        {
             for ret in [0, VM_FAULT_RETRY, VM_FAULT_SIGSEGV, VM_FAULT_MAJOR] {
                 t.on_exception(ExcArch::X86, 0, X86_PF_PROT | X86_PF_WRITE);
                 t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER);

@@ -22,8 +22,8 @@ use aya_log_ebpf::debug;
 use faultscope_common::{
     class::{Class, ClassSet},
     fault::{
-        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_ACCESS, SEEN_HUGE_WP,
-        SEEN_NEW_ANON, SEEN_WP,
+        classify_x86_error_code, ExcArch, ThreadFault, FAULT_FLAG_USER, SEEN_ACCESS, SEEN_DIRTY_SHARED,
+        SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
     },
     maps::{
         phase_id, LifeEvent, LifeKind, Stat, StatKey, TargetInfo, CONFIG_EXCEPTIONS, CONFIG_TP_CLASSES,
@@ -305,6 +305,13 @@ pub fn huge_pmd_wp(_ctx: ProbeContext) -> u32 {
 #[kprobe]
 pub fn new_anon_rmap(_ctx: ProbeContext) -> u32 {
     mark(SEEN_NEW_ANON)
+}
+
+/// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
+/// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
+#[kprobe]
+pub fn dirty_shared(_ctx: ProbeContext) -> u32 {
+    mark(SEEN_DIRTY_SHARED)
 }
 
 /// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the

@@ -77,12 +77,22 @@ pub const CLASSES: &[ClassSpec] = &[
     },
     ClassSpec {
         name: "reuse",
-        sources: &[Source {
-            class: Class::Reuse,
-            needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
-            timed: true,
-            describe: "do_wp_page without folio_add_new_anon_rmap",
-        }],
+        sources: &[
+            Source {
+                class: Class::Reuse,
+                needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap", "dirty_shared"],
+                timed: true,
+                describe: "do_wp_page without folio_add_new_anon_rmap or fault_dirty_shared_page",
+            },
+            // Without fault_dirty_shared_page a shared mapping's write-notify
+            // fault looks like a reuse; the source says so.
+            Source {
+                class: Class::Reuse,
+                needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
+                timed: true,
+                describe: "do_wp_page without folio_add_new_anon_rmap (includes write-notify faults of shared mappings: fault_dirty_shared_page is not probed)",
+            },
+        ],
     },
     ClassSpec {
         name: "copy",
@@ -91,6 +101,15 @@ pub const CLASSES: &[ClassSpec] = &[
             needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
             timed: true,
             describe: "do_wp_page with folio_add_new_anon_rmap",
+        }],
+    },
+    ClassSpec {
+        name: "wp_shared",
+        sources: &[Source {
+            class: Class::WpShared,
+            needs: &["fault_entry", "fault_return", "wp_page", "dirty_shared"],
+            timed: true,
+            describe: "do_wp_page with fault_dirty_shared_page: write-notify of a shared mapping, no COW",
         }],
     },
     ClassSpec {
@@ -319,6 +338,28 @@ mod tests {
         ));
         assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::WpFaults, .. }));
         assert!(matches!(get(&v, "spurious"), Availability::Measured { class: Class::Spurious, .. }));
+    }
+
+    #[test]
+    fn reuse_says_when_it_includes_shared_write_notify() {
+        let base = ["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap"];
+        let v = avail(&base);
+        match get(&v, "reuse") {
+            Availability::Measured { class: Class::Reuse, source, .. } => {
+                assert!(source.contains("includes write-notify"), "{source}")
+            }
+            other => panic!("{other:?}"),
+        }
+        match get(&v, "wp_shared") {
+            Availability::NotMeasurable(r) => assert!(r.contains("dirty_shared missing"), "{r}"),
+            other => panic!("{other:?}"),
+        }
+        let v = avail(&[&base[..], &["dirty_shared"]].concat());
+        assert!(matches!(get(&v, "wp_shared"), Availability::Measured { class: Class::WpShared, .. }));
+        match get(&v, "reuse") {
+            Availability::Measured { source, .. } => assert!(!source.contains("includes"), "{source}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

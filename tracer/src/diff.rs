@@ -12,12 +12,13 @@ use crate::{
     reportfile::{class, ClassValue, Report},
 };
 
-const CLASSES: [&str; 11] = [
+const CLASSES: [&str; 12] = [
     "faults",
     "write_faults",
     "wp_faults",
     "reuse",
     "copy",
+    "wp_shared",
     "spurious",
     "huge_pmd_wp",
     "contpte_unfold",

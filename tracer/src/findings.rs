@@ -145,6 +145,17 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     json!({"contpte_unfold": unfold, "contpte_fold": folded}),
                 );
             }
+            // Write-protect faults that are not COW at all: a reader who
+            // sums reuse + copy would miss them.
+            if let Some(shared) = count(c, "wp_shared").filter(|n| *n > 0) {
+                add(
+                    "shared-write-notify",
+                    format!(
+                        "{shared} write-protect faults were on shared mappings (write-notify for dirty tracking: writeback, soft-dirty or page_mkwrite), not COW reuse or copy"
+                    ),
+                    json!({"wp_shared": shared, "wp_faults": count(c, "wp_faults")}),
+                );
+            }
             // A handful of copies is the process's own bookkeeping after
             // fork (stack, heap), not a finding.
             if copy >= COPY_NOTABLE && s.child_alive {
@@ -238,6 +249,18 @@ mod tests {
         // With the child alive, copies are expected: no such finding.
         let r = report("64K", "alive", json!({"copy": {"count": 16390}}));
         assert!(!rules(&r).contains(&"large-folio-copy-after-exit"));
+    }
+
+    #[test]
+    fn shared_write_notify_is_said_apart_from_cow() {
+        let r = report("4K", "exit", json!({"wp_faults": {"count": 4100}, "wp_shared": {"count": 4096}}));
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "shared-write-notify").unwrap();
+        assert_eq!(x.phase, "mark:write");
+        assert!(x.text.starts_with("4096 write-protect faults were on shared mappings"), "{}", x.text);
+        assert_eq!(x.numbers["wp_faults"], 4100);
+        let r = report("4K", "exit", json!({"wp_shared": {"count": 0}}));
+        assert!(!rules(&r).contains(&"shared-write-notify"));
     }
 
     #[test]

@@ -151,6 +151,16 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
+        program: "dirty_shared",
+        hook: Hook::Kprobe(&["fault_dirty_shared_page"]),
+        arch: Arch::Any,
+        min_kernel: "4.10",
+        required: false,
+        measures:
+            "a shared mapping's page dirtied: inside do_wp_page, write-notify (wp_page_shared), not COW",
+        redundant_with: None,
+    },
+    ProbeSpec {
         program: "access_flags",
         hook: Hook::Kprobe(&[
             "ptep_set_access_flags",

@@ -41,6 +41,16 @@ pub struct WorkloadOpts {
     /// Write the workload's own report (JSON) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// MAP_SHARED anonymous memory (shmem) instead of private: fork shares
+    /// it, nothing is copied on write.
+    #[arg(long)]
+    pub shared: bool,
+    /// Before the write phase, clear the soft-dirty bits
+    /// (/proc/self/clear_refs 4, as CRIU's pre-dump does): every page is
+    /// write-protected again, so each write is a write-protect fault, a
+    /// reuse on private memory and write-notify (`wp_shared`) on shared.
+    #[arg(long)]
+    pub clear_soft_dirty: bool,
     /// Sleep this many seconds before starting (time for a tracer to attach
     /// with -p).
     #[arg(long, default_value_t = 0.0)]
@@ -104,6 +114,11 @@ pub fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
 /// mTHPs of any order fit), with `advice` applied. Never unmapped: the
 /// process ends after using it.
 pub fn map_aligned(len: usize, advice: Option<libc::c_int>) -> Result<*mut u8> {
+    map_aligned_with(len, advice, libc::MAP_PRIVATE)
+}
+
+/// [`map_aligned`], MAP_PRIVATE or MAP_SHARED.
+fn map_aligned_with(len: usize, advice: Option<libc::c_int>, sharing: libc::c_int) -> Result<*mut u8> {
     let align = 2 << 20;
     let map_len = len + align;
     // SAFETY: anonymous private mapping; checked for MAP_FAILED.
@@ -112,7 +127,7 @@ pub fn map_aligned(len: usize, advice: Option<libc::c_int>) -> Result<*mut u8> {
             std::ptr::null_mut(),
             map_len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            sharing | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
@@ -130,6 +145,34 @@ pub fn map_aligned(len: usize, advice: Option<libc::c_int>) -> Result<*mut u8> {
     Ok(base)
 }
 
+/// pagemap's soft-dirty bit (Documentation/admin-guide/mm/soft-dirty.rst).
+const PM_SOFT_DIRTY: u64 = 1 << 55;
+
+fn soft_dirty(addr: *const u8) -> Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let mut f = fs::File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+    f.seek(SeekFrom::Start(addr as u64 / page * 8))?;
+    let mut b = [0u8; 8];
+    f.read_exact(&mut b).context("reading /proc/self/pagemap")?;
+    Ok(u64::from_le_bytes(b) & PM_SOFT_DIRTY != 0)
+}
+
+/// Clears the soft-dirty bits of the whole process. A kernel without
+/// CONFIG_MEM_SOFT_DIRTY accepts the write and does nothing; a page just
+/// written is soft-dirty where the kernel tracks it, so that is checked
+/// first rather than measuring a write phase with no faults.
+fn clear_soft_dirty(written: *const u8) -> Result<()> {
+    if !soft_dirty(written)? {
+        bail!("this kernel does not track soft-dirty pages (CONFIG_MEM_SOFT_DIRTY): --clear-soft-dirty cannot write-protect anything");
+    }
+    fs::write("/proc/self/clear_refs", "4").context("clearing soft-dirty bits (/proc/self/clear_refs)")?;
+    if soft_dirty(written)? {
+        bail!("/proc/self/clear_refs 4 left the pages soft-dirty");
+    }
+    Ok(())
+}
+
 pub fn run(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
@@ -145,7 +188,8 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         Thp::Madvise => Some(libc::MADV_HUGEPAGE),
         Thp::System => None,
     };
-    let base = map_aligned(len, advice)?;
+    let sharing = if o.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+    let base = map_aligned_with(len, advice, sharing)?;
     let pages = len / page;
 
     let t0 = usage();
@@ -170,6 +214,9 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         let mut st = 0;
         unsafe { libc::waitpid(child, &mut st, 0) };
     }
+    if o.clear_soft_dirty {
+        clear_soft_dirty(base)?;
+    }
     let t2 = usage();
     write_pages(base, len, page, 2);
     let t3 = usage();
@@ -186,6 +233,8 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         "child_pid": child,
         "child": format!("{:?}", o.child).to_lowercase(),
         "thp": format!("{:?}", o.thp).to_lowercase(),
+        "mapping": if o.shared { "shared" } else { "private" },
+        "clear_soft_dirty": o.clear_soft_dirty,
         "page_size": page,
         "bytes": len,
         "pages": pages,

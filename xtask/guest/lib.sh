@@ -26,6 +26,7 @@ oracle_setup() {
 	oracle_event wp 'p:fso/wp do_wp_page'
 	oracle_event hwp 'p:fso/hwp do_huge_pmd_wp_page'
 	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap'
+	oracle_event dsp 'p:fso/dsp fault_dirty_shared_page'
 	oracle_event hacc 'p:fso/hacc huge_pmd_set_accessed'
 	if [ "$(uname -m)" = aarch64 ]; then
 		oracle_event exc 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64'

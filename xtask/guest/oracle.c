@@ -8,6 +8,8 @@
  *   fso/hmfr handle_mm_fault return (ret=%u)
  *   fso/wp   do_wp_page          fso/hwp do_huge_pmd_wp_page
  *   fso/nar  folio_add_new_anon_rmap
+ *   fso/dsp  fault_dirty_shared_page (a shared mapping's page dirtied:
+ *            after do_wp_page, write-notify, counted "shared", not reuse)
  *   x86: exceptions/page_fault_user (error_code bit 0 = present)
  *   fso/acc ptep_set_access_flags (arm64: __ptep_set_access_flags),
  *   fso/accc contpte_ptep_set_access_flags, fso/hacc huge_pmd_set_accessed:
@@ -23,7 +25,7 @@
  *   like faultscope's phases they hold for every process.
  * Output, per process and per (process, phase):
  *   oracle tgid=N phase=ALL|LABEL faults=.. wp=.. reuse=.. copy=.. huge=..
- *          nowp=.. spurious=.. unfold=.. folded=.. convert=.. tryunfold=.. fold=..
+ *          nowp=.. spurious=.. unfold=.. folded=.. convert=.. tryunfold=.. fold=.. shared=..
  * nowp counts user write faults that completed without reaching do_wp_page,
  * do_huge_pmd_wp_page or a new anon folio; spurious those of them whose
  * exception says the page was present (or, without a matching exception,
@@ -39,14 +41,14 @@
 #define MAXT 4096
 #define MAXP 512
 #define MAXPH 64
-#define NC 12
+#define NC 13
 
 static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge", "nowp", "spurious",
-				 "unfold", "folded", "convert", "tryunfold", "fold" };
-enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD };
+				 "unfold", "folded", "convert", "tryunfold", "fold", "shared" };
+enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD, SHARED };
 
 struct thread {
-	int pid, tgid, user, wp, nar, hwp, acc, write;
+	int pid, tgid, user, wp, nar, hwp, acc, dsp, write;
 	unsigned long addr;              /* of the fault being handled */
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
@@ -174,19 +176,19 @@ int main(void)
 			t->user = regs != 0 && (flags & 64);
 			t->write = (flags & 1) != 0;
 			t->addr = field(ev, "addr=");
-			t->wp = t->nar = t->hwp = t->acc = 0;
+			t->wp = t->nar = t->hwp = t->acc = t->dsp = 0;
 		} else if (strstr(ev, " hmfr: ")) {
 			if (t->user) {
 				unsigned long ret = field(ev, "ret=");
 				count(p, FAULTS);
 				if (t->wp) {
 					count(p, WP);
-					count(p, t->nar ? COPY : REUSE);
+					count(p, t->dsp ? SHARED : t->nar ? COPY : REUSE);
 				}
 				if (t->hwp)
 					count(p, HUGE);
 				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
-				if (t->write && !t->wp && !t->hwp && !t->nar && !(ret & (0x873 | 0x400))) {
+				if (t->write && !t->wp && !t->hwp && !t->nar && !t->dsp && !(ret & (0x873 | 0x400))) {
 					count(p, NOWP);
 					int same = t->exc && (t->exc_addr >> 12) == (t->addr >> 12);
 					if (same ? t->present : t->acc)
@@ -198,6 +200,8 @@ int main(void)
 			if (t->user) t->wp = 1;
 		} else if (strstr(ev, " nar: ")) {
 			if (t->user) t->nar = 1;
+		} else if (strstr(ev, " dsp: ")) {
+			if (t->user) t->dsp = 1;
 		} else if (strstr(ev, " hwp: ")) {
 			if (t->user) t->hwp = 1;
 		} else if (strstr(ev, " acc: ") || strstr(ev, " accc: ") || strstr(ev, " hacc: ")) {

@@ -27,11 +27,13 @@ pub struct CaseResult {
 /// Classes compared with the oracle, their key in its output line
 /// (`oracle tgid=N phase=ALL faults=.. wp=.. reuse=.. ...`), and the oracle
 /// events (lib.sh `oracle_event`) the key needs.
-pub const ORACLE_COLUMNS: [(&str, &str, &[&str]); 11] = [
+pub const ORACLE_COLUMNS: [(&str, &str, &[&str]); 12] = [
     ("faults", "faults", &["hmf", "hmfr"]),
     ("wp_faults", "wp", &["hmf", "hmfr", "wp"]),
+    // Without "dsp" both sides count shared write-notify as reuse.
     ("reuse", "reuse", &["hmf", "hmfr", "wp", "nar"]),
     ("copy", "copy", &["hmf", "hmfr", "wp", "nar"]),
+    ("wp_shared", "shared", &["hmf", "hmfr", "wp", "dsp"]),
     ("huge_pmd_wp", "huge", &["hmf", "hmfr", "hwp"]),
     ("spurious", "spurious", &["hmf", "hmfr", "wp", "hwp", "nar", "exc|acc"]),
     ("contpte_unfold", "unfold", &["conv"]),
@@ -123,6 +125,7 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     // PTE-mapped THP"), page by page; before, every page is copied.
     let kernel = fs["kernel"].as_str().unwrap_or("");
     let (class, what) = match folio {
+        "shared" => ("wp_shared", "soft-dirty cleared on shared memory: one write-notify fault per page"),
         "4K" => ("reuse", "4K pages are reused one by one"),
         _ if kernel_at_least(kernel, 6, 16) => ("reuse", "large folios are reused, one page per fault"),
         _ => ("copy", "no large-folio reuse before 6.16: every page is copied"),
@@ -182,7 +185,7 @@ fn fmt(v: Option<u64>) -> String {
 }
 
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
-/// cases.
+/// cases, and the shared-memory soft-dirty case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
@@ -192,7 +195,7 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", size.to_string())])?;
     let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
     let mut failures = Vec::new();
-    for (case, folio) in [("fork4k", "4K"), ("fork64k", "64K")] {
+    for (case, folio) in [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared")] {
         let r = check_case(&run, case, folio)?;
         print!("{}", r.table);
         failures.extend(r.failures);

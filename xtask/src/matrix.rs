@@ -202,39 +202,6 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     Ok(CaseResult { table, failures: fails })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn oracle_lines() {
-        let o = parse_oracle(
-            "oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n",
-        );
-        assert_eq!(o[&(5, "mark:write".to_string())]["faults"], 2);
-        assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
-        assert_eq!(o.len(), 2);
-    }
-
-    #[test]
-    fn a_missing_oracle_phase_says_what_the_trace_held() {
-        let console = "@@FS-RC c 0\n@@FS-OVERRUN c 0\n@@FS-BEGIN c.oracle\n\
-                       oracle tgid=7 phase=ALL faults=1\n\
-                       oracle: 9 trace lines, 0 with an unknown tgid, 1 processes exec'd: 7; phases: x\n\
-                       @@FS-END c.oracle\n";
-        let run = GuestRun {
-            console: console.into(),
-            sections: crate::vm::sections(console),
-            wall: std::time::Duration::ZERO,
-        };
-        let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
-        assert!(e.contains("no section c.json"), "{e}");
-        let gap = oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
-        assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
-        assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
-    }
-}
-
 /// `faultscope verify --expect contpte_unfold=0` over the write phase of the
 /// 64K and 4K runs: on arm64 it must fail (exit 1, count printed) where the
 /// kernel unfolded and pass where it did not; on x86 the class is not
@@ -333,4 +300,37 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
         anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oracle_lines() {
+        let o = parse_oracle(
+            "oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n",
+        );
+        assert_eq!(o[&(5, "mark:write".to_string())]["faults"], 2);
+        assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
+        assert_eq!(o.len(), 2);
+    }
+
+    #[test]
+    fn a_missing_oracle_phase_says_what_the_trace_held() {
+        let console = "@@FS-RC c 0\n@@FS-OVERRUN c 0\n@@FS-BEGIN c.oracle\n\
+                       oracle tgid=7 phase=ALL faults=1\n\
+                       oracle: 9 trace lines, 0 with an unknown tgid, 1 processes exec'd: 7; phases: x\n\
+                       @@FS-END c.oracle\n";
+        let run = GuestRun {
+            console: console.into(),
+            sections: crate::vm::sections(console),
+            wall: std::time::Duration::ZERO,
+        };
+        let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
+        assert!(e.contains("no section c.json"), "{e}");
+        let gap = oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
+        assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
+        assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
+    }
 }

@@ -30,12 +30,13 @@ impl GuestRun {
     }
 
     /// The kernel's warnings and errors (dmesg levels 0-4, kernel facility)
-    /// printed in the run: the guest keeps them off the console while a
-    /// case runs, so a failed run shows them from here.
+    /// printed while the case ran (after init's "case starts" line): the
+    /// guest keeps them off the console then, so a run shows them from here.
     pub fn kernel_complaints(&self) -> Vec<&str> {
         let dmesg = self.sections.get("dmesg").map(String::as_str).unwrap_or("");
         dmesg
             .lines()
+            .skip_while(|l| !l.contains("faultscope-guest: case starts"))
             .filter(|l| {
                 let level = l
                     .strip_prefix('<')
@@ -379,7 +380,8 @@ mod tests {
 
     #[test]
     fn kernel_complaints_are_warnings_and_worse() {
-        let console = "@@FS-BEGIN dmesg\n<6>[ 1.0] booted\n<3>[ 9.1] rcu: INFO: stall\n<12>[ 9.2] user\n\
+        let console = "@@FS-BEGIN dmesg\n<4>[ 0.5] boot warning\n<12>[ 1.0] faultscope-guest: case starts\n\
+                       <6>[ 1.1] info\n<3>[ 9.1] rcu: INFO: stall\n<12>[ 9.2] user\n\
                        <4>[ 9.3] WARNING: x\n@@FS-END dmesg\n";
         let run = super::GuestRun {
             console: console.into(),
