@@ -284,7 +284,18 @@ impl Drop for DeferSignals {
 
 /// Maps each 2M THP by PTEs without splitting the folio: mprotect() of one
 /// page splits the PMD, and the second call restores the protection.
+///
+/// MADV_NOHUGEPAGE first: khugepaged would otherwise collapse a PTE-mapped
+/// THP back into a new PMD-mapped one (seen once under TCG: writing its
+/// sleep knob wakes it for one pass). Once madvise returns, a collapse
+/// cannot start, and one already under way fails its VMA recheck; the
+/// folios stay as they are, and neither fork nor the COW paths look at the
+/// flag.
 fn split_pmds(base: *mut u8, len: usize) -> Result<()> {
+    // SAFETY: advising our own mapping.
+    if unsafe { libc::madvise(base.cast(), len, libc::MADV_NOHUGEPAGE) } != 0 {
+        bail!("madvise(MADV_NOHUGEPAGE): {}", std::io::Error::last_os_error());
+    }
     let mut off = 0;
     while off < len {
         for prot in [libc::PROT_READ, libc::PROT_READ | libc::PROT_WRITE] {
