@@ -279,6 +279,10 @@ pub fn error_code_classes(avail: &[(&'static str, Availability)]) -> u32 {
 mod tests {
     use super::*;
 
+    /// A kprobe kernel's x86 attach set (without `dirty_shared`).
+    const KPROBES_AND_TP: [&str; 6] =
+        ["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "page_fault_user"];
+
     fn avail(on: &[&str]) -> Vec<(&'static str, Availability)> {
         availability(|p| on.contains(&p), |p| Some(format!("{p} missing")))
     }
@@ -311,27 +315,13 @@ mod tests {
             Class::ERROR_CODE.iter().fold(0, |m, c| m | c.bit()),
             "without kprobes every error-code class is reported"
         );
-        let kp = avail(&[
-            "fault_entry",
-            "fault_return",
-            "wp_page",
-            "huge_pmd_wp",
-            "new_anon_rmap",
-            "page_fault_user",
-        ]);
+        let kp = avail(&KPROBES_AND_TP);
         assert_eq!(error_code_classes(&kp), Class::TpNotPresent.bit(), "with kprobes only first_touch");
     }
 
     #[test]
     fn kprobe_mode_prefers_kprobes() {
-        let v = avail(&[
-            "fault_entry",
-            "fault_return",
-            "wp_page",
-            "huge_pmd_wp",
-            "new_anon_rmap",
-            "page_fault_user",
-        ]);
+        let v = avail(&KPROBES_AND_TP);
         assert!(matches!(
             get(&v, "faults"),
             Availability::Measured { class: Class::Faults, timed: true, .. }
@@ -342,7 +332,7 @@ mod tests {
 
     #[test]
     fn reuse_says_when_it_includes_shared_write_notify() {
-        let base = ["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap"];
+        let base = KPROBES_AND_TP;
         let v = avail(&base);
         match get(&v, "reuse") {
             Availability::Measured { class: Class::Reuse, source, .. } => {
