@@ -233,6 +233,28 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
     fails
 }
 
+/// Checks `cases` of a guest run: prints their tables, adds wrong counts to
+/// `failures`, and returns the harness errors (case, error) of cases that
+/// left no results.
+fn check_cases(
+    run: &GuestRun,
+    kernel: &str,
+    cases: &[String],
+    failures: &mut Vec<String>,
+) -> Vec<(String, String)> {
+    let mut harness_errors = Vec::new();
+    for case in cases {
+        match check_case(run, kernel, case) {
+            Ok(r) => {
+                print!("{}", r.table);
+                failures.extend(r.failures);
+            }
+            Err(e) => harness_errors.push((case.clone(), format!("{e:#}"))),
+        }
+    }
+    harness_errors
+}
+
 /// Prints the guest kernel's warnings of a run, if it had any.
 fn print_complaints(run: &GuestRun) {
     let c = run.kernel_complaints();
@@ -260,16 +282,7 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
             vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))
         };
         let run = boot(cases)?;
-        let mut harness_errors = Vec::new();
-        for case in cases {
-            match check_case(&run, k.name, case) {
-                Ok(r) => {
-                    print!("{}", r.table);
-                    failures.extend(r.failures);
-                }
-                Err(e) => harness_errors.push((case.clone(), format!("{e:#}"))),
-            }
-        }
+        let harness_errors = check_cases(&run, k.name, cases, &mut failures);
         failures.extend(check_verify(&run, k));
         println!("guest {} ran {} cases in {:.1}s", k.name, cases.len(), run.wall.as_secs_f64());
         print_complaints(&run);
@@ -283,14 +296,8 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
                 println!("HARNESS ERROR (the case runs again in a new guest): {e}");
             }
             let rerun = boot(&again)?;
-            for case in &again {
-                match check_case(&rerun, k.name, case) {
-                    Ok(r) => {
-                        print!("{}", r.table);
-                        failures.extend(r.failures);
-                    }
-                    Err(e) => failures.push(format!("{e:#} (twice)")),
-                }
+            for (_, e) in check_cases(&rerun, k.name, &again, &mut failures) {
+                failures.push(format!("{e} (twice)"));
             }
             println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
             print_complaints(&rerun);
