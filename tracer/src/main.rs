@@ -1,31 +1,12 @@
-//! faultscope: counts and times what the Linux fault path does to a process.
-//!
-//! Data flow, one module each: probes (the table) -> session (load, attach) ->
-//! kernel maps -> collector (snapshots) -> classes (what is measurable here)
-//! -> report (table, JSON).
-
-mod bench;
-mod classes;
-mod collector;
-mod diff;
-mod error;
-mod findings;
-mod folio;
-mod kernel;
-mod live;
-mod marks;
-mod phases;
-mod probes;
-mod record;
-mod report;
-mod reportfile;
-mod session;
-mod target;
-mod verify;
-mod workload;
+//! faultscope (package `faultscope`), the command line: it only dispatches
+//! to `faultscope::cmd` (see lib.rs for the data flow).
 
 use clap::{Parser, Subcommand};
-use error::{Refusal, EXIT_REFUSED};
+use faultscope::{
+    cmd::{bench, mark, probes, record, workload},
+    error::{Refusal, EXIT_REFUSED},
+    report::{diff, schema, verify},
+};
 
 #[derive(Parser)]
 #[command(
@@ -48,8 +29,9 @@ enum Cmd {
         #[arg(long)]
         load: bool,
     },
-    /// The seed's scenario as a benchmark that traces itself: folios of a
-    /// given size, populate, fork, a write pattern; counts per phase.
+    /// The fork/COW scenario as a benchmark that traces itself: folios of a
+    /// given size, populate, fork (the child exits or stays), a write
+    /// pattern; counts per step beside the workload's own numbers.
     Bench(bench::BenchOpts),
     /// Two reports side by side, per phase and class, with ratios.
     Diff { a: std::path::PathBuf, b: std::path::PathBuf },
@@ -66,6 +48,8 @@ enum Cmd {
     /// The built-in fork/write workload (populate, fork, child exits or
     /// stays, write one byte per page), reporting its own page arithmetic.
     Workload(workload::WorkloadOpts),
+    /// Print the JSON Schema of the report (faultscope/1).
+    Schema,
 }
 
 fn main() {
@@ -77,12 +61,18 @@ fn main() {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(record::run(o))),
-        Cmd::Probes { load } => probes_cmd(load),
-        Cmd::Mark { recorder, label } => marks::mark(&label, recorder),
+        Cmd::Probes { load } => probes::run(load),
+        Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Diff { a, b } => diff::run(&a, &b),
         Cmd::Verify(o) => verify::run(&o),
+        Cmd::Schema => serde_json::to_string_pretty(&schema::json_schema())
+            .map(|s| {
+                println!("{s}");
+                0
+            })
+            .map_err(anyhow::Error::from),
     };
     match res {
         Ok(code) => std::process::exit(code),
@@ -95,44 +85,4 @@ fn main() {
             std::process::exit(1);
         }
     }
-}
-
-fn probes_cmd(load: bool) -> anyhow::Result<i32> {
-    kernel::require_root()?;
-    let tracefs = kernel::tracefs()?;
-    println!("{:<16} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
-    for r in probes::resolve_here(&tracefs) {
-        let hook = match r.spec.hook {
-            probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
-            probes::Hook::Kretprobe(f) => format!("kretprobe {}", f.join(" > ")),
-            probes::Hook::Tracepoint(c, n) => format!("tp {c}:{n}"),
-        };
-        let here = match r.resolution {
-            probes::Resolution::Attach(s) => format!("attach {s}"),
-            probes::Resolution::Unavailable(w) => format!("unavailable: {w}"),
-        };
-        println!(
-            "{:<16} {:<8} {:<10} {:<34} {}",
-            r.spec.program,
-            format!("{:?}", r.spec.arch).to_lowercase(),
-            if r.spec.required { "yes" } else { "no" },
-            hook,
-            here
-        );
-        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
-    }
-    if load {
-        let mut failed = 0;
-        for (prog, res) in session::load_all(&tracefs)? {
-            match res {
-                Ok(()) => println!("verifier: {prog}: ok"),
-                Err(e) => {
-                    failed += 1;
-                    println!("verifier: {prog}: REJECTED: {e}");
-                }
-            }
-        }
-        return Ok(if failed == 0 { 0 } else { 1 });
-    }
-    Ok(0)
 }

@@ -11,29 +11,24 @@ use std::{
     time::Duration,
 };
 
+use faultscope::{
+    kernel::classes::Metric,
+    report::{
+        file,
+        schema::{Mode, Phase, Process, Report},
+    },
+};
+use faultscope_common::program::Program;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
 /// The workload's faults outside the write phase that share its classes
 /// (exec-time COW of data pages, stack/heap pages after fork): 20-50 here.
 const TOLERANCE: u64 = 64;
-/// Names of faultscope's BPF programs (tracer-ebpf), as the kernel keeps them
-/// (BPF_OBJ_NAME_LEN is 16).
-const PROGRAMS: &[&str] = &[
-    "task_newtask",
-    "process_exec",
-    "process_exit",
-    "page_fault_user",
-    "mem_abort",
-    "fault_entry",
-    "fault_return",
-    "wp_page",
-    "huge_pmd_wp",
-    "new_anon_rmap",
-    "contpte_unfold",
-    "contpte_convert",
-    "contpte_fold",
-];
+/// Names of faultscope's BPF programs, from the one catalogue.
+fn programs() -> impl Iterator<Item = &'static str> {
+    Program::ALL.iter().map(|p| p.name())
+}
 
 /// Host tests attach to the one kernel: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -46,24 +41,30 @@ fn faultscope(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("running faultscope")
 }
 
+/// The workload's own report (not faultscope's).
 fn read_json(p: &Path) -> Value {
     let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", p.display()))
 }
 
-fn process(report: &Value, pid: u64) -> &Value {
-    report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("no process {pid} in {report:#}"))
+/// A faultscope report, read back through the schema types.
+fn read_report(p: &Path) -> Report {
+    file::load(p).unwrap_or_else(|e| panic!("{e}")).report
 }
 
-fn count(p: &Value, class: &str) -> u64 {
-    p["classes"][class]["count"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("class {class} has no count: {}", p["classes"][class]))
+fn process(report: &Report, pid: u64) -> &Process {
+    report.process(pid as u32).unwrap_or_else(|| panic!("no process {pid} in {report:#?}"))
+}
+
+fn count(p: &Process, m: Metric) -> u64 {
+    p.count(m).unwrap_or_else(|| panic!("class {m} has no count: {:?}", p.classes.get(&m)))
+}
+
+fn phase_count(p: &Phase, m: Metric) -> u64 {
+    p.classes
+        .get(&m)
+        .and_then(|v| v.count())
+        .unwrap_or_else(|| panic!("class {m} has no count in {}", p.name))
 }
 
 /// The live BPF programs of faultscope, by name (independent of faultscope:
@@ -72,7 +73,7 @@ fn leftover_programs() -> Vec<String> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| PROGRAMS.iter().any(|ours| ours.starts_with(n.as_str()) && !n.is_empty()))
+        .filter(|n| programs().any(|ours| ours.starts_with(n.as_str()) && !n.is_empty()))
         .collect()
 }
 
@@ -92,23 +93,23 @@ fn assert_nothing_left() {
 /// of the workload's process.
 /// `attached_late`: faultscope attached with -p while the workload slept, so
 /// the faults of its start-up are not in the report.
-fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
+fn check_fork_write(report: &Report, wl: &Value, attached_late: bool) {
     let pid = wl["pid"].as_u64().unwrap();
     let pages = wl["pages"].as_u64().unwrap();
     let p = process(report, pid);
-    let wp = count(p, "wp_faults");
+    let wp = count(p, Metric::WpFaults);
     assert!(
         (pages..=pages + TOLERANCE).contains(&wp),
-        "wp_faults {wp} for {pages} pages written after fork ({} mode)",
-        report["mode"]
+        "wp_faults {wp} for {pages} pages written after fork ({:?} mode)",
+        report.mode
     );
     // The workload's own count of write-phase faults: exactly one per page.
     let write_minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap();
     assert!((pages..=pages + 2).contains(&write_minflt), "getrusage write phase {write_minflt}");
     // All faults since exec against getrusage (which also counts the few
     // faults of the forked child before its exec).
-    let faults = count(p, "faults");
-    let retries = p["classes"]["retry"]["count"].as_u64().unwrap_or(0);
+    let faults = count(p, Metric::Faults);
+    let retries = p.count(Metric::Retry).unwrap_or(0);
     let minflt = if attached_late {
         wl["minflt_since_main"].as_u64().unwrap()
     } else {
@@ -118,26 +119,31 @@ fn check_fork_write(report: &Value, wl: &Value, attached_late: bool) {
         (faults - retries).abs_diff(minflt) <= TOLERANCE,
         "faults {faults} (retries {retries}) vs getrusage minflt+majflt {minflt}"
     );
-    match report["mode"].as_str().unwrap() {
-        "tracepoint" => {
+    match report.mode {
+        Mode::Tracepoint => {
             // The kprobe-only classes say so, never 0.
-            for c in ["reuse", "copy", "spurious", "huge_pmd_wp"] {
-                assert_eq!(p["classes"][c]["measurable"], false, "{c}: {}", p["classes"][c]);
-                assert!(p["classes"][c]["reason"].as_str().unwrap().len() > 10);
+            for m in [Metric::Reuse, Metric::Copy, Metric::Spurious, Metric::HugePmdWp] {
+                match &p.classes[&m] {
+                    faultscope::report::schema::ClassValue::NotMeasurable(n) => {
+                        assert!(!n.measurable && n.reason.len() > 10, "{m}: {n:?}")
+                    }
+                    v => panic!("{m} is measured in tracepoint mode: {v:?}"),
+                }
             }
-            assert!(count(p, "first_touch") >= pages, "first_touch {}", count(p, "first_touch"));
+            let ft = count(p, Metric::FirstTouch);
+            assert!(ft >= pages, "first_touch {ft}");
         }
-        "kprobe" => {
-            let reuse = count(p, "reuse");
+        Mode::Kprobe => {
+            let reuse = count(p, Metric::Reuse);
             assert!((pages..=pages + TOLERANCE).contains(&reuse), "reuse {reuse}");
         }
-        m => panic!("unexpected mode {m}"),
+        m => panic!("unexpected mode {m:?}"),
     }
 }
 
 /// `faultscope record --json -- faultscope workload --size SIZE`: the output,
 /// the report and the workload's own report.
-fn record_workload(d: &Path, size: &str) -> (Output, Value, Value) {
+fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {
     let (fs, wl) = (d.join("fs.json"), d.join("wl.json"));
     let out = faultscope(&[
         "record",
@@ -156,7 +162,7 @@ fn record_workload(d: &Path, size: &str) -> (Output, Value, Value) {
         wl.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (report, wl) = (read_json(&fs), read_json(&wl));
+    let (report, wl) = (read_report(&fs), read_json(&wl));
     (out, report, wl)
 }
 
@@ -167,9 +173,9 @@ fn record_command_counts_write_protect_faults() {
     let (out, report, wl) = record_workload(d.path(), "64M");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("faultscope: measuring"), "{stderr}");
-    assert_eq!(report["schema"], "faultscope/1");
-    assert_eq!(report["end"], "all targets exited");
-    assert_eq!(report["command_exit_status"], 0);
+    assert_eq!(report.schema, "faultscope/1");
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
+    assert_eq!(report.command_exit_status, Some(0));
     check_fork_write(&report, &wl, false);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("wp_faults"), "{text}");
@@ -206,20 +212,21 @@ fn record_pid_follows_a_running_process_to_its_exit() {
     // The child was reaped by us; faultscope sees its exit and stops.
     let out = tracer.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = read_json(&fs);
-    assert_eq!(report["end"], "all targets exited");
+    let report = read_report(&fs);
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
     check_fork_write(&report, &read_json(&wl), true);
     // The interval time series adds up to the whole run.
     let p = process(&report, pid.parse().unwrap());
-    let series: u64 = report["intervals"]
-        .as_array()
-        .unwrap()
+    let series: u64 = report
+        .intervals
+        .as_ref()
+        .expect("intervals")
         .iter()
-        .flat_map(|i| i["processes"].as_array().unwrap().iter())
-        .filter(|x| x["pid"].as_u64() == Some(pid.parse().unwrap()))
-        .map(|x| x["counts"]["wp_faults"].as_u64().unwrap())
+        .flat_map(|i| i.processes.iter())
+        .filter(|x| x.pid == p.pid)
+        .map(|x| x.counts[&Metric::WpFaults])
         .sum();
-    assert_eq!(series, count(p, "wp_faults"));
+    assert_eq!(series, count(p, Metric::WpFaults));
     assert_nothing_left();
 }
 
@@ -242,7 +249,7 @@ fn sigterm_and_sigint_end_the_run_cleanly() {
         target.kill().unwrap();
         target.wait().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(read_json(&fs)["end"], end);
+        assert_eq!(read_report(&fs).end.as_deref(), Some(end));
         assert_nothing_left();
     }
 }
@@ -253,7 +260,7 @@ fn every_program_passes_the_verifier() {
     let out = faultscope(&["probes", "--load"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for p in PROGRAMS {
+    for p in programs() {
         assert!(text.contains(&format!("verifier: {p}: ok")), "{p} not accepted:\n{text}");
     }
     assert_nothing_left();
@@ -303,13 +310,11 @@ fn a_thread_id_is_not_a_process() {
 }
 
 /// A phase of a process by name prefix.
-fn phase<'a>(p: &'a Value, prefix: &str) -> &'a Value {
-    p["phases"]
-        .as_array()
-        .unwrap()
+fn phase<'a>(p: &'a Process, prefix: &str) -> &'a Phase {
+    p.phases
         .iter()
-        .find(|ph| ph["name"].as_str().unwrap().starts_with(prefix))
-        .unwrap_or_else(|| panic!("no phase {prefix}: {:#}", p["phases"]))
+        .find(|ph| ph.name.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no phase {prefix}: {:#?}", p.phases))
 }
 
 #[test]
@@ -319,42 +324,32 @@ fn automatic_phases_split_the_fork_scenario() {
     let (_, report, wl) = record_workload(d.path(), "32M");
     let pages = wl["pages"].as_u64().unwrap();
     let p = process(&report, wl["pid"].as_u64().unwrap());
-    let names: Vec<&str> =
-        p["phases"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = p.phases.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["before-fork", "fork#1 child-alive", "fork#1 after-child-exit"], "{names:?}");
     // Populate happens before the fork; the writes after the child exited.
     let before = phase(p, "before-fork");
-    assert!(count(before, "faults") >= pages);
+    assert!(phase_count(before, Metric::Faults) >= pages);
     let after = phase(p, "fork#1 after-child-exit");
-    let wp = count(after, "wp_faults");
+    let wp = phase_count(after, Metric::WpFaults);
     assert!((pages..=pages + TOLERANCE).contains(&wp), "wp after child exit {wp}");
-    assert!(
-        phase(p, "fork#1 child-alive")["end_ns"].as_u64().unwrap() <= after["start_ns"].as_u64().unwrap()
-    );
+    assert!(phase(p, "fork#1 child-alive").end_ns.unwrap() <= after.start_ns);
     assert_nothing_left();
 }
 
-fn bench(args: &[&str], json: &Path) -> Value {
+fn bench(args: &[&str], json: &Path) -> Report {
     let mut a = vec!["bench"];
     a.extend_from_slice(args);
     a.extend_from_slice(&["--json", json.to_str().unwrap()]);
     let out = faultscope(&a);
     assert!(out.status.success(), "bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    read_json(json)
+    read_report(json)
 }
 
 /// The bench's write step (its mark and the phases up to the next mark).
-fn bench_write(report: &Value) -> (u64, u64) {
-    let b = &report["bench"];
-    let p = process(report, b["pid"].as_u64().unwrap());
-    let ph = p["phases"].as_array().unwrap();
-    let i = ph.iter().position(|x| x["name"] == "mark:write").expect("mark:write");
-    let wp: u64 = ph[i..]
-        .iter()
-        .take_while(|x| x["name"] == "mark:write" || !x["name"].as_str().unwrap().starts_with("mark:"))
-        .map(|x| count(x, "wp_faults"))
-        .sum();
-    (wp, b["pages"].as_u64().unwrap())
+fn bench_write(report: &Report) -> (u64, u64) {
+    let p = report.bench_process().expect("the bench process");
+    let wp = p.span("mark:write").expect("mark:write").count(Metric::WpFaults).expect("wp_faults");
+    (wp, report.bench.as_ref().unwrap().pages)
 }
 
 #[test]
@@ -366,24 +361,21 @@ fn bench_counts_its_write_phase_exactly() {
             &["seq", "--size", "32M", "--folio", folio, "--time-stores"],
             &d.path().join(format!("{folio}.json")),
         );
-        let b = &r["bench"];
-        assert_eq!(b["folio_check"]["whole_folios"], b["folio_check"]["blocks"], "{folio}: {b}");
-        assert_eq!(b["mapping"], "pte");
+        let b = r.bench.as_ref().unwrap();
+        assert_eq!(b.folio_check.whole_folios, b.folio_check.blocks, "{folio}: {b:?}");
+        assert_eq!(b.mapping, "pte");
         let (wp, pages) = bench_write(&r);
         // Kprobe or tracepoint mode alike, one write-protect fault per page;
         // the few others are the bench's own stack pages.
         assert!((pages..=pages + 8).contains(&wp), "{folio}: wp {wp} for {pages} pages");
         // The workload's own count of the same phase.
-        let minflt = b["phases"].as_array().unwrap().iter().find(|x| x["name"] == "write").unwrap()["minflt"]
-            .as_u64()
-            .unwrap();
+        let minflt = b.step("write").unwrap().minflt as u64;
         assert!((pages..=pages + 8).contains(&minflt), "{folio}: getrusage {minflt}");
-        assert!(b["store_latency"]["n"].as_u64().unwrap() == pages);
-        assert!(r["findings"].is_array());
+        assert_eq!(b.store_latency.unwrap().n, pages);
     }
     // PMD-mapped THPs: one write-protect fault per 2M, not per page.
     let r = bench(&["seq", "--size", "32M", "--folio", "2M", "--pmd"], &d.path().join("pmd.json"));
-    assert!(r["bench"]["folio_check"]["pmd_mapped_bytes"].as_u64().unwrap() == 32 << 20);
+    assert_eq!(r.bench.as_ref().unwrap().folio_check.pmd_mapped_bytes, 32 << 20);
     let (wp, _) = bench_write(&r);
     assert!(wp <= 16 + 8, "PMD-mapped: {wp} write-protect faults for 16 THPs");
     assert_nothing_left();
@@ -415,7 +407,7 @@ fn verify_and_diff_over_recorded_reports() {
     let out = v(&["--phase", "mark:write", "--expect", "wp_faults<100", a.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAIL wp_faults<100: wp_faults is 4"));
-    if read_json(&a)["mode"] == "tracepoint" {
+    if read_report(&a).mode == Mode::Tracepoint {
         let out = v(&["--expect", "contpte_unfold=0", a.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(3), "not measurable is its own exit code");
         assert!(String::from_utf8_lossy(&out.stdout).contains("NOT MEASURABLE"));
@@ -465,9 +457,8 @@ fn marks_from_the_command_line_and_signals() {
     target.kill().unwrap();
     target.wait().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let r = read_json(&fs);
-    let names: Vec<&str> =
-        r["processes"][0]["phases"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let r = read_report(&fs);
+    let names: Vec<&str> = r.processes[0].phases.iter().map(|x| x.name.as_str()).collect();
     assert_eq!(names, ["before-fork", "mark:BGSAVE done", "mark:signal#1"]);
     // No recorder left: mark is refused.
     assert_refused(&faultscope(&["mark", "x"]), "no faultscope record is running");

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use crate::{
-    error::Refusal,
-    findings,
-    reportfile::{class, ClassValue, Report},
+use super::{
+    file::{self, Loaded},
+    schema::{present_write_faults, ClassValue, Report},
 };
+use crate::{error::Refusal, kernel::classes::Metric};
 
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_NOT_MEASURABLE: i32 = 3;
@@ -48,7 +48,7 @@ pub enum Op {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expect {
     pub text: String,
-    pub class: String,
+    pub class: Metric,
     pub per: Option<Per>,
     pub op: Op,
     pub value: f64,
@@ -84,9 +84,10 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         Some((c, "page")) => (c, Some(Per::Page)),
         Some((_, other)) => return Err(format!("{text:?}: /{other}: only /folio and /page are known")),
     };
-    if class.is_empty() || !class.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("{text:?}: {class:?} is not a class name"));
-    }
+    let Some(class) = Metric::from_name(class) else {
+        let known: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+        return Err(format!("{text:?}: {class:?} is not a class (known: {})", known.join(", ")));
+    };
     let (num, percent) = match rhs.strip_suffix('%') {
         Some(n) => (n, true),
         None => (rhs, false),
@@ -95,7 +96,7 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         return Err(format!("{text:?}: a percentage cannot be per folio or page"));
     }
     let value: f64 = num.parse().map_err(|_| format!("{text:?}: {num:?} is not a number"))?;
-    Ok(Expect { text: text.to_string(), class: class.to_string(), per, op, value, percent })
+    Ok(Expect { text: text.to_string(), class, per, op, value, percent })
 }
 
 /// The verdict on one expectation.
@@ -106,50 +107,56 @@ pub enum Verdict {
     NotMeasurable(String),
 }
 
-fn sum_class(r: &Report, name: &str, o: &VerifyOpts) -> Result<u64, Verdict> {
-    let mut total = 0;
+fn sum_class(r: &Report, m: Metric, o: &VerifyOpts) -> Result<u64, Verdict> {
+    let mut total: u64 = 0;
     let mut found = false;
-    for p in r.processes() {
-        if o.pid.is_some_and(|pid| p["pid"].as_u64() != Some(pid)) {
+    for p in &r.processes {
+        if o.pid.is_some_and(|pid| u64::from(p.pid) != pid) {
             continue;
         }
-        let classes = match &o.phase {
-            None => p["classes"].clone(),
-            Some(ph) => match findings::span_classes(p, ph) {
-                Some(c) => c,
+        let value = match &o.phase {
+            None => p.classes.get(&m).cloned(),
+            Some(ph) => match p.span(ph) {
+                Some(s) => s.classes.get(&m).cloned(),
                 None => continue,
             },
         };
-        match class(&classes, name) {
-            ClassValue::Count(n) => {
-                total += n;
+        match value {
+            Some(ClassValue::Measured(x)) => {
+                total = total.checked_add(x.count).ok_or_else(|| {
+                    Verdict::Fail(format!("{m}: the counts of the report overflow when summed"))
+                })?;
                 found = true;
             }
-            ClassValue::NotMeasurable(why) => {
-                return Err(Verdict::NotMeasurable(format!("{name} is not measurable on this kernel: {why}")))
+            Some(ClassValue::NotMeasurable(n)) => {
+                return Err(Verdict::NotMeasurable(format!(
+                    "{m} is not measurable on this kernel: {}",
+                    n.reason
+                )))
             }
-            ClassValue::Absent => {}
+            None => {}
         }
     }
     if !found {
         let scope = o.phase.as_deref().map(|p| format!(" in phase {p}")).unwrap_or_default();
-        return Err(Verdict::Fail(format!("no process of the report has class {name}{scope}")));
+        return Err(Verdict::Fail(format!("no process of the report has class {m}{scope}")));
     }
     Ok(total)
 }
 
 pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
-    let v = match sum_class(r, &e.class, o) {
+    let v = match sum_class(r, e.class, o) {
         Ok(v) => v as f64,
         Err(verdict) => return verdict,
     };
     let (lhs, what) = if e.percent {
         // spurious: of write faults on present pages; others: of all faults.
-        let denom = if e.class == "spurious" {
-            ["wp_faults", "huge_pmd_wp"].iter().map(|c| sum_class(r, c, o).unwrap_or(0)).sum::<u64>() as f64
-                + v
+        let denom = if e.class == Metric::Spurious {
+            present_write_faults(
+                |m| if m == Metric::Spurious { Some(v as u64) } else { sum_class(r, m, o).ok() },
+            ) as f64
         } else {
-            match sum_class(r, "faults", o) {
+            match sum_class(r, Metric::Faults, o) {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
@@ -159,18 +166,17 @@ pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
             format!("{}% ({v} of {denom})", fmt(100.0 * v / denom.max(1.0))),
         )
     } else if let Some(per) = e.per {
-        let Some(b) = r.bench() else {
+        let Some(b) = &r.bench else {
             return Verdict::Fail(format!(
                 "{}: /folio and /page need a bench report (the folio count is known there)",
                 e.text
             ));
         };
         let n = match per {
-            Per::Folio => b["folios"].as_f64(),
-            Per::Page => b["pages"].as_f64(),
+            Per::Folio => b.folios,
+            Per::Page => b.pages,
         }
-        .unwrap_or(0.0)
-        .max(1.0);
+        .max(1) as f64;
         (v / n, format!("{} ({v} / {n})", fmt(v / n)))
     } else {
         (v, fmt(v))
@@ -203,13 +209,13 @@ pub fn run(o: &VerifyOpts) -> Result<i32> {
     let expects: Vec<Expect> =
         o.expects.iter().map(|e| parse(e)).collect::<Result<_, _>>().map_err(Refusal::new)?;
     let report = match (&o.report, o.run.is_empty()) {
-        (Some(p), true) => Report::load(p)?,
+        (Some(p), true) => file::load(p)?,
         (None, false) => live(&o.run)?,
         _ => return Err(Refusal::new("give a report file, or a faultscope command after --").into()),
     };
     let mut code = 0;
     for e in &expects {
-        match check(&report, e, o) {
+        match check(&report.report, e, o) {
             Verdict::Pass(m) => println!("PASS {m}"),
             Verdict::Fail(m) => {
                 println!("FAIL {m}");
@@ -227,7 +233,7 @@ pub fn run(o: &VerifyOpts) -> Result<i32> {
 }
 
 /// Runs `faultscope ARGS --json TMP` and loads its report.
-fn live(args: &[String]) -> Result<Report> {
+fn live(args: &[String]) -> Result<Loaded> {
     if !matches!(args.first().map(String::as_str), Some("bench" | "record")) {
         return Err(Refusal::new("after --, give a faultscope bench or record command").into());
     }
@@ -240,7 +246,7 @@ fn live(args: &[String]) -> Result<Report> {
     if !st.success() {
         return Err(Refusal::new(format!("the run failed ({st}); nothing to verify")).into());
     }
-    let r = Report::load(&json)?;
+    let r = file::load(&json)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(r)
 }
@@ -248,30 +254,39 @@ fn live(args: &[String]) -> Result<Report> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::report::schema::{
+        testing::{classes, not_measurable, phase, process},
+        Bench, ClassValue, PhaseKind,
+    };
 
     fn opts(phase: Option<&str>) -> VerifyOpts {
         VerifyOpts { expects: vec![], phase: phase.map(String::from), pid: None, report: None, run: vec![] }
     }
 
-    fn report(unfold: serde_json::Value) -> Report {
-        Report::from_json(
-            "t".into(),
-            json!({"schema": "faultscope/1", "bench": {"folios": 1024, "pages": 16384},
-                "processes": [{"pid": 1, "classes": {
-                    "faults": {"count": 20000}, "wp_faults": {"count": 16384}, "huge_pmd_wp": {"count": 0},
-                    "spurious": {"count": 164}, "reuse": {"count": 16384}, "contpte_unfold": unfold},
-                  "phases": [{"name": "mark:write", "classes": {"reuse": {"count": 16000}}}]}]}),
-        )
-        .unwrap()
+    fn report(unfold: ClassValue) -> Report {
+        let mut p =
+            process(1, vec![phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, 16000)]))]);
+        p.classes = classes(&[
+            (Metric::Faults, 20000),
+            (Metric::WpFaults, 16384),
+            (Metric::HugePmdWp, 0),
+            (Metric::Spurious, 164),
+            (Metric::Reuse, 16384),
+        ]);
+        p.classes.insert(Metric::ContpteUnfold, unfold);
+        Report {
+            bench: Some(Bench { folios: 1024, pages: 16384, ..Bench::default() }),
+            processes: vec![p],
+            ..Report::default()
+        }
     }
 
     #[test]
     fn parse_expressions() {
         let e = parse("contpte_unfold=0").unwrap();
         assert_eq!(
-            (e.class.as_str(), e.op, e.value, e.percent, e.per),
-            ("contpte_unfold", Op::Eq, 0.0, false, None)
+            (e.class, e.op, e.value, e.percent, e.per),
+            (Metric::ContpteUnfold, Op::Eq, 0.0, false, None)
         );
         let e = parse("spurious <= 1%").unwrap();
         assert_eq!((e.op, e.value, e.percent), (Op::Le, 1.0, true));
@@ -281,12 +296,13 @@ mod tests {
         assert!(parse("reuse").is_err());
         assert!(parse("reuse/foo<1").is_err());
         assert!(parse("reuse<=x").is_err());
-        assert!(parse("a b<1").unwrap().class == "ab");
+        // A typo is refused, not read as a failed check.
+        assert!(parse("resue=0").unwrap_err().contains("not a class"));
     }
 
     #[test]
     fn verdicts() {
-        let r = report(json!({"count": 512}));
+        let r = report(classes(&[(Metric::ContpteUnfold, 512)]).remove(&Metric::ContpteUnfold).unwrap());
         let o = opts(None);
         assert!(
             matches!(check(&r, &parse("contpte_unfold=0").unwrap(), &o), Verdict::Fail(m) if m.contains("is 512"))
@@ -304,7 +320,7 @@ mod tests {
 
     #[test]
     fn not_measurable_is_distinct() {
-        let r = report(json!({"measurable": false, "reason": "arm64 only"}));
+        let r = report(not_measurable("arm64 only"));
         let v = check(&r, &parse("contpte_unfold=0").unwrap(), &opts(None));
         assert!(matches!(v, Verdict::NotMeasurable(m) if m.contains("arm64 only")));
     }

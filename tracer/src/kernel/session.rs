@@ -15,13 +15,17 @@ use faultscope_common::maps::{
     phase_id, TargetInfo, CONFIG_EXCEPTIONS, CONFIG_TP_CLASSES, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS,
 };
 
-use crate::{
-    kernel,
+use crate::kernel::{
+    self,
     probes::{Hook, Resolution, Resolved, PROBES},
 };
 
 /// The eBPF object built by build.rs for this target's architecture.
+#[cfg(feature = "ebpf")]
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
+/// Built without the `ebpf` feature: a library that reads reports only.
+#[cfg(not(feature = "ebpf"))]
+pub static EBPF_OBJECT: &[u8] = &[];
 
 /// What happened to each probe of the table in this run.
 #[derive(Clone, Debug)]
@@ -57,6 +61,9 @@ fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
         l.override_global(name, off, true);
     }
     l.map_max_entries("STATS", stats_entries);
+    if EBPF_OBJECT.is_empty() {
+        anyhow::bail!("this faultscope was built without its eBPF object (the `ebpf` feature)");
+    }
     l.load(EBPF_OBJECT).context("loading the eBPF object")
 }
 
@@ -146,13 +153,20 @@ impl Session {
         Ok(())
     }
 
-    /// Sum over CPUs of the kernel side's drop counters.
-    pub fn drops(&self) -> Result<[u64; NDROPS as usize]> {
+    /// Sum over CPUs of the kernel side's drop counters, by report key.
+    pub fn drops(&self) -> Result<BTreeMap<String, u64>> {
+        const KEYS: [&str; NDROPS as usize] = [
+            "stats_map_full",
+            "threads_map_full",
+            "targets_map_full",
+            "events_ring_full",
+            "lost_kretprobe_returns",
+        ];
         let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
-        let mut out = [0u64; NDROPS as usize];
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = arr.get(&(i as u32), 0)?.iter().sum();
+        let mut out = BTreeMap::new();
+        for (i, k) in KEYS.iter().enumerate() {
+            out.insert(k.to_string(), arr.get(&(i as u32), 0)?.iter().sum());
         }
         Ok(out)
     }

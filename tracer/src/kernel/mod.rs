@@ -1,5 +1,12 @@
-//! What the running kernel offers: tracefs, kallsyms, the kprobe PMU, BTF,
-//! lockdown. Read once at start-up; nothing here is on the fault path.
+//! The kernel stage: the probe table (`probes`), which classes it makes
+//! measurable here (`classes`), loading and attaching the eBPF object
+//! (`session`), and, in this file, what the running kernel offers: tracefs,
+//! kallsyms, the kprobe PMU, BTF, lockdown. Read once at start-up; nothing
+//! here is on the fault path.
+
+pub mod classes;
+pub mod probes;
+pub mod session;
 
 use std::{
     collections::HashMap,

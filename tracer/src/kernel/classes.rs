@@ -3,11 +3,104 @@
 //! "not measurable here" with the reason. Never a silent 0.
 
 use faultscope_common::Class;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A class as the report shows it: the one catalogue that the report's keys,
+/// the text tables, diff, verify, findings and the tests derive from. The
+/// JSON key is the snake_case name; the order is the report's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    Faults,
+    WriteFaults,
+    WpFaults,
+    Reuse,
+    Copy,
+    WpShared,
+    Spurious,
+    HugePmdWp,
+    ContpteUnfold,
+    ContpteFold,
+    ContpteConvert,
+    ContpteTryUnfold,
+    ContpteFoldAttempt,
+    FirstTouch,
+    Major,
+    Retry,
+    Error,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 17] = [
+        Metric::Faults,
+        Metric::WriteFaults,
+        Metric::WpFaults,
+        Metric::Reuse,
+        Metric::Copy,
+        Metric::WpShared,
+        Metric::Spurious,
+        Metric::HugePmdWp,
+        Metric::ContpteUnfold,
+        Metric::ContpteFold,
+        Metric::ContpteConvert,
+        Metric::ContpteTryUnfold,
+        Metric::ContpteFoldAttempt,
+        Metric::FirstTouch,
+        Metric::Major,
+        Metric::Retry,
+        Metric::Error,
+    ];
+
+    pub fn spec(self) -> &'static ClassSpec {
+        &CLASSES[self as usize]
+    }
+
+    /// The report's name of the class (its JSON key).
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    pub fn from_name(name: &str) -> Option<Metric> {
+        Metric::ALL.iter().copied().find(|m| m.name() == name)
+    }
+
+    /// The columns of the compact tables (live view, bench summary).
+    pub fn summary() -> impl Iterator<Item = Metric> {
+        Metric::ALL.into_iter().filter(|m| m.spec().columns.summary)
+    }
+
+    /// The classes diff compares.
+    pub fn compared() -> impl Iterator<Item = Metric> {
+        Metric::ALL.into_iter().filter(|m| m.spec().columns.diff)
+    }
+}
+
+impl std::fmt::Display for Metric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where the tables show a class besides the full report.
+#[derive(Clone, Copy, Debug)]
+pub struct Columns {
+    /// The compact tables: live view and bench summary.
+    pub summary: bool,
+    /// `faultscope diff`.
+    pub diff: bool,
+}
+
+const MAIN: Columns = Columns { summary: true, diff: true };
+const DIFF: Columns = Columns { summary: false, diff: true };
+const FULL_ONLY: Columns = Columns { summary: false, diff: false };
 
 /// Where a reported class can be measured from, in order of preference.
 pub struct ClassSpec {
-    /// JSON key (schema faultscope/1).
+    pub metric: Metric,
+    /// JSON key (schema faultscope/1); equals the serde name of `metric`.
     pub name: &'static str,
+    pub columns: Columns,
     pub sources: &'static [Source],
 }
 
@@ -24,7 +117,9 @@ const FAULT: [&str; 2] = ["fault_entry", "fault_return"];
 
 pub const CLASSES: &[ClassSpec] = &[
     ClassSpec {
+        metric: Metric::Faults,
         name: "faults",
+        columns: MAIN,
         sources: &[
             Source {
                 class: Class::Faults,
@@ -41,7 +136,9 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
+        metric: Metric::WriteFaults,
         name: "write_faults",
+        columns: DIFF,
         sources: &[
             Source {
                 class: Class::WriteFaults,
@@ -58,7 +155,9 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
+        metric: Metric::WpFaults,
         name: "wp_faults",
+        columns: MAIN,
         sources: &[
             Source {
                 class: Class::WpFaults,
@@ -76,7 +175,9 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
+        metric: Metric::Reuse,
         name: "reuse",
+        columns: MAIN,
         sources: &[
             Source {
                 class: Class::Reuse,
@@ -95,7 +196,9 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
+        metric: Metric::Copy,
         name: "copy",
+        columns: MAIN,
         sources: &[Source {
             class: Class::Copy,
             needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
@@ -104,7 +207,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::WpShared,
         name: "wp_shared",
+        columns: DIFF,
         sources: &[Source {
             class: Class::WpShared,
             needs: &["fault_entry", "fault_return", "wp_page", "dirty_shared"],
@@ -113,7 +218,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::Spurious,
         name: "spurious",
+        columns: MAIN,
         sources: &[Source {
             class: Class::Spurious,
             needs: &[
@@ -129,7 +236,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::HugePmdWp,
         name: "huge_pmd_wp",
+        columns: MAIN,
         sources: &[Source {
             class: Class::HugePmdWp,
             needs: &["fault_entry", "fault_return", "huge_pmd_wp"],
@@ -138,7 +247,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::ContpteUnfold,
         name: "contpte_unfold",
+        columns: MAIN,
         sources: &[Source {
             class: Class::ContpteUnfold,
             needs: &["contpte_convert"],
@@ -147,7 +258,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::ContpteFold,
         name: "contpte_fold",
+        columns: DIFF,
         sources: &[Source {
             class: Class::ContpteFold,
             needs: &["contpte_convert"],
@@ -156,7 +269,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::ContpteConvert,
         name: "contpte_convert",
+        columns: DIFF,
         sources: &[Source {
             class: Class::ContpteConvert,
             needs: &["contpte_convert"],
@@ -165,7 +280,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::ContpteTryUnfold,
         name: "contpte_try_unfold",
+        columns: FULL_ONLY,
         sources: &[Source {
             class: Class::ContpteTryUnfold,
             needs: &["contpte_unfold"],
@@ -174,7 +291,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::ContpteFoldAttempt,
         name: "contpte_fold_attempt",
+        columns: FULL_ONLY,
         sources: &[Source {
             class: Class::ContpteFoldAttempt,
             needs: &["contpte_fold"],
@@ -183,7 +302,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::FirstTouch,
         name: "first_touch",
+        columns: DIFF,
         sources: &[Source {
             class: Class::TpNotPresent,
             needs: &["page_fault_user"],
@@ -192,7 +313,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::Major,
         name: "major",
+        columns: FULL_ONLY,
         sources: &[Source {
             class: Class::Major,
             needs: &FAULT,
@@ -201,7 +324,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::Retry,
         name: "retry",
+        columns: FULL_ONLY,
         sources: &[Source {
             class: Class::Retry,
             needs: &FAULT,
@@ -210,7 +335,9 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
+        metric: Metric::Error,
         name: "error",
+        columns: FULL_ONLY,
         sources: &[Source {
             class: Class::Error,
             needs: &FAULT,
@@ -232,7 +359,7 @@ pub enum Availability {
 pub fn availability(
     attached: impl Fn(&str) -> bool,
     reason: impl Fn(&str) -> Option<String>,
-) -> Vec<(&'static str, Availability)> {
+) -> Vec<(Metric, Availability)> {
     CLASSES
         .iter()
         .map(|spec| {
@@ -242,7 +369,7 @@ pub fn availability(
                 match missing {
                     None => {
                         return (
-                            spec.name,
+                            spec.metric,
                             Availability::Measured {
                                 class: src.class,
                                 timed: src.timed,
@@ -258,14 +385,14 @@ pub fn availability(
                     }
                 }
             }
-            (spec.name, Availability::NotMeasurable(why.unwrap_or_default()))
+            (spec.metric, Availability::NotMeasurable(why.unwrap_or_default()))
         })
         .collect()
 }
 
 /// The `ClassSet` bits of the error-code classes the report takes from the
 /// tracepoint: the kernel side counts only these.
-pub fn error_code_classes(avail: &[(&'static str, Availability)]) -> u32 {
+pub fn error_code_classes(avail: &[(Metric, Availability)]) -> u32 {
     avail
         .iter()
         .filter_map(|(_, a)| match a {
@@ -279,16 +406,28 @@ pub fn error_code_classes(avail: &[(&'static str, Availability)]) -> u32 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn catalogue_is_in_metric_order_and_names_are_serde_names() {
+        assert_eq!(CLASSES.len(), Metric::ALL.len());
+        for (i, m) in Metric::ALL.iter().enumerate() {
+            assert_eq!(*m as usize, i);
+            assert_eq!(CLASSES[i].metric, *m, "CLASSES[{i}]");
+            let json = serde_json::to_string(m).unwrap();
+            assert_eq!(json, format!("\"{}\"", m.name()));
+            assert_eq!(Metric::from_name(m.name()), Some(*m));
+        }
+    }
+
     /// A kprobe kernel's x86 attach set (without `dirty_shared`).
     const KPROBES_AND_TP: [&str; 6] =
         ["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "page_fault_user"];
 
-    fn avail(on: &[&str]) -> Vec<(&'static str, Availability)> {
+    fn avail(on: &[&str]) -> Vec<(Metric, Availability)> {
         availability(|p| on.contains(&p), |p| Some(format!("{p} missing")))
     }
 
-    fn get(v: &[(&'static str, Availability)], n: &str) -> Availability {
-        v.iter().find(|(k, _)| *k == n).unwrap().1.clone()
+    fn get(v: &[(Metric, Availability)], n: &str) -> Availability {
+        v.iter().find(|(k, _)| k.name() == n).unwrap().1.clone()
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub const PMD_SIZE: u64 = 2 << 20;
 
 /// Parses a folio size: 4K, 16K ... 2M.
 pub fn parse_folio(s: &str) -> Result<u64, String> {
-    let v = crate::workload::parse_size(s)?;
+    let v = super::workload::parse_size(s)?;
     if v < PAGE || !v.is_power_of_two() || v > PMD_SIZE {
         return Err(format!("--folio takes a power of two from 4K to 2M, not {s}"));
     }
@@ -103,14 +103,9 @@ pub fn selected(s: &str) -> &str {
 const KPF_COMPOUND_HEAD: u64 = 1 << 15;
 const KPF_COMPOUND_TAIL: u64 = 1 << 16;
 
-/// What backs a range: how many folio-sized blocks are exactly one folio of
-/// that size (head page first, physically contiguous tails).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FolioCheck {
-    pub blocks: u64,
-    pub whole_folios: u64,
-    pub pmd_mapped_bytes: u64,
-}
+/// What backs a range (how many folio-sized blocks are exactly one folio
+/// of that size): the report's type.
+pub use crate::report::schema::FolioCheck;
 
 /// Reads /proc/self/pagemap and /proc/kpageflags (root only) for the range.
 pub fn check(base: usize, len: u64, folio: u64) -> Result<FolioCheck> {

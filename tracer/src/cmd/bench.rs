@@ -1,5 +1,7 @@
-//! `faultscope bench MODE`: the seed's measurements as one command. The
-//! process traces itself: it attaches, sets up folios of the size asked for,
+//! `faultscope bench MODE`: the fork/COW measurements of the "reuse the whole
+//! exclusive large folio on a write fault" patch as one command (faults per
+//! step and per folio size, fault latency, spurious faults, contpte
+//! unfolds). The process traces itself: it attaches, sets up folios of the size asked for,
 //! populates, forks (the child exits or stays), writes in the chosen pattern,
 //! and marks each of these phases, so the tracer's counts per phase sit
 //! beside the workload's own numbers (pages, folios, getrusage, wall time,
@@ -13,16 +15,20 @@ use std::{
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use serde_json::{json, Value};
 
-use crate::{
-    classes::Availability,
-    collector::{latency, Snapshot},
-    error::Refusal,
+use super::{
     folio::{self, FolioCheck, Knobs, PAGE, PMD_SIZE},
-    kernel,
-    record::{write_json, Recorder},
+    record::Recorder,
     workload::{self, map_aligned, usage, Child, Usage},
+};
+use crate::{
+    error::Refusal,
+    kernel::{self, classes::Metric},
+    report::{
+        file, findings,
+        schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
+        text::fmt_ns,
+    },
 };
 
 /// The write pattern after fork.
@@ -81,11 +87,22 @@ pub struct BenchOpts {
     pub no_trace: bool,
 }
 
-/// One workload phase as the workload saw it.
+/// One workload step as the workload saw it.
 struct Step {
     label: &'static str,
     from: Usage,
     to: Usage,
+}
+
+impl Step {
+    fn schema(&self) -> BenchStep {
+        BenchStep {
+            name: self.label.into(),
+            minflt: self.to.minflt - self.from.minflt,
+            majflt: self.to.majflt - self.from.majflt,
+            wall_ns: (self.to.at - self.from.at).as_nanos() as u64,
+        }
+    }
 }
 
 struct Memory {
@@ -98,11 +115,186 @@ struct Memory {
 unsafe impl Send for Memory {}
 unsafe impl Sync for Memory {}
 
-/// A bench phase (the recorder also writes it to tracefs' trace_marker).
-fn mark(rec: &mut Option<Recorder>, label: &str) -> Result<()> {
-    match rec {
-        Some(r) => r.mark(label).map(drop),
-        None => Ok(()),
+/// A bench run: the tracer (unless --no-trace), the sysfs knobs held for
+/// the run, the memory, and each step's numbers.
+struct Run<'a> {
+    o: &'a BenchOpts,
+    rec: Option<Recorder>,
+    knobs: Option<Knobs>,
+    mem: Arc<Memory>,
+    pages: usize,
+    steps: Vec<Step>,
+    check: FolioCheck,
+    child: libc::pid_t,
+    stores: Option<Vec<u64>>,
+}
+
+impl<'a> Run<'a> {
+    fn start(o: &'a BenchOpts) -> Result<Run<'a>> {
+        let rec = if o.no_trace {
+            kernel::require_root()?;
+            None
+        } else {
+            let mut r = Recorder::start(o.max_stats)?;
+            r.add(std::process::id(), 0, "faultscope-bench".into())?;
+            Some(r)
+        };
+        let knobs = Knobs::set_for(o.folio)?;
+        let len = o.size as usize;
+        // 4K: no THP at all. 2M: MADV_HUGEPAGE lets the fault compact memory
+        // for a THP (defrag=madvise). mTHP sizes need only their knob.
+        let advice = match o.folio {
+            PAGE => Some(libc::MADV_NOHUGEPAGE),
+            PMD_SIZE => Some(libc::MADV_HUGEPAGE),
+            _ => None,
+        };
+        let mem = Arc::new(Memory { base: map_aligned(len, advice)?, len });
+        Ok(Run {
+            o,
+            rec,
+            knobs: Some(knobs),
+            mem,
+            pages: len / PAGE as usize,
+            steps: Vec::new(),
+            check: FolioCheck::default(),
+            child: 0,
+            stores: None,
+        })
+    }
+
+    /// A bench step starts: a mark (also written to tracefs' trace_marker).
+    fn mark(&mut self, label: &str) -> Result<()> {
+        match &mut self.rec {
+            Some(r) => r.mark(label).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Touches every page, then checks that the memory is what was asked
+    /// for: whole folios of the size, PTE- or PMD-mapped.
+    fn populate(&mut self) -> Result<()> {
+        self.mark("populate")?;
+        let from = usage();
+        workload::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1);
+        self.steps.push(Step { label: "populate", from, to: usage() });
+        if self.o.folio == PMD_SIZE && !self.o.pmd {
+            split_pmds(self.mem.base, self.mem.len)?;
+        }
+        self.check = folio::check(self.mem.base as usize, self.o.size, self.o.folio)?;
+        verify(&self.check, self.o)
+    }
+
+    /// Forks; the child exits (and is waited for) or stays alive.
+    fn fork(&mut self, plan: &Plan) -> Result<Vec<Vec<u64>>> {
+        self.mark("fork")?;
+        let from = usage();
+        // SAFETY: the child only pauses or exits.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            bail!("fork: {}", std::io::Error::last_os_error());
+        }
+        if child == 0 {
+            unsafe {
+                if self.o.child == Child::Alive {
+                    // Dies with the bench, whatever kills it.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() == 1 {
+                        libc::_exit(0);
+                    }
+                    loop {
+                        libc::pause();
+                    }
+                }
+                libc::_exit(0);
+            }
+        }
+        self.child = child;
+        if self.o.child == Child::Exit {
+            unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        }
+        let lat = latency_buffers(plan, self.o.time_stores);
+        self.steps.push(Step { label: "fork", from, to: usage() });
+        Ok(lat)
+    }
+
+    fn write(&mut self, plan: Plan, lat: Vec<Vec<u64>>) -> Result<()> {
+        self.mark("write")?;
+        let from = usage();
+        self.stores = write(plan, self.o, &self.mem, lat);
+        self.steps.push(Step { label: "write", from, to: usage() });
+        self.mark("done")
+    }
+
+    /// Checks the mapping held, releases the knobs and the child, and
+    /// builds the report (the tracer's counts per step beside the
+    /// workload's own numbers).
+    fn finish(mut self) -> Result<Report> {
+        // The knobs (and khugepaged's pause) held until here: khugepaged must
+        // not collapse the region into PMD-mapped THPs during the run. Check
+        // that nothing did.
+        let after = folio::check(self.mem.base as usize, self.o.size, self.o.folio)?;
+        drop(self.knobs.take());
+        if after.pmd_mapped_bytes != self.check.pmd_mapped_bytes {
+            bail!(
+                "the memory's mapping changed during the run ({} -> {} bytes PMD-mapped): the counts are not of the scenario asked for; run again",
+                self.check.pmd_mapped_bytes,
+                after.pmd_mapped_bytes
+            );
+        }
+        if self.o.child == Child::Alive {
+            unsafe {
+                libc::kill(self.child, libc::SIGKILL);
+                libc::waitpid(self.child, std::ptr::null_mut(), 0);
+            }
+        }
+        // Reading the counters is itself done by this (traced) process, and a
+        // map is not read atomically: the faults of reading would land in the
+        // phase being read. So reading gets a phase of its own, left out.
+        self.mark("report")?;
+        let mut report = match self.rec.as_mut() {
+            Some(r) => {
+                let reading = r.timeline.current().id;
+                let snap = r.snapshot()?.without_phase(std::process::id(), reading);
+                r.timeline.drop_current();
+                r.finish(&snap)?
+            }
+            None => Report {
+                schema: schema::SCHEMA.into(),
+                kernel: kernel::release(),
+                arch: std::env::consts::ARCH.into(),
+                mode: TraceMode::Off,
+                ..Report::default()
+            },
+        };
+        let o = self.o;
+        report.bench = Some(schema::Bench {
+            mode: format!("{:?}", o.mode).to_lowercase(),
+            size: o.size,
+            folio: folio::human(o.folio),
+            mapping: if o.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" }.into(),
+            child: format!("{:?}", o.child).to_lowercase(),
+            threads: if matches!(o.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
+            pages: self.pages as u64,
+            folios: o.size / o.folio,
+            folio_check: self.check,
+            pid: std::process::id(),
+            child_pid: self.child,
+            steps: self.steps.iter().map(Step::schema).collect(),
+            store_latency: self.stores.take().map(store_latency),
+        });
+        Ok(report)
+    }
+}
+
+fn store_latency(mut v: Vec<u64>) -> StoreLatency {
+    v.sort_unstable();
+    let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+    StoreLatency {
+        n: v.len() as u64,
+        p50_ns: q(0.5),
+        p99_ns: q(0.99),
+        max_ns: v[v.len() - 1],
+        mean_ns: v.iter().sum::<u64>() / v.len() as u64,
     }
 }
 
@@ -117,141 +309,22 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         ))
         .into());
     }
+    if let Some(p) = &o.json {
+        file::check_writable(p)?;
+    }
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
     let _signals = DeferSignals::new();
-    let mut rec = if o.no_trace {
-        crate::kernel::require_root()?;
-        None
-    } else {
-        let mut r = Recorder::start(o.max_stats)?;
-        r.add(std::process::id(), 0, "faultscope-bench".into())?;
-        Some(r)
-    };
-    let knobs = Knobs::set_for(o.folio)?;
-    let len = o.size as usize;
-    // 4K: no THP at all. 2M: MADV_HUGEPAGE lets the fault compact memory
-    // for a THP (defrag=madvise). mTHP sizes need only their knob.
-    let advice = match o.folio {
-        PAGE => Some(libc::MADV_NOHUGEPAGE),
-        PMD_SIZE => Some(libc::MADV_HUGEPAGE),
-        _ => None,
-    };
-    let mem = Arc::new(Memory { base: map_aligned(len, advice)?, len });
-    let pages = len / PAGE as usize;
-    let mut steps = Vec::new();
-
-    mark(&mut rec, "populate")?;
-    let u0 = usage();
-    workload::write_pages(mem.base, len, PAGE as usize, 1);
-    let u1 = usage();
-    steps.push(Step { label: "populate", from: u0, to: u1 });
-    if o.folio == PMD_SIZE && !o.pmd {
-        split_pmds(mem.base, len)?;
-    }
-    let check = folio::check(mem.base as usize, o.size, o.folio)?;
-    verify(&check, o)?;
-
-    let plan = plan(o, pages);
-    mark(&mut rec, "fork")?;
-    let u2 = usage();
-    // SAFETY: the child only pauses or exits.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        bail!("fork: {}", std::io::Error::last_os_error());
-    }
-    if child == 0 {
-        unsafe {
-            if o.child == Child::Alive {
-                loop {
-                    libc::pause();
-                }
-            }
-            libc::_exit(0);
-        }
-    }
-    if o.child == Child::Exit {
-        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
-    }
-    let lat = latency_buffers(&plan, o.time_stores);
-    let u3 = usage();
-    steps.push(Step { label: "fork", from: u2, to: u3 });
-
-    mark(&mut rec, "write")?;
-    let u4 = usage();
-    let stores = write(plan, o, &mem, lat);
-    let u5 = usage();
-    steps.push(Step { label: "write", from: u4, to: u5 });
-    mark(&mut rec, "done")?;
-    // The knobs (and khugepaged's pause) held until here: khugepaged must
-    // not collapse the region into PMD-mapped THPs during the run. Check
-    // that nothing did.
-    let after = folio::check(mem.base as usize, o.size, o.folio)?;
-    drop(knobs);
-    if after.pmd_mapped_bytes != check.pmd_mapped_bytes {
-        bail!(
-            "the memory's mapping changed during the run ({} -> {} bytes PMD-mapped): the counts are not of the scenario asked for; run again",
-            check.pmd_mapped_bytes,
-            after.pmd_mapped_bytes
-        );
-    }
-    if o.child == Child::Alive {
-        unsafe {
-            libc::kill(child, libc::SIGKILL);
-            libc::waitpid(child, std::ptr::null_mut(), 0);
-        }
-    }
-
-    // Reading the counters is itself done by this (traced) process, and a
-    // map is not read atomically: the faults of reading would land in the
-    // phase being read. So reading gets a phase of its own, left out.
-    mark(&mut rec, "report")?;
-    let traced = match rec.as_mut() {
-        Some(r) => {
-            let reading = r.timeline.current().id as u16;
-            let snap = r.snapshot()?.without_phase(std::process::id(), reading);
-            r.timeline.drop_current();
-            Some((r.finish(&snap)?, snap))
-        }
-        None => None,
-    };
-    let mut report = match &traced {
-        Some((j, _)) => j.clone(),
-        None => {
-            json!({"schema": crate::report::SCHEMA, "kernel": kernel::release(), "tracer": "off", "processes": []})
-        }
-    };
-    let folios = o.size / o.folio;
-    let store_latency = stores.map(|mut v| {
-        v.sort_unstable();
-        let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
-        json!({"n": v.len(), "p50_ns": q(0.5), "p99_ns": q(0.99), "max_ns": v[v.len() - 1],
-               "mean_ns": v.iter().sum::<u64>() / v.len() as u64})
-    });
-    report["bench"] = json!({
-        "mode": format!("{:?}", o.mode).to_lowercase(),
-        "size": o.size,
-        "folio": folio::human(o.folio),
-        "mapping": if o.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" },
-        "child": format!("{:?}", o.child).to_lowercase(),
-        "threads": if matches!(o.mode, Mode::Threads | Mode::ThreadsSame) { o.threads } else { 1 },
-        "pages": pages,
-        "folios": folios,
-        "folio_check": {"blocks": check.blocks, "whole_folios": check.whole_folios, "pmd_mapped_bytes": check.pmd_mapped_bytes},
-        "pid": std::process::id(),
-        "child_pid": child,
-        "phases": steps.iter().map(|s| json!({
-            "name": s.label,
-            "minflt": s.to.minflt - s.from.minflt,
-            "majflt": s.to.majflt - s.from.majflt,
-            "wall_ns": (s.to.at - s.from.at).as_nanos() as u64,
-        })).collect::<Vec<_>>(),
-        "store_latency": store_latency,
-    });
-    print!("{}", summary(&report, rec.as_ref().zip(traced.as_ref().map(|(_, s)| s))));
-    print!("{}", crate::findings::attach(&mut report));
+    let mut run = Run::start(o)?;
+    run.populate()?;
+    let plan = plan(o, run.pages);
+    let lat = run.fork(&plan)?;
+    run.write(plan, lat)?;
+    let mut report = run.finish()?;
+    print!("{}", summary(&report));
+    print!("{}", findings::attach(&mut report));
     if let Some(p) = &o.json {
-        write_json(p, &report)?;
+        file::write(p, &report)?;
     }
     Ok(0)
 }
@@ -447,64 +520,40 @@ fn store_pages(mem: &Memory, pages: &[usize], lat: Option<&mut [u64]>) {
     }
 }
 
-/// Phase keys of a bench step: its mark and the automatic phases (fork,
-/// child exit) that follow it up to the next mark.
-fn step_phases(rec: &Recorder, step: &str) -> Vec<u16> {
-    let phases = rec.timeline.phases();
-    let Some(i) = phases.iter().position(|p| p.name.starts_with(&format!("mark:{step}"))) else {
-        return Vec::new();
-    };
-    let mut keys = vec![phases[i].id as u16];
-    keys.extend(phases[i + 1..].iter().take_while(|p| !p.name.starts_with("mark:")).map(|p| p.id as u16));
-    keys
-}
-
-/// The seed's table: per bench phase, the workload's numbers beside the
-/// tracer's counts.
-fn summary(report: &Value, traced: Option<(&Recorder, &Snapshot)>) -> String {
+/// The table of the patch's cover letter: per bench step, the workload's
+/// numbers beside the tracer's counts.
+fn summary(r: &Report) -> String {
     use std::fmt::Write as _;
-    let b = &report["bench"];
-    let pid = std::process::id();
+    let Some(b) = &r.bench else { return String::new() };
+    let traced = r.mode != TraceMode::Off;
+    let proc_ = r.bench_process();
     // A class's count over a bench step: None when not measurable here.
-    let step_count = |step: &str, name: &str| -> Option<u64> {
-        let (rec, snap) = traced?;
-        let Some(Availability::Measured { class, .. }) =
-            rec.avail.iter().find(|(n, _)| *n == name).map(|(_, a)| a)
-        else {
-            return None;
-        };
-        Some(
-            step_phases(rec, step)
-                .iter()
-                .map(|k| snap.get_in(pid, Some(*k), *class).map(|s| s.count).unwrap_or(0))
-                .sum(),
-        )
+    let step_count = |step: &str, m: Metric| -> Option<u64> {
+        proc_?.span(&format!("mark:{step}")).and_then(|s| s.count(m))
     };
     let mut out = String::new();
     let _ = writeln!(
         out,
         "faultscope bench {}: {} MiB, {} folios ({}-mapped), child {}, kernel {}{}",
-        b["mode"].as_str().unwrap_or(""),
-        b["size"].as_u64().unwrap_or(0) >> 20,
-        b["folio"].as_str().unwrap_or(""),
-        b["mapping"].as_str().unwrap_or(""),
-        b["child"].as_str().unwrap_or(""),
-        kernel::release(),
-        if traced.is_none() { " (tracer off)" } else { "" }
+        b.mode,
+        b.size >> 20,
+        b.folio,
+        b.mapping,
+        b.child,
+        r.kernel,
+        if traced { "" } else { " (tracer off)" }
     );
-    let classes = ["faults", "wp_faults", "reuse", "copy", "spurious", "huge_pmd_wp", "contpte_unfold"];
     let _ = write!(out, "{:<10} {:>9} {:>8}", "phase", "wall(ms)", "minflt");
-    for c in classes {
-        let _ = write!(out, " {:>12}", c);
+    for m in Metric::summary() {
+        let _ = write!(out, " {:>12}", m.name());
     }
     out.push('\n');
-    for step in b["phases"].as_array().into_iter().flatten() {
-        let name = step["name"].as_str().unwrap_or("");
-        let ms = step["wall_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
-        let _ = write!(out, "{name:<10} {ms:>9.2} {:>8}", step["minflt"]);
-        for c in classes {
-            let cell = match (traced, step_count(name, c)) {
-                (None, _) => "off".to_string(),
+    for step in &b.steps {
+        let ms = step.wall_ns as f64 / 1e6;
+        let _ = write!(out, "{:<10} {ms:>9.2} {:>8}", step.name, step.minflt);
+        for m in Metric::summary() {
+            let cell = match (traced, step_count(&step.name, m)) {
+                (false, _) => "off".to_string(),
                 (_, Some(n)) => n.to_string(),
                 (_, None) => "n/m".to_string(),
             };
@@ -512,42 +561,44 @@ fn summary(report: &Value, traced: Option<(&Recorder, &Snapshot)>) -> String {
         }
         out.push('\n');
     }
-    if let Some((rec, snap)) = traced {
-        let write = step_phases(rec, "write");
-        let faults = rec.avail.iter().find(|(n, _)| *n == "faults").map(|(_, a)| a);
-        if let (Some(key), Some(Availability::Measured { class, timed: true, .. })) = (write.first(), faults)
-        {
-            if let Some(l) = snap.get_in(pid, Some(*key), *class).as_ref().and_then(latency) {
-                let _ = writeln!(
-                    out,
-                    "write-phase fault latency (ns): p50 {} p99 {} max {}",
-                    l.p50_ns, l.p99_ns, l.max_ns
-                );
-            }
+    // The latency of the write step's first phase (its mark).
+    let write_lat = proc_.and_then(|p| p.phases.iter().find(|ph| ph.name == "mark:write")).and_then(|ph| {
+        match ph.classes.get(&Metric::Faults) {
+            Some(schema::ClassValue::Measured(m)) => m.latency,
+            _ => None,
         }
+    });
+    if let Some(l) = write_lat {
+        let _ = writeln!(
+            out,
+            "write-phase fault latency: p50 {} p99 {} max {}",
+            fmt_ns(l.p50_ns),
+            fmt_ns(l.p99_ns),
+            fmt_ns(l.max_ns)
+        );
     }
-    // Per folio and per 64K block: the seed's "16 faults per 64K folio".
-    let folios = b["folios"].as_u64().unwrap_or(1).max(1);
-    let blocks64k = (b["size"].as_u64().unwrap_or(0) >> 16).max(1);
+    // Per folio and per 64K block: the cover letter's "16 faults per 64K folio".
+    let folios = b.folios.max(1);
+    let blocks64k = (b.size >> 16).max(1);
     let per: Vec<String> = [
-        ("write_faults", folios, "per folio"),
-        ("reuse", folios, "per folio"),
-        ("copy", folios, "per folio"),
-        ("contpte_unfold", blocks64k, "per 64K block"),
+        (Metric::WriteFaults, folios, "per folio"),
+        (Metric::Reuse, folios, "per folio"),
+        (Metric::Copy, folios, "per folio"),
+        (Metric::ContpteUnfold, blocks64k, "per 64K block"),
     ]
     .iter()
-    .filter_map(|(name, denom, what)| {
-        step_count("write", name).map(|n| format!("{name} {:.2} {what}", n as f64 / *denom as f64))
+    .filter_map(|(m, denom, what)| {
+        step_count("write", *m).map(|n| format!("{m} {:.2} {what}", n as f64 / *denom as f64))
     })
     .collect();
     if !per.is_empty() {
         let _ = writeln!(out, "write phase: {}", per.join(", "));
     }
-    if let Some(s) = b["store_latency"].as_object() {
+    if let Some(s) = &b.store_latency {
         let _ = writeln!(
             out,
             "store latency (ns): p50 {} p99 {} max {} (n={})",
-            s["p50_ns"], s["p99_ns"], s["max_ns"], s["n"]
+            s.p50_ns, s.p99_ns, s.max_ns, s.n
         );
     }
     out

@@ -36,12 +36,10 @@ impl Snapshot {
 
     /// One class of one process, summed over phases (`phase == None`) or in
     /// one phase.
-    pub fn get_in(&self, tgid: u32, phase: Option<u16>, class: Class) -> Option<Stat> {
+    pub fn get_in(&self, tgid: u32, phase: Option<u32>, class: Class) -> Option<Stat> {
         let mut out: Option<Stat> = None;
-        let lo = StatKey { tgid, phase: 0, class: 0 };
-        let hi = StatKey { tgid, phase: u16::MAX, class: u16::MAX };
-        for (k, v) in self.stats.range(lo..=hi) {
-            if k.class == class as u16 && phase.is_none_or(|p| p == k.phase) {
+        for (k, v) in self.of(tgid) {
+            if k.class == class as u16 && phase.is_none_or(|p| p == u32::from(k.phase)) {
                 out.get_or_insert(Stat::ZERO).merge(v);
             }
         }
@@ -52,17 +50,23 @@ impl Snapshot {
         self.get_in(tgid, None, class)
     }
 
+    /// The entries of one process (the map is ordered by tgid first).
+    fn of(&self, tgid: u32) -> impl Iterator<Item = (&StatKey, &Stat)> {
+        let lo = StatKey { tgid, ..StatKey::default() };
+        self.stats.range(lo..).take_while(move |(k, _)| k.tgid == tgid)
+    }
+
     /// Phase keys in which the process has any count.
-    pub fn phases_of(&self, tgid: u32) -> Vec<u16> {
-        let mut v: Vec<u16> = self.stats.keys().filter(|k| k.tgid == tgid).map(|k| k.phase).collect();
+    pub fn phases_of(&self, tgid: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = self.of(tgid).map(|(k, _)| u32::from(k.phase)).collect();
         v.sort_unstable();
         v.dedup();
         v
     }
 
     /// The snapshot without one phase of one process.
-    pub fn without_phase(mut self, tgid: u32, phase: u16) -> Snapshot {
-        self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+    pub fn without_phase(mut self, tgid: u32, phase: u32) -> Snapshot {
+        self.stats.retain(|k, _| !(k.tgid == tgid && u32::from(k.phase) == phase));
         self
     }
 

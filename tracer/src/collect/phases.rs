@@ -10,6 +10,21 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// What started a phase: the bounded set a phase can be grouped by (its
+/// name says more: which fork, which child, which label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PhaseKind {
+    BeforeFork,
+    ChildAlive,
+    AfterChildExit,
+    AfterChildExec,
+    Mark,
+}
+
 /// Within this time of its fork, a child's exec is "at once" (system(),
 /// posix_spawn): its COW window was a blip, and the phase says so.
 pub const EXEC_AT_ONCE_NS: u64 = 50_000_000;
@@ -18,6 +33,7 @@ pub const EXEC_AT_ONCE_NS: u64 = 50_000_000;
 pub struct Phase {
     pub id: u32,
     pub name: String,
+    pub kind: PhaseKind,
     pub start_ns: u64,
     /// None while the phase is current.
     pub end_ns: Option<u64>,
@@ -43,19 +59,33 @@ impl Timeline {
     /// Starts with phase `id` (the kernel's counters at attach time).
     pub fn new(id: u32, start_ns: u64) -> Timeline {
         Timeline {
-            phases: vec![Phase { id, name: "before-fork".into(), start_ns, end_ns: None, children_alive: 0 }],
+            phases: vec![Phase {
+                id,
+                name: "before-fork".into(),
+                kind: PhaseKind::BeforeFork,
+                start_ns,
+                end_ns: None,
+                children_alive: 0,
+            }],
             alive: BTreeMap::new(),
             forks: 0,
         }
     }
 
-    fn push(&mut self, id: u32, ts: u64, name: String) {
+    fn push(&mut self, id: u32, ts: u64, kind: PhaseKind, name: String) {
         if let Some(last) = self.phases.last_mut() {
             if last.end_ns.is_none() {
                 last.end_ns = Some(ts);
             }
         }
-        self.phases.push(Phase { id, name, start_ns: ts, end_ns: None, children_alive: self.alive.len() });
+        self.phases.push(Phase {
+            id,
+            name,
+            kind,
+            start_ns: ts,
+            end_ns: None,
+            children_alive: self.alive.len(),
+        });
     }
 
     /// A traced process forked `child`; phase `id` starts.
@@ -69,7 +99,7 @@ impl Timeline {
         } else {
             format!("fork#{n} child-alive ({} children)", self.alive.len())
         };
-        self.push(id, ts, name);
+        self.push(id, ts, PhaseKind::ChildAlive, name);
     }
 
     /// `child` exited (`exec == false`) or exec'd; phase `id` starts.
@@ -77,7 +107,7 @@ impl Timeline {
         let Some(c) = self.alive.remove(&child) else {
             // A child forked before we attached: still a change of phase.
             let what = if exec { "after-child-exec" } else { "after-child-exit" };
-            self.push(id, ts, format!("{what} (pid {child})"));
+            self.push(id, ts, gone_kind(exec, 0), format!("{what} (pid {child})"));
             return;
         };
         let n = c.fork_no;
@@ -95,13 +125,13 @@ impl Timeline {
         if exec && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
             name.push_str(" (child exec'd at once, as from system())");
         }
-        self.push(id, ts, name);
+        self.push(id, ts, gone_kind(exec, self.alive.len()), name);
     }
 
     /// A mark's phase is named by its label alone (so scripts can find it);
     /// whether children were alive is in `children_alive`.
     pub fn mark(&mut self, id: u32, ts: u64, label: &str) {
-        self.push(id, ts, format!("mark:{label}"));
+        self.push(id, ts, PhaseKind::Mark, format!("mark:{label}"));
     }
 
     /// Forgets the current phase (bench's own reporting) and reopens the
@@ -127,6 +157,16 @@ impl Timeline {
 
     pub fn current(&self) -> &Phase {
         self.phases.last().expect("a timeline has a phase")
+    }
+}
+
+/// A child left: while others still share the memory, the phase is still
+/// one of a child alive.
+fn gone_kind(exec: bool, still_alive: usize) -> PhaseKind {
+    match (still_alive, exec) {
+        (1.., _) => PhaseKind::ChildAlive,
+        (0, true) => PhaseKind::AfterChildExec,
+        (0, false) => PhaseKind::AfterChildExit,
     }
 }
 

@@ -1,0 +1,461 @@
+//! `faultscope record`: resolve probes, attach, trace the targets until
+//! Ctrl-C, SIGTERM, --duration or the exit of every target, then report and
+//! detach. A [`Recording`] is that run (start, tick, mark, finish); the
+//! [`Recorder`] inside it is the traced session with its phase timeline,
+//! which `bench` also uses to trace itself.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use faultscope_common::maps::{LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    signal::unix::{signal, SignalKind},
+};
+
+use super::mark as marks;
+use crate::{
+    collect::{collector::Snapshot, phases::Timeline, target},
+    error::Refusal,
+    kernel::{
+        self,
+        classes::{self, Availability, Metric},
+        probes,
+        session::Session,
+    },
+    report::{build, file, findings, live, schema::Report, text},
+};
+
+#[derive(Args, Debug)]
+pub struct RecordOpts {
+    /// Trace this process (repeatable).
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Print a table of what happened in each interval of this many seconds.
+    #[arg(long)]
+    pub interval: Option<f64>,
+    /// Stop after this many intervals.
+    #[arg(long, requires = "interval")]
+    pub count: Option<u64>,
+    /// Write the final report as JSON (schema faultscope/1) to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Trace the children that traced processes fork (added in the kernel at
+    /// fork time, so none of their faults is missed).
+    #[arg(long)]
+    pub follow_children: bool,
+    /// Start a new phase each time faultscope receives this signal (USR1,
+    /// USR2 or HUP).
+    #[arg(long, value_parser = marks::parse_signal)]
+    pub mark_on_signal: Option<i32>,
+    /// Entries of the in-kernel stats map (process x phase x class).
+    #[arg(long, default_value_t = 2048)]
+    pub max_stats: u32,
+    /// Command to start and trace from its exec.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// A tracing session with its phase timeline and the processes it knows.
+pub struct Recorder {
+    pub session: Session,
+    pub avail: Vec<(Metric, Availability)>,
+    pub timeline: Timeline,
+    pub comms: BTreeMap<u32, String>,
+    /// Traced processes still running.
+    pub live: BTreeSet<u32>,
+    started: Instant,
+    /// tracefs `trace_marker`: each mark is also written to the ftrace
+    /// buffer, so traces taken beside faultscope can be split by phase.
+    marker: Option<fs::File>,
+}
+
+impl Recorder {
+    /// Checks the system, resolves the probe table and attaches. Prints the
+    /// one line saying what is measured here.
+    pub fn start(max_stats: u32) -> Result<Recorder> {
+        kernel::require_root()?;
+        let tracefs = kernel::tracefs()?;
+        kernel::require_btf()?;
+        let resolved = probes::resolve_here(&tracefs);
+        let mut session = Session::attach(&tracefs, &resolved, max_stats)?;
+        let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
+        // Before any target is added: no fault is counted before this.
+        session.configure(classes::error_code_classes(&avail), session.attached("fault_return"))?;
+        eprintln!("{}", text::measured_line(&avail));
+        let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
+        let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
+        Ok(Recorder {
+            marker,
+            session,
+            avail,
+            timeline,
+            comms: BTreeMap::new(),
+            live: BTreeSet::new(),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn add(&mut self, pid: u32, flags: u32, comm: String) -> Result<()> {
+        self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
+        self.comms.insert(pid, comm);
+        self.live.insert(pid);
+        Ok(())
+    }
+
+    /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
+    /// where faultscope attached and detached, in any ftrace trace taken
+    /// beside it.
+    pub fn trace_mark(&self, label: &str) {
+        write_marker(self.marker.as_ref(), &marker_line(label));
+    }
+
+    /// Starts a phase named `mark:LABEL`; returns its name.
+    pub fn mark(&mut self, label: &str) -> Result<String> {
+        // Events first, so the mark lands after the lifecycle changes that
+        // happened before it.
+        self.drain_events()?;
+        // Formatted before the switch: nothing between the switch and the
+        // marker may touch new memory.
+        let line = marker_line(&format!("mark:{label}"));
+        let marker = self.marker.as_ref();
+        let id = self.session.mark(|| write_marker(marker, &line))?;
+        self.timeline.mark(id, kernel::monotonic_ns(), label);
+        Ok(self.timeline.current().name.clone())
+    }
+
+    /// Applies lifecycle events: phases, followed children joining the live
+    /// set, exits leaving it (and the traced set, so a reused pid is not
+    /// traced).
+    pub fn drain_events(&mut self) -> Result<()> {
+        let mut evs = Vec::new();
+        {
+            let mut ring = self.session.events()?;
+            while let Some(item) = ring.next() {
+                if item.len() >= std::mem::size_of::<LifeEvent>() {
+                    // SAFETY: the kernel wrote a LifeEvent; read unaligned.
+                    evs.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifeEvent) });
+                }
+            }
+        }
+        evs.sort_by_key(|e| e.ts_ns);
+        for e in evs {
+            let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
+            match e.kind {
+                k if k == LifeKind::Fork as u32 => {
+                    self.timeline.fork(e.phase, e.ts_ns, e.pid);
+                    if e.aux != 0 {
+                        self.live.insert(e.pid);
+                        self.comms.insert(e.pid, comm);
+                    }
+                }
+                k if k == LifeKind::ChildExit as u32 => {
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, false)
+                }
+                k if k == LifeKind::ChildExec as u32 => {
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, true)
+                }
+                k if k == LifeKind::Exec as u32 => {
+                    self.comms.insert(e.tgid, comm);
+                }
+                k if k == LifeKind::Exit as u32 => {
+                    self.live.remove(&e.tgid);
+                    self.session.remove_target(e.tgid);
+                }
+                _ => {}
+            }
+        }
+        self.session.flush_logs();
+        Ok(())
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::read(&self.session.bpf)
+    }
+
+    pub fn context(&self) -> Result<build::Context<'_>> {
+        Ok(build::Context {
+            kernel: kernel::release(),
+            arch: std::env::consts::ARCH,
+            availability: &self.avail,
+            probes: &self.session.status,
+            comms: &self.comms,
+            drops: self.session.drops()?,
+            duration_ns: self.started.elapsed().as_nanos() as u64,
+            timeline: &self.timeline,
+        })
+    }
+
+    /// The report of the counts in `snap` (the whole run, or an interval).
+    pub fn report(&self, snap: &Snapshot) -> Result<Report> {
+        Ok(build::build(snap, &self.context()?))
+    }
+
+    /// Ends the last phase and builds the final report.
+    pub fn finish(&mut self, snap: &Snapshot) -> Result<Report> {
+        self.drain_events()?;
+        self.timeline.end(kernel::monotonic_ns());
+        self.report(snap)
+    }
+}
+
+/// The trace_marker line of a phase (the guest oracle splits on it).
+fn marker_line(label: &str) -> String {
+    format!("faultscope phase {label}\n")
+}
+
+/// A failed write costs the ftrace trace beside faultscope its phase
+/// boundary, never faultscope's own counts; it is said on stderr, since a
+/// trace split at the wrong place would be misread.
+fn write_marker(marker: Option<&fs::File>, line: &str) {
+    if let Some(mut f) = marker {
+        use std::io::Write as _;
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            eprintln!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end());
+        }
+    }
+}
+
+/// A bad number of seconds (negative, NaN, infinite, too large for a
+/// Duration) is refused before anything is attached.
+fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
+    match v {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(Refusal::new(format!("{flag} {s}: give a number of seconds above 0 (at most 1e9)"))),
+    }
+}
+
+/// One run of `record`: the recorder and what the run loop keeps.
+pub struct Recording {
+    pub rec: Recorder,
+    opts: RecordOpts,
+    started: Instant,
+    /// The command record started, and its exit status once reaped.
+    spawned: Option<u32>,
+    cmd_status: Option<i32>,
+    /// Redraw a live table (stdout is a terminal) instead of interval tables.
+    live_view: bool,
+    interval: Option<Duration>,
+    next_tick: Option<Instant>,
+    deadline: Option<Instant>,
+    ticks: u64,
+    last: Snapshot,
+    /// The time series of `--interval`.
+    series: Vec<crate::report::schema::Interval>,
+    signal_marks: u32,
+}
+
+impl Recording {
+    /// Checks the request, attaches, adds the targets and starts the
+    /// command; refuses bad input before anything is attached.
+    pub fn start(o: RecordOpts) -> Result<Recording> {
+        if o.pids.is_empty() && o.command.is_empty() {
+            return Err(Refusal::new("nothing to trace: give -p PID or -- COMMAND").into());
+        }
+        let duration = seconds("--duration", o.duration)?;
+        let interval = seconds("--interval", o.interval)?;
+        if o.count == Some(0) {
+            return Err(Refusal::new("--count 0: give at least 1 interval").into());
+        }
+        if o.max_stats == 0 {
+            return Err(Refusal::new("--max-stats 0: the stats map needs at least 1 entry").into());
+        }
+        kernel::require_root()?;
+        let mut comms = BTreeMap::new();
+        for &pid in &o.pids {
+            comms.insert(pid, target::check_pid(pid)?);
+        }
+        if !o.command.is_empty() {
+            target::resolve_command(&o.command)?;
+        }
+        // Fail on an unwritable report path now, not after the run; an
+        // existing report stays as it is until the new one is complete.
+        if let Some(p) = &o.json {
+            file::check_writable(p)?;
+        }
+        let mut rec = Recorder::start(o.max_stats)?;
+        let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
+        for (pid, comm) in comms {
+            rec.add(pid, follow, comm)?;
+        }
+        let mut spawned = None;
+        if !o.command.is_empty() {
+            let paused = target::spawn_paused(&o.command)?;
+            let pid = paused.pid;
+            let comm = o.command[0].rsplit('/').next().unwrap_or_default().to_string();
+            rec.add(pid, follow | TARGET_PENDING_EXEC, comm)?;
+            paused.release();
+            spawned = Some(pid);
+        }
+        rec.trace_mark("attach");
+        let started = Instant::now();
+        let live_view = live::enabled();
+        // On a terminal the live view redraws every interval (1 s by default).
+        let interval = interval.or(live_view.then_some(Duration::from_secs(1)));
+        Ok(Recording {
+            rec,
+            started,
+            spawned,
+            cmd_status: None,
+            live_view,
+            interval,
+            next_tick: interval.map(|d| started + d),
+            deadline: duration.map(|d| started + d),
+            ticks: 0,
+            last: Snapshot::default(),
+            series: Vec::new(),
+            signal_marks: 0,
+            opts: o,
+        })
+    }
+
+    /// Starts a `mark:LABEL` phase; says its name on stderr.
+    pub fn mark(&mut self, label: &str) -> Result<String> {
+        let name = self.rec.mark(label)?;
+        eprintln!("faultscope: phase {}", text::safe(&name));
+        Ok(name)
+    }
+
+    /// A phase for the `--mark-on-signal` signal.
+    pub fn signal_mark(&mut self) -> Result<()> {
+        self.signal_marks += 1;
+        self.mark(&format!("signal#{}", self.signal_marks)).map(drop)
+    }
+
+    /// Applies what happened since the last tick (lifecycle events, exits,
+    /// an interval's table); returns why the run ends, when it does.
+    pub fn tick(&mut self) -> Result<Option<&'static str>> {
+        self.rec.drain_events()?;
+        if let (Some(pid), None) = (self.spawned, self.cmd_status) {
+            self.cmd_status = target::try_reap(pid);
+            if self.cmd_status.is_some() {
+                self.rec.live.remove(&pid);
+            }
+        }
+        self.rec.live.retain(|&p| !target::is_gone(p));
+        let now = Instant::now();
+        if let (Some(t), Some(d)) = (self.next_tick, self.interval) {
+            if now >= t {
+                self.interval_table(now)?;
+                self.next_tick = Some(t + d);
+                if self.opts.count.is_some_and(|c| self.ticks >= c) {
+                    return Ok(Some("interval count reached"));
+                }
+            }
+        }
+        if self.deadline.is_some_and(|d| now >= d) {
+            return Ok(Some("duration reached"));
+        }
+        if self.rec.live.is_empty() {
+            return Ok(Some("all targets exited"));
+        }
+        Ok(None)
+    }
+
+    /// One interval: the live frame or the plain table, and its point of
+    /// the time series.
+    fn interval_table(&mut self, now: Instant) -> Result<()> {
+        let snap = self.rec.snapshot()?;
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        let phase = self.rec.timeline.current().name.clone();
+        let delta = snap.since(&self.last);
+        if self.live_view {
+            print!("{}", live::frame(&self.rec.report(&snap)?, &phase, elapsed));
+        } else {
+            println!("--- interval {} ({elapsed:.1}s), phase {} ---", self.ticks + 1, text::safe(&phase));
+            print!("{}", text::to_text(&self.rec.report(&delta)?));
+        }
+        self.series.push(build::interval(&delta, &self.rec.context()?, elapsed));
+        self.last = snap;
+        self.ticks += 1;
+        Ok(())
+    }
+
+    /// Detaches after the last read, prints the report and the findings,
+    /// and writes the JSON.
+    pub fn finish(mut self, why: &str) -> Result<i32> {
+        // Its exit event may come before it can be reaped: reap it now.
+        if let (Some(pid), None, "all targets exited") = (self.spawned, self.cmd_status, why) {
+            self.cmd_status = target::wait(pid);
+        }
+        self.rec.trace_mark("detach");
+        let snap = self.rec.snapshot()?;
+        let mut report = self.rec.finish(&snap)?;
+        eprintln!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64());
+        print!("{}", text::to_text(&report));
+        print!("{}", findings::attach(&mut report));
+        if let Some(p) = &self.opts.json {
+            report.end = Some(why.to_string());
+            if self.opts.interval.is_some() {
+                // The last, partial interval up to the end of the run.
+                let elapsed = self.started.elapsed().as_secs_f64();
+                self.series.push(build::interval(&snap.since(&self.last), &self.rec.context()?, elapsed));
+                report.intervals = Some(std::mem::take(&mut self.series));
+            }
+            report.command_exit_status = self.cmd_status;
+            file::write(p, &report)?;
+        }
+        // A command still running (Ctrl-C/--duration) is left to run, detached.
+        Ok(0)
+    }
+}
+
+pub async fn run(o: RecordOpts) -> Result<i32> {
+    let mark_signal = o.mark_on_signal;
+    let mut r = Recording::start(o)?;
+    let sock_path = marks::socket_path(std::process::id());
+    let listener = marks::listen(&sock_path)?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigmark = match mark_signal {
+        Some(s) => Some(signal(SignalKind::from_raw(s))?),
+        None => None,
+    };
+    let mut poll = tokio::time::interval(Duration::from_millis(50));
+    let why = loop {
+        tokio::select! {
+            _ = sigint.recv() => break "interrupted",
+            _ = sigterm.recv() => break "terminated",
+            Some(()) = async { match sigmark.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => {
+                r.signal_mark()?;
+            }
+            Ok((stream, _)) = listener.accept() => {
+                if let Err(e) = serve_mark(&mut r, stream).await {
+                    eprintln!("faultscope: mark request failed: {e:#}");
+                }
+            }
+            _ = poll.tick() => {}
+        }
+        if let Some(why) = r.tick()? {
+            break why;
+        }
+    };
+    drop(listener);
+    let _ = fs::remove_file(&sock_path);
+    r.finish(why)
+}
+
+/// One `faultscope mark` request: "mark LABEL\n" -> "ok PHASE-NAME\n".
+async fn serve_mark(r: &mut Recording, stream: tokio::net::UnixStream) -> Result<()> {
+    let (rd, mut w) = stream.into_split();
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(2), BufReader::new(rd).read_line(&mut line))
+        .await
+        .context("timed out reading the request")??;
+    let reply = match marks::parse_request(&line) {
+        Ok(label) => format!("ok {}\n", r.mark(&label)?),
+        Err(e) => format!("error {e}\n"),
+    };
+    w.write_all(reply.as_bytes()).await?;
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! Building the report from a snapshot of the kernel maps, the phase
+//! timeline and what this kernel can measure.
+
+use std::collections::BTreeMap;
+
+use faultscope_common::Class;
+
+use super::schema::{
+    ClassValue, Classes, Interval, IntervalProcess, Latency, Measured, Mode, NotMeasurable, Phase,
+    ProbeStatus, Process, Report, SCHEMA,
+};
+use crate::{
+    collect::{
+        collector::{latency, Snapshot},
+        phases::Timeline,
+    },
+    kernel::{
+        classes::{Availability, Metric},
+        session,
+    },
+};
+
+/// Everything a report is made of besides the counts.
+pub struct Context<'a> {
+    pub kernel: String,
+    pub arch: &'static str,
+    pub availability: &'a [(Metric, Availability)],
+    pub probes: &'a [session::ProbeStatus],
+    pub comms: &'a BTreeMap<u32, String>,
+    pub drops: BTreeMap<String, u64>,
+    pub duration_ns: u64,
+    pub timeline: &'a Timeline,
+}
+
+/// The mode in one word: kprobes when the fault path is probed, else the
+/// tracepoint-only fallback.
+pub fn mode(avail: &[(Metric, Availability)]) -> Mode {
+    match avail.iter().find(|(m, _)| *m == Metric::Faults) {
+        Some((_, Availability::Measured { class: Class::Faults, .. })) => Mode::Kprobe,
+        Some((_, Availability::Measured { .. })) => Mode::Tracepoint,
+        _ => Mode::None,
+    }
+}
+
+/// One class of one process, over the run (`phase == None`) or in one phase.
+pub fn class_value(snap: &Snapshot, tgid: u32, phase: Option<u32>, a: &Availability) -> ClassValue {
+    match a {
+        Availability::NotMeasurable(reason) => {
+            ClassValue::NotMeasurable(NotMeasurable { measurable: false, reason: reason.clone() })
+        }
+        Availability::Measured { class, timed, source } => {
+            let s = snap.get_in(tgid, phase, *class);
+            let latency = if *timed { s.as_ref().and_then(latency) } else { None };
+            ClassValue::Measured(Measured {
+                count: s.map(|s| s.count).unwrap_or(0),
+                latency: latency.map(|l| Latency {
+                    p50_ns: l.p50_ns,
+                    p99_ns: l.p99_ns,
+                    max_ns: l.max_ns,
+                    mean_ns: l.mean_ns,
+                }),
+                source: source.to_string(),
+            })
+        }
+    }
+}
+
+fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) -> Classes {
+    ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a))).collect()
+}
+
+pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
+    let processes = pids(snap, ctx)
+        .into_iter()
+        .map(|tgid| Process {
+            pid: tgid,
+            comm: ctx.comms.get(&tgid).cloned().unwrap_or_default(),
+            classes: classes(snap, tgid, None, ctx),
+            phases: ctx
+                .timeline
+                .phases()
+                .iter()
+                .map(|ph| Phase {
+                    id: ph.id,
+                    name: ph.name.clone(),
+                    kind: ph.kind,
+                    start_ns: ph.start_ns,
+                    end_ns: ph.end_ns,
+                    children_alive: ph.children_alive as u64,
+                    classes: classes(snap, tgid, Some(ph.id), ctx),
+                })
+                .collect(),
+        })
+        .collect();
+    Report {
+        schema: SCHEMA.into(),
+        kernel: ctx.kernel.clone(),
+        arch: ctx.arch.into(),
+        mode: mode(ctx.availability),
+        duration_ns: ctx.duration_ns,
+        probes: ctx
+            .probes
+            .iter()
+            .map(|p| ProbeStatus {
+                program: p.program.to_string(),
+                target: p.target.clone(),
+                attached: p.attached,
+                reason: p.reason.clone(),
+            })
+            .collect(),
+        drops: ctx.drops.clone(),
+        processes,
+        ..Report::default()
+    }
+}
+
+/// One interval of the time series: what each process did in it (the
+/// measured classes), in the phase that was current at its end.
+pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval {
+    let processes = delta
+        .pids()
+        .into_iter()
+        .map(|pid| IntervalProcess {
+            pid,
+            counts: ctx
+                .availability
+                .iter()
+                .filter_map(|(m, a)| match a {
+                    Availability::Measured { class, .. } => {
+                        Some((*m, delta.get(pid, *class).map(|s| s.count).unwrap_or(0)))
+                    }
+                    Availability::NotMeasurable(_) => None,
+                })
+                .collect(),
+        })
+        .collect();
+    Interval { t_s: elapsed_s, phase: ctx.timeline.current().name.clone(), processes }
+}
+
+/// Processes to show: those with counts, plus traced ones without any.
+fn pids(snap: &Snapshot, ctx: &Context<'_>) -> Vec<u32> {
+    let mut v = snap.pids();
+    v.extend(ctx.comms.keys().copied());
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultscope_common::{Stat, StatKey};
+
+    pub fn snap() -> Snapshot {
+        let mut stats = BTreeMap::new();
+        let mut s = Stat::ZERO;
+        for v in [400u64, 420, 450, 5000] {
+            s.record(Some(v));
+        }
+        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16, ..Default::default() }, s);
+        Snapshot { stats }
+    }
+
+    #[test]
+    fn report_shape() {
+        let avail = vec![
+            (Metric::Faults, Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
+            (Metric::Reuse, Availability::NotMeasurable("no kprobe PMU".into())),
+            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+        ];
+        let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
+        let timeline = Timeline::new(0, 0);
+        let ctx = Context {
+            kernel: "6.12".into(),
+            arch: "x86_64",
+            availability: &avail,
+            probes: &[],
+            comms: &comms,
+            drops: [("lost_kretprobe_returns".to_string(), 1)].into(),
+            duration_ns: 1,
+            timeline: &timeline,
+        };
+        let r = build(&snap(), &ctx);
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["schema"], SCHEMA);
+        assert_eq!(j["mode"], "kprobe");
+        let p = &j["processes"][0];
+        assert_eq!(p["pid"], 42);
+        assert_eq!(p["classes"]["faults"]["count"], 4);
+        assert_eq!(p["classes"]["faults"]["max_ns"], 5000);
+        assert!(p["classes"]["faults"]["p50_ns"].as_u64().unwrap() >= 384);
+        assert_eq!(p["classes"]["reuse"]["measurable"], false);
+        // Measured but nothing happened: a real 0, without latency.
+        assert_eq!(p["classes"]["copy"]["count"], 0);
+        assert!(p["classes"]["copy"].get("p50_ns").is_none());
+        assert_eq!(j["drops"]["lost_kretprobe_returns"], 1);
+        assert_eq!(p["phases"][0]["name"], "before-fork");
+        assert_eq!(p["phases"][0]["kind"], "before-fork");
+        assert_eq!(p["phases"][0]["classes"]["faults"]["count"], 4);
+        // Written and read back through the schema types: equal.
+        let back: Report = serde_json::from_value(j).unwrap();
+        assert_eq!(back, r);
+    }
+}

@@ -1,0 +1,207 @@
+//! `faultscope diff A.json B.json`: two runs side by side, per phase and
+//! class, with ratios, like the seed's "v7.3-rc3+ vs patched" columns.
+//! Mismatched workloads are detected and said, not silently compared.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Result;
+
+use super::{
+    file::{self, Loaded},
+    schema::{Classes, Process, Report},
+    text::safe,
+};
+use crate::kernel::classes::Metric;
+
+/// What makes two workloads comparable: bench parameters, else the
+/// processes' names.
+pub fn mismatches(a: &Report, b: &Report) -> Vec<String> {
+    let mut out = Vec::new();
+    match (&a.bench, &b.bench) {
+        (Some(x), Some(y)) => {
+            let fields = [
+                ("mode", x.mode.clone(), y.mode.clone()),
+                ("size", x.size.to_string(), y.size.to_string()),
+                ("folio", x.folio.clone(), y.folio.clone()),
+                ("mapping", x.mapping.clone(), y.mapping.clone()),
+                ("child", x.child.clone(), y.child.clone()),
+                ("threads", x.threads.to_string(), y.threads.to_string()),
+            ];
+            for (k, va, vb) in fields {
+                if va != vb {
+                    out.push(format!("workloads differ: bench {k} {:?} vs {:?}", safe(&va), safe(&vb)));
+                }
+            }
+        }
+        (Some(_), None) | (None, Some(_)) => {
+            out.push("workloads differ: one report is a bench run, the other is not".into())
+        }
+        (None, None) => {
+            let comms = |r: &Report| -> Vec<String> {
+                let mut v: Vec<String> = r.processes.iter().map(|p| safe(&p.comm)).collect();
+                v.sort();
+                v
+            };
+            if comms(a) != comms(b) {
+                out.push(format!("workloads differ: processes {:?} vs {:?}", comms(a), comms(b)));
+            }
+        }
+    }
+    out
+}
+
+/// The process to compare: the bench process, else the first process (or
+/// the first with the same comm in B).
+fn main_process<'a>(r: &'a Report, comm: Option<&str>) -> Option<&'a Process> {
+    if r.bench.is_some() {
+        return r.bench_process();
+    }
+    match comm {
+        Some(c) => r.processes.iter().find(|p| p.comm == c),
+        None => r.processes.first(),
+    }
+}
+
+fn cell(classes: Option<&Classes>, m: Metric) -> (String, Option<f64>) {
+    match classes.and_then(|c| c.get(&m)) {
+        Some(v) => match v.count() {
+            Some(n) => (n.to_string(), Some(n as f64)),
+            None => ("n/m".into(), None),
+        },
+        None => ("-".into(), None),
+    }
+}
+
+fn describe(l: &Loaded) -> String {
+    let r = &l.report;
+    let k = safe(&r.kernel);
+    let path = safe(&l.path);
+    match &r.bench {
+        Some(b) => format!(
+            "{path} (kernel {k}, bench {} {} MiB {} {} child {})",
+            safe(&b.mode),
+            b.size >> 20,
+            safe(&b.folio),
+            safe(&b.mapping),
+            safe(&b.child)
+        ),
+        None => format!("{path} (kernel {k})"),
+    }
+}
+
+pub fn diff(la: &Loaded, lb: &Loaded) -> String {
+    let (a, b) = (&la.report, &lb.report);
+    let mut out = String::new();
+    let _ = writeln!(out, "A: {}", describe(la));
+    let _ = writeln!(out, "B: {}", describe(lb));
+    for m in mismatches(a, b) {
+        let _ = writeln!(out, "warning: {m}");
+    }
+    let Some(pa) = main_process(a, None) else {
+        let _ = writeln!(out, "A has no process");
+        return out;
+    };
+    let Some(pb) = main_process(b, Some(&pa.comm)).or_else(|| main_process(b, None)) else {
+        let _ = writeln!(out, "B has no process");
+        return out;
+    };
+    let (sa, sb) = (pa.spans(), pb.spans());
+    let names = |s: &[super::schema::Span]| s.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+    let (na, nb) = (names(&sa), names(&sb));
+    let only_a: Vec<String> = na.iter().filter(|n| !nb.contains(n)).map(|n| safe(n)).collect();
+    let only_b: Vec<String> = nb.iter().filter(|n| !na.contains(n)).map(|n| safe(n)).collect();
+    if !only_a.is_empty() || !only_b.is_empty() {
+        let _ = writeln!(out, "warning: phases differ: only in A {only_a:?}, only in B {only_b:?}");
+    }
+    let _ = writeln!(out, "{:<34} {:<16} {:>12} {:>12} {:>9}", "PHASE", "CLASS", "A", "B", "B/A");
+    let mut scopes: Vec<(String, Option<&Classes>, Option<&Classes>)> = sa
+        .iter()
+        .filter_map(|x| {
+            let y = sb.iter().find(|y| y.name == x.name)?;
+            Some((safe(&x.name), Some(&x.classes), Some(&y.classes)))
+        })
+        .collect();
+    scopes.push(("whole run".into(), Some(&pa.classes), Some(&pb.classes)));
+    for (name, ca, cb) in scopes {
+        for m in Metric::compared() {
+            let (ta, va) = cell(ca, m);
+            let (tb, vb) = cell(cb, m);
+            // Nothing to compare: both zero, or both not measurable.
+            if (va == Some(0.0) && vb == Some(0.0)) || (va.is_none() && vb.is_none()) {
+                continue;
+            }
+            let ratio = match (va, vb) {
+                (Some(x), Some(y)) if x > 0.0 => format!("{:.3}", y / x),
+                (Some(_), Some(y)) if y > 0.0 => "new".into(),
+                _ => "".into(),
+            };
+            let _ = writeln!(out, "{name:<34} {:<16} {ta:>12} {tb:>12} {ratio:>9}", m.name());
+        }
+    }
+    out
+}
+
+pub fn run(a: &Path, b: &Path) -> Result<i32> {
+    let (a, b) = (file::load(a)?, file::load(b)?);
+    print!("{}", diff(&a, &b));
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::schema::{
+        testing::{classes, not_measurable, phase, process},
+        Bench, PhaseKind,
+    };
+
+    fn bench(kernel: &str, folio: &str, reuse: u64) -> Loaded {
+        let mut p =
+            process(5, vec![phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, reuse)]))]);
+        p.classes = classes(&[(Metric::Reuse, reuse)]);
+        p.classes.insert(Metric::Spurious, not_measurable("x"));
+        p.comm = "faultscope-bench".into();
+        let report = Report {
+            kernel: kernel.into(),
+            bench: Some(Bench {
+                mode: "seq".into(),
+                size: 268435456,
+                folio: folio.into(),
+                mapping: "pte".into(),
+                child: "exit".into(),
+                threads: 1,
+                pid: 5,
+                ..Bench::default()
+            }),
+            processes: vec![p],
+            ..Report::default()
+        };
+        Loaded { path: kernel.into(), report }
+    }
+
+    #[test]
+    fn side_by_side_with_ratio() {
+        let d = diff(&bench("7.3", "64K", 65601), &bench("7.3+patch", "64K", 4161));
+        assert!(!d.contains("warning"), "{d}");
+        let line = d.lines().find(|l| l.starts_with("mark:write") && l.contains("reuse")).unwrap();
+        assert!(line.contains("65601") && line.contains("4161") && line.contains("0.063"), "{line}");
+    }
+
+    #[test]
+    fn mismatched_workloads_are_said() {
+        let d = diff(&bench("7.3", "64K", 1), &bench("7.3", "4K", 1));
+        assert!(d.contains("warning: workloads differ: bench folio \"64K\" vs \"4K\""), "{d}");
+        let mut p = process(1, vec![]);
+        p.comm = "redis-server".into();
+        let plain = Loaded { path: "p".into(), report: Report { processes: vec![p], ..Report::default() } };
+        assert!(diff(&bench("7.3", "64K", 1), &plain).contains("one report is a bench run"));
+    }
+
+    #[test]
+    fn control_characters_in_a_report_are_escaped() {
+        let mut a = bench("7.3\x1b[2J", "64K", 1);
+        a.report.processes[0].comm = "x\x1b]0;pwn\x07".into();
+        let d = diff(&a, &bench("7.3", "64K", 1));
+        assert!(!d.contains('\x1b') && !d.contains('\x07'), "{d:?}");
+    }
+}

@@ -1,0 +1,188 @@
+//! Reading and writing report files. A loaded report is checked once
+//! against the schema types, so the rest reads fields, never guesses; a
+//! report is written whole or not at all.
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, Result};
+
+use super::schema::{ClassValue, Report, SCHEMA};
+use crate::error::Refusal;
+
+/// A report read back, with the file it came from.
+pub struct Loaded {
+    pub path: String,
+    pub report: Report,
+}
+
+/// Loads and checks a report; malformed or truncated files are refused with
+/// the file name and what is wrong.
+pub fn load(path: &Path) -> Result<Loaded, Refusal> {
+    let name = path.display().to_string();
+    let text = fs::read_to_string(path).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
+    parse(name, &text)
+}
+
+pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
+    if text.trim().is_empty() {
+        return Err(Refusal::new(format!("{name}: empty file (was the run interrupted before the report?)")));
+    }
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Refusal::new(format!("{name}: not a faultscope report: {e}")))?;
+    if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
+        return Err(Refusal::new(format!(
+            "{name}: schema is {}, expected {SCHEMA:?}",
+            v.get("schema").map(|s| s.to_string()).unwrap_or_else(|| "missing".into())
+        )));
+    }
+    let report: Report =
+        serde_json::from_value(v).map_err(|e| Refusal::new(format!("{name}: malformed report: {e}")))?;
+    check(&report).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
+    Ok(Loaded { path: name, report })
+}
+
+/// What serde cannot say: a class marked not measurable must say false.
+fn check(r: &Report) -> Result<(), String> {
+    for (i, p) in r.processes.iter().enumerate() {
+        let all = std::iter::once(&p.classes).chain(p.phases.iter().map(|ph| &ph.classes));
+        for c in all {
+            for (m, v) in c {
+                if let ClassValue::NotMeasurable(n) = v {
+                    if n.measurable {
+                        return Err(format!("processes[{i}]: class {m} has no count but measurable: true"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a report can be written at `p` before the run, without
+/// touching an existing file.
+pub fn check_writable(p: &Path) -> Result<(), Refusal> {
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let md = fs::metadata(dir).map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
+    if !md.is_dir() {
+        return Err(Refusal::new(format!(
+            "cannot write {}: {} is not a directory",
+            p.display(),
+            dir.display()
+        )));
+    }
+    if let Ok(m) = fs::symlink_metadata(p) {
+        if m.is_dir() {
+            return Err(Refusal::new(format!("cannot write {}: it is a directory", p.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a report whole or not at all: to a new temporary file in the same
+/// directory (created exclusively, never through an existing name), then
+/// renamed over the target.
+pub fn write(p: &Path, r: &Report) -> Result<()> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    let text = serde_json::to_string_pretty(r)?;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let base = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "report".into());
+    let mut last_err = None;
+    for i in 0..100u32 {
+        let tmp = dir.join(format!(".{base}.{}.{i}.tmp", std::process::id()));
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp);
+        let mut f = match f {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last_err = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("writing {}", tmp.display())),
+        };
+        let res = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+        if let Err(e) = res.and_then(|()| fs::rename(&tmp, p)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("writing {}", p.display()));
+        }
+        return Ok(());
+    }
+    Err(last_err.unwrap()).with_context(|| format!("no free temporary name beside {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::classes::Metric;
+
+    fn load_str(s: &str) -> Result<Loaded, Refusal> {
+        parse("r.json".into(), s)
+    }
+
+    const MIN: &str = r#""kernel": "6.12", "arch": "x86_64", "mode": "kprobe", "duration_ns": 1, "probes": [], "drops": {}"#;
+
+    #[test]
+    fn malformed_reports_are_refused_clearly() {
+        let e = load_str("").err().unwrap();
+        assert!(e.0.contains("empty file"), "{e}");
+        let e = load_str("{\"schema\": \"faultscope/1\", \"processes\": [").err().unwrap();
+        assert!(e.0.contains("not a faultscope report: EOF"), "{e}");
+        let e = load_str("{\"schema\": \"other\"}").err().unwrap();
+        assert!(e.0.contains("schema is \"other\""), "{e}");
+        let e = load_str(&format!("{{\"schema\": \"faultscope/1\", {MIN}}}")).err().unwrap();
+        assert!(e.0.contains("missing field `processes`"), "{e}");
+        let e =
+            load_str(&format!("{{\"schema\": \"faultscope/1\", {MIN}, \"processes\": [{{\"pid\": 1}}]}}"))
+                .err()
+                .unwrap();
+        assert!(e.0.contains("malformed report"), "{e}");
+        let e = load_str(&format!(
+            "{{\"schema\": \"faultscope/1\", {MIN}, \"processes\": [{{\"pid\": 1, \"comm\": \"x\", \"phases\": [], \"classes\": {{\"reuse\": {{\"count\": -1, \"source\": \"k\"}}}}}}]}}"
+        ))
+        .err()
+        .unwrap();
+        assert!(e.0.contains("malformed report"), "{e}");
+        assert!(load(Path::new("/nonexistent/r.json")).err().unwrap().0.contains("/nonexistent/r.json"));
+    }
+
+    #[test]
+    fn classes_read_back() {
+        let r = load_str(&format!(
+            r#"{{"schema": "faultscope/1", {MIN}, "processes": [{{"pid": 1, "comm": "w", "phases": [], "classes": {{
+                "faults": {{"count": 5, "source": "k"}}, "reuse": {{"measurable": false, "reason": "no PMU"}}}}}}]}}"#
+        ))
+        .unwrap();
+        let p = &r.report.processes[0];
+        assert_eq!(p.count(Metric::Faults), Some(5));
+        assert!(matches!(&p.classes[&Metric::Reuse], ClassValue::NotMeasurable(n) if n.reason == "no PMU"));
+        assert_eq!(p.count(Metric::Copy), None);
+    }
+
+    #[test]
+    fn written_whole_and_never_through_a_planted_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        let r = Report { schema: SCHEMA.into(), ..Report::default() };
+        write(&p, &r).unwrap();
+        assert_eq!(load(&p).unwrap().report, r);
+        // A symlink planted at the target is replaced, not followed.
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "keep").unwrap();
+        fs::remove_file(&p).unwrap();
+        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        write(&p, &r).unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+        assert!(!fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).collect();
+        assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
+    }
+}

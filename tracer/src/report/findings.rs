@@ -1,0 +1,264 @@
+//! Diagnosis: rules that turn a report's counts into plain findings, each
+//! with the numbers it rests on.
+
+use std::collections::BTreeMap;
+
+use super::schema::{present_write_faults, ClassValue, Finding, Number, Report};
+use crate::{cmd::folio, kernel::classes::Metric};
+
+/// COW copies while a child lives that are worth saying.
+const COPY_NOTABLE: u64 = 16;
+
+fn numbers<const N: usize>(kv: [(&str, Number); N]) -> BTreeMap<String, Number> {
+    kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+fn folio_bytes(r: &Report) -> Option<u64> {
+    r.bench.as_ref().and_then(|b| crate::cmd::workload::parse_size(&b.folio).ok())
+}
+
+pub fn findings(r: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let folio = folio_bytes(r).filter(|f| *f > folio::PAGE);
+    let bench = r.bench.as_ref();
+    let child_exited = bench.is_some_and(|b| b.child == "exit");
+    for p in &r.processes {
+        let pid = p.pid;
+        for s in p.spans() {
+            let c = |m| s.count(m);
+            let mut add = |rule: &str, text: String, numbers: BTreeMap<String, Number>| {
+                out.push(Finding { rule: rule.into(), pid, phase: s.name.clone(), text, numbers })
+            };
+            let reuse = c(Metric::Reuse).unwrap_or(0);
+            let copy = c(Metric::Copy).unwrap_or(0);
+            let is_write_step = s.name == "mark:write";
+            if let (Some(f), Some(b), true) = (folio, bench, is_write_step) {
+                let folios = b.folios.max(1);
+                let per = f / folio::PAGE;
+                let label = folio::human(f);
+                if reuse as f64 / folios as f64 >= 2.0 {
+                    add(
+                        "large-folio-reuse-per-page",
+                        format!(
+                            "{label} folios are reused page by page: {:.1} reuse faults per folio ({reuse} for {folios} folios of {per} pages); reusing the whole exclusive folio would take 1 per folio",
+                            reuse as f64 / folios as f64
+                        ),
+                        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
+                    );
+                }
+                if child_exited && copy as f64 / folios as f64 >= 2.0 {
+                    add(
+                        "large-folio-copy-after-exit",
+                        format!(
+                            "{label} folios are copied page by page after fork although the child has exited: {copy} copies, {:.1} per folio; this kernel does not reuse large anonymous folios",
+                            copy as f64 / folios as f64
+                        ),
+                        numbers([("copy", copy.into()), ("folios", folios.into())]),
+                    );
+                }
+            }
+            if let Some(sp) = c(Metric::Spurious).filter(|n| *n > 0) {
+                let present = present_write_faults(c);
+                let pct = 100.0 * sp as f64 / present as f64;
+                add(
+                    "spurious-write-faults",
+                    format!(
+                        "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages"
+                    ),
+                    numbers([("spurious", sp.into()), ("present_write_faults", present.into()), ("percent", pct.into())]),
+                );
+            }
+            if let Some(unfold) = c(Metric::ContpteUnfold).filter(|n| *n > 0) {
+                // Folds anywhere later in the run count as "folded again".
+                let folded = p.count(Metric::ContpteFold);
+                let tail = match folded {
+                    Some(0) => ", and none was folded again in the run".to_string(),
+                    Some(n) => format!(", and {n} blocks were folded in the run"),
+                    None => String::new(),
+                };
+                let via = c(Metric::ContpteTryUnfold)
+                    .map(|t| format!(", {t} through __contpte_try_unfold"))
+                    .unwrap_or_default();
+                let mut n = numbers([("contpte_unfold", unfold.into())]);
+                if let Some(f) = folded {
+                    n.insert("contpte_fold".into(), f.into());
+                }
+                add("contpte-unfold", format!("{unfold} contpte blocks were unfolded{via}{tail}"), n);
+            }
+            // Write-protect faults that are not COW at all: a reader who
+            // sums reuse + copy would miss them.
+            if let Some(shared) = c(Metric::WpShared).filter(|n| *n > 0) {
+                let mut n = numbers([("wp_shared", shared.into())]);
+                if let Some(wp) = c(Metric::WpFaults) {
+                    n.insert("wp_faults".into(), wp.into());
+                }
+                add(
+                    "shared-write-notify",
+                    format!(
+                        "{shared} write-protect faults were on shared mappings (write-notify for dirty tracking: writeback, soft-dirty or page_mkwrite), not COW reuse or copy"
+                    ),
+                    n,
+                );
+            }
+            // A handful of copies is the process's own bookkeeping after
+            // fork (stack, heap), not a finding.
+            if copy >= COPY_NOTABLE && s.child_alive {
+                add(
+                    "copy-while-child-alive",
+                    format!("{copy} COW copies while a forked child shared the memory"),
+                    numbers([("copy", copy.into())]),
+                );
+            }
+        }
+        // Once per process: what could not be measured.
+        for m in [Metric::Reuse, Metric::Copy, Metric::Spurious] {
+            if let Some(ClassValue::NotMeasurable(n)) = p.classes.get(&m) {
+                out.push(Finding {
+                    rule: "not-measurable".into(),
+                    pid,
+                    phase: "whole run".into(),
+                    text: format!("{m} is not measurable on this kernel: {}", n.reason),
+                    numbers: BTreeMap::new(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Adds `findings[]` to a report being written; returns them as text.
+pub fn attach(report: &mut Report) -> String {
+    report.findings = findings(report);
+    to_text(&report.findings)
+}
+
+pub fn to_text(f: &[Finding]) -> String {
+    let mut s = String::from("Findings:\n");
+    if f.is_empty() {
+        s.push_str("  none\n");
+    }
+    for x in f {
+        s.push_str(&format!(
+            "  [{}] pid {} {}: {}\n",
+            x.rule,
+            x.pid,
+            super::text::safe(&x.phase),
+            super::text::safe(&x.text)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::schema::{
+        testing::{classes, not_measurable, phase, process},
+        Bench, PhaseKind,
+    };
+
+    fn report(folio: &str, child: &str, write: &[(Metric, u64)]) -> Report {
+        let mut p = process(
+            9,
+            vec![
+                phase("mark:fork", PhaseKind::Mark, classes(&[(Metric::Copy, 0)])),
+                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(Metric::Copy, 30)])),
+                phase("mark:write", PhaseKind::Mark, classes(write)),
+            ],
+        );
+        p.classes = classes(write);
+        Report {
+            bench: Some(Bench { folio: folio.into(), folios: 1024, child: child.into(), ..Bench::default() }),
+            processes: vec![p],
+            ..Report::default()
+        }
+    }
+
+    fn rules(r: &Report) -> Vec<String> {
+        findings(r).into_iter().map(|f| f.rule).collect()
+    }
+
+    #[test]
+    fn reuse_page_by_page() {
+        let r = report("64K", "exit", &[(Metric::Reuse, 16384), (Metric::Copy, 2), (Metric::Spurious, 0)]);
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "large-folio-reuse-per-page").unwrap();
+        assert_eq!(x.phase, "mark:write");
+        assert!(x.text.contains("16.0 reuse faults per folio"), "{}", x.text);
+        // 4K pages: nothing to say about reuse.
+        let r = report("4K", "exit", &[(Metric::Reuse, 16384)]);
+        assert!(!rules(&r).contains(&"large-folio-reuse-per-page".into()));
+    }
+
+    #[test]
+    fn copy_after_exit() {
+        let r = report("64K", "exit", &[(Metric::Reuse, 10), (Metric::Copy, 16390)]);
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "large-folio-copy-after-exit").unwrap();
+        assert!(x.text.contains("16.0 per folio"), "{}", x.text);
+        // With the child alive, copies are expected: no such finding.
+        let r = report("64K", "alive", &[(Metric::Copy, 16390)]);
+        assert!(!rules(&r).contains(&"large-folio-copy-after-exit".into()));
+    }
+
+    #[test]
+    fn shared_write_notify_is_said_apart_from_cow() {
+        let r = report("4K", "exit", &[(Metric::WpFaults, 4100), (Metric::WpShared, 4096)]);
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "shared-write-notify").unwrap();
+        assert_eq!(x.phase, "mark:write");
+        assert!(x.text.starts_with("4096 write-protect faults were on shared mappings"), "{}", x.text);
+        assert_eq!(x.numbers["wp_faults"], Number::Int(4100));
+        let r = report("4K", "exit", &[(Metric::WpShared, 0)]);
+        assert!(!rules(&r).contains(&"shared-write-notify".into()));
+    }
+
+    #[test]
+    fn spurious_share() {
+        let r =
+            report("4K", "exit", &[(Metric::WpFaults, 900), (Metric::Spurious, 100), (Metric::HugePmdWp, 0)]);
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "spurious-write-faults").unwrap();
+        assert!(
+            x.text.starts_with(
+                "spurious write faults were 10.0% of write faults on present pages (100 of 1000)"
+            ),
+            "{}",
+            x.text
+        );
+    }
+
+    #[test]
+    fn contpte_never_folded() {
+        let r = report(
+            "64K",
+            "exit",
+            &[(Metric::ContpteUnfold, 512), (Metric::ContpteFold, 0), (Metric::ContpteTryUnfold, 0)],
+        );
+        let x = findings(&r).into_iter().find(|f| f.rule == "contpte-unfold").unwrap();
+        assert!(
+            x.text.starts_with("512 contpte blocks were unfolded, 0 through __contpte_try_unfold, and none was folded again in the run"),
+            "{}",
+            x.text
+        );
+        let r = report("64K", "exit", &[(Metric::ContpteUnfold, 512), (Metric::ContpteFold, 88)]);
+        let x = findings(&r).into_iter().find(|f| f.rule == "contpte-unfold").unwrap();
+        assert!(x.text.contains("and 88 blocks were folded in the run"), "{}", x.text);
+    }
+
+    #[test]
+    fn copies_while_child_alive_and_not_measurable() {
+        let mut r = report("64K", "exit", &[]);
+        r.processes[0].classes.insert(Metric::Spurious, not_measurable("no kprobe PMU"));
+        let f = findings(&r);
+        assert!(f.iter().any(|f| f.rule == "copy-while-child-alive"
+            && f.phase == "mark:fork"
+            && f.text.starts_with("30 COW")));
+        assert!(f.iter().any(|f| f.rule == "not-measurable" && f.text.contains("no kprobe PMU")));
+        r.processes[0].classes.clear();
+        assert!(!rules(&r).contains(&"not-measurable".into()));
+        // A few copies (the process's own stack and heap) are not a finding.
+        r.processes[0].phases[1].classes = classes(&[(Metric::Copy, 3)]);
+        assert!(!rules(&r).contains(&"copy-while-child-alive".into()));
+    }
+}

@@ -1,0 +1,12 @@
+//! The report stage: the typed `faultscope/1` report (`schema`), built from
+//! the kernel's counts (`build`), shown as text (`text`, `live`), read back
+//! (`file`) and judged (`findings`, `diff`, `verify`).
+
+pub mod build;
+pub mod diff;
+pub mod file;
+pub mod findings;
+pub mod live;
+pub mod schema;
+pub mod text;
+pub mod verify;

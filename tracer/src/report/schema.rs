@@ -1,0 +1,478 @@
+//! The report, `faultscope/1`: one set of types, written by record and bench,
+//! read back by findings, diff, verify, the tests and xtask. The JSON Schema
+//! published in the repository (`tracer/report.schema.json`) is generated
+//! from these types (`faultscope schema`), and a test keeps the two equal.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use crate::collect::phases::PhaseKind;
+use crate::kernel::classes::Metric;
+
+pub const SCHEMA: &str = "faultscope/1";
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Report {
+    /// Always "faultscope/1".
+    pub schema: String,
+    /// `uname -r` of the kernel the run was traced on.
+    pub kernel: String,
+    pub arch: String,
+    pub mode: Mode,
+    pub duration_ns: u64,
+    /// Every probe of the table: attached or why not.
+    pub probes: Vec<ProbeStatus>,
+    /// Things the kernel side could not record (never silently lost).
+    pub drops: BTreeMap<String, u64>,
+    pub processes: Vec<Process>,
+    /// Why the run ended (record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    /// The exit status of the command record started, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command_exit_status: Option<i32>,
+    /// The time series of `record --interval`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intervals: Option<Vec<Interval>>,
+    /// The workload's own numbers, when the run is a `bench`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bench: Option<Bench>,
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+}
+
+/// How the fault path is measured: kprobes, the tracepoint-only fallback,
+/// nothing (no fault source), or not at all (`bench --no-trace`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Kprobe,
+    Tracepoint,
+    #[default]
+    None,
+    Off,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeStatus {
+    pub program: String,
+    pub target: String,
+    pub attached: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The classes of one process over a span; every class of the catalogue is
+/// present, measured or not.
+pub type Classes = BTreeMap<Metric, ClassValue>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    /// The whole run.
+    pub classes: Classes,
+    /// The phases of the run, in order.
+    pub phases: Vec<Phase>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    /// The kernel's phase id (unique in the run).
+    pub id: u32,
+    pub name: String,
+    pub kind: PhaseKind,
+    pub start_ns: u64,
+    /// Absent while the phase was current at the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_ns: Option<u64>,
+    /// Forked children sharing the memory during this phase.
+    pub children_alive: u64,
+    pub classes: Classes,
+}
+
+/// One class: a count (with latency when timed), or why it cannot be
+/// measured on that kernel (never a 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ClassValue {
+    Measured(Measured),
+    NotMeasurable(NotMeasurable),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Measured {
+    pub count: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
+    pub latency: Option<Latency>,
+    /// How it was measured on that kernel.
+    pub source: String,
+}
+
+/// Latency of a timed class, from the kernel's log-linear histogram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Latency {
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NotMeasurable {
+    /// Always false.
+    pub measurable: bool,
+    pub reason: String,
+}
+
+impl ClassValue {
+    pub fn count(&self) -> Option<u64> {
+        match self {
+            ClassValue::Measured(m) => Some(m.count),
+            ClassValue::NotMeasurable(_) => None,
+        }
+    }
+}
+
+/// One interval of `record --interval`: what each process did in it, in the
+/// phase current at its end.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Interval {
+    pub t_s: f64,
+    pub phase: String,
+    pub processes: Vec<IntervalProcess>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IntervalProcess {
+    pub pid: u32,
+    /// Measured classes only.
+    pub counts: BTreeMap<Metric, u64>,
+}
+
+/// `bench`: the workload's parameters and its own view of each step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bench {
+    pub mode: String,
+    pub size: u64,
+    pub folio: String,
+    /// "pte" or "pmd".
+    pub mapping: String,
+    /// "exit" or "alive".
+    pub child: String,
+    pub threads: u64,
+    pub pages: u64,
+    pub folios: u64,
+    pub folio_check: FolioCheck,
+    pub pid: u32,
+    pub child_pid: i32,
+    /// populate, fork, write: each the span of the mark `mark:STEP` and the
+    /// automatic phases up to the next mark (see `Process::step`).
+    pub steps: Vec<BenchStep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_latency: Option<StoreLatency>,
+}
+
+/// How many folio-sized blocks are exactly one folio of that size (head
+/// page first, physically contiguous tails), and how much is PMD-mapped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FolioCheck {
+    pub blocks: u64,
+    pub whole_folios: u64,
+    pub pmd_mapped_bytes: u64,
+}
+
+/// A bench step as the workload saw it (getrusage, wall clock).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BenchStep {
+    pub name: String,
+    pub minflt: i64,
+    pub majflt: i64,
+    pub wall_ns: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StoreLatency {
+    pub n: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Finding {
+    pub rule: String,
+    pub pid: u32,
+    /// The phase or bench step (`mark:write`) it is about.
+    pub phase: String,
+    pub text: String,
+    /// The numbers the finding rests on.
+    pub numbers: BTreeMap<String, Number>,
+}
+
+/// A number of a finding: counts stay integers in JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Number {
+    Int(u64),
+    Float(f64),
+}
+
+impl From<u64> for Number {
+    fn from(v: u64) -> Number {
+        Number::Int(v)
+    }
+}
+
+impl From<f64> for Number {
+    fn from(v: f64) -> Number {
+        Number::Float(v)
+    }
+}
+
+/// A span of a process's run: one phase, or a bench step (its mark and the
+/// automatic phases up to the next mark, e.g. a fork and its child's exit).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    pub name: String,
+    pub classes: Classes,
+    /// A forked child shared the memory during some phase of the span.
+    pub child_alive: bool,
+}
+
+/// Sums class counts over phases (measurability and source from the first;
+/// latency is not summable and is left out).
+pub fn sum_classes<'a>(phases: impl IntoIterator<Item = &'a Classes>) -> Classes {
+    let mut out = Classes::new();
+    for classes in phases {
+        for (m, v) in classes {
+            match (out.get_mut(m), v) {
+                (None, ClassValue::Measured(x)) => {
+                    out.insert(*m, ClassValue::Measured(Measured { latency: None, ..x.clone() }));
+                }
+                (None, v) => {
+                    out.insert(*m, v.clone());
+                }
+                (Some(ClassValue::Measured(a)), ClassValue::Measured(b)) => a.count += b.count,
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+impl Process {
+    /// The spans of the run: each phase that is not a mark, and each mark
+    /// with the automatic phases that follow it up to the next mark. This
+    /// is the one definition of "a bench step".
+    pub fn spans(&self) -> Vec<Span> {
+        if self.phases.is_empty() {
+            return vec![Span {
+                name: "whole run".into(),
+                classes: self.classes.clone(),
+                child_alive: false,
+            }];
+        }
+        let ph = &self.phases;
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < ph.len() {
+            let mut j = i + 1;
+            if ph[i].kind == PhaseKind::Mark {
+                while j < ph.len() && ph[j].kind != PhaseKind::Mark {
+                    j += 1;
+                }
+            }
+            out.push(Span {
+                name: ph[i].name.clone(),
+                classes: sum_classes(ph[i..j].iter().map(|p| &p.classes)),
+                child_alive: ph[i..j].iter().any(|p| p.kind == PhaseKind::ChildAlive),
+            });
+            i = j;
+        }
+        out
+    }
+
+    /// The span named `name` (a phase name, or a bench step `mark:STEP`).
+    pub fn span(&self, name: &str) -> Option<Span> {
+        self.spans().into_iter().find(|s| s.name == name)
+    }
+
+    pub fn count(&self, m: Metric) -> Option<u64> {
+        self.classes.get(&m).and_then(ClassValue::count)
+    }
+}
+
+impl Span {
+    pub fn count(&self, m: Metric) -> Option<u64> {
+        self.classes.get(&m).and_then(ClassValue::count)
+    }
+}
+
+/// Write faults on present pages, the denominator of the spurious share:
+/// write-protect faults (PTE and PMD) plus the spurious ones themselves.
+pub fn present_write_faults(count: impl Fn(Metric) -> Option<u64>) -> u64 {
+    [Metric::WpFaults, Metric::HugePmdWp, Metric::Spurious].iter().filter_map(|m| count(*m)).sum()
+}
+
+impl Report {
+    pub fn process(&self, pid: u32) -> Option<&Process> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// The bench's own process, when the report is a bench run.
+    pub fn bench_process(&self) -> Option<&Process> {
+        self.bench.as_ref().and_then(|b| self.process(b.pid))
+    }
+
+    pub fn drop_count(&self, key: &str) -> u64 {
+        self.drops.get(key).copied().unwrap_or(0)
+    }
+}
+
+impl Bench {
+    pub fn step(&self, name: &str) -> Option<&BenchStep> {
+        self.steps.iter().find(|s| s.name == name)
+    }
+}
+
+/// The schema of the report, generated from these types.
+pub fn json_schema() -> schemars::Schema {
+    schemars::schema_for!(Report)
+}
+
+/// Builders for tests of the report's readers.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+
+    pub fn measured(count: u64) -> ClassValue {
+        ClassValue::Measured(Measured { count, latency: None, source: "test".into() })
+    }
+
+    pub fn not_measurable(reason: &str) -> ClassValue {
+        ClassValue::NotMeasurable(NotMeasurable { measurable: false, reason: reason.into() })
+    }
+
+    pub fn classes(counts: &[(Metric, u64)]) -> Classes {
+        counts.iter().map(|(m, n)| (*m, measured(*n))).collect()
+    }
+
+    pub fn phase(name: &str, kind: PhaseKind, classes: Classes) -> Phase {
+        Phase { id: 0, name: name.into(), kind, start_ns: 0, end_ns: None, children_alive: 0, classes }
+    }
+
+    pub fn process(pid: u32, phases: Vec<Phase>) -> Process {
+        Process { pid, comm: "test".into(), classes: Classes::new(), phases }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{testing::*, *};
+
+    /// The published schema file, beside Cargo.toml.
+    pub const PUBLISHED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/report.schema.json");
+
+    fn generated() -> String {
+        serde_json::to_string_pretty(&json_schema()).unwrap() + "\n"
+    }
+
+    #[test]
+    fn published_schema_is_current() {
+        let published = std::fs::read_to_string(PUBLISHED).unwrap_or_default();
+        assert!(
+            published == generated(),
+            "tracer/report.schema.json is out of date: run `cargo run -p faultscope -- schema > tracer/report.schema.json`"
+        );
+    }
+
+    fn sample() -> Report {
+        let mut p = process(
+            7,
+            vec![
+                phase("before-fork", PhaseKind::BeforeFork, classes(&[(Metric::Faults, 3)])),
+                phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, 16)])),
+            ],
+        );
+        p.classes = classes(&[(Metric::Faults, 3), (Metric::Reuse, 16)]);
+        p.classes.insert(Metric::ContpteUnfold, not_measurable("arm64 only"));
+        if let Some(ClassValue::Measured(m)) = p.classes.get_mut(&Metric::Faults) {
+            m.latency = Some(Latency { p50_ns: 1, p99_ns: 2, max_ns: 3, mean_ns: 2 });
+        }
+        Report {
+            schema: SCHEMA.into(),
+            kernel: "6.12".into(),
+            arch: "x86_64".into(),
+            mode: Mode::Kprobe,
+            drops: [("stats_map_full".to_string(), 0)].into(),
+            processes: vec![p],
+            bench: Some(Bench { folio: "64K".into(), steps: vec![], ..Bench::default() }),
+            findings: vec![Finding {
+                rule: "r".into(),
+                pid: 7,
+                phase: "mark:write".into(),
+                text: "t".into(),
+                numbers: [("n".to_string(), Number::Int(1)), ("p".to_string(), Number::Float(0.5))].into(),
+            }],
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn round_trip_through_json() {
+        let r = sample();
+        let text = serde_json::to_string_pretty(&r).unwrap();
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn the_schema_validates_a_report_and_rejects_a_broken_one() {
+        let schema = serde_json::to_value(json_schema()).unwrap();
+        let v = jsonschema::validator_for(&schema).unwrap();
+        let good = serde_json::to_value(sample()).unwrap();
+        assert!(v.is_valid(&good), "{:?}", v.iter_errors(&good).map(|e| e.to_string()).collect::<Vec<_>>());
+        let mut bad = good.clone();
+        bad["processes"][0]["classes"]["faults"]["count"] = serde_json::json!(-1);
+        assert!(!v.is_valid(&bad));
+        let mut bad = good;
+        bad["processes"][0]["phases"][0]["kind"] = serde_json::json!("sometime");
+        assert!(!v.is_valid(&bad));
+    }
+
+    #[test]
+    fn a_mark_and_the_phases_after_it_are_one_step() {
+        let p = process(
+            1,
+            vec![
+                phase("mark:fork", PhaseKind::Mark, classes(&[(Metric::Copy, 1)])),
+                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(Metric::Copy, 5)])),
+                phase("fork#1 after-child-exit", PhaseKind::AfterChildExit, classes(&[(Metric::Copy, 2)])),
+                phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Copy, 100)])),
+            ],
+        );
+        let s = p.spans();
+        assert_eq!(s.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["mark:fork", "mark:write"]);
+        assert_eq!(s[0].count(Metric::Copy), Some(8));
+        assert!(s[0].child_alive && !s[1].child_alive);
+        let p = process(2, vec![phase("before-fork", PhaseKind::BeforeFork, classes(&[]))]);
+        assert_eq!(p.spans()[0].name, "before-fork");
+    }
+}

@@ -1,0 +1,146 @@
+//! The plain text report, libbpf-tools style: per process, each phase in
+//! which it faulted (classes with counts), then the whole run (every class).
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use super::schema::{ClassValue, Classes, Report};
+use crate::kernel::classes::{Availability, Metric};
+
+pub fn fmt_ns(ns: u64) -> String {
+    match ns {
+        0..=9_999 => format!("{ns}ns"),
+        10_000..=9_999_999 => format!("{:.1}us", ns as f64 / 1e3),
+        10_000_000..=9_999_999_999 => format!("{:.1}ms", ns as f64 / 1e6),
+        _ => format!("{:.1}s", ns as f64 / 1e9),
+    }
+}
+
+/// Escapes control characters (C0, DEL, C1) of a string that came from
+/// someone else (a process name, a path, a report's field) before it goes to
+/// a terminal.
+pub fn safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn header(out: &mut String) {
+    let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
+}
+
+fn class_rows(out: &mut String, classes: &Classes, all: bool) {
+    for (m, v) in classes {
+        match v {
+            ClassValue::NotMeasurable(_) => {
+                if all {
+                    let _ = writeln!(out, "  {:<22} {:>10}", m.name(), "n/m");
+                }
+            }
+            ClassValue::Measured(x) => {
+                if x.count == 0 && !all {
+                    continue;
+                }
+                let (p50, p99, max) = match &x.latency {
+                    Some(l) => (fmt_ns(l.p50_ns), fmt_ns(l.p99_ns), fmt_ns(l.max_ns)),
+                    None => ("-".into(), "-".into(), "-".into()),
+                };
+                let _ = writeln!(out, "  {:<22} {:>10} {p50:>9} {p99:>9} {max:>9}", m.name(), x.count);
+            }
+        }
+    }
+}
+
+fn any_count(c: &Classes) -> bool {
+    c.values().any(|v| v.count().is_some_and(|n| n > 0))
+}
+
+pub fn to_text(r: &Report) -> String {
+    let mut out = String::new();
+    for p in &r.processes {
+        let t0 = p.phases.first().map(|p| p.start_ns).unwrap_or(0);
+        let comm = if p.comm.is_empty() { "?".to_string() } else { safe(&p.comm) };
+        let active: Vec<_> = p.phases.iter().filter(|ph| any_count(&ph.classes)).collect();
+        if active.len() > 1 {
+            for ph in active {
+                let end = ph.end_ns.map(|e| format!("{:.3}s", (e - t0) as f64 / 1e9)).unwrap_or("now".into());
+                let _ = writeln!(
+                    out,
+                    "PID {} ({comm}) phase {} [{:.3}s .. {end}]",
+                    p.pid,
+                    safe(&ph.name),
+                    (ph.start_ns - t0) as f64 / 1e9
+                );
+                header(&mut out);
+                class_rows(&mut out, &ph.classes, false);
+            }
+        }
+        let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
+        header(&mut out);
+        class_rows(&mut out, &p.classes, true);
+    }
+    let dropped: Vec<String> =
+        r.drops.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
+    if !dropped.is_empty() {
+        let _ = writeln!(
+            out,
+            "warning: the kernel side dropped records ({}); rerun with a larger --max-stats",
+            dropped.join(", ")
+        );
+    }
+    let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
+    out
+}
+
+/// One line saying what is measured here and what is not, and why.
+pub fn measured_line(avail: &[(Metric, Availability)]) -> String {
+    let measured: Vec<&str> = avail
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
+        .map(|(m, _)| m.name())
+        .collect();
+    let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (m, a) in avail {
+        if let Availability::NotMeasurable(r) = a {
+            reasons.entry(r.as_str()).or_default().push(m.name());
+        }
+    }
+    let mut s = format!("faultscope: measuring {}", measured.join(", "));
+    if !reasons.is_empty() {
+        s.push_str("; not measurable here: ");
+        let parts: Vec<String> = reasons.iter().map(|(r, ns)| format!("{} ({r})", ns.join(", "))).collect();
+        s.push_str(&parts.join("; "));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultscope_common::Class;
+
+    #[test]
+    fn measured_line_groups_reasons() {
+        let avail = vec![
+            (Metric::Faults, Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
+            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
+            (Metric::Copy, Availability::NotMeasurable("no PMU".into())),
+        ];
+        assert_eq!(
+            measured_line(&avail),
+            "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)"
+        );
+        assert_eq!(super::super::build::mode(&avail), super::super::schema::Mode::Tracepoint);
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(safe("a\x1b[2Jb\n\u{9b}c"), "a\\x1b[2Jb\\x0a\\x9bc");
+        assert_eq!(safe("redis-server"), "redis-server");
+    }
+}
