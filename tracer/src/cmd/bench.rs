@@ -71,7 +71,8 @@ pub struct BenchOpts {
     pub child: Child,
     #[arg(long, default_value_t = 8)]
     pub threads: usize,
-    /// Time every store by itself (clock_gettime around it, as the seed).
+    /// Time every store by itself (a clock read between stores, as the
+    /// whole-folio-reuse patch's cover letter measured).
     #[arg(long)]
     pub time_stores: bool,
     /// Seed of the random orders.
@@ -501,7 +502,7 @@ fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -
 }
 
 /// One volatile byte store per listed page; with `lat`, the latency of each
-/// store (the clock read between stores, as in the seed).
+/// store (the clock read between stores).
 fn store_pages(mem: &Memory, pages: &[usize], lat: Option<&mut [u64]>) {
     match lat {
         None => {

@@ -1,4 +1,4 @@
-//! The built-in workload: the seed's scenario with known page arithmetic.
+//! The built-in workload: populate, fork, write, with known page arithmetic.
 //!
 //! Populate anonymous memory, fork, let the child exit (COW reuse) or stay
 //! alive (COW copy), then write one byte per page. It reports its own view of

@@ -249,7 +249,7 @@ fn attach_reason(e: &anyhow::Error) -> String {
 }
 
 /// Loads every program of the object into the kernel without attaching any:
-/// the verifier's verdict on each, for `faultscope check --load`.
+/// the verifier's verdict on each, for `faultscope probes --load`.
 pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), String>>> {
     let mut bpf = loader(tracefs, 64)?;
     let mut out = BTreeMap::new();

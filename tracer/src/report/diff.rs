@@ -1,5 +1,6 @@
 //! `faultscope diff A.json B.json`: two runs side by side, per phase and
-//! class, with ratios, like the seed's "v7.3-rc3+ vs patched" columns.
+//! class, with ratios, like the "v7.3-rc3+ vs patched" columns of a kernel
+//! patch's cover letter.
 //! Mismatched workloads are detected and said, not silently compared.
 
 use std::{fmt::Write as _, path::Path};
