@@ -5,40 +5,25 @@
 
 use std::{fmt::Write as _, fs, time::Duration};
 
-use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use anyhow::{bail, Result};
+use faultscope::{kernel::classes::Metric, report::schema::Report};
 
-use crate::{kernels, root, run, vm};
+use crate::{check, kernels, root, run, vm};
 
 const ROWS: [(&str, &str); 3] = [("4K", "4K pages"), ("64K", "64K mTHP"), ("2M", "2M THP, PTE-mapped")];
 
 /// faultscope's count of a class in the bench's write step.
-fn write_step(report: &Value, class: &str) -> Option<u64> {
-    let pid = report["bench"]["pid"].as_u64()?;
-    let p = report["processes"].as_array()?.iter().find(|p| p["pid"].as_u64() == Some(pid))?;
-    let ph = p["phases"].as_array()?;
-    let i = ph.iter().position(|x| x["name"] == "mark:write")?;
-    let mut n = 0;
-    for x in std::iter::once(&ph[i])
-        .chain(ph[i + 1..].iter().take_while(|x| !x["name"].as_str().unwrap_or("").starts_with("mark:")))
-    {
-        n += x["classes"][class]["count"].as_u64()?;
-    }
-    Some(n)
+fn write_step(report: &Report, m: Metric) -> Option<u64> {
+    report.bench_process()?.span("mark:write")?.count(m)
 }
 
-fn step_ms(report: &Value, step: &str) -> f64 {
-    report["bench"]["phases"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == step))
-        .and_then(|p| p["wall_ns"].as_u64())
-        .unwrap_or(0) as f64
-        / 1e6
+fn step_ms(report: &Report, step: &str) -> f64 {
+    report.bench.as_ref().and_then(|b| b.step(step)).map_or(0, |s| s.wall_ns) as f64 / 1e6
 }
 
 pub fn run_demo(size: &str) -> Result<()> {
     let names = ["6.12-cloud-amd64", "7.3-cloud-amd64"];
-    let mut reports: Vec<Vec<Value>> = Vec::new();
+    let mut reports: Vec<Vec<Report>> = Vec::new();
     let mut releases = Vec::new();
     for name in names {
         let k = kernels::by_name(name)?;
@@ -58,11 +43,12 @@ pub fn run_demo(size: &str) -> Result<()> {
                 "=== {name}: faultscope bench seq --size {size} --folio {f} --child exit --time-stores ==="
             );
             print!("{}", g.section(&format!("{case}.out"))?);
-            let j: Value = serde_json::from_str(g.section(&format!("{case}.json"))?).context("bench JSON")?;
-            fs::write(dir.join(format!("bench-{f}.json")), serde_json::to_string_pretty(&j)?)?;
+            let section = format!("{case}.json");
+            let j = check::report(&g, &section)?;
+            fs::write(dir.join(format!("bench-{f}.json")), g.section(&section)?)?;
             per.push(j);
         }
-        releases.push(per[0]["kernel"].as_str().unwrap_or(name).to_string());
+        releases.push(per[0].kernel.clone());
         reports.push(per);
     }
     let mut t = String::new();
@@ -70,10 +56,10 @@ pub fn run_demo(size: &str) -> Result<()> {
     let _ = writeln!(t, "{:<28} {:>24} {:>24}", "", releases[0], releases[1]);
     let _ = writeln!(t, "  one byte per page, a clock_gettime() between the stores");
     for (what, class) in [
-        ("write faults", "write_faults"),
-        ("  of which reuse", "reuse"),
-        ("  of which copy", "copy"),
-        ("  spurious", "spurious"),
+        ("write faults", Metric::WriteFaults),
+        ("  of which reuse", Metric::Reuse),
+        ("  of which copy", Metric::Copy),
+        ("  spurious", Metric::Spurious),
     ] {
         let _ = writeln!(t, "    {what}");
         for (i, (_, row)) in ROWS.iter().enumerate() {

@@ -2,70 +2,25 @@
 //! kprobe oracle of the same run, and against the workload's page
 //! arithmetic and getrusage.
 
-use std::{
-    collections::{BTreeSet, HashMap},
-    fmt::Write as _,
-    time::Duration,
-};
+use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
+use faultscope::{kernel::classes::Metric, report::schema::Mode};
 use serde_json::Value;
 
-use crate::{kernels, root, vm};
+use crate::{
+    check::{self, Oracle},
+    kernels, root, vm,
+};
 
 /// Faults of the workload outside its write phase that land in the same
-/// classes: COW of the binary's data pages after exec, stack and heap pages
-/// shared with the child after fork. Measured at 20-40; the write phase
-/// itself is exact.
+/// classes (binary data COW, stack and heap after fork): 20-40 seen. The
+/// write phase itself is exact.
 pub const TOLERANCE: u64 = 64;
 
 pub struct CaseResult {
     pub table: String,
     pub failures: Vec<String>,
-}
-
-/// Classes compared with the oracle, their key in its output line
-/// (`oracle tgid=N phase=ALL faults=.. wp=.. reuse=.. ...`), and the oracle
-/// events (lib.sh `oracle_event`) the key needs.
-pub const ORACLE_COLUMNS: [(&str, &str, &[&str]); 12] = [
-    ("faults", "faults", &["hmf", "hmfr"]),
-    ("wp_faults", "wp", &["hmf", "hmfr", "wp"]),
-    // Without "dsp" both sides count shared write-notify as reuse.
-    ("reuse", "reuse", &["hmf", "hmfr", "wp", "nar"]),
-    ("copy", "copy", &["hmf", "hmfr", "wp", "nar"]),
-    ("wp_shared", "shared", &["hmf", "hmfr", "wp", "dsp"]),
-    ("huge_pmd_wp", "huge", &["hmf", "hmfr", "hwp"]),
-    ("spurious", "spurious", &["hmf", "hmfr", "wp", "hwp", "nar", "exc|acc"]),
-    ("contpte_unfold", "unfold", &["conv"]),
-    ("contpte_fold", "folded", &["conv"]),
-    ("contpte_convert", "convert", &["conv"]),
-    ("contpte_try_unfold", "tryunfold", &["unfold"]),
-    ("contpte_fold_attempt", "fold", &["fold"]),
-];
-
-/// Why the oracle cannot count a column: the events it needs that the
-/// guest kernel refused ("a|b" needs one of them). Empty when it can.
-pub fn oracle_unknown(run: &vm::GuestRun, events: &[&str]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| {
-            let alts: Vec<&str> = e.split('|').collect();
-            let miss: Vec<String> = alts.iter().filter_map(|a| run.marker("ORACLE-MISSING", a)).collect();
-            (miss.len() == alts.len()).then(|| miss.join("; "))
-        })
-        .collect()
-}
-
-/// The process `pid` of a faultscope report.
-pub fn report_process(report: &Value, pid: u64) -> Result<&Value> {
-    report["processes"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["pid"].as_u64() == Some(pid)))
-        .with_context(|| format!("no process {pid} in faultscope's report"))
-}
-
-fn count(proc_: &Value, class: &str) -> Option<u64> {
-    proc_["classes"][class]["count"].as_u64()
 }
 
 pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseResult> {
@@ -77,60 +32,41 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
             run.section(&format!("{case}.out")).unwrap_or("")
         );
     }
-    let fs: Value =
-        serde_json::from_str(run.section(&format!("{case}.fs.json"))?).context("faultscope JSON")?;
+    let fs = check::report(run, &format!("{case}.fs.json"))?;
+    // The workload's own JSON (`faultscope workload --out`), not a report.
     let wl: Value =
         serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
-    let pid = wl["pid"].as_u64().context("workload pid")?;
+    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
     let pages = wl["pages"].as_u64().context("workload pages")?;
-    let p = report_process(&fs, pid).with_context(|| case.to_string())?;
-    if fs["mode"] != "kprobe" {
-        fails.push(format!("{case}: mode is {}, not kprobe", fs["mode"]));
+    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
+    if fs.mode != Mode::Kprobe {
+        fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
     }
-    let (tgid, all) = (format!("tgid={pid}"), "phase=ALL");
-    let oracle: HashMap<&str, u64> = run
-        .section(&format!("{case}.oracle"))?
-        .lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|w| w.contains(&tgid.as_str()) && w.contains(&all))
-        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?
-        .into_iter()
-        .filter_map(|kv| kv.split_once('=').and_then(|(k, v)| Some((k, v.parse().ok()?))))
-        .collect();
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let cmp = oracle
+        .compare(case, &p.classes, pid, "ALL")
+        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
     let mut table = String::new();
     let _ = writeln!(
         table,
         "{case} (pid {pid}, {pages} pages of 4K, folio {folio}, guest wall {:.1}s)",
         run.wall.as_secs_f64()
     );
-    let _ = writeln!(table, "  {:<20} {:>10} {:>10}", "class", "faultscope", "oracle");
-    let mut unknown = BTreeSet::new();
-    for (class, key, events) in ORACLE_COLUMNS {
-        let f = count(p, class);
-        // A key whose events the kernel refused is unknown, not 0: then
-        // faultscope must say "not measurable" too.
-        let missing = oracle_unknown(run, events);
-        let o = if missing.is_empty() { oracle.get(key).copied() } else { None };
-        let _ = writeln!(table, "  {:<20} {:>10} {:>10}", class, fmt(f), fmt(o));
-        unknown.extend(missing);
-        if f != o {
-            fails.push(format!("{case}: {class}: faultscope {} != oracle {}", fmt(f), fmt(o)));
-        }
-    }
-    for why in unknown {
-        let _ = writeln!(table, "  oracle cannot count: {why}");
-    }
-    // Page arithmetic. Large anonymous folios are reused on a write fault
-    // since 6.16 (1da190f4d0a6, "mm: Copy-on-Write (COW) reuse support for
-    // PTE-mapped THP"), page by page; before, every page is copied.
-    let kernel = fs["kernel"].as_str().unwrap_or("");
+    table.push_str(&cmp.table("class"));
+    fails.extend(cmp.failures);
+    // Page arithmetic. Large folios are reused page by page since 6.16
+    // (1da190f4d0a6); before, every page is copied.
     let (class, what) = match folio {
-        "shared" => ("wp_shared", "soft-dirty cleared on shared memory: one write-notify fault per page"),
-        "4K" => ("reuse", "4K pages are reused one by one"),
-        _ if kernel_at_least(kernel, 6, 16) => ("reuse", "large folios are reused, one page per fault"),
-        _ => ("copy", "no large-folio reuse before 6.16: every page is copied"),
+        "shared" => {
+            (Metric::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
+        }
+        "4K" => (Metric::Reuse, "4K pages are reused one by one"),
+        _ if kernel_at_least(&fs.kernel, 6, 16) => {
+            (Metric::Reuse, "large folios are reused, one page per fault")
+        }
+        _ => (Metric::Copy, "no large-folio reuse before 6.16: every page is copied"),
     };
-    let got = count(p, class).unwrap_or(0);
+    let got = p.count(class).unwrap_or(0);
     let _ =
         writeln!(table, "  arithmetic: {class} = {got}, pages = {pages} ({what}; tolerance +{TOLERANCE})");
     if got < pages || got > pages + TOLERANCE {
@@ -145,8 +81,8 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     }
     // getrusage: all of the workload's faults since exec.
     let minflt = wl["minflt_total"].as_u64().unwrap_or(0) + wl["majflt_total"].as_u64().unwrap_or(0);
-    let faults = count(p, "faults").unwrap_or(0);
-    let retries = count(p, "retry").unwrap_or(0);
+    let faults = p.count(Metric::Faults).unwrap_or(0);
+    let retries = p.count(Metric::Retry).unwrap_or(0);
     let _ = writeln!(
         table,
         "  getrusage: minflt+majflt = {minflt}; faultscope faults - retries = {}",
@@ -155,8 +91,9 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     if (faults - retries.min(faults)).abs_diff(minflt) > TOLERANCE {
         fails.push(format!("{case}: faults {faults} (retries {retries}) vs getrusage {minflt}"));
     }
-    if fs["drops"]["lost_kretprobe_returns"].as_u64() != Some(0) {
-        fails.push(format!("{case}: kretprobe returns lost: {}", fs["drops"]["lost_kretprobe_returns"]));
+    let lost = fs.drop_count("lost_kretprobe_returns");
+    if lost != 0 {
+        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
     }
     for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
         let v = run.marker(tag, case).unwrap_or_default();
@@ -180,10 +117,6 @@ pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
     (a, b) >= (major, minor)
 }
 
-fn fmt(v: Option<u64>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
-}
-
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
 /// cases, and the shared-memory soft-dirty case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
@@ -205,4 +138,42 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
         bail!("guest test failed:\n  {}", failures.join("\n  "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::testing::*;
+
+    #[test]
+    fn a_case_against_the_oracle_arithmetic_and_getrusage() {
+        let markers =
+            format!("@@FS-RC fork4k 0\n@@FS-OVERRUN fork4k 0\n@@FS-KPROBES-LEFT fork4k 0\n{X86_REFUSED}");
+        let wl = r#"{"pid": 7, "pages": 16, "minflt_total": 38, "majflt_total": 1}"#;
+        let run = guest_run(
+            &markers,
+            &[
+                ("fork4k.fs.json", &bench_json()),
+                ("fork4k.wl.json", wl),
+                ("fork4k.oracle", &oracle_line("ALL", 39, 20, 1)),
+            ],
+        );
+        let r = check_case(&run, "fork4k", "4K").unwrap();
+        assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
+        assert!(r.table.contains("  arithmetic: reuse = 20, pages = 16"), "{}", r.table);
+        assert!(
+            r.table.contains("  getrusage: minflt+majflt = 39; faultscope faults - retries = 39"),
+            "{}",
+            r.table
+        );
+        // Before 6.16 a 64K folio is copied page by page: copy 1 is not 16.
+        let r = check_case(&run, "fork4k", "64K").unwrap();
+        assert!(r.failures.iter().any(|f| f.contains("copy = 1, expected pages 16")), "{:?}", r.failures);
+    }
+
+    #[test]
+    fn release_strings_compare() {
+        assert!(kernel_at_least("7.3.4+deb13-cloud-amd64", 6, 16));
+        assert!(!kernel_at_least("6.12.0", 6, 16));
+    }
 }

@@ -1,5 +1,6 @@
 //! Developer tasks: `cargo xtask setup | test | demo | guest-test`.
 
+mod check;
 mod cross;
 mod demo;
 mod foundation;

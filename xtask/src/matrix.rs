@@ -2,81 +2,23 @@
 //! arch, each compared, per bench phase, with the tracefs oracle of the same
 //! run and with the workload's page arithmetic.
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::fmt::Write as _;
 
 use anyhow::{Context as _, Result};
-use serde_json::Value;
+use faultscope::kernel::classes::Metric;
 
-use crate::vm::GuestRun;
+use crate::{
+    check::{self, Oracle},
+    vm::GuestRun,
+};
 
-use crate::foundation::{oracle_unknown, ORACLE_COLUMNS};
-
-/// Faults of the bench's own pages (stack, heap) in its write phase: 0-4
-/// with the child gone; with the child alive every such page is copied
-/// too (4-9 seen across the matrix). The oracle comparison stays exact.
+/// Faults of the bench's own pages (stack, heap) in its write step: 0-4,
+/// 4-9 with the child alive. The oracle comparison stays exact.
 pub const SLACK: u64 = 16;
 
-/// Why the oracle of `section` has no counts for (`pid`, `phase`): its own
-/// summary line (trace lines, unknown tgids, exec'd pids, phase markers
-/// seen) and the trace buffer's overrun, so that a failed run says whether
-/// the trace lost the process, the marker, or the whole section.
-pub fn oracle_gap(run: &GuestRun, case: &str, section: &str, pid: u64, phase: &str) -> String {
-    let text = run.section(section).unwrap_or("");
-    let summary = text.lines().find(|l| l.starts_with("oracle:")).unwrap_or("no oracle summary line");
-    let overrun = run.marker("OVERRUN", case).unwrap_or_else(|| "not reported".into());
-    let out = run.section(&format!("{case}.out")).map(|o| crate::vm::tail(o, 15)).unwrap_or_default();
-    format!(
-        "the oracle has no {phase} phase for pid {pid} ({summary}; trace buffer overrun {overrun}); \
-         oracle section:\n{text}faultscope's output:\n{out}"
-    )
-}
-
-/// `oracle tgid=N phase=P k=v...` lines, by (tgid, phase).
-pub fn parse_oracle(text: &str) -> BTreeMap<(u64, String), BTreeMap<String, u64>> {
-    let mut out = BTreeMap::new();
-    for l in text.lines() {
-        let Some(rest) = l.strip_prefix("oracle ") else { continue };
-        let mut tgid = None;
-        let mut phase = None;
-        let mut counts = BTreeMap::new();
-        for kv in rest.split_whitespace() {
-            let Some((k, v)) = kv.split_once('=') else { continue };
-            match k {
-                "tgid" => tgid = v.parse().ok(),
-                "phase" => phase = Some(v.to_string()),
-                _ => {
-                    if let Ok(n) = v.parse() {
-                        counts.insert(k.to_string(), n);
-                    }
-                }
-            }
-        }
-        if let (Some(t), Some(p)) = (tgid, phase) {
-            out.insert((t, p), counts);
-        }
-    }
-    out
-}
-
-/// faultscope's counts of a bench step (its mark and the automatic phases up
-/// to the next mark); `None` for a class not measurable there.
-pub fn step_counts(report: &Value, pid: u64, step: &str) -> Result<BTreeMap<String, Option<u64>>> {
-    let p = crate::foundation::report_process(report, pid)?;
-    let phases = p["phases"].as_array().context("no phases")?;
-    let i = phases.iter().position(|ph| ph["name"] == step).with_context(|| format!("no phase {step}"))?;
-    let span: Vec<&Value> = std::iter::once(&phases[i])
-        .chain(
-            phases[i + 1..].iter().take_while(|ph| !ph["name"].as_str().unwrap_or("").starts_with("mark:")),
-        )
-        .collect();
-    let mut out = BTreeMap::new();
-    for (class, _, _) in ORACLE_COLUMNS {
-        let measurable = span[0]["classes"][class]["measurable"] != false;
-        let n: u64 = span.iter().filter_map(|ph| ph["classes"][class]["count"].as_u64()).sum();
-        out.insert(class.to_string(), measurable.then_some(n));
-    }
-    Ok(out)
-}
+/// The bench steps, each compared with the oracle between the same trace
+/// markers.
+const STEPS: [&str; 3] = ["mark:populate", "mark:fork", "mark:write"];
 
 pub struct CaseResult {
     pub table: String,
@@ -96,59 +38,49 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         let failures = vec![format!("{kernel} {case}: bench exited with {rc:?}:\n{out}")];
         return Ok(CaseResult { table: String::new(), failures });
     }
-    let report: Value = serde_json::from_str(run.section(&format!("{case}.json"))?).context("bench JSON")?;
+    let report = check::report(run, &format!("{case}.json"))?;
     let sec = format!("{case}.oracle");
-    let oracle = parse_oracle(run.section(&sec)?);
-    let b = &report["bench"];
-    let pid = b["pid"].as_u64().context("bench pid")?;
-    let pages = b["pages"].as_u64().unwrap_or(0);
-    let folios = b["folios"].as_u64().unwrap_or(0);
-    let write_minflt = b["phases"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == "write"))
-        .and_then(|p| p["minflt"].as_u64())
-        .unwrap_or(0);
+    let oracle = Oracle::from_run(run, &sec)?;
+    let b = report.bench.as_ref().context("no bench in the report")?;
+    let (pid, pages, folios) = (b.pid, b.pages, b.folios);
+    let p = check::process(&report, pid)?;
+    let write_minflt = b.step("write").map_or(0, |s| s.minflt);
     let mut table = String::new();
     let _ = writeln!(
         table,
         "{kernel} {case}: {pages} pages, {folios} folios of {}, write-phase getrusage minflt {write_minflt}, guest wall {:.1}s",
-        b["folio"].as_str().unwrap_or("?"),
+        b.folio,
         run.wall.as_secs_f64()
     );
-    // Every bench step, phase by phase, against the oracle's counts between
-    // the same trace markers.
-    let steps = ["mark:populate", "mark:fork", "mark:write"];
     let _ = write!(table, "  {:<20}", "faultscope/oracle");
-    for st in steps {
+    for st in STEPS {
         let _ = write!(table, " {st:>21}");
     }
     table.push('\n');
     let mut per_step = Vec::new();
-    for st in steps {
-        let mine = step_counts(&report, pid, st)?;
-        let theirs = oracle
-            .get(&(pid, st.to_string()))
-            .with_context(|| format!("{kernel} {case}: {}", oracle_gap(run, case, &sec, pid, st)))?
-            .clone();
-        per_step.push((mine, theirs));
+    for st in STEPS {
+        let span = p.span(st).with_context(|| format!("{kernel} {case}: no phase {st}"))?;
+        let cmp = oracle
+            .compare(&format!("{kernel} {case} {st}"), &span.classes, pid, st)
+            .with_context(|| format!("{kernel} {case}: {}", check::oracle_gap(run, case, &sec, pid, st)))?;
+        per_step.push((span, cmp));
     }
-    for (class, col, events) in ORACLE_COLUMNS {
-        let _ = write!(table, "  {class:<20}");
-        for (st, (mine, theirs)) in steps.iter().zip(&per_step) {
-            let f = mine[class];
-            // Unknown to the oracle (a refused event) is not 0: then
-            // faultscope must say "not measurable" too.
-            let o = if oracle_unknown(run, events).is_empty() { theirs.get(col).copied() } else { None };
-            let show = |v: Option<u64>, none: &str| v.map(|v| v.to_string()).unwrap_or_else(|| none.into());
-            let _ = write!(table, " {:>21}", format!("{}/{}", show(f, "n/m"), show(o, "-")));
-            if f != o {
-                fails.push(format!("{kernel} {case} {st}: {class} faultscope {f:?} != oracle {o:?}"));
-            }
+    for (i, c) in check::COLUMNS.iter().enumerate() {
+        let _ = write!(table, "  {:<20}", c.metric.name());
+        for (_, cmp) in &per_step {
+            let r = &cmp.rows[i];
+            let _ = write!(table, " {:>21}", format!("{}/{}", r.faultscope_cell(), r.oracle_cell()));
         }
         table.push('\n');
     }
-    let (mine, theirs) = (&per_step[2].0, &per_step[2].1);
-    let get = |c: &str| mine[c].unwrap_or(0);
+    for (_, cmp) in &mut per_step {
+        fails.append(&mut cmp.failures);
+    }
+    for why in &per_step[2].1.unknown {
+        let _ = writeln!(table, "  oracle cannot count: {why}");
+    }
+    let write = &per_step[2].0;
+    let get = |m: Metric| write.count(m).unwrap_or(0);
     let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
     let mut expect = |ok: bool, what: String| {
         let _ = writeln!(table, "  {} {what}", if ok { "ok  " } else { "FAIL" });
@@ -156,13 +88,14 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
             fails.push(format!("{kernel} {case}: {what}"));
         }
     };
-    let folio = b["folio"].as_str().unwrap_or("");
+    let folio = b.folio.as_str();
     match case {
         "4k-exit" => {
-            expect(within(get("reuse"), pages), format!("reuse {} = pages {pages} (+{SLACK})", get("reuse")))
+            let r = get(Metric::Reuse);
+            expect(within(r, pages), format!("reuse {r} = pages {pages} (+{SLACK})"))
         }
         "64k-exit" | "2m-pte-exit" => {
-            let (r, c) = (get("reuse"), get("copy"));
+            let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
             expect(
                 within(r + c, pages),
                 format!(
@@ -172,28 +105,26 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
             );
         }
         "2m-pmd-exit" => {
-            expect(
-                within(get("huge_pmd_wp"), folios),
-                format!("huge_pmd_wp {} = THPs {folios}", get("huge_pmd_wp")),
-            );
+            let h = get(Metric::HugePmdWp);
+            expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
         }
         "4k-alive" | "64k-alive" => {
-            expect(within(get("copy"), pages), format!("copy {} = pages {pages} (child alive)", get("copy")))
+            let c = get(Metric::Copy);
+            expect(within(c, pages), format!("copy {c} = pages {pages} (child alive)"))
         }
         "spurious-race" => {
-            let sp = get("spurious");
-            expect(
-                true,
-                format!(
-                    "spurious write faults from 4 threads racing: {sp} (oracle {:?})",
-                    theirs.get("spurious")
-                ),
-            );
+            let sp = get(Metric::Spurious);
+            let o = oracle.line(pid, "mark:write").and_then(|l| l.get("spurious"));
+            expect(true, format!("spurious write faults from 4 threads racing: {sp} (oracle {o:?})"));
         }
         _ => {}
     }
-    if b["mapping"] == "pte" && folio == "64K" && mine["contpte_unfold"].is_some() && case == "64k-exit" {
-        let u = get("contpte_unfold");
+    if b.mapping == "pte"
+        && folio == "64K"
+        && write.count(Metric::ContpteUnfold).is_some()
+        && case == "64k-exit"
+    {
+        let u = get(Metric::ContpteUnfold);
         expect(u == folios, format!("contpte_unfold {u} = 64K blocks written {folios}"));
     }
     if run.marker("OVERRUN", case).as_deref() != Some("0") {
@@ -202,21 +133,17 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     Ok(CaseResult { table, failures: fails })
 }
 
-/// `faultscope verify --expect contpte_unfold=0` over the write phase of the
-/// 64K and 4K runs: on arm64 it must fail (exit 1, count printed) where the
-/// kernel unfolded and pass where it did not; on x86 the class is not
-/// measurable (exit 3).
+/// `faultscope verify --expect contpte_unfold=0` over the write step of the
+/// 64K and 4K runs: on arm64 exit 1 (count printed) where the kernel
+/// unfolded, 0 where not; on x86 the class is not measurable (exit 3).
 fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
     let mut fails = Vec::new();
     for case in ["64k-exit", "4k-exit"] {
         let Some(rc) = run.marker("VERIFY", case) else { continue };
         let out = run.section(&format!("verify-{case}")).unwrap_or("").trim().to_string();
-        let unfolds = run
-            .section(&format!("{case}.json"))
+        let unfolds = check::report(run, &format!("{case}.json"))
             .ok()
-            .and_then(|j| serde_json::from_str::<Value>(j).ok())
-            .and_then(|r| step_counts(&r, r["bench"]["pid"].as_u64()?, "mark:write").ok())
-            .and_then(|m| m["contpte_unfold"]);
+            .and_then(|r| r.bench_process()?.span("mark:write")?.count(Metric::ContpteUnfold));
         let want = match (k.arch, unfolds) {
             ("arm64", Some(0)) => "0",
             ("arm64", Some(_)) => "1",
@@ -314,16 +241,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn oracle_lines() {
-        let o = parse_oracle(
-            "oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n",
-        );
-        assert_eq!(o[&(5, "mark:write".to_string())]["faults"], 2);
-        assert_eq!(o[&(5, "ALL".to_string())]["wp"], 1);
-        assert_eq!(o.len(), 2);
-    }
-
-    #[test]
     fn a_missing_oracle_phase_says_what_the_trace_held() {
         let console = "@@FS-RC c 0\n@@FS-OVERRUN c 0\n@@FS-BEGIN c.oracle\n\
                        oracle tgid=7 phase=ALL faults=1\n\
@@ -336,8 +253,29 @@ mod tests {
         };
         let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
         assert!(e.contains("no section c.json"), "{e}");
-        let gap = oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
+        let gap = check::oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
         assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
         assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
+    }
+
+    #[test]
+    fn a_case_against_its_oracle_steps_and_arithmetic() {
+        use check::testing::*;
+        let oracle = oracle_line("mark:populate", 16, 0, 0)
+            + &oracle_line("mark:fork", 3, 0, 1)
+            + &oracle_line("mark:write", 20, 21, 0).replace(" wp=21 ", " wp=20 ");
+        let markers = format!("@@FS-RC 4k-exit 0\n@@FS-OVERRUN 4k-exit 0\n{X86_REFUSED}");
+        let run = guest_run(&markers, &[("4k-exit.json", &bench_json()), ("4k-exit.oracle", &oracle)]);
+        let r = check_case(&run, "k", "4k-exit").unwrap();
+        assert_eq!(r.failures, ["k 4k-exit mark:write: reuse: faultscope 20 != oracle 21"]);
+        assert!(r.table.contains("write-phase getrusage minflt 20"), "{}", r.table);
+        assert!(r.table.contains("\n  copy                                   0/0                   1/1                   0/0\n"), "{}", r.table);
+        assert!(r.table.contains("\n  contpte_unfold                       n/m/-                 n/m/-                 n/m/-\n"), "{}", r.table);
+        assert!(r.table.contains("  ok   reuse 20 = pages 16 (+16)"), "{}", r.table);
+        assert!(r.table.contains("oracle cannot count: contpte is arm64 only"), "{}", r.table);
+        // A step the oracle did not see is the harness's error.
+        let run = guest_run(&markers, &[("4k-exit.json", &bench_json()), ("4k-exit.oracle", "")]);
+        let e = format!("{:#}", check_case(&run, "k", "4k-exit").err().unwrap());
+        assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }

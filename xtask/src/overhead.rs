@@ -6,13 +6,13 @@
 
 use std::{path::Path, process::Command, time::Duration};
 
-use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use anyhow::{bail, Result};
+use faultscope::report::{file, schema::Report};
 
-use crate::{kernels, root, vm};
+use crate::{check, kernels, root, vm};
 
-fn step_ns(report: &Value, step: &str) -> Option<f64> {
-    report["bench"]["phases"].as_array()?.iter().find(|p| p["name"] == step)?["wall_ns"].as_f64()
+fn step_ns(report: &Report, step: &str) -> Option<f64> {
+    Some(report.bench.as_ref()?.step(step)?.wall_ns as f64)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -21,7 +21,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Medians per step, off and on, and their ratio.
-fn summarize(off: &[Value], on: &[Value], what: &str) -> Result<()> {
+fn summarize(off: &[Report], on: &[Report], what: &str) -> Result<()> {
     println!(
         "{what}: {} runs each, alternately; medians of the workload's own wall time per step",
         off.len()
@@ -62,7 +62,7 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
                 if !out.status.success() {
                     bail!("bench failed: {}", String::from_utf8_lossy(&out.stderr));
                 }
-                let r: Value = serde_json::from_str(&std::fs::read_to_string(&json)?)?;
+                let r = file::load(&json)?.report;
                 if traced {
                     on.push(r)
                 } else {
@@ -70,7 +70,7 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
                 }
             }
         }
-        let mode = on[0]["mode"].as_str().unwrap_or("?").to_string();
+        let mode = check::mode_name(&on[0]);
         return summarize(&off, &on, &format!("host ({mode} mode), bench seq {size} 4K"));
     }
     let k = kernels::by_name(kernel)?;
@@ -87,7 +87,7 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
             if g.marker("RC", &case).as_deref() != Some("0") {
                 bail!("{case} failed");
             }
-            list.push(serde_json::from_str(g.section(&format!("{case}.json"))?).context("bench JSON")?);
+            list.push(check::report(&g, &format!("{case}.json"))?);
         }
     }
     summarize(&off, &on, &format!("guest {} (kprobe mode, QEMU TCG), bench seq {size} 4K", k.name))

@@ -1,38 +1,27 @@
-//! `cargo xtask redis`: Redis end to end. The host's own redis-server (Debian
-//! 7.0.15) runs in a guest of the generic Debian 6.12 amd64 kernel, with the
-//! host's `/` over virtio-9p (`vm::virtfs_host_root`) and a chroot into it
-//! (`xtask/guest/redis.sh`). The -cloud kernels the other guest tests boot
-//! have no 9p; the generic one has it as modules (netfs, 9pnet,
-//! 9pnet_virtio, 9p, with virtio-pci built in), which are taken from its
-//! .deb, decompressed here and `insmod`ed in dependency order
-//! (`vm::kernel_modules`).
+//! `cargo xtask redis`: Redis end to end. The host's redis-server runs in a
+//! guest of the generic Debian 6.12 amd64 kernel (it has 9p, as modules),
+//! chrooted into the host's `/` over virtio-9p (`xtask/guest/redis.sh`).
+//! Two runs on a fresh, loaded redis-server:
 //!
-//! Two runs, each on a fresh redis-server (exec'd while tracing is on: the
-//! oracle counts a process from its exec; `--save ''`, no AOF, a tmpfs
-//! `--dir`) loaded with `keys` values of `value_size` bytes by one Lua
-//! script (in-process like `DEBUG POPULATE`, which would need
-//! `--enable-debug-command yes`, but under redis-benchmark's key names
-//! `key:%012d`, so that its `-r keys` SETs overwrite the loaded keys rather
-//! than add new ones):
-//!
-//! 1. BGSAVE and wait for its end, then `faultscope record -p` and SETs
-//!    from redis-benchmark: the pages the fork write-protected are reused.
-//! 2. `faultscope record -p` first, then BGSAVE and SETs: the automatic
-//!    phases `fork#1 child-alive` and `fork#1 after-child-exit` must match
+//! 1. BGSAVE to its end, then `faultscope record -p` and SETs: the pages
+//!    the fork write-protected are reused.
+//! 2. `record -p` first, then BGSAVE and SETs: the fork phases must match
 //!    the BGSAVE Redis reports.
 //!
-//! In both, faultscope's counts for redis-server must equal the tracefs
-//! oracle's for its tgid in the oracle phase "attach" (from faultscope's
-//! "attach" trace marker to its "detach" one).
+//! In both, faultscope's counts for redis-server equal the oracle's in its
+//! phase "attach" (faultscope's attach to detach trace markers).
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{Mode, Phase},
+};
 
 use crate::{
-    foundation::{oracle_unknown, ORACLE_COLUMNS},
-    kernels, matrix, root, setup, vm,
+    check::{self, count, Oracle},
+    kernels, root, setup, vm,
 };
 
 /// Modules the guest needs for `mount -t 9p` over virtio (their
@@ -123,21 +112,19 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     if rc != "0" {
         bail!("faultscope exited with {rc:?}:\n{}", run.section(&format!("{name}.out")).unwrap_or(""));
     }
-    let pid: u64 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
-    let report: Value =
-        serde_json::from_str(run.section(&format!("{name}.fs.json"))?).context("faultscope JSON")?;
-    let p = crate::foundation::report_process(&report, pid)?;
-    if report["mode"] != "kprobe" {
-        fails.push(format!("{name}: mode is {}, not kprobe", report["mode"]));
+    let pid: u32 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
+    let report = check::report(run, &format!("{name}.fs.json"))?;
+    let p = check::process(&report, pid)?;
+    if report.mode != Mode::Kprobe {
+        fails.push(format!("{name}: mode is {}, not kprobe", check::mode_name(&report)));
     }
-    if p["comm"] != "redis-server" {
-        fails.push(format!("{name}: pid {pid} is {}, not redis-server", p["comm"]));
+    if p.comm != "redis-server" {
+        fails.push(format!("{name}: pid {pid} is {:?}, not redis-server", p.comm));
     }
-    let oracle = matrix::parse_oracle(run.section(&format!("{name}.oracle"))?);
-    let theirs = oracle.get(&(pid, "attach".to_string())).with_context(|| {
-        format!("redis-server: {}", matrix::oracle_gap(run, name, &format!("{name}.oracle"), pid, "attach"))
-    })?;
-    let count = |ph: &Value, class: &str| ph["classes"][class]["count"].as_u64();
+    let sec = format!("{name}.oracle");
+    let cmp = Oracle::from_run(run, &sec)?
+        .compare(name, &p.classes, pid, "attach")
+        .with_context(|| format!("redis-server: {}", check::oracle_gap(run, name, &sec, pid, "attach")))?;
 
     let mut t = String::new();
     let _ = writeln!(t, "=== {name}: {what} ===");
@@ -147,19 +134,9 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         run.marker("POPULATE", name).unwrap_or_default(),
         run.marker("BENCH", name).unwrap_or_default()
     );
-    let _ = writeln!(t, "  {:<20} {:>10} {:>10}", "redis-server", "faultscope", "oracle");
-    for (class, key, events) in ORACLE_COLUMNS {
-        let f = count(p, class);
-        // Unknown to the oracle (a refused event) is not 0: then faultscope
-        // must say "not measurable" too.
-        let o = if oracle_unknown(run, events).is_empty() { theirs.get(key).copied() } else { None };
-        let show = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-        let _ = writeln!(t, "  {class:<20} {:>10} {:>10}", show(f), show(o));
-        if f != o {
-            fails.push(format!("{name}: {class}: faultscope {} != oracle {}", show(f), show(o)));
-        }
-    }
-    let get = |c: &str| count(p, c).unwrap_or(0);
+    t.push_str(&cmp.table("redis-server"));
+    fails.extend(cmp.failures);
+    let get = |m: Metric| p.count(m).unwrap_or(0);
     let keys = run.marker("KEYS", name).unwrap_or_default();
     let mut expect = |t: &mut String, ok: bool, what: String| {
         let _ = writeln!(t, "  {} {what}", if ok { "ok  " } else { "FAIL" });
@@ -169,43 +146,44 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     };
     let loaded = run.marker("POPULATE", name).unwrap_or_default();
     expect(&mut t, loaded == format!("loaded dbsize={keys}"), format!("{keys} keys loaded: {loaded:?}"));
+    let (reuse, copy) = (get(Metric::Reuse), get(Metric::Copy));
     expect(
         &mut t,
-        get("reuse") + get("copy") > 0,
-        format!("the SETs' write-protect faults show: reuse {} + copy {} > 0", get("reuse"), get("copy")),
+        reuse + copy > 0,
+        format!("the SETs' write-protect faults show: reuse {reuse} + copy {copy} > 0"),
     );
-    let lost = &report["drops"]["lost_kretprobe_returns"];
-    expect(&mut t, lost.as_u64() == Some(0), format!("kretprobe returns lost: {lost}"));
+    let lost = report.drop_count("lost_kretprobe_returns");
+    expect(&mut t, lost == 0, format!("kretprobe returns lost: {lost}"));
     for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
         let v = run.marker(tag, name).unwrap_or_default();
         expect(&mut t, v == want, format!("{tag} = {v}"));
     }
 
-    let phases = p["phases"].as_array().context("no phases")?;
+    let phases = &p.phases;
     let _ = writeln!(t, "  faultscope phases:");
     for ph in phases {
-        let (s, e) = (ph["start_ns"].as_u64().unwrap_or(0), ph["end_ns"].as_u64().unwrap_or(0));
+        let c = |m: Metric| count(&ph.classes, m).unwrap_or(0);
         let _ = writeln!(
             t,
             "    {:<28} {:>10}  faults {:>6} wp {:>6} reuse {:>6} copy {:>6} spurious {:>3}",
-            ph["name"].as_str().unwrap_or("?"),
-            ms(e.saturating_sub(s)),
-            count(ph, "faults").unwrap_or(0),
-            count(ph, "wp_faults").unwrap_or(0),
-            count(ph, "reuse").unwrap_or(0),
-            count(ph, "copy").unwrap_or(0),
-            count(ph, "spurious").unwrap_or(0),
+            ph.name,
+            ms(ph.end_ns.unwrap_or(0).saturating_sub(ph.start_ns)),
+            c(Metric::Faults),
+            c(Metric::WpFaults),
+            c(Metric::Reuse),
+            c(Metric::Copy),
+            c(Metric::Spurious),
         );
     }
     // The phases split the process' counts: their sums are its totals.
-    for class in ["faults", "wp_faults", "reuse", "copy"] {
-        let sum: u64 = phases.iter().filter_map(|ph| count(ph, class)).sum();
-        if sum != get(class) {
-            expect(&mut t, false, format!("{class}: phases sum to {sum}, total {}", get(class)));
+    for m in [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy] {
+        let sum: u64 = phases.iter().filter_map(|ph| count(&ph.classes, m)).sum();
+        if sum != get(m) {
+            expect(&mut t, false, format!("{m}: phases sum to {sum}, total {}", get(m)));
         }
     }
     let forks: Vec<&str> =
-        phases.iter().filter_map(|ph| ph["name"].as_str()).filter(|n| n.starts_with("fork#")).collect();
+        phases.iter().map(|ph| ph.name.as_str()).filter(|n| n.starts_with("fork#")).collect();
 
     let bg = run.marker("BGSAVE", name).context("no BGSAVE marker")?;
     let bgw: Vec<&str> = bg.split_whitespace().collect();
@@ -240,12 +218,8 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         // alone: 4K anonymous pages are reused, not copied.
         expect(
             &mut t,
-            get("reuse") > get("copy"),
-            format!(
-                "reuse {} > copy {} (child gone: write-protected pages are reused)",
-                get("reuse"),
-                get("copy")
-            ),
+            reuse > copy,
+            format!("reuse {reuse} > copy {copy} (child gone: write-protected pages are reused)"),
         );
     } else {
         check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut t, &mut expect)?;
@@ -253,38 +227,16 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     Ok(RunResult { table: t, failures: fails })
 }
 
-/// Run 2: the fork phases against Redis' own account of the BGSAVE.
-///
-/// What is compared, and why it holds:
-/// - INFO `total_forks` read before faultscope attached and after it
-///   detached differs by exactly 1, `rdb_saves` likewise, and Redis forked
-///   for nothing else (`--save ''`, no AOF, no replicas). So exactly one
-///   fork happened while faultscope was attached, and it was the BGSAVE's:
-///   faultscope must show exactly `fork#1 child-alive` then `fork#1
-///   after-child-exit`, and no other fork phase.
-/// - The BGSAVE ended well (`rdb_last_bgsave_status:ok`,
-///   `rdb_bgsave_in_progress:0`).
-/// - Timing, on one clock: faultscope's phase times are CLOCK_MONOTONIC (BPF
-///   ktime), the guest stamps BGSAVE with /proc/uptime (CLOCK_BOOTTIME,
-///   equal to it in a guest that never suspends; 10 ms resolution). The fork
-///   (task_newtask, inside the fork() Redis runs for the BGSAVE command)
-///   cannot precede the command being sent (t0), and the child's exit
-///   cannot follow the moment Redis reported it reaped (t1, when
-///   `rdb_bgsave_in_progress` was first seen 0): t0 <= child-alive start,
-///   child-alive end <= t1 (+ the clock's resolution).
-/// - Redis times the save as `rdb_last_bgsave_time_sec` (whole seconds from
-///   just after fork() returned to the reaping) and the fork as
-///   `latest_fork_usec` (the whole fork() call, which contains the phase's
-///   start): so the child-alive phase is shorter than
-///   rdb_last_bgsave_time_sec + 1 s + latest_fork_usec. That bound is sound.
-/// - The child-alive phase lasts at least latest_fork_usec: a plausibility
-///   check, not a law (the phase starts late in fork(), after the page
-///   tables were copied); it holds by orders of magnitude because the child
-///   serializes the whole data set before it exits.
+/// Run 2: the fork phases against Redis' own account of the BGSAVE:
+/// exactly one fork while attached (INFO total_forks and rdb_saves +1), the
+/// BGSAVE ended ok, the child lived within the BGSAVE command's window (one
+/// clock: BPF ktime and /proc/uptime), and its duration is bounded by
+/// rdb_last_bgsave_time_sec + 1 s + latest_fork_usec (sound) and at least
+/// latest_fork_usec (plausibility only).
 fn check_bgsave_phases(
     run: &vm::GuestRun,
     name: &str,
-    phases: &[Value],
+    phases: &[Phase],
     forks: &[&str],
     (t0, t1): (u64, u64),
     t: &mut String,
@@ -335,18 +287,14 @@ fn check_bgsave_phases(
         forks == ["fork#1 child-alive", "fork#1 after-child-exit"],
         format!("exactly one fork, the BGSAVE's: fork phases {forks:?}"),
     );
-    let find = |n: &str| phases.iter().find(|ph| ph["name"] == n);
+    let find = |n: &str| phases.iter().find(|ph| ph.name == n);
     let (Some(alive), Some(exit)) = (find("fork#1 child-alive"), find("fork#1 after-child-exit")) else {
         return Ok(());
     };
-    let start = alive["start_ns"].as_u64().unwrap_or(0);
-    let end = alive["end_ns"].as_u64().unwrap_or(0);
+    let start = alive.start_ns;
+    let end = alive.end_ns.unwrap_or(0);
     let d = end.saturating_sub(start);
-    expect(
-        t,
-        exit["start_ns"].as_u64() == Some(end),
-        "after-child-exit starts where child-alive ends".into(),
-    );
+    expect(t, exit.start_ns == end, "after-child-exit starts where child-alive ends".into());
     let _ = writeln!(
         t,
         "  BGSAVE seen by the guest: sent at {:.2}s, end seen at {:.2}s ({}); fork#1 child-alive {:.3}s .. {:.3}s ({})",
@@ -380,7 +328,7 @@ fn check_bgsave_phases(
     } else {
         expect(t, false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec".into());
     }
-    let reuse_after = exit["classes"]["reuse"]["count"].as_u64().unwrap_or(0);
+    let reuse_after = count(&exit.classes, Metric::Reuse).unwrap_or(0);
     expect(
         t,
         reuse_after > 0,
