@@ -208,7 +208,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     mark(&mut rec, "report")?;
     let traced = match rec.as_mut() {
         Some(r) => {
-            let reading = r.timeline.current().id as u16;
+            let reading = r.timeline.current().id;
             let snap = r.snapshot()?.without_phase(std::process::id(), reading);
             r.timeline.drop_current();
             Some((r.finish(&snap)?, snap))
@@ -449,13 +449,13 @@ fn store_pages(mem: &Memory, pages: &[usize], lat: Option<&mut [u64]>) {
 
 /// Phase keys of a bench step: its mark and the automatic phases (fork,
 /// child exit) that follow it up to the next mark.
-fn step_phases(rec: &Recorder, step: &str) -> Vec<u16> {
+fn step_phases(rec: &Recorder, step: &str) -> Vec<faultscope_common::PhaseId> {
     let phases = rec.timeline.phases();
     let Some(i) = phases.iter().position(|p| p.name.starts_with(&format!("mark:{step}"))) else {
         return Vec::new();
     };
-    let mut keys = vec![phases[i].id as u16];
-    keys.extend(phases[i + 1..].iter().take_while(|p| !p.name.starts_with("mark:")).map(|p| p.id as u16));
+    let mut keys = vec![phases[i].id];
+    keys.extend(phases[i + 1..].iter().take_while(|p| !p.name.starts_with("mark:")).map(|p| p.id));
     keys
 }
 

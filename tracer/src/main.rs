@@ -1,4 +1,6 @@
-//! faultscope: counts and times what the Linux fault path does to a process.
+//! faultscope (package `faultscope`, the user-space binary): counts and
+//! times what the Linux fault path does to a process. The eBPF object it
+//! loads is package `faultscope-ebpf`, built by build.rs.
 //!
 //! Data flow, one module each: probes (the table) -> session (load, attach) ->
 //! kernel maps -> collector (snapshots) -> classes (what is measurable here)
@@ -100,7 +102,7 @@ fn main() {
 fn probes_cmd(load: bool) -> anyhow::Result<i32> {
     kernel::require_root()?;
     let tracefs = kernel::tracefs()?;
-    println!("{:<16} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
+    println!("{:<18} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
     for r in probes::resolve_here(&tracefs) {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
@@ -112,14 +114,14 @@ fn probes_cmd(load: bool) -> anyhow::Result<i32> {
             probes::Resolution::Unavailable(w) => format!("unavailable: {w}"),
         };
         println!(
-            "{:<16} {:<8} {:<10} {:<34} {}",
+            "{:<18} {:<8} {:<10} {:<34} {}",
             r.spec.program,
             format!("{:?}", r.spec.arch).to_lowercase(),
             if r.spec.required { "yes" } else { "no" },
             hook,
             here
         );
-        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
+        println!("{:<18} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
     }
     if load {
         let mut failed = 0;

@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use faultscope_common::{maps::NDROPS, Class};
+use faultscope_common::{maps::Drop, Class, PhaseId};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -22,7 +22,7 @@ pub struct Context<'a> {
     pub availability: &'a [(&'static str, Availability)],
     pub probes: &'a [ProbeStatus],
     pub comms: &'a BTreeMap<u32, String>,
-    pub drops: [u64; NDROPS as usize],
+    pub drops: [u64; Drop::COUNT],
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
 }
@@ -47,7 +47,7 @@ pub fn mode(avail: &[(&'static str, Availability)]) -> &'static str {
 }
 
 /// One class's JSON object for one process, over the run or in one phase.
-pub fn class_json(snap: &Snapshot, tgid: u32, phase: Option<u16>, a: &Availability) -> Value {
+pub fn class_json(snap: &Snapshot, tgid: u32, phase: Option<PhaseId>, a: &Availability) -> Value {
     match a {
         Availability::NotMeasurable(reason) => json!({"measurable": false, "reason": reason}),
         Availability::Measured { class, timed, source } => {
@@ -71,7 +71,7 @@ pub fn class_json(snap: &Snapshot, tgid: u32, phase: Option<u16>, a: &Availabili
 pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
     let mut procs = Vec::new();
     for tgid in pids(snap, ctx) {
-        let classes_in = |phase: Option<u16>| {
+        let classes_in = |phase: Option<PhaseId>| {
             let mut classes = Map::new();
             for (name, a) in ctx.availability {
                 classes.insert((*name).into(), class_json(snap, tgid, phase, a));
@@ -89,7 +89,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
                     "start_ns": ph.start_ns,
                     "end_ns": ph.end_ns,
                     "children_alive": ph.children_alive,
-                    "classes": classes_in(Some(ph.id as u16)),
+                    "classes": classes_in(Some(ph.id)),
                 })
             })
             .collect();
@@ -105,7 +105,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
         .probes
         .iter()
         .map(|p| ProbeJson {
-            program: p.program,
+            program: p.program.name(),
             target: &p.target,
             attached: p.attached,
             reason: p.reason.as_deref(),
@@ -118,13 +118,7 @@ pub fn to_json(snap: &Snapshot, ctx: &Context<'_>) -> Value {
         "mode": mode(ctx.availability),
         "duration_ns": ctx.duration_ns,
         "probes": probes,
-        "drops": {
-            "stats_map_full": ctx.drops[0],
-            "threads_map_full": ctx.drops[1],
-            "targets_map_full": ctx.drops[2],
-            "events_ring_full": ctx.drops[3],
-            "lost_kretprobe_returns": ctx.drops[4],
-        },
+        "drops": Drop::ALL.iter().map(|d| (d.key().to_string(), json!(ctx.drops[d.index() as usize]))).collect::<Map<_, _>>(),
         "processes": procs,
     })
 }
@@ -170,7 +164,7 @@ fn class_rows(
     out: &mut String,
     snap: &Snapshot,
     tgid: u32,
-    phase: Option<u16>,
+    phase: Option<PhaseId>,
     ctx: &Context<'_>,
     all: bool,
 ) {
@@ -211,7 +205,7 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
         let comm = ctx.comms.get(&tgid).map(String::as_str).unwrap_or("?");
         let keys = snap.phases_of(tgid);
         if keys.len() > 1 {
-            for ph in ctx.timeline.phases().iter().filter(|p| keys.contains(&(p.id as u16))) {
+            for ph in ctx.timeline.phases().iter().filter(|p| keys.contains(&p.id)) {
                 let end = ph.end_ns.map(|e| format!("{:.3}s", (e - t0) as f64 / 1e9)).unwrap_or("now".into());
                 let _ = writeln!(
                     out,
@@ -220,7 +214,7 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
                     (ph.start_ns - t0) as f64 / 1e9
                 );
                 header(&mut out);
-                class_rows(&mut out, snap, tgid, Some(ph.id as u16), ctx, false);
+                class_rows(&mut out, snap, tgid, Some(ph.id), ctx, false);
             }
         }
         let _ = writeln!(out, "PID {tgid} ({comm}) whole run");
@@ -229,10 +223,14 @@ pub fn to_text(snap: &Snapshot, ctx: &Context<'_>) -> String {
     }
     let dropped: u64 = ctx.drops.iter().sum();
     if dropped > 0 {
+        let counts: Vec<String> = Drop::ALL
+            .iter()
+            .map(|d| format!("{}: {}", d.describe(), ctx.drops[d.index() as usize]))
+            .collect();
         let _ = writeln!(
             out,
-            "warning: the kernel side dropped records (stats map full: {}, threads map full: {}, targets map full: {}, events ring full: {}, faults whose kretprobe was missed: {}); rerun with a larger --max-stats",
-            ctx.drops[0], ctx.drops[1], ctx.drops[2], ctx.drops[3], ctx.drops[4]
+            "warning: the kernel side dropped records ({}); rerun with a larger --max-stats",
+            counts.join(", ")
         );
     }
     let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
@@ -250,7 +248,7 @@ mod tests {
         for v in [400u64, 420, 450, 5000] {
             s.record(Some(v));
         }
-        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16 }, s);
+        stats.insert(StatKey::new(42, 0, Class::Faults as u16), s);
         Snapshot { stats }
     }
 
@@ -269,7 +267,7 @@ mod tests {
             availability: &avail,
             probes: &[],
             comms: &comms,
-            drops: [0, 0, 0, 0, 1],
+            drops: [0, 0, 0, 0, 1, 2],
             duration_ns: 1,
             timeline: &timeline,
         };
@@ -286,6 +284,8 @@ mod tests {
         assert_eq!(p["classes"]["copy"]["count"], 0);
         assert!(p["classes"]["copy"].get("p50_ns").is_none());
         assert_eq!(j["drops"]["lost_kretprobe_returns"], 1);
+        assert_eq!(j["drops"]["context_read_failed"], 2);
+        assert_eq!(j["drops"].as_object().unwrap().len(), Drop::COUNT);
         assert_eq!(p["phases"][0]["name"], "before-fork");
         assert_eq!(p["phases"][0]["classes"]["faults"]["count"], 4);
         let t = to_text(&snap(), &ctx);

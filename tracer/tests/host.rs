@@ -11,29 +11,13 @@ use std::{
     time::Duration,
 };
 
+use faultscope_common::Program;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
 /// The workload's faults outside the write phase that share its classes
 /// (exec-time COW of data pages, stack/heap pages after fork): 20-50 here.
 const TOLERANCE: u64 = 64;
-/// Names of faultscope's BPF programs (tracer-ebpf), as the kernel keeps them
-/// (BPF_OBJ_NAME_LEN is 16).
-const PROGRAMS: &[&str] = &[
-    "task_newtask",
-    "process_exec",
-    "process_exit",
-    "page_fault_user",
-    "mem_abort",
-    "fault_entry",
-    "fault_return",
-    "wp_page",
-    "huge_pmd_wp",
-    "new_anon_rmap",
-    "contpte_unfold",
-    "contpte_convert",
-    "contpte_fold",
-];
 
 /// Host tests attach to the one kernel: run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -66,13 +50,15 @@ fn count(p: &Value, class: &str) -> u64 {
         .unwrap_or_else(|| panic!("class {class} has no count: {}", p["classes"][class]))
 }
 
-/// The live BPF programs of faultscope, by name (independent of faultscope:
-/// asks the kernel through BPF_PROG_GET_NEXT_ID).
+/// The live BPF programs of faultscope (every one of `Program::ALL`), by
+/// name (independent of faultscope: asks the kernel through
+/// BPF_PROG_GET_NEXT_ID). The kernel keeps 15 bytes of a name
+/// (BPF_OBJ_NAME_LEN is 16), hence the prefix match.
 fn leftover_programs() -> Vec<String> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| PROGRAMS.iter().any(|ours| ours.starts_with(n.as_str()) && !n.is_empty()))
+        .filter(|n| Program::ALL.iter().any(|ours| ours.name().starts_with(n.as_str()) && !n.is_empty()))
         .collect()
 }
 
@@ -253,7 +239,7 @@ fn every_program_passes_the_verifier() {
     let out = faultscope(&["probes", "--load"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
-    for p in PROGRAMS {
+    for p in Program::ALL {
         assert!(text.contains(&format!("verifier: {p}: ok")), "{p} not accepted:\n{text}");
     }
     assert_nothing_left();
