@@ -1,4 +1,6 @@
-//! Builds the eBPF object (tracer-ebpf) for this target's architecture.
+//! Build script of the `faultscope` package: builds the eBPF object
+//! (package and binary `faultscope-ebpf`, in tracer-ebpf) for this target's
+//! architecture, into `$OUT_DIR/faultscope-ebpf`.
 //!
 //! The BPF build uses Debian's rustc 1.96 (`rustc-web`), which ships a
 //! prebuilt `core` for bpfel-unknown-none, so no nightly or rust-src is
@@ -37,10 +39,13 @@ fn main() -> anyhow::Result<()> {
     unsafe {
         env::set_var("PATH", path);
         // aya-ebpf and our atomic add need unstable asm on BPF; allow it for
-        // those crates only (the eBPF binary crate is named `faultscope`; a list,
-        // not the package name alone, also keeps
-        // aya-build from asking for -Zbuild-std).
-        env::set_var("RUSTC_BOOTSTRAP", "aya_ebpf,aya_ebpf_bindings,aya_ebpf_cty,aya_log_ebpf,faultscope");
+        // those crates only (the eBPF binary crate is `faultscope_ebpf`; a
+        // list, not the package name alone, also keeps aya-build from asking
+        // for -Zbuild-std).
+        env::set_var(
+            "RUSTC_BOOTSTRAP",
+            "aya_ebpf,aya_ebpf_bindings,aya_ebpf_cty,aya_log_ebpf,faultscope_ebpf",
+        );
         env::remove_var("CARGO_ENCODED_RUSTFLAGS");
         env::remove_var("RUSTFLAGS");
         // Keep the BPF build's own Cargo.lock and cargo config.

@@ -1,5 +1,5 @@
-//! Types and pure logic shared by faultscope's eBPF programs and its
-//! user-space collector.
+//! faultscope-common (package `faultscope-common`): types and pure logic
+//! shared by faultscope's eBPF programs and its user-space collector.
 //!
 //! Everything the kernel side decides (which class a fault falls in, which
 //! latency bucket it goes to) lives here as plain functions, so the very same
@@ -11,8 +11,10 @@ pub mod class;
 pub mod fault;
 pub mod hist;
 pub mod maps;
+pub mod program;
 
 pub use class::Class;
 pub use fault::{ExcArch, ThreadFault};
 pub use hist::{bucket_of, NBUCKETS};
-pub use maps::{LifeEvent, LifeKind, Stat, StatKey, TargetInfo};
+pub use maps::{LifeEvent, LifeKind, PhaseId, Stat, StatKey, TargetInfo};
+pub use program::Program;

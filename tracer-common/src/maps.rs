@@ -2,13 +2,27 @@
 
 use crate::hist::{bucket_of, NBUCKETS};
 
+/// A phase id (see [`phase_id`]): the same width on both sides of the map,
+/// so that no phase change ever wraps into another phase's counts.
+pub type PhaseId = u32;
+
 /// Key of the `STATS` per-CPU hash: one entry per (process, phase, class).
+/// 12 bytes, the padding explicit so that the kernel hashes no garbage.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatKey {
     pub tgid: u32,
-    pub phase: u16,
+    pub phase: PhaseId,
+    /// A [`Class`](crate::Class) as u16.
     pub class: u16,
+    pub _pad: u16,
+}
+
+impl StatKey {
+    #[inline(always)]
+    pub const fn new(tgid: u32, phase: PhaseId, class: u16) -> StatKey {
+        StatKey { tgid, phase, class, _pad: 0 }
+    }
 }
 
 /// Value of `STATS`: a count and, for classes timed by the kretprobe, the
@@ -73,17 +87,33 @@ pub struct TargetInfo {
     pub _reserved: u32,
 }
 
-/// Index in the `PHASE` array (u64 values: BPF has 64-bit atomics only) of the count of lifecycle changes (forks,
-/// child exits and execs of traced processes), bumped by the kernel.
-pub const PHASE_LIFECYCLE: u32 = 0;
-/// Index of the count of marks, written only by user space.
-pub const PHASE_MARKS: u32 = 1;
+/// Indices of the `PHASE` array (u64 values: BPF has 64-bit atomics only).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseCounter {
+    /// The count of lifecycle changes (forks, child exits and execs of
+    /// traced processes), bumped by the kernel.
+    Lifecycle = 0,
+    /// The count of marks, written only by user space.
+    Marks = 1,
+}
+
+impl PhaseCounter {
+    pub const COUNT: usize = 2;
+    pub const ALL: [PhaseCounter; PhaseCounter::COUNT] = [PhaseCounter::Lifecycle, PhaseCounter::Marks];
+
+    /// The array index.
+    #[inline(always)]
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+}
 
 /// The phase a fault is accounted to: both counters only grow, so their sum
 /// names each phase of the run uniquely, and neither side ever has to
 /// read-modify-write the other's counter.
 #[inline(always)]
-pub const fn phase_id(lifecycle: u32, marks: u32) -> u32 {
+pub const fn phase_id(lifecycle: u32, marks: u32) -> PhaseId {
     lifecycle.wrapping_add(marks)
 }
 
@@ -117,32 +147,99 @@ pub struct LifeEvent {
     /// `Fork`: 1 if the child is followed (traced too).
     pub aux: u32,
     /// The phase that starts with this event (Fork, ChildExit, ChildExec).
-    pub phase: u32,
+    pub phase: PhaseId,
     pub _pad: u32,
     pub comm: [u8; 16],
 }
 
-/// `CONFIG` array, written by user space once the probes are attached and
-/// before any target is added: what the tracepoint must record, so that
-/// no fault pays for counts the report will not show.
-/// The `ClassSet` bits of the error-code classes to count.
-pub const CONFIG_TP_CLASSES: u32 = 0;
-/// Non-zero when the kretprobe classifies faults and needs the exception
-/// record (error code) of each.
-pub const CONFIG_EXCEPTIONS: u32 = 1;
-pub const NCONFIG: u32 = 2;
+/// Indices of the `CONFIG` array, written by user space once the probes are
+/// attached and before any target is added: what the tracepoint must record,
+/// so that no fault pays for counts the report will not show.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// The `ClassSet` bits of the error-code classes to count.
+    TpClasses = 0,
+    /// Non-zero when the kretprobe classifies faults and needs the exception
+    /// record (error code) of each.
+    Exceptions = 1,
+}
 
-/// Index of counters in the `DROPS` per-CPU array: things that went wrong in
-/// the kernel and must be reported, never silently lost.
-pub const DROP_STATS_FULL: u32 = 0;
-pub const DROP_THREADS_FULL: u32 = 1;
-pub const DROP_TARGETS_FULL: u32 = 2;
-pub const DROP_EVENTS_FULL: u32 = 3;
-/// A user fault entered `handle_mm_fault` and its kretprobe never ran (the
-/// kernel had no free kretprobe instance): that fault was not classified.
-/// Seen when the thread's next fault enters.
-pub const DROP_LOST_RETURN: u32 = 4;
-pub const NDROPS: u32 = 5;
+impl Config {
+    pub const COUNT: usize = 2;
+    pub const ALL: [Config; Config::COUNT] = [Config::TpClasses, Config::Exceptions];
+
+    /// The array index.
+    #[inline(always)]
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+}
+
+/// Indices of counters in the `DROPS` per-CPU array: things that went wrong
+/// in the kernel and must be reported, never silently lost. Only append:
+/// the index is an ABI between the eBPF object and user space.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Drop {
+    /// `STATS` was full: an event of a new (process, phase, class) was lost.
+    StatsFull = 0,
+    /// `THREADS` could not take a new thread: its fault was not followed.
+    ThreadsFull = 1,
+    /// `TARGETS` or `CHILDREN` was full: a child was not traced or followed.
+    TargetsFull = 2,
+    /// The `EVENTS` ring was full: a lifecycle event was lost.
+    EventsFull = 3,
+    /// A user fault entered `handle_mm_fault` and its kretprobe never ran
+    /// (the kernel had no free kretprobe instance): that fault was not
+    /// classified. Seen when the thread's next fault enters.
+    LostReturn = 4,
+    /// A read of a program's context (probe argument, tracepoint field)
+    /// failed: that event was not classified.
+    ReadFailed = 5,
+}
+
+impl Drop {
+    pub const COUNT: usize = 6;
+    pub const ALL: [Drop; Drop::COUNT] = [
+        Drop::StatsFull,
+        Drop::ThreadsFull,
+        Drop::TargetsFull,
+        Drop::EventsFull,
+        Drop::LostReturn,
+        Drop::ReadFailed,
+    ];
+
+    /// The array index.
+    #[inline(always)]
+    pub const fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// The key in the report's `drops` object (schema faultscope/1).
+    pub const fn key(self) -> &'static str {
+        match self {
+            Drop::StatsFull => "stats_map_full",
+            Drop::ThreadsFull => "threads_map_full",
+            Drop::TargetsFull => "targets_map_full",
+            Drop::EventsFull => "events_ring_full",
+            Drop::LostReturn => "lost_kretprobe_returns",
+            Drop::ReadFailed => "context_read_failed",
+        }
+    }
+
+    /// What was lost, for a human.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Drop::StatsFull => "stats map full",
+            Drop::ThreadsFull => "threads map full",
+            Drop::TargetsFull => "targets map full",
+            Drop::EventsFull => "events ring full",
+            Drop::LostReturn => "faults whose kretprobe was missed",
+            Drop::ReadFailed => "events whose context could not be read",
+        }
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
@@ -150,4 +247,46 @@ mod pod {
     unsafe impl aya::Pod for super::Stat {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::LifeEvent {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_are_positions() {
+        for (i, d) in Drop::ALL.iter().enumerate() {
+            assert_eq!(d.index() as usize, i);
+        }
+        for (i, c) in Config::ALL.iter().enumerate() {
+            assert_eq!(c.index() as usize, i);
+        }
+        for (i, p) in PhaseCounter::ALL.iter().enumerate() {
+            assert_eq!(p.index() as usize, i);
+        }
+    }
+
+    #[test]
+    fn drop_keys_are_unique() {
+        for a in Drop::ALL {
+            for b in Drop::ALL {
+                assert!(a == b || (a.key() != b.key() && a.describe() != b.describe()), "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn stat_key_layout() {
+        assert_eq!(core::mem::size_of::<StatKey>(), 12);
+        assert_eq!(core::mem::align_of::<StatKey>(), 4);
+    }
+
+    #[test]
+    fn phase_ids_above_u16_stay_apart() {
+        let a = StatKey::new(1, 65_536 + 3, 0);
+        let b = StatKey::new(1, 3, 0);
+        assert_ne!(a, b);
+        assert_eq!(a.phase, 65_539);
+        assert_eq!(phase_id(65_535, 1), 65_536);
+    }
 }

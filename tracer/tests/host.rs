@@ -18,7 +18,7 @@ use faultscope::{
         schema::{Mode, Phase, Process, Report},
     },
 };
-use faultscope_common::program::Program;
+use faultscope_common::Program;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
@@ -67,8 +67,10 @@ fn phase_count(p: &Phase, m: Metric) -> u64 {
         .unwrap_or_else(|| panic!("class {m} has no count in {}", p.name))
 }
 
-/// The live BPF programs of faultscope, by name (independent of faultscope:
-/// asks the kernel through BPF_PROG_GET_NEXT_ID).
+/// The live BPF programs of faultscope (every one of `Program::ALL`), by
+/// name (independent of faultscope: asks the kernel through
+/// BPF_PROG_GET_NEXT_ID). The kernel keeps 15 bytes of a name
+/// (BPF_OBJ_NAME_LEN is 16), hence the prefix match.
 fn leftover_programs() -> Vec<String> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)

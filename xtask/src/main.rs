@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | test | demo | guest-test`.
+//! xtask (package `xtask`): developer tasks, `cargo xtask setup | test | demo | guest-test`.
 
 mod check;
 mod cross;

@@ -90,7 +90,10 @@ impl Recorder {
         let mut session = Session::attach(&tracefs, &resolved, max_stats)?;
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         // Before any target is added: no fault is counted before this.
-        session.configure(classes::error_code_classes(&avail), session.attached("fault_return"))?;
+        session.configure(
+            classes::error_code_classes(&avail),
+            session.attached(faultscope_common::Program::FaultReturn),
+        )?;
         eprintln!("{}", text::measured_line(&avail));
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
         let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();

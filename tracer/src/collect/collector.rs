@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Result};
 use aya::{maps::PerCpuHashMap, Ebpf};
-use faultscope_common::{hist, Class, Stat, StatKey};
+use faultscope_common::{hist, Class, PhaseId, Stat, StatKey};
 
 #[derive(Clone, Default)]
 pub struct Snapshot {
@@ -36,10 +36,10 @@ impl Snapshot {
 
     /// One class of one process, summed over phases (`phase == None`) or in
     /// one phase.
-    pub fn get_in(&self, tgid: u32, phase: Option<u32>, class: Class) -> Option<Stat> {
+    pub fn get_in(&self, tgid: u32, phase: Option<PhaseId>, class: Class) -> Option<Stat> {
         let mut out: Option<Stat> = None;
         for (k, v) in self.of(tgid) {
-            if k.class == class as u16 && phase.is_none_or(|p| p == u32::from(k.phase)) {
+            if k.class == class as u16 && phase.is_none_or(|p| p == k.phase) {
                 out.get_or_insert(Stat::ZERO).merge(v);
             }
         }
@@ -57,16 +57,16 @@ impl Snapshot {
     }
 
     /// Phase keys in which the process has any count.
-    pub fn phases_of(&self, tgid: u32) -> Vec<u32> {
-        let mut v: Vec<u32> = self.of(tgid).map(|(k, _)| u32::from(k.phase)).collect();
+    pub fn phases_of(&self, tgid: u32) -> Vec<PhaseId> {
+        let mut v: Vec<PhaseId> = self.of(tgid).map(|(k, _)| k.phase).collect();
         v.sort_unstable();
         v.dedup();
         v
     }
 
     /// The snapshot without one phase of one process.
-    pub fn without_phase(mut self, tgid: u32, phase: u32) -> Snapshot {
-        self.stats.retain(|k, _| !(k.tgid == tgid && u32::from(k.phase) == phase));
+    pub fn without_phase(mut self, tgid: u32, phase: PhaseId) -> Snapshot {
+        self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self
     }
 
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(m.max_ns, 300);
         assert_eq!(m.sum_ns, 600);
 
-        let key = StatKey { tgid: 7, phase: 0, class: Class::Faults as u16 };
+        let key = StatKey::new(7, 0, Class::Faults as u16);
         let early = Snapshot { stats: [(key, a)].into() };
         let late = Snapshot { stats: [(key, m)].into() };
         let d = late.since(&early);
@@ -205,5 +205,25 @@ mod tests {
         assert_eq!(late.get(7, Class::Faults).unwrap().count, 3);
         assert!(late.get(7, Class::Copy).is_none());
         assert!(late.get(8, Class::Faults).is_none());
+    }
+
+    /// Phase ids are as wide as the kernel's: past 65,535 phase changes,
+    /// counts stay in their own phase.
+    #[test]
+    fn phase_ids_above_u16_round_trip() {
+        let wide: PhaseId = 65_536 + 7;
+        let mut stats = BTreeMap::new();
+        stats.insert(StatKey::new(7, wide, Class::Faults as u16), stat_of(&[100, 200]));
+        stats.insert(StatKey::new(7, 7, Class::Faults as u16), stat_of(&[300]));
+        stats.insert(StatKey::new(7, PhaseId::MAX, Class::Faults as u16), stat_of(&[400]));
+        let snap = Snapshot { stats };
+        assert_eq!(snap.get_in(7, Some(wide), Class::Faults).unwrap().count, 2);
+        assert_eq!(snap.get_in(7, Some(7), Class::Faults).unwrap().count, 1);
+        assert_eq!(snap.get_in(7, Some(PhaseId::MAX), Class::Faults).unwrap().count, 1);
+        assert_eq!(snap.get(7, Class::Faults).unwrap().count, 4);
+        assert_eq!(snap.phases_of(7), vec![7, wide, PhaseId::MAX]);
+        let rest = snap.without_phase(7, wide);
+        assert!(rest.get_in(7, Some(wide), Class::Faults).is_none());
+        assert_eq!(rest.get(7, Class::Faults).unwrap().count, 2);
     }
 }

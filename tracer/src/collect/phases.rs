@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use faultscope_common::PhaseId;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +33,7 @@ pub const EXEC_AT_ONCE_NS: u64 = 50_000_000;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Phase {
-    pub id: u32,
+    pub id: PhaseId,
     pub name: String,
     pub kind: PhaseKind,
     pub start_ns: u64,
@@ -57,7 +59,7 @@ pub struct Timeline {
 
 impl Timeline {
     /// Starts with phase `id` (the kernel's counters at attach time).
-    pub fn new(id: u32, start_ns: u64) -> Timeline {
+    pub fn new(id: PhaseId, start_ns: u64) -> Timeline {
         Timeline {
             phases: vec![Phase {
                 id,
@@ -72,7 +74,7 @@ impl Timeline {
         }
     }
 
-    fn push(&mut self, id: u32, ts: u64, kind: PhaseKind, name: String) {
+    fn push(&mut self, id: PhaseId, ts: u64, kind: PhaseKind, name: String) {
         if let Some(last) = self.phases.last_mut() {
             if last.end_ns.is_none() {
                 last.end_ns = Some(ts);
@@ -89,7 +91,7 @@ impl Timeline {
     }
 
     /// A traced process forked `child`; phase `id` starts.
-    pub fn fork(&mut self, id: u32, ts: u64, child: u32) {
+    pub fn fork(&mut self, id: PhaseId, ts: u64, child: u32) {
         self.forks += 1;
         let n = self.forks;
         // A reused pid is a new child: the old entry is replaced.
@@ -103,7 +105,7 @@ impl Timeline {
     }
 
     /// `child` exited (`exec == false`) or exec'd; phase `id` starts.
-    pub fn child_gone(&mut self, id: u32, ts: u64, child: u32, exec: bool) {
+    pub fn child_gone(&mut self, id: PhaseId, ts: u64, child: u32, exec: bool) {
         let Some(c) = self.alive.remove(&child) else {
             // A child forked before we attached: still a change of phase.
             let what = if exec { "after-child-exec" } else { "after-child-exit" };
@@ -130,7 +132,7 @@ impl Timeline {
 
     /// A mark's phase is named by its label alone (so scripts can find it);
     /// whether children were alive is in `children_alive`.
-    pub fn mark(&mut self, id: u32, ts: u64, label: &str) {
+    pub fn mark(&mut self, id: PhaseId, ts: u64, label: &str) {
         self.push(id, ts, PhaseKind::Mark, format!("mark:{label}"));
     }
 

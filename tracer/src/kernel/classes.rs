@@ -2,9 +2,15 @@
 //! kprobes where they attach, the x86 tracepoint's error code otherwise, or
 //! "not measurable here" with the reason. Never a silent 0.
 
-use faultscope_common::Class;
+use std::fmt;
+
+use faultscope_common::{
+    Class,
+    Program::{self, *},
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use Need::{Any, One};
 
 /// A class as the report shows it: the one catalogue that the report's keys,
 /// the text tables, diff, verify, findings and the tests derive from. The
@@ -106,14 +112,38 @@ pub struct ClassSpec {
 
 pub struct Source {
     pub class: Class,
-    /// eBPF programs that must all be attached; an entry "a|b" needs one of them.
-    pub needs: &'static [&'static str],
+    /// What must all be attached.
+    pub needs: &'static [Need],
     /// Latency comes with it (timed by the handle_mm_fault kretprobe).
     pub timed: bool,
     pub describe: &'static str,
 }
 
-const FAULT: [&str; 2] = ["fault_entry", "fault_return"];
+/// One need of a source: a program, or any one of several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    One(Program),
+    Any(&'static [Program]),
+}
+
+impl Need {
+    pub fn programs(&self) -> &[Program] {
+        match self {
+            One(p) => std::slice::from_ref(p),
+            Any(ps) => ps,
+        }
+    }
+}
+
+/// `a` or, for a choice, `a|b`.
+impl fmt::Display for Need {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.programs().iter().map(|p| p.name()).collect();
+        f.write_str(&names.join("|"))
+    }
+}
+
+const FAULT: [Need; 2] = [One(FaultEntry), One(FaultReturn)];
 
 pub const CLASSES: &[ClassSpec] = &[
     ClassSpec {
@@ -129,7 +159,7 @@ pub const CLASSES: &[ClassSpec] = &[
             },
             Source {
                 class: Class::TpFaults,
-                needs: &["page_fault_user"],
+                needs: &[One(PageFaultUser)],
                 timed: false,
                 describe: "tracepoint exceptions:page_fault_user",
             },
@@ -148,7 +178,7 @@ pub const CLASSES: &[ClassSpec] = &[
             },
             Source {
                 class: Class::TpWrite,
-                needs: &["page_fault_user"],
+                needs: &[One(PageFaultUser)],
                 timed: false,
                 describe: "tracepoint exceptions:page_fault_user, error_code WRITE",
             },
@@ -161,13 +191,13 @@ pub const CLASSES: &[ClassSpec] = &[
         sources: &[
             Source {
                 class: Class::WpFaults,
-                needs: &["fault_entry", "fault_return", "wp_page"],
+                needs: &[One(FaultEntry), One(FaultReturn), One(WpPage)],
                 timed: true,
                 describe: "kprobe do_wp_page within a user fault",
             },
             Source {
                 class: Class::TpPresentWrite,
-                needs: &["page_fault_user"],
+                needs: &[One(PageFaultUser)],
                 timed: false,
                 describe:
                     "tracepoint exceptions:page_fault_user, error_code PROT|WRITE (includes spurious faults)",
@@ -181,7 +211,7 @@ pub const CLASSES: &[ClassSpec] = &[
         sources: &[
             Source {
                 class: Class::Reuse,
-                needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap", "dirty_shared"],
+                needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap), One(DirtyShared)],
                 timed: true,
                 describe: "do_wp_page without folio_add_new_anon_rmap or fault_dirty_shared_page",
             },
@@ -189,7 +219,7 @@ pub const CLASSES: &[ClassSpec] = &[
             // fault looks like a reuse; the source says so.
             Source {
                 class: Class::Reuse,
-                needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
+                needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap)],
                 timed: true,
                 describe: "do_wp_page without folio_add_new_anon_rmap (includes write-notify faults of shared mappings: fault_dirty_shared_page is not probed)",
             },
@@ -201,7 +231,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: MAIN,
         sources: &[Source {
             class: Class::Copy,
-            needs: &["fault_entry", "fault_return", "wp_page", "new_anon_rmap"],
+            needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap)],
             timed: true,
             describe: "do_wp_page with folio_add_new_anon_rmap",
         }],
@@ -212,7 +242,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: DIFF,
         sources: &[Source {
             class: Class::WpShared,
-            needs: &["fault_entry", "fault_return", "wp_page", "dirty_shared"],
+            needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(DirtyShared)],
             timed: true,
             describe: "do_wp_page with fault_dirty_shared_page: write-notify of a shared mapping, no COW",
         }],
@@ -223,14 +253,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: MAIN,
         sources: &[Source {
             class: Class::Spurious,
-            needs: &[
-                "fault_entry",
-                "fault_return",
-                "wp_page",
-                "huge_pmd_wp",
-                "new_anon_rmap",
-                "page_fault_user|mem_abort|access_flags",
-            ],
+            needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(HugePmdWp), One(NewAnonRmap), Any(&[PageFaultUser, MemAbort, AccessFlags])],
             timed: true,
             describe: "write fault on a present page (x86 error code PROT, else the present-entry path) that reached no write-protect or new-folio path",
         }],
@@ -241,7 +264,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: MAIN,
         sources: &[Source {
             class: Class::HugePmdWp,
-            needs: &["fault_entry", "fault_return", "huge_pmd_wp"],
+            needs: &[One(FaultEntry), One(FaultReturn), One(HugePmdWp)],
             timed: true,
             describe: "kprobe do_huge_pmd_wp_page within a user fault",
         }],
@@ -252,7 +275,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: MAIN,
         sources: &[Source {
             class: Class::ContpteUnfold,
-            needs: &["contpte_convert"],
+            needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert, new PTE without PTE_CONT",
         }],
@@ -263,7 +286,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: DIFF,
         sources: &[Source {
             class: Class::ContpteFold,
-            needs: &["contpte_convert"],
+            needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert, new PTE with PTE_CONT",
         }],
@@ -274,7 +297,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: DIFF,
         sources: &[Source {
             class: Class::ContpteConvert,
-            needs: &["contpte_convert"],
+            needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert",
         }],
@@ -285,7 +308,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: FULL_ONLY,
         sources: &[Source {
             class: Class::ContpteTryUnfold,
-            needs: &["contpte_unfold"],
+            needs: &[One(ContpteTryUnfold)],
             timed: false,
             describe: "kprobe __contpte_try_unfold",
         }],
@@ -296,7 +319,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: FULL_ONLY,
         sources: &[Source {
             class: Class::ContpteFoldAttempt,
-            needs: &["contpte_fold"],
+            needs: &[One(ContpteTryFold)],
             timed: false,
             describe: "kprobe __contpte_try_fold",
         }],
@@ -307,7 +330,7 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: DIFF,
         sources: &[Source {
             class: Class::TpNotPresent,
-            needs: &["page_fault_user"],
+            needs: &[One(PageFaultUser)],
             timed: false,
             describe: "tracepoint exceptions:page_fault_user, error_code without PROT",
         }],
@@ -357,15 +380,15 @@ pub enum Availability {
 /// Decides each class's source given which programs are attached and, for
 /// those that are not, why.
 pub fn availability(
-    attached: impl Fn(&str) -> bool,
-    reason: impl Fn(&str) -> Option<String>,
+    attached: impl Fn(Program) -> bool,
+    reason: impl Fn(Program) -> Option<String>,
 ) -> Vec<(Metric, Availability)> {
     CLASSES
         .iter()
         .map(|spec| {
             let mut why = None;
             for src in spec.sources {
-                let missing = src.needs.iter().find(|need| !need.split('|').any(&attached));
+                let missing = src.needs.iter().find(|need| !need.programs().iter().any(|p| attached(*p)));
                 match missing {
                     None => {
                         return (
@@ -379,7 +402,12 @@ pub fn availability(
                     }
                     Some(need) => {
                         if why.is_none() {
-                            let r = need.split('|').filter_map(&reason).collect::<Vec<_>>().join("; ");
+                            let r = need
+                                .programs()
+                                .iter()
+                                .filter_map(|p| reason(*p))
+                                .collect::<Vec<_>>()
+                                .join("; ");
                             why = Some(format!("needs {need}: {r}"));
                         }
                     }
@@ -419,10 +447,10 @@ mod tests {
     }
 
     /// A kprobe kernel's x86 attach set (without `dirty_shared`).
-    const KPROBES_AND_TP: [&str; 6] =
-        ["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "page_fault_user"];
+    const KPROBES_AND_TP: [Program; 6] =
+        [FaultEntry, FaultReturn, WpPage, HugePmdWp, NewAnonRmap, PageFaultUser];
 
-    fn avail(on: &[&str]) -> Vec<(Metric, Availability)> {
+    fn avail(on: &[Program]) -> Vec<(Metric, Availability)> {
         availability(|p| on.contains(&p), |p| Some(format!("{p} missing")))
     }
 
@@ -432,7 +460,7 @@ mod tests {
 
     #[test]
     fn tracepoint_only_mode() {
-        let v = avail(&["page_fault_user", "task_newtask"]);
+        let v = avail(&[PageFaultUser, TaskNewtask]);
         assert!(matches!(
             get(&v, "faults"),
             Availability::Measured { class: Class::TpFaults, timed: false, .. }
@@ -448,7 +476,7 @@ mod tests {
 
     #[test]
     fn tracepoint_counts_only_what_is_reported() {
-        let tp = avail(&["page_fault_user"]);
+        let tp = avail(&[PageFaultUser]);
         assert_eq!(
             error_code_classes(&tp),
             Class::ERROR_CODE.iter().fold(0, |m, c| m | c.bit()),
@@ -483,7 +511,7 @@ mod tests {
             Availability::NotMeasurable(r) => assert!(r.contains("dirty_shared missing"), "{r}"),
             other => panic!("{other:?}"),
         }
-        let v = avail(&[&base[..], &["dirty_shared"]].concat());
+        let v = avail(&[&base[..], &[DirtyShared]].concat());
         assert!(matches!(get(&v, "wp_shared"), Availability::Measured { class: Class::WpShared, .. }));
         match get(&v, "reuse") {
             Availability::Measured { source, .. } => assert!(!source.contains("includes"), "{source}"),
@@ -493,10 +521,15 @@ mod tests {
 
     #[test]
     fn spurious_accepts_either_exception_source() {
-        let v =
-            avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap", "mem_abort"]);
+        let v = avail(&[FaultEntry, FaultReturn, WpPage, HugePmdWp, NewAnonRmap, MemAbort]);
         assert!(matches!(get(&v, "spurious"), Availability::Measured { .. }));
-        let v = avail(&["fault_entry", "fault_return", "wp_page", "huge_pmd_wp", "new_anon_rmap"]);
-        assert!(matches!(get(&v, "spurious"), Availability::NotMeasurable(_)));
+        let v = avail(&[FaultEntry, FaultReturn, WpPage, HugePmdWp, NewAnonRmap]);
+        match get(&v, "spurious") {
+            Availability::NotMeasurable(r) => assert!(
+                r.starts_with("needs page_fault_user|mem_abort|access_flags: page_fault_user missing;"),
+                "{r}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -6,6 +6,8 @@
 
 use std::path::Path;
 
+use faultscope_common::Program;
+
 use crate::kernel::{self, Kallsyms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +45,8 @@ impl Arch {
 }
 
 pub struct ProbeSpec {
-    /// Name of the eBPF program (tracer-ebpf/src/main.rs).
-    pub program: &'static str,
+    /// The eBPF program (tracer-ebpf).
+    pub program: Program,
     pub hook: Hook,
     pub arch: Arch,
     pub min_kernel: &'static str,
@@ -53,7 +55,7 @@ pub struct ProbeSpec {
     pub measures: &'static str,
     /// Not attached when this other program is: it would only repeat what
     /// that one tells, at a cost on every fault.
-    pub redundant_with: Option<&'static str>,
+    pub redundant_with: Option<Program>,
 }
 
 /// Every probe. The order is the order of attachment: the per-thread state is
@@ -61,7 +63,7 @@ pub struct ProbeSpec {
 /// returns attach after them.
 pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
-        program: "task_newtask",
+        program: Program::TaskNewtask,
         hook: Hook::Tracepoint("task", "task_newtask"),
         arch: Arch::Any,
         min_kernel: "3.5",
@@ -70,7 +72,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "process_exec",
+        program: Program::ProcessExec,
         hook: Hook::Tracepoint("sched", "sched_process_exec"),
         arch: Arch::Any,
         min_kernel: "3.4",
@@ -79,7 +81,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "process_exit",
+        program: Program::ProcessExit,
         hook: Hook::Tracepoint("sched", "sched_process_exit"),
         arch: Arch::Any,
         min_kernel: "2.6.32",
@@ -88,7 +90,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "page_fault_user",
+        program: Program::PageFaultUser,
         hook: Hook::Tracepoint("exceptions", "page_fault_user"),
         arch: Arch::X86_64,
         min_kernel: "3.13",
@@ -97,7 +99,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "mem_abort",
+        program: Program::MemAbort,
         hook: Hook::Kprobe(&["do_mem_abort"]),
         arch: Arch::Aarch64,
         min_kernel: "3.7",
@@ -106,7 +108,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "fault_entry",
+        program: Program::FaultEntry,
         hook: Hook::Kprobe(&["handle_mm_fault"]),
         arch: Arch::Any,
         min_kernel: "4.9",
@@ -115,7 +117,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "fault_return",
+        program: Program::FaultReturn,
         hook: Hook::Kretprobe(&["handle_mm_fault"]),
         arch: Arch::Any,
         min_kernel: "4.9",
@@ -124,7 +126,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "wp_page",
+        program: Program::WpPage,
         hook: Hook::Kprobe(&["do_wp_page"]),
         arch: Arch::Any,
         min_kernel: "2.6",
@@ -133,7 +135,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "huge_pmd_wp",
+        program: Program::HugePmdWp,
         hook: Hook::Kprobe(&["do_huge_pmd_wp_page"]),
         arch: Arch::Any,
         min_kernel: "2.6.38",
@@ -142,7 +144,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "new_anon_rmap",
+        program: Program::NewAnonRmap,
         hook: Hook::Kprobe(&["folio_add_new_anon_rmap", "page_add_new_anon_rmap"]),
         arch: Arch::Any,
         min_kernel: "6.3 (folio_*), earlier page_*",
@@ -151,7 +153,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "dirty_shared",
+        program: Program::DirtyShared,
         hook: Hook::Kprobe(&["fault_dirty_shared_page"]),
         arch: Arch::Any,
         min_kernel: "4.10",
@@ -161,7 +163,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "access_flags",
+        program: Program::AccessFlags,
         hook: Hook::Kprobe(&[
             "ptep_set_access_flags",
             "__ptep_set_access_flags",
@@ -171,28 +173,28 @@ pub const PROBES: &[ProbeSpec] = &[
         min_kernel: "2.6 (arm64: __ptep_set_access_flags since 6.9, __ptep_set_access_flags_anysz in 7.x)",
         required: false,
         measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
-        redundant_with: Some("page_fault_user"),
+        redundant_with: Some(Program::PageFaultUser),
     },
     ProbeSpec {
-        program: "access_flags_cont",
+        program: Program::AccessFlagsCont,
         hook: Hook::Kprobe(&["contpte_ptep_set_access_flags"]),
         arch: Arch::Aarch64,
         min_kernel: "6.9",
         required: false,
         measures: "the same for contpte blocks",
-        redundant_with: Some("page_fault_user"),
+        redundant_with: Some(Program::PageFaultUser),
     },
     ProbeSpec {
-        program: "huge_accessed",
+        program: Program::HugeAccessed,
         hook: Hook::Kprobe(&["huge_pmd_set_accessed"]),
         arch: Arch::Any,
         min_kernel: "3.8",
         required: false,
         measures: "the same for PMD-mapped THPs",
-        redundant_with: Some("page_fault_user"),
+        redundant_with: Some(Program::PageFaultUser),
     },
     ProbeSpec {
-        program: "contpte_unfold",
+        program: Program::ContpteTryUnfold,
         hook: Hook::Kprobe(&["__contpte_try_unfold"]),
         arch: Arch::Aarch64,
         min_kernel: "6.9",
@@ -201,7 +203,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "contpte_convert",
+        program: Program::ContpteConvert,
         hook: Hook::Kprobe(&["contpte_convert"]),
         arch: Arch::Aarch64,
         min_kernel: "6.9",
@@ -210,7 +212,7 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
-        program: "contpte_fold",
+        program: Program::ContpteTryFold,
         hook: Hook::Kprobe(&["__contpte_try_fold"]),
         arch: Arch::Aarch64,
         min_kernel: "6.9",
@@ -315,12 +317,14 @@ mod tests {
         let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n");
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, true, dir.path()));
-        let get = |p: &str| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
-        assert_eq!(get("fault_entry"), Resolution::Attach("handle_mm_fault".into()));
-        assert_eq!(get("wp_page"), Resolution::Attach("do_wp_page.isra.0".into()));
-        assert_eq!(get("new_anon_rmap"), Resolution::Attach("page_add_new_anon_rmap".into()));
-        assert!(matches!(get("huge_pmd_wp"), Resolution::Unavailable(r) if r.contains("no symbol")));
-        assert!(matches!(get("task_newtask"), Resolution::Unavailable(r) if r.contains("no tracepoint")));
+        let get = |p: Program| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
+        assert_eq!(get(Program::FaultEntry), Resolution::Attach("handle_mm_fault".into()));
+        assert_eq!(get(Program::WpPage), Resolution::Attach("do_wp_page.isra.0".into()));
+        assert_eq!(get(Program::NewAnonRmap), Resolution::Attach("page_add_new_anon_rmap".into()));
+        assert!(matches!(get(Program::HugePmdWp), Resolution::Unavailable(r) if r.contains("no symbol")));
+        assert!(
+            matches!(get(Program::TaskNewtask), Resolution::Unavailable(r) if r.contains("no tracepoint"))
+        );
     }
 
     #[test]
@@ -328,7 +332,7 @@ mod tests {
         let k = Kallsyms::parse("0 T handle_mm_fault\n");
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, false, dir.path()));
-        let e = r.iter().find(|r| r.spec.program == "fault_entry").unwrap();
+        let e = r.iter().find(|r| r.spec.program == Program::FaultEntry).unwrap();
         assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES")));
     }
 
@@ -340,15 +344,15 @@ mod tests {
         let mut f = facts(&k, true, dir.path());
         f.blacklist = &bl;
         let r = resolve(&f);
-        let e = r.iter().find(|r| r.spec.program == "fault_entry").unwrap();
+        let e = r.iter().find(|r| r.spec.program == Program::FaultEntry).unwrap();
         assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("blacklist")));
     }
 
     #[test]
     fn program_names_are_unique() {
-        let mut names: Vec<_> = PROBES.iter().map(|p| p.program).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), PROBES.len());
+        let mut programs: Vec<_> = PROBES.iter().map(|p| p.program).collect();
+        programs.sort();
+        programs.dedup();
+        assert_eq!(programs.len(), PROBES.len());
     }
 }

@@ -11,8 +11,9 @@ use aya::{
     programs::{KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
-use faultscope_common::maps::{
-    phase_id, TargetInfo, CONFIG_EXCEPTIONS, CONFIG_TP_CLASSES, NDROPS, PHASE_LIFECYCLE, PHASE_MARKS,
+use faultscope_common::{
+    maps::{phase_id, Config, Drop, PhaseCounter, PhaseId, TargetInfo},
+    Program,
 };
 
 use crate::kernel::{
@@ -22,7 +23,7 @@ use crate::kernel::{
 
 /// The eBPF object built by build.rs for this target's architecture.
 #[cfg(feature = "ebpf")]
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/faultscope-ebpf"));
 /// Built without the `ebpf` feature: a library that reads reports only.
 #[cfg(not(feature = "ebpf"))]
 pub static EBPF_OBJECT: &[u8] = &[];
@@ -30,7 +31,7 @@ pub static EBPF_OBJECT: &[u8] = &[];
 /// What happened to each probe of the table in this run.
 #[derive(Clone, Debug)]
 pub struct ProbeStatus {
-    pub program: &'static str,
+    pub program: Program,
     pub target: String,
     pub attached: bool,
     pub reason: Option<String>,
@@ -42,20 +43,49 @@ pub struct Session {
     _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
+/// The tracepoint fields the programs read: (category, name, field, the
+/// object's global that takes its offset).
+const TP_FIELDS: [(&str, &str, &str, &str); 4] = [
+    ("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF"),
+    ("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF"),
+    ("task", "task_newtask", "pid", "NEWTASK_PID_OFF"),
+    ("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF"),
+];
+
+/// The offsets of [`TP_FIELDS`] in this kernel, by global, and a warning for
+/// each field of an existing tracepoint whose offset could not be read (its
+/// program would then read the compiled-in x86-64 offset). A tracepoint
+/// this kernel lacks needs none: no program can attach to it.
+fn tracepoint_offsets(tracefs: &Path) -> (Vec<(&'static str, u32)>, Vec<String>) {
+    let mut offsets = Vec::new();
+    let mut warnings = Vec::new();
+    for (cat, name, field, global) in TP_FIELDS {
+        if !kernel::tracepoint_exists(tracefs, cat, name) {
+            continue;
+        }
+        let why = match kernel::tracepoint_fields(tracefs, cat, name) {
+            Ok(fields) => match fields.get(field) {
+                Some(off) => {
+                    offsets.push((global, *off as u32));
+                    continue;
+                }
+                None => "no such field in its format".to_string(),
+            },
+            Err(e) => format!("{e:#}"),
+        };
+        warnings.push(format!(
+            "warning: tracepoint {cat}:{name}: offset of field {field} unknown ({why}); using the compiled-in x86-64 default"
+        ));
+    }
+    (offsets, warnings)
+}
+
 /// Loader with the tracepoint field offsets of this kernel.
 fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
-    let mut offsets: Vec<(&'static str, u32)> = Vec::new();
-    let mut want = |cat: &str, name: &str, field: &str, global: &'static str| {
-        if let Ok(fields) = kernel::tracepoint_fields(tracefs, cat, name) {
-            if let Some(off) = fields.get(field) {
-                offsets.push((global, *off as u32));
-            }
-        }
-    };
-    want("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF");
-    want("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF");
-    want("task", "task_newtask", "pid", "NEWTASK_PID_OFF");
-    want("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF");
+    let (offsets, warnings) = tracepoint_offsets(tracefs);
+    for w in warnings {
+        eprintln!("faultscope: {w}");
+    }
     let mut l = EbpfLoader::new();
     for (name, off) in &offsets {
         l.override_global(name, off, true);
@@ -85,7 +115,10 @@ impl Session {
                     program: spec.program,
                     target: hook_name(spec.hook),
                     attached: false,
-                    reason: Some(format!("not needed: {} tells the same", redundant.unwrap_or_default())),
+                    reason: Some(format!(
+                        "not needed: {} tells the same",
+                        redundant.map(Program::name).unwrap_or_default()
+                    )),
                 },
                 Resolution::Unavailable(why) => ProbeStatus {
                     program: spec.program,
@@ -121,11 +154,11 @@ impl Session {
         Ok(Session { bpf, status, _logger: logger })
     }
 
-    pub fn attached(&self, program: &str) -> bool {
+    pub fn attached(&self, program: Program) -> bool {
         self.status.iter().any(|s| s.program == program && s.attached)
     }
 
-    pub fn reason(&self, program: &str) -> Option<&str> {
+    pub fn reason(&self, program: Program) -> Option<&str> {
         self.status.iter().find(|s| s.program == program).and_then(|s| s.reason.as_deref())
     }
 
@@ -144,29 +177,22 @@ impl Session {
         }
     }
 
-    /// Tells the kernel side what to record (see `CONFIG_TP_CLASSES`).
+    /// Tells the kernel side what to record (see `Config`).
     pub fn configure(&mut self, tp_classes: u32, exceptions: bool) -> Result<()> {
         let m = self.bpf.map_mut("CONFIG").ok_or_else(|| anyhow!("no CONFIG map"))?;
         let mut a: Array<_, u32> = Array::try_from(m)?;
-        a.set(CONFIG_TP_CLASSES, tp_classes, 0)?;
-        a.set(CONFIG_EXCEPTIONS, exceptions as u32, 0)?;
+        a.set(Config::TpClasses.index(), tp_classes, 0)?;
+        a.set(Config::Exceptions.index(), exceptions as u32, 0)?;
         Ok(())
     }
 
     /// Sum over CPUs of the kernel side's drop counters, by report key.
     pub fn drops(&self) -> Result<BTreeMap<String, u64>> {
-        const KEYS: [&str; NDROPS as usize] = [
-            "stats_map_full",
-            "threads_map_full",
-            "targets_map_full",
-            "events_ring_full",
-            "lost_kretprobe_returns",
-        ];
         let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
         let mut out = BTreeMap::new();
-        for (i, k) in KEYS.iter().enumerate() {
-            out.insert(k.to_string(), arr.get(&(i as u32), 0)?.iter().sum());
+        for d in Drop::ALL {
+            out.insert(d.key().to_string(), arr.get(&d.index(), 0)?.iter().sum());
         }
         Ok(out)
     }
@@ -174,11 +200,14 @@ impl Session {
     fn phase_counters(&self) -> Result<(u32, u32)> {
         let m = self.bpf.map("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
         let a: Array<_, u64> = Array::try_from(m)?;
-        Ok((a.get(&PHASE_LIFECYCLE, 0)? as u32, a.get(&PHASE_MARKS, 0)? as u32))
+        Ok((
+            a.get(&PhaseCounter::Lifecycle.index(), 0)? as u32,
+            a.get(&PhaseCounter::Marks.index(), 0)? as u32,
+        ))
     }
 
     /// The phase faults are accounted to now.
-    pub fn current_phase(&self) -> Result<u32> {
+    pub fn current_phase(&self) -> Result<PhaseId> {
         let (l, m) = self.phase_counters()?;
         Ok(phase_id(l, m))
     }
@@ -188,11 +217,11 @@ impl Session {
     /// `then` runs right after the switch, before anything else can touch
     /// memory: it is where the tracefs marker goes, so that a trace split on
     /// markers splits exactly where the kernel switched phase.
-    pub fn mark(&mut self, then: impl FnOnce()) -> Result<u32> {
+    pub fn mark(&mut self, then: impl FnOnce()) -> Result<PhaseId> {
         let (_, marks) = self.phase_counters()?;
         let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
         let mut a: Array<_, u64> = Array::try_from(m)?;
-        a.set(PHASE_MARKS, marks.wrapping_add(1) as u64, 0)?;
+        a.set(PhaseCounter::Marks.index(), marks.wrapping_add(1) as u64, 0)?;
         then();
         self.current_phase()
     }
@@ -217,9 +246,10 @@ fn hook_name(h: Hook) -> String {
     }
 }
 
-fn attach_one(bpf: &mut Ebpf, program: &str, hook: Hook, sym: &str) -> Result<()> {
-    let prog =
-        bpf.program_mut(program).ok_or_else(|| anyhow!("program {program} missing from the eBPF object"))?;
+fn attach_one(bpf: &mut Ebpf, program: Program, hook: Hook, sym: &str) -> Result<()> {
+    let prog = bpf
+        .program_mut(program.name())
+        .ok_or_else(|| anyhow!("program {program} missing from the eBPF object"))?;
     match hook {
         Hook::Kprobe(_) | Hook::Kretprobe(_) => {
             let p: &mut KProbe = prog.try_into()?;
@@ -255,7 +285,8 @@ pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), Stri
     let mut out = BTreeMap::new();
     for spec in PROBES {
         let res = (|| -> Result<()> {
-            let prog = bpf.program_mut(spec.program).ok_or_else(|| anyhow!("missing from the object"))?;
+            let prog =
+                bpf.program_mut(spec.program.name()).ok_or_else(|| anyhow!("missing from the object"))?;
             match spec.hook {
                 Hook::Kprobe(_) | Hook::Kretprobe(_) => {
                     let p: &mut KProbe = prog.try_into()?;
@@ -268,7 +299,72 @@ pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), Stri
             }
             Ok(())
         })();
-        out.insert(spec.program, res.map_err(|e| format!("{e:#}")));
+        out.insert(spec.program.name(), res.map_err(|e| format!("{e:#}")));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The program names of an eBPF object, parsed without a kernel.
+    fn object_programs(object: &[u8]) -> BTreeSet<String> {
+        let obj = aya_obj::Object::parse(object).expect("parsing the eBPF object");
+        obj.programs.keys().cloned().collect()
+    }
+
+    /// What differs between an object's programs and the catalogue.
+    fn mismatch(in_object: &BTreeSet<String>, catalogue: &[Program]) -> Vec<String> {
+        let names: BTreeSet<String> = catalogue.iter().map(|p| p.name().to_string()).collect();
+        let mut out: Vec<String> = in_object
+            .difference(&names)
+            .map(|n| format!("{n}: in the object, not in Program::ALL"))
+            .collect();
+        out.extend(names.difference(in_object).map(|n| format!("{n}: in Program::ALL, not in the object")));
+        out
+    }
+
+    #[test]
+    fn object_programs_are_the_catalogue() {
+        let progs = object_programs(EBPF_OBJECT);
+        assert_eq!(mismatch(&progs, &Program::ALL), Vec::<String>::new());
+        // Both directions are checked: one program more on either side fails.
+        let mut more = progs.clone();
+        more.insert("extra_program".into());
+        assert_eq!(mismatch(&more, &Program::ALL).len(), 1);
+        assert_eq!(mismatch(&progs, &Program::ALL[1..]).len(), 1);
+    }
+
+    #[test]
+    fn probe_table_covers_the_catalogue() {
+        let table: BTreeSet<Program> = PROBES.iter().map(|p| p.program).collect();
+        assert_eq!(table, Program::ALL.into_iter().collect());
+    }
+
+    #[test]
+    fn unreadable_tracepoint_offsets_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events");
+        // page_fault_user exists, but its format cannot be read.
+        std::fs::create_dir_all(events.join("exceptions/page_fault_user")).unwrap();
+        // task_newtask's format lacks clone_flags.
+        std::fs::create_dir_all(events.join("task/task_newtask")).unwrap();
+        std::fs::write(
+            events.join("task/task_newtask/format"),
+            "format:\n\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;\n",
+        )
+        .unwrap();
+        let (offsets, warnings) = tracepoint_offsets(dir.path());
+        assert_eq!(offsets, vec![("NEWTASK_PID_OFF", 8)]);
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings[0].contains("exceptions:page_fault_user") && warnings[0].contains("field address"));
+        assert!(warnings[2].contains("task:task_newtask") && warnings[2].contains("field clone_flags"));
+        assert!(warnings.iter().all(|w| w.contains("compiled-in")));
+        // A tracepoint this kernel lacks: nothing attaches to it, no warning.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(tracepoint_offsets(empty.path()), (vec![], vec![]));
+    }
 }

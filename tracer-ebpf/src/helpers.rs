@@ -1,0 +1,138 @@
+//! What every program shares: the current task, the traced-set filter, the
+//! phase, accounting into `STATS`, per-thread state, drop counters, and
+//! context reads that count their failures.
+//!
+//! `record` is the one non-inlined function: a BPF subprogram keeps the
+//! verifier's work per program small.
+
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    programs::{ProbeContext, TracePointContext},
+};
+use faultscope_common::{
+    class::{Class, ClassSet},
+    maps::{phase_id, Drop, PhaseCounter, PhaseId, StatKey, TargetInfo, TARGET_PENDING_EXEC},
+    ThreadFault,
+};
+
+use crate::maps::{DROPS, PHASE, STATS, TARGETS, THREADS, ZERO};
+
+pub const BPF_ANY: u64 = 0;
+pub const BPF_NOEXIST: u64 = 1;
+
+/// A program's only failure: a context read failed (already counted in
+/// `DROPS`); the event is left unclassified.
+pub struct ReadFailed;
+
+#[inline(always)]
+pub fn drop_count(d: Drop) {
+    if let Some(p) = DROPS.get_ptr_mut(d.index()) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// A failed context read: counted, and the error to return.
+#[inline(always)]
+pub fn read_failed() -> ReadFailed {
+    drop_count(Drop::ReadFailed);
+    ReadFailed
+}
+
+/// Probe argument `n`, or a counted failure.
+#[inline(always)]
+pub fn arg(ctx: &ProbeContext, n: usize) -> Result<u64, ReadFailed> {
+    ctx.arg(n).ok_or_else(read_failed)
+}
+
+/// A tracepoint field at `off`, or a counted failure.
+#[inline(always)]
+pub fn field<T>(ctx: &TracePointContext, off: usize) -> Result<T, ReadFailed> {
+    unsafe { ctx.read_at(off) }.map_err(|_| read_failed())
+}
+
+#[inline(always)]
+pub fn pid_tgid() -> (u32, u32) {
+    let v = bpf_get_current_pid_tgid();
+    (v as u32, (v >> 32) as u32)
+}
+
+/// The traced process the current task belongs to, if its faults count now.
+#[inline(always)]
+pub fn counted_target(tgid: u32) -> Option<TargetInfo> {
+    let t = unsafe { TARGETS.get(&tgid) }?;
+    if t.flags & TARGET_PENDING_EXEC != 0 {
+        return None;
+    }
+    Some(*t)
+}
+
+#[inline(always)]
+fn phase_counter(c: PhaseCounter) -> u32 {
+    PHASE.get(c.index()).copied().unwrap_or(0) as u32
+}
+
+/// The current phase (see `phase_id`).
+#[inline(always)]
+pub fn current_phase() -> PhaseId {
+    phase_id(phase_counter(PhaseCounter::Lifecycle), phase_counter(PhaseCounter::Marks))
+}
+
+/// Starts a new phase on a lifecycle change; returns its id.
+#[inline(always)]
+pub fn bump_phase() -> PhaseId {
+    if let Some(p) = PHASE.get_ptr_mut(PhaseCounter::Lifecycle.index()) {
+        // BPF_XADD: core offers no atomic read-modify-write on BPF. Two
+        // changes on two CPUs at once may then read the same new value; the
+        // phase is then shared, never lost.
+        unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {v}", p = in(reg) p, v = in(reg) 1u64) };
+        return current_phase();
+    }
+    0
+}
+
+/// `ns` for classes that are only counted.
+pub const UNTIMED: u64 = u64::MAX;
+
+/// Not inlined: one BPF subprogram (four scalar arguments) instead of a copy
+/// per call site keeps the verifier's work per program small.
+#[inline(never)]
+pub fn record(tgid: u32, phase: PhaseId, class: u32, ns: u64) {
+    let key = StatKey::new(tgid, phase, class as u16);
+    let mut p = STATS.get_ptr_mut(&key);
+    if p.is_none() {
+        if let Some(z) = ZERO.get_ptr(0) {
+            // NOEXIST: another CPU may have inserted it meanwhile; fine.
+            let _ = STATS.insert(&key, unsafe { &*z }, BPF_NOEXIST);
+        }
+        p = STATS.get_ptr_mut(&key);
+    }
+    match p {
+        Some(s) => unsafe { (*s).record(if ns == UNTIMED { None } else { Some(ns) }) },
+        None => drop_count(Drop::StatsFull),
+    }
+}
+
+/// Records every class of `set` among `candidates` (walking only the
+/// candidates keeps the verifier's work bounded).
+#[inline(always)]
+pub fn record_set(tgid: u32, phase: PhaseId, candidates: &[Class], set: ClassSet, ns: u64) {
+    for &c in candidates {
+        if set.has(c) {
+            record(tgid, phase, c as u32, ns);
+        }
+    }
+}
+
+/// The thread's fault state, created on first use.
+#[inline(always)]
+pub fn thread_state(tid: u32) -> Option<*mut ThreadFault> {
+    if let Some(p) = THREADS.get_ptr_mut(&tid) {
+        return Some(p);
+    }
+    let fresh = ThreadFault::default();
+    if THREADS.insert(&tid, &fresh, BPF_ANY).is_err() {
+        drop_count(Drop::ThreadsFull);
+        return None;
+    }
+    THREADS.get_ptr_mut(&tid)
+}

@@ -1,0 +1,140 @@
+//! Process lifecycle of traced processes: fork (and following children into
+//! the traced set), exec, exit, and the ring-buffer events that tell user
+//! space about them.
+//!
+//! These start the phases a fault is accounted to: a fork, a child's exit or
+//! exec changes what the parent's COW faults mean.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use aya_log_ebpf::debug;
+use faultscope_common::maps::{
+    Drop, LifeEvent, LifeKind, PhaseId, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+};
+
+use crate::{
+    helpers::{bump_phase, current_phase, drop_count, field, pid_tgid, ReadFailed, BPF_ANY},
+    maps::{cfg, CHILDREN, EVENTS, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, TARGETS},
+};
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// Sends a lifecycle event to user space (counted in `DROPS` when the ring
+/// is full).
+#[inline(always)]
+fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
+    match EVENTS.reserve::<LifeEvent>(0) {
+        Some(mut e) => {
+            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            e.write(LifeEvent {
+                ts_ns: unsafe { bpf_ktime_get_ns() },
+                kind: kind as u32,
+                tgid,
+                pid,
+                aux,
+                phase,
+                _pad: 0,
+                comm,
+            });
+            e.submit(0);
+        }
+        None => drop_count(Drop::EventsFull),
+    }
+}
+
+/// `task:task_newtask` (in the parent, before the child can run). Unlike
+/// `sched_process_fork` it carries `clone_flags`, which tell a new process
+/// from a new thread. A followed parent's child joins the traced set here, so
+/// none of its faults is missed.
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    match try_task_newtask(ctx) {
+        Ok(r) => r,
+        Err(_) => 0,
+    }
+}
+
+fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+    let (_, tgid) = pid_tgid();
+    let Some(t) = (unsafe { TARGETS.get(&tgid) }).copied() else {
+        return Ok(0);
+    };
+    let clone_flags: u64 = field(&ctx, cfg(&NEWTASK_CLONE_FLAGS_OFF))?;
+    if clone_flags & CLONE_THREAD != 0 {
+        return Ok(0);
+    }
+    let child: i32 = field(&ctx, cfg(&NEWTASK_PID_OFF))?;
+    let child = child as u32;
+    let follow = t.flags & TARGET_FOLLOW_CHILDREN != 0;
+    if follow {
+        let info = TargetInfo { flags: t.flags & !TARGET_PENDING_EXEC, _reserved: 0 };
+        if TARGETS.insert(&child, &info, BPF_ANY).is_err() {
+            drop_count(Drop::TargetsFull);
+        }
+    }
+    if CHILDREN.insert(&child, &tgid, BPF_ANY).is_err() {
+        drop_count(Drop::TargetsFull);
+    }
+    let phase = bump_phase();
+    debug!(&ctx, "traced process {} forked {}: phase {}", tgid, child, phase);
+    send(LifeKind::Fork, tgid, child, follow as u32, phase);
+    Ok(0)
+}
+
+/// A child of a traced process stopped sharing its memory (exit or exec):
+/// the parent's COW faults change nature, so a new phase starts.
+#[inline(always)]
+fn child_gone(kind: LifeKind, child: u32) {
+    if let Some(parent) = unsafe { CHILDREN.get(&child) }.copied() {
+        let _ = CHILDREN.remove(&child);
+        let phase = bump_phase();
+        send(kind, parent, child, 0, phase);
+    }
+}
+
+/// `sched:sched_process_exec`: a command faultscope started begins to count
+/// at its exec; other targets report their new comm; a child of a target
+/// that execs ends its phase.
+#[tracepoint]
+pub fn process_exec(ctx: TracePointContext) -> u32 {
+    match try_process_exec(ctx) {
+        Ok(r) => r,
+        Err(_) => 0,
+    }
+}
+
+fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
+    let (tid, tgid) = pid_tgid();
+    child_gone(LifeKind::ChildExec, tgid);
+    let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
+        return Ok(0);
+    };
+    unsafe { (*t).flags &= !TARGET_PENDING_EXEC };
+    send(LifeKind::Exec, tgid, tid, 0, current_phase());
+    Ok(0)
+}
+
+/// `sched:sched_process_exit`: the thread-group leader is exiting.
+#[tracepoint]
+pub fn process_exit(ctx: TracePointContext) -> u32 {
+    match try_process_exit(ctx) {
+        Ok(r) => r,
+        Err(_) => 0,
+    }
+}
+
+fn try_process_exit(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
+    let (tid, tgid) = pid_tgid();
+    if tid != tgid {
+        return Ok(0);
+    }
+    child_gone(LifeKind::ChildExit, tgid);
+    if unsafe { TARGETS.get(&tgid) }.is_none() {
+        return Ok(0);
+    }
+    send(LifeKind::Exit, tgid, tid, 0, current_phase());
+    Ok(0)
+}
