@@ -4,6 +4,7 @@
 //! kernel maps -> collector (snapshots) -> classes (what is measurable here)
 //! -> report (table, JSON).
 
+mod attrib;
 mod bench;
 mod classes;
 mod collector;
