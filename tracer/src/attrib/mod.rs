@@ -11,4 +11,5 @@
 // Nothing calls these yet: the kernel side and the report come next.
 #![allow(dead_code)]
 
+pub mod btf;
 pub mod mapping;
