@@ -13,3 +13,4 @@
 
 pub mod btf;
 pub mod mapping;
+pub mod sites;
