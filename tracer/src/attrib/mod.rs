@@ -14,3 +14,4 @@
 pub mod btf;
 pub mod mapping;
 pub mod sites;
+pub mod stacks;
