@@ -178,7 +178,7 @@ pub struct Bench {
     pub pid: u32,
     pub child_pid: i32,
     /// populate, fork, write: each the span of the mark `mark:STEP` and the
-    /// automatic phases up to the next mark (see `Process::step`).
+    /// automatic phases up to the next mark (see `Process::span`).
     pub steps: Vec<BenchStep>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_latency: Option<StoreLatency>,
