@@ -2,9 +2,10 @@
 T=/sys/kernel/tracing
 MM=/sys/kernel/mm/transparent_hugepage
 
-# oracle_event NAME DEFINITION: adds a kprobe event. If the kernel refuses
-# it, the oracle cannot count what needs NAME (rather than counting 0), and
-# "@@FS-ORACLE-MISSING NAME reason" tells the host which columns are unknown.
+# oracle_event NAME DEFINITION: adds a kprobe event (fso/NAME; exc: fso/abt).
+# If the kernel refuses it, the oracle cannot count what needs NAME (rather
+# than counting 0: oracle.c finds no such event in tracefs and prints
+# "class=?"), and "@@FS-ORACLE-MISSING NAME reason" tells the host why.
 # Further DEFINITIONs are fallbacks (the same event on another symbol).
 oracle_event() {
 	name=$1; shift

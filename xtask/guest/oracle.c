@@ -23,13 +23,22 @@
  *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
  *   the instant it switches phase, or attaches) split the counts by phase;
  *   like faultscope's phases they hold for every process.
- * Output, per process and per (process, phase):
- *   oracle tgid=N phase=ALL|LABEL faults=.. wp=.. reuse=.. copy=.. huge=..
- *          nowp=.. spurious=.. unfold=.. folded=.. convert=.. tryunfold=.. fold=.. shared=..
- * nowp counts user write faults that completed without reaching do_wp_page,
- * do_huge_pmd_wp_page or a new anon folio; spurious those of them whose
- * exception says the page was present (or, without a matching exception,
- * that reached the present-entry tail).
+ * Output, per process and per (process, phase), under the report's class
+ * names (the keys the host compares with faultscope's classes):
+ *   oracle tgid=N phase=ALL|LABEL faults=.. wp_faults=.. reuse=.. copy=..
+ *          wp_shared=.. spurious=.. huge_pmd_wp=.. contpte_unfold=..
+ *          contpte_fold=.. contpte_convert=.. contpte_try_unfold=..
+ *          contpte_fold_attempt=.. nowp=..
+ * A class whose events this guest's tracefs lacks (lib.sh refused them) is
+ * "KEY=?", never a number, and a line "oracle unknown KEY: EVENT..." names
+ * the missing events ("a|b": both alternatives missing).
+ * nowp (not a class) counts user write faults that completed without
+ * reaching do_wp_page, do_huge_pmd_wp_page or a new anon folio; spurious
+ * those of them whose exception says the page was present (or, without a
+ * matching exception, that reached the present-entry tail).
+ *
+ * Usage: oracle [TRACEFS] < trace; TRACEFS is /sys/kernel/tracing unless
+ * given.
  *
  * Written in C and built static so that it runs fast under TCG and shares
  * no code with faultscope.
@@ -37,15 +46,104 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAXT 4096
 #define MAXP 512
 #define MAXPH 64
 #define NC 13
 
-static const char *names[NC] = { "faults", "wp", "reuse", "copy", "huge", "nowp", "spurious",
-				 "unfold", "folded", "convert", "tryunfold", "fold", "shared" };
-enum { FAULTS, WP, REUSE, COPY, HUGE, NOWP, SPURIOUS, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD, SHARED };
+/* The counts, printed in this order under these names: the report's class
+ * names, but for nowp. */
+enum { FAULTS, WP, REUSE, COPY, SHARED, SPURIOUS, HUGE, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD, NOWP };
+
+/* The events (lib.sh oracle_event names). "exc" is the exception event:
+ * the page_fault_user tracepoint (x86) or the kprobe fso/abt (arm64). */
+enum { E_HMF, E_HMFR, E_WP, E_HWP, E_NAR, E_DSP, E_EXC, E_ACC, E_CONV, E_UNFOLD, E_FOLD, NE };
+static const char *event_names[NE] = { "hmf", "hmfr", "wp", "hwp", "nar", "dsp",
+				       "exc", "acc", "conv", "unfold", "fold" };
+#define E(e) (1u << (e))
+#define HMF (E(E_HMF) | E(E_HMFR))
+#define PATHS (HMF | E(E_WP) | E(E_HWP) | E(E_NAR))
+
+/* A count's name and the events it needs: all of `all`, and one of `any`
+ * if any. Without "dsp" shared write-notify counts as reuse, as on
+ * faultscope's side: reuse and copy need "nar" only. */
+static const struct key { const char *name; unsigned all, any; } keys[NC] = {
+	[FAULTS] = { "faults", HMF },
+	[WP] = { "wp_faults", HMF | E(E_WP) },
+	[REUSE] = { "reuse", HMF | E(E_WP) | E(E_NAR) },
+	[COPY] = { "copy", HMF | E(E_WP) | E(E_NAR) },
+	[SHARED] = { "wp_shared", HMF | E(E_WP) | E(E_DSP) },
+	[SPURIOUS] = { "spurious", PATHS, E(E_EXC) | E(E_ACC) },
+	[HUGE] = { "huge_pmd_wp", HMF | E(E_HWP) },
+	[UNFOLD] = { "contpte_unfold", E(E_CONV) },
+	[FOLDED] = { "contpte_fold", E(E_CONV) },
+	[CONVERT] = { "contpte_convert", E(E_CONV) },
+	[TRYUNFOLD] = { "contpte_try_unfold", E(E_UNFOLD) },
+	[FOLD] = { "contpte_fold_attempt", E(E_FOLD) },
+	[NOWP] = { "nowp", PATHS },
+};
+
+static unsigned have;  /* the events this guest's tracefs has */
+static int known[NC]; /* the counts whose events it has */
+
+static int exists(const char *tracefs, const char *path)
+{
+	char p[512];
+	snprintf(p, sizeof p, "%s/%s", tracefs, path);
+	return access(p, F_OK) == 0;
+}
+
+/* Whether the tracepoint at `path` is enabled (lib.sh enables it, or says
+ * why not). */
+static int enabled(const char *tracefs, const char *path)
+{
+	char p[512], c = 0;
+	snprintf(p, sizeof p, "%s/%s/enable", tracefs, path);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return 0;
+	if (fread(&c, 1, 1, f) != 1)
+		c = 0;
+	fclose(f);
+	return c == '1';
+}
+
+/* Which events exist, which counts they allow; "oracle unknown" lines for
+ * the others. */
+static void probe_events(const char *tracefs)
+{
+	for (int e = 0; e < NE; e++) {
+		char p[64];
+		snprintf(p, sizeof p, "events/fso/%s", e == E_EXC ? "abt" : event_names[e]);
+		int ok = exists(tracefs, p);
+		if (e == E_EXC)
+			ok = ok || enabled(tracefs, "events/exceptions/page_fault_user");
+		if (ok)
+			have |= E(e);
+	}
+	for (int i = 0; i < NC; i++) {
+		unsigned miss = keys[i].all & ~have;
+		int any_missing = keys[i].any && !(keys[i].any & have);
+		known[i] = !miss && !any_missing;
+		if (known[i])
+			continue;
+		printf("oracle unknown %s:", keys[i].name);
+		for (int e = 0; e < NE; e++)
+			if (miss & E(e))
+				printf(" %s", event_names[e]);
+		if (any_missing) {
+			const char *sep = " ";
+			for (int e = 0; e < NE; e++)
+				if (keys[i].any & E(e)) {
+					printf("%s%s", sep, event_names[e]);
+					sep = "|";
+				}
+		}
+		printf("\n");
+	}
+}
 
 struct thread {
 	int pid, tgid, user, wp, nar, hwp, acc, dsp, write;
@@ -100,13 +198,17 @@ static void print(int tgid, const char *label, const unsigned long *c)
 {
 	printf("oracle tgid=%d phase=%s", tgid, label);
 	for (int i = 0; i < NC; i++)
-		printf(" %s=%lu", names[i], c[i]);
+		if (known[i])
+			printf(" %s=%lu", keys[i].name, c[i]);
+		else
+			printf(" %s=?", keys[i].name);
 	printf("\n");
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
 	char line[1024];
+	probe_events(argc > 1 ? argv[1] : "/sys/kernel/tracing");
 	unsigned long lines = 0;
 	while (fgets(line, sizeof line, stdin)) {
 		if (line[0] == '#')

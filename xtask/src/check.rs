@@ -18,61 +18,44 @@ use faultscope::{
 
 use crate::vm::GuestRun;
 
-/// A class the oracle counts: its key in the oracle's line and the oracle
-/// events (lib.sh `oracle_event`) it needs ("a|b": one of them).
-pub struct Column {
-    pub metric: Metric,
-    pub key: &'static str,
-    pub events: &'static [&'static str],
-}
-
-const fn col(metric: Metric, key: &'static str, events: &'static [&'static str]) -> Column {
-    Column { metric, key, events }
-}
-
-/// The classes compared with the oracle, in table order.
-pub const COLUMNS: [Column; 12] = [
-    col(Metric::Faults, "faults", &["hmf", "hmfr"]),
-    col(Metric::WpFaults, "wp", &["hmf", "hmfr", "wp"]),
-    // Without "dsp" both sides count shared write-notify as reuse.
-    col(Metric::Reuse, "reuse", &["hmf", "hmfr", "wp", "nar"]),
-    col(Metric::Copy, "copy", &["hmf", "hmfr", "wp", "nar"]),
-    col(Metric::WpShared, "shared", &["hmf", "hmfr", "wp", "dsp"]),
-    col(Metric::HugePmdWp, "huge", &["hmf", "hmfr", "hwp"]),
-    col(Metric::Spurious, "spurious", &["hmf", "hmfr", "wp", "hwp", "nar", "exc|acc"]),
-    col(Metric::ContpteUnfold, "unfold", &["conv"]),
-    col(Metric::ContpteFold, "folded", &["conv"]),
-    col(Metric::ContpteConvert, "convert", &["conv"]),
-    col(Metric::ContpteTryUnfold, "tryunfold", &["unfold"]),
-    col(Metric::ContpteFoldAttempt, "fold", &["fold"]),
-];
-
-/// The counts of one `oracle tgid=N phase=P key=count...` line, by key.
-pub type Line = BTreeMap<String, u64>;
+/// The counts of one `oracle tgid=N phase=P key=count...` line, by key
+/// (oracle.c prints the classes under their report names); `None` for
+/// "key=?": the guest lacks the events the oracle needs to count it.
+pub type Line = BTreeMap<String, Option<u64>>;
 
 /// The oracle's output of one case, and the events the guest kernel refused.
 #[derive(Default)]
 pub struct Oracle {
     /// Lines by (tgid, phase).
     pub lines: BTreeMap<(u32, String), Line>,
+    /// The events each count the oracle cannot count misses ("a|b": both),
+    /// from its `oracle unknown KEY: EVENT...` lines.
+    pub missing: BTreeMap<String, Vec<String>>,
     /// Refused events and why (`@@FS-ORACLE-MISSING EVENT WHY`).
     pub refused: BTreeMap<String, String>,
 }
 
 impl Oracle {
     pub fn parse(text: &str, refused: BTreeMap<String, String>) -> Oracle {
-        let mut lines = BTreeMap::new();
+        let (mut lines, mut missing) = (BTreeMap::new(), BTreeMap::new());
         for l in text.lines() {
+            if let Some((key, events)) = l.strip_prefix("oracle unknown ").and_then(|r| r.split_once(':')) {
+                missing.insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
+                continue;
+            }
             let Some(rest) = l.strip_prefix("oracle ") else { continue };
             let (mut tgid, mut phase, mut counts) = (None, None, Line::new());
             for kv in rest.split_whitespace() {
                 let Some((k, v)) = kv.split_once('=') else { continue };
-                match k {
-                    "tgid" => tgid = v.parse().ok(),
-                    "phase" => phase = Some(v.to_string()),
+                match (k, v) {
+                    ("tgid", _) => tgid = v.parse().ok(),
+                    ("phase", _) => phase = Some(v.to_string()),
+                    (_, "?") => {
+                        counts.insert(k.to_string(), None);
+                    }
                     _ => {
                         if let Ok(n) = v.parse() {
-                            counts.insert(k.to_string(), n);
+                            counts.insert(k.to_string(), Some(n));
                         }
                     }
                 }
@@ -81,17 +64,16 @@ impl Oracle {
                 lines.insert((t, p), counts);
             }
         }
-        Oracle { lines, refused }
+        Oracle { lines, missing, refused }
     }
 
     /// The oracle section `section` of a guest run, with the run's refused
     /// events.
     pub fn from_run(run: &GuestRun, section: &str) -> Result<Oracle> {
-        let events: BTreeSet<&str> =
-            COLUMNS.iter().flat_map(|c| c.events).flat_map(|e| e.split('|')).collect();
-        let refused = events
-            .into_iter()
-            .filter_map(|e| Some((e.to_string(), run.marker("ORACLE-MISSING", e)?)))
+        let refused = run
+            .markers("ORACLE-MISSING")
+            .filter_map(|m| m.split_once(' '))
+            .map(|(e, why)| (e.to_string(), why.trim().to_string()))
             .collect();
         Ok(Oracle::parse(run.section(section)?, refused))
     }
@@ -100,33 +82,28 @@ impl Oracle {
         self.lines.get(&(tgid, phase.to_string()))
     }
 
-    /// Why the oracle cannot count `c`: its refused events. Empty when it can.
-    pub fn unknown(&self, c: &Column) -> Vec<String> {
-        c.events
-            .iter()
-            .filter_map(|e| {
-                let why: Vec<&str> =
-                    e.split('|').map(|a| self.refused.get(a).map(String::as_str)).collect::<Option<_>>()?;
-                Some(why.join("; "))
-            })
-            .collect()
+    /// Why the oracle cannot count `key`: the refusals of the events it
+    /// misses, alternatives joined by "; ".
+    pub fn unknown(&self, key: &str) -> Vec<String> {
+        let Some(events) = self.missing.get(key) else {
+            return vec![format!("{key}: the oracle named no missing event")];
+        };
+        let why = |e: &str| self.refused.get(e).cloned().unwrap_or_else(|| format!("no event {e}"));
+        events.iter().map(|alts| alts.split('|').map(why).collect::<Vec<_>>().join("; ")).collect()
     }
 
     /// Compares `classes` (a span's or a whole process's) with the line of
-    /// (`tgid`, `phase`); `None` when the oracle has no such line. Failures
-    /// are prefixed with `what`.
+    /// (`tgid`, `phase`): every class of the catalogue the line counts, in
+    /// `Metric::ALL` order; `None` when the oracle has no such line.
+    /// Failures are prefixed with `what`.
     pub fn compare(&self, what: &str, classes: &Classes, tgid: u32, phase: &str) -> Option<Comparison> {
         let line = self.line(tgid, phase)?;
         let mut c = Comparison::default();
-        for col in &COLUMNS {
-            let missing = self.unknown(col);
+        for metric in Metric::ALL {
+            let Some(&oracle) = line.get(metric.name()) else { continue };
             // Unknown to the oracle is not 0: faultscope must then say
             // "not measurable" too.
-            let row = Row {
-                metric: col.metric,
-                faultscope: count(classes, col.metric),
-                oracle: if missing.is_empty() { line.get(col.key).copied() } else { None },
-            };
+            let row = Row { metric, faultscope: count(classes, metric), oracle };
             if !row.agrees() {
                 c.failures.push(format!(
                     "{what}: {}: faultscope {} != oracle {}",
@@ -136,7 +113,9 @@ impl Oracle {
                 ));
             }
             c.rows.push(row);
-            c.unknown.extend(missing);
+            if oracle.is_none() {
+                c.unknown.extend(self.unknown(metric.name()));
+            }
         }
         Some(c)
     }
@@ -167,14 +146,18 @@ impl Row {
 
 #[derive(Debug, Default)]
 pub struct Comparison {
-    /// One per `COLUMNS` entry, in its order.
+    /// One per class the oracle's line names, in `Metric::ALL` order.
     pub rows: Vec<Row>,
     pub failures: Vec<String>,
-    /// Why the oracle cannot count some columns.
+    /// Why the oracle cannot count some of the classes (`?` rows).
     pub unknown: BTreeSet<String>,
 }
 
 impl Comparison {
+    pub fn row(&self, m: Metric) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric == m)
+    }
+
     /// The comparison as a table of three columns, `title` over the classes.
     pub fn table(&self, title: &str) -> String {
         let mut t = String::new();
@@ -288,19 +271,29 @@ pub mod testing {
         .to_string()
     }
 
-    /// An oracle line of pid 7 (contpte counted 0, as oracle.c prints it).
+    /// An oracle line of pid 7 as oracle.c prints it in an x86 guest: the
+    /// contpte classes unknown (`?`), nowp (not a class) 0.
     pub fn oracle_line(phase: &str, faults: u64, reuse: u64, copy: u64) -> String {
         format!(
-            "oracle tgid=7 phase={phase} faults={faults} wp={} reuse={reuse} copy={copy} shared=0 huge=0 \
-             spurious=0 unfold=0 folded=0 convert=0 tryunfold=0 fold=0\n",
+            "oracle tgid=7 phase={phase} faults={faults} wp_faults={} reuse={reuse} copy={copy} wp_shared=0 \
+             spurious=0 huge_pmd_wp=0 contpte_unfold=? contpte_fold=? contpte_convert=? \
+             contpte_try_unfold=? contpte_fold_attempt=? nowp=0\n",
             reuse + copy
         )
     }
 
+    /// oracle.c's lines in an x86 guest naming the events it misses.
+    pub const X86_UNKNOWN: &str = "oracle unknown contpte_unfold: conv\n\
+                                   oracle unknown contpte_fold: conv\n\
+                                   oracle unknown contpte_convert: conv\n\
+                                   oracle unknown contpte_try_unfold: unfold\n\
+                                   oracle unknown contpte_fold_attempt: fold\n";
+
     /// The x86 guest's refusals (lib.sh): no contpte events.
     pub const X86_REFUSED: &str = "@@FS-ORACLE-MISSING unfold contpte is arm64 only\n\
                                    @@FS-ORACLE-MISSING conv contpte is arm64 only\n\
-                                   @@FS-ORACLE-MISSING fold contpte is arm64 only\n";
+                                   @@FS-ORACLE-MISSING fold contpte is arm64 only\n\
+                                   @@FS-ORACLE-MISSING accc contpte is arm64 only\n";
 
     /// A guest run whose console holds `markers` and the sections.
     pub fn guest_run(markers: &str, sections: &[(&str, &str)]) -> GuestRun {
@@ -314,37 +307,108 @@ pub mod testing {
 
 #[cfg(test)]
 mod tests {
+    use std::{path::Path, process::Command};
+
     use super::{testing::*, *};
 
     #[test]
     fn oracle_lines() {
         let o = Oracle::parse(
-            "oracle tgid=5 phase=ALL faults=3 wp=1\noracle tgid=5 phase=mark:write faults=2 wp=1\njunk\n",
+            "oracle unknown spurious: exc|acc\noracle tgid=5 phase=ALL faults=3 spurious=?\n\
+             oracle tgid=5 phase=mark:write faults=2 wp_faults=1\njunk\n\
+             oracle: 9 trace lines, 0 with an unknown tgid, 1 processes exec'd: 5; phases: mark:write\n",
             BTreeMap::new(),
         );
-        assert_eq!(o.line(5, "mark:write").unwrap()["faults"], 2);
-        assert_eq!(o.line(5, "ALL").unwrap()["wp"], 1);
+        assert_eq!(o.line(5, "mark:write").unwrap()["faults"], Some(2));
+        assert_eq!(o.line(5, "ALL").unwrap()["spurious"], None);
         assert_eq!(o.lines.len(), 2);
+        assert_eq!(o.missing["spurious"], ["exc|acc"]);
+        // Alternatives: every one refused, their reasons together.
+        let refused = [("exc".into(), "exc refused".into()), ("acc".into(), "acc refused".into())];
+        let o = Oracle { refused: refused.into(), ..o };
+        assert_eq!(o.unknown("spurious"), ["exc refused; acc refused"]);
+    }
+
+    /// oracle.c built for this host into `dir`.
+    fn build_oracle(dir: &Path) -> std::path::PathBuf {
+        let bin = dir.join("oracle");
+        let src = crate::root().join("xtask/guest/oracle.c");
+        let cc = Command::new("cc").args(["-O2", "-Wall", "-o"]).arg(&bin).arg(src).status().unwrap();
+        assert!(cc.success());
+        bin
+    }
+
+    /// The oracle `bin` over `trace`, with the given events in a fake
+    /// tracefs under `dir` (`exc` as x86's page_fault_user tracepoint,
+    /// enabled).
+    fn run_oracle(bin: &Path, dir: &Path, events: &[&str], trace: &str) -> String {
+        let tracefs = dir.join("tracing");
+        let _ = std::fs::remove_dir_all(&tracefs);
+        std::fs::create_dir_all(&tracefs).unwrap();
+        for e in events {
+            if *e == "exc" {
+                let tp = tracefs.join("events/exceptions/page_fault_user");
+                std::fs::create_dir_all(&tp).unwrap();
+                std::fs::write(tp.join("enable"), "1\n").unwrap();
+            } else {
+                std::fs::create_dir_all(tracefs.join("events/fso").join(e)).unwrap();
+            }
+        }
+        std::fs::write(dir.join("trace"), trace).unwrap();
+        let out = Command::new(bin)
+            .arg(&tracefs)
+            .stdin(std::fs::File::open(dir.join("trace")).unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
     }
 
     #[test]
-    fn unknown_needs_every_alternative_refused() {
-        let spurious = COLUMNS.iter().find(|c| c.metric == Metric::Spurious).unwrap();
-        let refused = |evs: &[&str]| evs.iter().map(|e| (e.to_string(), format!("{e} refused"))).collect();
-        assert!(Oracle::parse("", refused(&["exc"])).unknown(spurious).is_empty());
-        assert_eq!(
-            Oracle::parse("", refused(&["exc", "acc"])).unknown(spurious),
-            ["exc refused; acc refused"]
-        );
+    fn the_oracle_prints_class_names_and_unknowns() {
+        let dir = std::env::temp_dir().join(format!("faultscope-oracle-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = build_oracle(&dir);
+        let trace = "# tracer: nop\n\
+            bench-7 (      7) [000] ..... 1.0: sched_process_exec: filename=/b pid=7 old_pid=7\n\
+            bench-7 (      7) [000] ..... 1.1: hmf: (handle_mm_fault+0x0/0x8) addr=0x1000 flags=0x41 regs=0x1\n\
+            bench-7 (      7) [000] ..... 1.2: wp: (do_wp_page+0x0/0x8)\n\
+            bench-7 (      7) [000] ..... 1.3: hmfr: (x <- handle_mm_fault) ret=0x0\n";
+        // An x86 guest: every event but the contpte ones.
+        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
+        let out = run_oracle(&bin, &dir, &x86, trace);
+        assert!(out.starts_with(X86_UNKNOWN), "{out}");
+        assert!(out.contains(&oracle_line("ALL", 1, 1, 0)), "{out}");
+        // Every key but nowp is a class faultscope reports.
+        let o = Oracle::parse(&out, BTreeMap::new());
+        let keys: Vec<&String> = o.line(7, "ALL").unwrap().keys().collect();
+        assert_eq!(keys.len(), 13);
+        assert!(keys.iter().all(|k| *k == "nowp" || Metric::from_name(k).is_some()), "{keys:?}");
+        // Without dsp: wp_shared unknown, reuse and copy still counted.
+        let out = run_oracle(&bin, &dir, &x86[..5], trace);
+        assert!(out.contains("oracle unknown wp_shared: dsp\n"), "{out}");
+        assert!(out.contains(" reuse=1 copy=0 wp_shared=? spurious=? "), "{out}");
+        assert!(out.contains("oracle unknown spurious: exc|acc\n"), "{out}");
+        // arm64: no exception event (do_mem_abort blacklisted), acc enough.
+        let arm = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "conv", "unfold", "fold"];
+        let out = run_oracle(&bin, &dir, &arm, trace);
+        assert!(!out.contains("oracle unknown"), "{out}");
+        assert!(out.contains(" spurious=0 huge_pmd_wp=0 contpte_unfold=0 "), "{out}");
+        // Nothing at all: every count unknown, the faults too.
+        let out = run_oracle(&bin, &dir, &[], trace);
+        assert!(out.contains("oracle unknown faults: hmf hmfr\n"), "{out}");
+        assert!(out.contains(" faults=? "), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_refused_events_come_from_the_run() {
-        let text = oracle_line("ALL", 39, 20, 1);
+        let text = format!("{X86_UNKNOWN}{}", oracle_line("ALL", 39, 20, 1));
         let run = guest_run(X86_REFUSED, &[("c.oracle", &text)]);
         let o = Oracle::from_run(&run, "c.oracle").unwrap();
-        assert_eq!(o.refused.keys().collect::<Vec<_>>(), ["conv", "fold", "unfold"]);
-        assert_eq!(o.line(7, "ALL").unwrap()["reuse"], 20);
+        assert_eq!(o.refused.keys().collect::<Vec<_>>(), ["accc", "conv", "fold", "unfold"]);
+        assert_eq!(o.line(7, "ALL").unwrap()["reuse"], Some(20));
+        assert_eq!(o.unknown("contpte_fold"), ["contpte is arm64 only"]);
     }
 
     #[test]
@@ -353,37 +417,57 @@ mod tests {
         let p = process(&r, 7).unwrap();
         // The fork step: its mark and the fork's automatic phases.
         let step = p.span("mark:fork").unwrap();
-        let line = oracle_line("mark:fork", 3, 0, 1).replace(" copy=1 ", " copy=2 ");
+        let line =
+            X86_UNKNOWN.to_string() + &oracle_line("mark:fork", 3, 0, 1).replace(" copy=1 ", " copy=2 ");
         let run = guest_run(X86_REFUSED, &[("c.oracle", &line)]);
         let oracle = Oracle::from_run(&run, "c.oracle").unwrap();
         let c = oracle.compare("k c mark:fork", &step.classes, 7, "mark:fork").unwrap();
-        assert_eq!(c.rows.len(), COLUMNS.len());
-        let row = |m| c.rows.iter().find(|r| r.metric == m).unwrap().clone();
+        // The line's classes, in the catalogue's order.
+        let order: Vec<Metric> = Metric::ALL.into_iter().filter(|m| c.row(*m).is_some()).collect();
+        assert_eq!(c.rows.iter().map(|r| r.metric).collect::<Vec<_>>(), order);
+        assert_eq!(c.rows.len(), 12);
+        assert!(c.row(Metric::WriteFaults).is_none());
         // Equal (the mark's 2 and the child-alive phase's 1).
-        assert_eq!(row(Metric::Faults), Row { metric: Metric::Faults, faultscope: Some(3), oracle: Some(3) });
+        assert_eq!(
+            c.row(Metric::Faults),
+            Some(&Row { metric: Metric::Faults, faultscope: Some(3), oracle: Some(3) })
+        );
         // Unequal.
-        assert_eq!(row(Metric::Copy), Row { metric: Metric::Copy, faultscope: Some(1), oracle: Some(2) });
+        assert_eq!(
+            c.row(Metric::Copy),
+            Some(&Row { metric: Metric::Copy, faultscope: Some(1), oracle: Some(2) })
+        );
         // Unknown to the oracle and not measurable: they agree.
         assert_eq!(
-            row(Metric::ContpteUnfold),
-            Row { metric: Metric::ContpteUnfold, faultscope: None, oracle: None }
+            c.row(Metric::ContpteUnfold),
+            Some(&Row { metric: Metric::ContpteUnfold, faultscope: None, oracle: None })
         );
         assert_eq!(c.failures, ["k c mark:fork: copy: faultscope 1 != oracle 2"]);
         assert_eq!(c.unknown.iter().collect::<Vec<_>>(), ["contpte is arm64 only"]);
         let table = c.table("class");
         assert!(table.contains("\n  copy                          1          2\n"), "{table}");
         assert!(table.contains("\n  contpte_unfold              n/m          -\n"), "{table}");
+        assert!(!table.contains("nowp"), "{table}");
         assert!(oracle.compare("x", &step.classes, 8, "mark:fork").is_none());
 
-        // The oracle counts contpte (nothing refused), faultscope cannot.
-        let all = Oracle::parse(&oracle_line("ALL", 39, 20, 1), BTreeMap::new());
+        // The oracle counts contpte (arm64), faultscope cannot.
+        let all = Oracle::parse(&oracle_line("ALL", 39, 20, 1).replace("=?", "=0"), BTreeMap::new());
         let c = all.compare("fork4k", &p.classes, 7, "ALL").unwrap();
         assert_eq!(c.failures.len(), 5, "{:?}", c.failures);
         assert!(c.failures.contains(&"fork4k: contpte_unfold: faultscope n/m != oracle 0".to_string()));
         // The oracle cannot count a class faultscope measured.
         let refused = [("dsp".to_string(), "no symbol".to_string())].into();
-        let c = Oracle::parse(&oracle_line("ALL", 39, 20, 1), refused).compare("x", &p.classes, 7, "ALL");
-        assert!(c.unwrap().failures.contains(&"x: wp_shared: faultscope 0 != oracle -".to_string()));
+        let text = "oracle unknown wp_shared: dsp\n".to_string()
+            + &oracle_line("ALL", 39, 20, 1).replace("wp_shared=0", "wp_shared=?");
+        let c = Oracle::parse(&text, refused).compare("x", &p.classes, 7, "ALL").unwrap();
+        assert!(c.failures.contains(&"x: wp_shared: faultscope 0 != oracle -".to_string()));
+        assert!(c.unknown.contains("no symbol"), "{:?}", c.unknown);
+        // A class the line lacks is not compared.
+        let c = Oracle::parse("oracle tgid=7 phase=ALL faults=39\n", BTreeMap::new())
+            .compare("x", &p.classes, 7, "ALL")
+            .unwrap();
+        assert_eq!(c.rows.len(), 1);
+        assert!(c.failures.is_empty());
     }
 
     #[test]

@@ -155,7 +155,7 @@ mod tests {
             &[
                 ("fork4k.fs.json", &bench_json()),
                 ("fork4k.wl.json", wl),
-                ("fork4k.oracle", &oracle_line("ALL", 39, 20, 1)),
+                ("fork4k.oracle", &format!("{X86_UNKNOWN}{}", oracle_line("ALL", 39, 20, 1))),
             ],
         );
         let r = check_case(&run, "fork4k", "4K").unwrap();

@@ -65,11 +65,14 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
             .with_context(|| format!("{kernel} {case}: {}", check::oracle_gap(run, case, &sec, pid, st)))?;
         per_step.push((span, cmp));
     }
-    for (i, c) in check::COLUMNS.iter().enumerate() {
-        let _ = write!(table, "  {:<20}", c.metric.name());
+    // The classes the oracle counts, in the catalogue's order.
+    for m in Metric::ALL.into_iter().filter(|&m| per_step.iter().any(|(_, cmp)| cmp.row(m).is_some())) {
+        let _ = write!(table, "  {:<20}", m.name());
         for (_, cmp) in &per_step {
-            let r = &cmp.rows[i];
-            let _ = write!(table, " {:>21}", format!("{}/{}", r.faultscope_cell(), r.oracle_cell()));
+            let cell = cmp
+                .row(m)
+                .map_or_else(String::new, |r| format!("{}/{}", r.faultscope_cell(), r.oracle_cell()));
+            let _ = write!(table, " {cell:>21}");
         }
         table.push('\n');
     }
@@ -114,7 +117,9 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         }
         "spurious-race" => {
             let sp = get(Metric::Spurious);
-            let o = oracle.line(pid, "mark:write").and_then(|l| l.get("spurious"));
+            let o = oracle
+                .line(pid, "mark:write")
+                .and_then(|l| l.get(Metric::Spurious.name()).copied().flatten());
             expect(true, format!("spurious write faults from 4 threads racing: {sp} (oracle {o:?})"));
         }
         _ => {}
@@ -261,9 +266,10 @@ mod tests {
     #[test]
     fn a_case_against_its_oracle_steps_and_arithmetic() {
         use check::testing::*;
-        let oracle = oracle_line("mark:populate", 16, 0, 0)
+        let oracle = X86_UNKNOWN.to_string()
+            + &oracle_line("mark:populate", 16, 0, 0)
             + &oracle_line("mark:fork", 3, 0, 1)
-            + &oracle_line("mark:write", 20, 21, 0).replace(" wp=21 ", " wp=20 ");
+            + &oracle_line("mark:write", 20, 21, 0).replace(" wp_faults=21 ", " wp_faults=20 ");
         let markers = format!("@@FS-RC 4k-exit 0\n@@FS-OVERRUN 4k-exit 0\n{X86_REFUSED}");
         let run = guest_run(&markers, &[("4k-exit.json", &bench_json()), ("4k-exit.oracle", &oracle)]);
         let r = check_case(&run, "k", "4k-exit").unwrap();

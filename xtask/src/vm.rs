@@ -54,6 +54,12 @@ impl GuestRun {
             .lines()
             .find_map(|l| l.trim_end_matches('\r').strip_prefix(&prefix).map(|v| v.trim().to_string()))
     }
+
+    /// The rest of every marker line `@@FS-<tag> ...`.
+    pub fn markers<'a>(&'a self, tag: &str) -> impl Iterator<Item = &'a str> + 'a {
+        let prefix = format!("@@FS-{tag} ");
+        self.console.lines().filter_map(move |l| l.trim_end_matches('\r').strip_prefix(prefix.as_str()))
+    }
 }
 
 pub fn tail(s: &str, n: usize) -> String {
