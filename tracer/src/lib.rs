@@ -11,7 +11,6 @@
 
 /// Attribution building blocks (mapping names, code sites, stacks, BTF
 /// offsets), not wired into the report yet.
-#[allow(dead_code)]
 pub mod attrib;
 pub mod cmd;
 pub mod collect;

@@ -176,7 +176,8 @@ impl<'a> Run<'a> {
     fn populate(&mut self) -> Result<()> {
         self.mark("populate")?;
         let from = usage();
-        workload::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1);
+        // SAFETY: the region this run mapped.
+        unsafe { workload::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1) };
         self.steps.push(Step { label: "populate", from, to: usage() });
         if self.o.folio == PMD_SIZE && !self.o.pmd {
             split_pmds(self.mem.base, self.mem.len)?;

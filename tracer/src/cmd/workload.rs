@@ -101,10 +101,13 @@ pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
 
 /// Touches one byte per page with volatile stores, so the compiler keeps
 /// every store.
-pub fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
+///
+/// # Safety
+/// `base..base + len` must be writable memory of this process.
+pub unsafe fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
     let mut off = 0;
     while off < len {
-        // SAFETY: off < len, inside the mapping.
+        // SAFETY: off < len, inside the mapping (the caller's promise).
         unsafe { std::ptr::write_volatile(base.add(off), val) };
         off += page;
     }
@@ -193,7 +196,8 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
     let pages = len / page;
 
     let t0 = usage();
-    write_pages(base, len, page, 1);
+    // SAFETY: the mapping of len bytes just made.
+    unsafe { write_pages(base, len, page, 1) };
     let t1 = usage();
 
     // SAFETY: fork; the child only sleeps/exits.
@@ -218,7 +222,8 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
         clear_soft_dirty(base)?;
     }
     let t2 = usage();
-    write_pages(base, len, page, 2);
+    // SAFETY: the same mapping.
+    unsafe { write_pages(base, len, page, 2) };
     let t3 = usage();
     if o.child == Child::Alive {
         unsafe {
