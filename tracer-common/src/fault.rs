@@ -86,6 +86,10 @@ pub struct ThreadFault {
     pub flags: u32,
     pub seen: u32,
     pub _pad: u32,
+    /// The faulting VMA's start (attribution by mapping; 0 when off).
+    pub vma_start: u64,
+    /// The faulting user instruction (attribution by site; 0 when off).
+    pub ip: u64,
 }
 
 impl ThreadFault {
@@ -110,6 +114,12 @@ impl ThreadFault {
         // Keep the exception record; forget the marks of the previous fault.
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
         lost
+    }
+
+    /// Whether a user fault of this thread is in progress.
+    #[inline(always)]
+    pub fn in_fault(&self) -> bool {
+        self.seen & SEEN_IN_FAULT != 0
     }
 
     /// A probe inside the fault fired (do_wp_page, ...): remember it, but only

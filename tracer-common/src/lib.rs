@@ -7,6 +7,7 @@
 //! event sequences.
 #![no_std]
 
+pub mod attrib;
 pub mod class;
 pub mod fault;
 pub mod hist;

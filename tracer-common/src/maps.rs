@@ -163,11 +163,28 @@ pub enum Config {
     /// Non-zero when the kretprobe classifies faults and needs the exception
     /// record (error code) of each.
     Exceptions = 1,
+    /// Non-zero: count every class per mapping too (`MAPPINGS`).
+    Mappings = 2,
+    /// The `ClassSet` bits of the classes whose faulting instruction is
+    /// counted (`SITES`).
+    SiteClasses = 3,
+    /// The `ClassSet` bits of the classes whose user stacks are counted.
+    UserStackClasses = 4,
+    /// The `ClassSet` bits of the classes whose kernel stacks are counted
+    /// (the contpte classes: which kernel path unfolded a block).
+    KernelStackClasses = 5,
 }
 
 impl Config {
-    pub const COUNT: usize = 2;
-    pub const ALL: [Config; Config::COUNT] = [Config::TpClasses, Config::Exceptions];
+    pub const COUNT: usize = 6;
+    pub const ALL: [Config; Config::COUNT] = [
+        Config::TpClasses,
+        Config::Exceptions,
+        Config::Mappings,
+        Config::SiteClasses,
+        Config::UserStackClasses,
+        Config::KernelStackClasses,
+    ];
 
     /// The array index.
     #[inline(always)]
@@ -197,10 +214,19 @@ pub enum Drop {
     /// A read of a program's context (probe argument, tracepoint field)
     /// failed: that event was not classified.
     ReadFailed = 5,
+    /// `MAPPINGS` was full: an event was not attributed to its mapping.
+    MappingsFull = 6,
+    /// `SITES` was full: an event was not attributed to its code site.
+    SitesFull = 7,
+    /// `STACK_COUNTS` was full: a stack was not counted.
+    StacksFull = 8,
+    /// `bpf_get_stackid` failed (a hash collision in `STACK_TRACES`, or it
+    /// was full): the event's stack is missing.
+    StackLost = 9,
 }
 
 impl Drop {
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 10;
     pub const ALL: [Drop; Drop::COUNT] = [
         Drop::StatsFull,
         Drop::ThreadsFull,
@@ -208,6 +234,10 @@ impl Drop {
         Drop::EventsFull,
         Drop::LostReturn,
         Drop::ReadFailed,
+        Drop::MappingsFull,
+        Drop::SitesFull,
+        Drop::StacksFull,
+        Drop::StackLost,
     ];
 
     /// The array index.
@@ -225,6 +255,10 @@ impl Drop {
             Drop::EventsFull => "events_ring_full",
             Drop::LostReturn => "lost_kretprobe_returns",
             Drop::ReadFailed => "context_read_failed",
+            Drop::MappingsFull => "mappings_map_full",
+            Drop::SitesFull => "sites_map_full",
+            Drop::StacksFull => "stacks_map_full",
+            Drop::StackLost => "stack_ids_lost",
         }
     }
 
@@ -237,6 +271,10 @@ impl Drop {
             Drop::EventsFull => "events ring full",
             Drop::LostReturn => "faults whose kretprobe was missed",
             Drop::ReadFailed => "events whose context could not be read",
+            Drop::MappingsFull => "mappings map full",
+            Drop::SitesFull => "sites map full",
+            Drop::StacksFull => "stack counts map full",
+            Drop::StackLost => "stacks lost (collision or full stack map)",
         }
     }
 }

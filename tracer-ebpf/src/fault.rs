@@ -18,6 +18,7 @@ use faultscope_common::{
 };
 
 use crate::{
+    attrib::{attribute, user_ip, vma_start},
     helpers::{
         arg, counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
         ReadFailed,
@@ -55,10 +56,15 @@ fn try_fault_entry(ctx: ProbeContext) -> Result<u32, ReadFailed> {
         return Ok(0);
     }
     let addr = arg(&ctx, 1)?;
+    let start = vma_start(arg(&ctx, 0)?)?;
+    let ip = user_ip(regs)?;
     if let Some(s) = thread_state(tid) {
-        if unsafe { (*s).on_entry(bpf_ktime_get_ns(), addr, flags as u32) } {
+        let st = unsafe { &mut *s };
+        if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags as u32) {
             drop_count(Drop::LostReturn);
         }
+        st.vma_start = start;
+        st.ip = ip;
     }
     Ok(0)
 }
@@ -87,7 +93,9 @@ fn try_fault_return(ctx: RetProbeContext) -> Result<u32, ReadFailed> {
     };
     // The phase is read at return: a fault belongs to the phase it ends in.
     // Only the classes `on_return` can produce are walked.
-    record_set(tgid, current_phase(), &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
+    let phase = current_phase();
+    record_set(tgid, phase, &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
+    attribute(&ctx, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip);
     Ok(0)
 }
 

@@ -20,6 +20,7 @@
 // Inline asm on BPF, for the one atomic add (core has no atomic RMW there).
 #![feature(asm_experimental_arch)]
 
+mod attrib;
 mod contpte;
 mod exception;
 mod fault;

@@ -5,9 +5,10 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use faultscope_common::{
+    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
     maps::{Config, Drop, PhaseCounter, Stat, StatKey, TargetInfo},
     ThreadFault,
 };
@@ -49,6 +50,28 @@ pub static CONFIG: Array<u32> = Array::with_max_entries(Config::COUNT as u32, 0)
 #[map]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT as u32, 0);
 
+/// Attribution by mapping: per (tgid, phase, VMA start) a counter per
+/// class. User space may resize it before load.
+#[map]
+pub static MAPPINGS: PerCpuHashMap<MappingKey, ClassCounts> = PerCpuHashMap::with_max_entries(4096, 0);
+
+/// A zeroed `ClassCounts` to insert from.
+#[map]
+pub static ZERO_COUNTS: PerCpuArray<ClassCounts> = PerCpuArray::with_max_entries(1, 0);
+
+/// Attribution by code site: per (tgid, phase, user ip, class) a count.
+#[map]
+pub static SITES: PerCpuHashMap<SiteKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+
+/// Stacks asked for (`--stacks`): counts per (tgid, phase, class, stacks).
+#[map]
+pub static STACK_COUNTS: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+
+/// The stacks themselves, by id. One entry unless user space sizes it for
+/// `--stacks` at load (a stack map preallocates every entry).
+#[map]
+pub static STACK_TRACES: StackTrace = StackTrace::with_max_entries(1, 0);
+
 /// Process lifecycle events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -66,6 +89,10 @@ pub static PF_ERROR_CODE_OFF: u32 = 24;
 pub static NEWTASK_PID_OFF: u32 = 8;
 #[no_mangle]
 pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
+/// `vm_area_struct.vm_start`, from the running kernel's BTF (0 on current
+/// kernels); per-mapping counting is off when BTF does not have it.
+#[no_mangle]
+pub static VMA_START_OFF: u32 = 0;
 
 /// A load-time global, read so that the compiler cannot fold the default in.
 #[inline(always)]

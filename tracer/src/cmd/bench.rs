@@ -86,6 +86,8 @@ pub struct BenchOpts {
     /// times with and without, in one session).
     #[arg(long)]
     pub no_trace: bool,
+    #[command(flatten)]
+    pub attrib: crate::collect::attribution::AttribOpts,
 }
 
 /// One workload step as the workload saw it.
@@ -136,7 +138,7 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats)?;
+            let mut r = Recorder::start(o.max_stats, o.attrib.clone())?;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             Some(r)
         };
@@ -325,6 +327,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     let mut report = run.finish()?;
     print!("{}", summary(&report));
     print!("{}", findings::attach(&mut report));
+    super::record::write_stacks(&o.attrib, &report)?;
     if let Some(p) = &o.json {
         file::write(p, &report)?;
     }

@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use faultscope_common::maps::{LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
+use faultscope_common::{
+    maps::{Config, LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC},
+    Program,
+};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
     signal::unix::{signal, SignalKind},
@@ -21,15 +24,20 @@ use tokio::{
 
 use super::mark as marks;
 use crate::{
-    collect::{collector::Snapshot, phases::Timeline, target},
+    collect::{
+        attribution::{mappings_availability, AttribOpts, Attribution},
+        collector::{stack_frames, Snapshot},
+        phases::Timeline,
+        target,
+    },
     error::Refusal,
     kernel::{
         self,
         classes::{self, Availability, Metric},
         probes,
-        session::Session,
+        session::{Session, Sizes},
     },
-    report::{build, file, findings, live, schema::Report, text},
+    report::{attribution::Namer, build, file, findings, live, schema::Report, text},
 };
 
 #[derive(Args, Debug)]
@@ -60,6 +68,8 @@ pub struct RecordOpts {
     /// Entries of the in-kernel stats map (process x phase x class).
     #[arg(long, default_value_t = 2048)]
     pub max_stats: u32,
+    #[command(flatten)]
+    pub attrib: AttribOpts,
     /// Command to start and trace from its exec.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -77,24 +87,39 @@ pub struct Recorder {
     /// tracefs `trace_marker`: each mark is also written to the ftrace
     /// buffer, so traces taken beside faultscope can be split by phase.
     marker: Option<fs::File>,
+    /// What is attributed, and the maps histories that name where.
+    pub attrib: Attribution,
 }
+
+/// Entries of the stack map when stacks are asked for.
+const STACK_ENTRIES: u32 = 16384;
 
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
-    pub fn start(max_stats: u32) -> Result<Recorder> {
+    pub fn start(max_stats: u32, attrib: AttribOpts) -> Result<Recorder> {
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
         let resolved = probes::resolve_here(&tracefs);
-        let mut session = Session::attach(&tracefs, &resolved, max_stats)?;
+        let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
+        let mut session = Session::attach(&tracefs, &resolved, Sizes { stats: max_stats, stacks })?;
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
+        let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
+        let no_mappings = attrib.no_mappings;
+        let attrib =
+            Attribution::new(attrib, mappings_availability(fault_probe, &session.vma_offset, no_mappings));
         // Before any target is added: no fault is counted before this.
-        session.configure(
-            classes::error_code_classes(&avail),
-            session.attached(faultscope_common::Program::FaultReturn),
-        )?;
+        let mut config = vec![
+            (Config::TpClasses, classes::error_code_classes(&avail)),
+            (Config::Exceptions, session.attached(Program::FaultReturn) as u32),
+        ];
+        config.extend(attrib.config(&avail));
+        session.configure(&config)?;
         eprintln!("{}", text::measured_line(&avail));
+        if let Err(why) = &attrib.mappings {
+            eprintln!("faultscope: per-mapping counts not measurable here: {why}");
+        }
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
         let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
         Ok(Recorder {
@@ -105,6 +130,7 @@ impl Recorder {
             comms: BTreeMap::new(),
             live: BTreeSet::new(),
             started: Instant::now(),
+            attrib,
         })
     }
 
@@ -112,7 +138,16 @@ impl Recorder {
         self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
         self.comms.insert(pid, comm);
         self.live.insert(pid);
+        self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
         Ok(())
+    }
+
+    /// Maps snapshots of every live traced process (at a phase change).
+    fn snapshot_maps(&mut self, label: &str) {
+        let now = kernel::monotonic_ns();
+        for &pid in &self.live {
+            self.attrib.snapshot(pid, now, label);
+        }
     }
 
     /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
@@ -125,8 +160,10 @@ impl Recorder {
     /// Starts a phase named `mark:LABEL`; returns its name.
     pub fn mark(&mut self, label: &str) -> Result<String> {
         // Events first, so the mark lands after the lifecycle changes that
-        // happened before it.
+        // happened before it; the maps as they are when it starts (taken
+        // before the switch: a process tracing itself faults doing it).
         self.drain_events()?;
+        self.snapshot_maps(&format!("mark:{label}"));
         // Formatted before the switch: nothing between the switch and the
         // marker may touch new memory.
         let line = marker_line(&format!("mark:{label}"));
@@ -151,6 +188,11 @@ impl Recorder {
             }
         }
         evs.sort_by_key(|e| e.ts_ns);
+        let phase_changed = evs.iter().any(|e| {
+            [LifeKind::Fork, LifeKind::ChildExit, LifeKind::ChildExec, LifeKind::Exec]
+                .iter()
+                .any(|k| *k as u32 == e.kind)
+        });
         for e in evs {
             let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
             match e.kind {
@@ -177,6 +219,10 @@ impl Recorder {
                 _ => {}
             }
         }
+        if phase_changed {
+            let name = self.timeline.current().name.clone();
+            self.snapshot_maps(&name);
+        }
         self.session.flush_logs();
         Ok(())
     }
@@ -195,17 +241,29 @@ impl Recorder {
             drops: self.session.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
+            namer: None,
+            now_ns: kernel::monotonic_ns(),
         })
     }
 
-    /// The report of the counts in `snap` (the whole run, or an interval).
-    pub fn report(&self, snap: &Snapshot) -> Result<Report> {
+    /// The counts in `snap` (an interval, the live view), without names.
+    pub fn counts(&self, snap: &Snapshot) -> Result<Report> {
         Ok(build::build(snap, &self.context()?))
+    }
+
+    /// The report of `snap` with its attribution named.
+    pub fn report(&self, snap: &Snapshot) -> Result<Report> {
+        let frames = |id: i32| stack_frames(&self.session.bpf, id);
+        let namer = Namer::new(&self.attrib, &self.avail, &frames);
+        let mut ctx = self.context()?;
+        ctx.namer = Some(&namer);
+        Ok(build::build(snap, &ctx))
     }
 
     /// Ends the last phase and builds the final report.
     pub fn finish(&mut self, snap: &Snapshot) -> Result<Report> {
         self.drain_events()?;
+        self.snapshot_maps("end");
         self.timeline.end(kernel::monotonic_ns());
         self.report(snap)
     }
@@ -286,7 +344,7 @@ impl Recording {
         if let Some(p) = &o.json {
             file::check_writable(p)?;
         }
-        let mut rec = Recorder::start(o.max_stats)?;
+        let mut rec = Recorder::start(o.max_stats, o.attrib.clone())?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
@@ -373,10 +431,10 @@ impl Recording {
         let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
         if self.live_view {
-            print!("{}", live::frame(&self.rec.report(&snap)?, &phase, elapsed));
+            print!("{}", live::frame(&self.rec.counts(&snap)?, &phase, elapsed));
         } else {
             println!("--- interval {} ({elapsed:.1}s), phase {} ---", self.ticks + 1, text::safe(&phase));
-            print!("{}", text::to_text(&self.rec.report(&delta)?));
+            print!("{}", text::to_text(&self.rec.counts(&delta)?));
         }
         self.series.push(build::interval(&delta, &self.rec.context()?, elapsed));
         self.last = snap;
@@ -397,6 +455,7 @@ impl Recording {
         eprintln!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64());
         print!("{}", text::to_text(&report));
         print!("{}", findings::attach(&mut report));
+        write_stacks(&self.opts.attrib, &report)?;
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());
             if self.opts.interval.is_some() {
@@ -446,6 +505,25 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     drop(listener);
     let _ = fs::remove_file(&sock_path);
     r.finish(why)
+}
+
+/// `--folded` and `--flamegraph`: the stacks of the report.
+pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
+    if o.folded.is_none() && o.flamegraph.is_none() {
+        return Ok(());
+    }
+    let f = crate::report::attribution::folded(report);
+    if let Some(p) = &o.folded {
+        file::write_bytes(p, f.to_folded().as_bytes())?;
+    }
+    if let Some(p) = &o.flamegraph {
+        if f.is_empty() {
+            eprintln!("faultscope: no stacks were counted; {} not written", p.display());
+        } else {
+            file::write_bytes(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
+        }
+    }
+    Ok(())
 }
 
 /// One `faultscope mark` request: "mark LABEL\n" -> "ok PHASE-NAME\n".

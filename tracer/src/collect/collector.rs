@@ -4,28 +4,55 @@
 use std::collections::BTreeMap;
 
 use anyhow::{anyhow, Result};
-use aya::{maps::PerCpuHashMap, Ebpf};
-use faultscope_common::{hist, Class, PhaseId, Stat, StatKey};
+use aya::{
+    maps::{PerCpuHashMap, StackTraceMap},
+    Ebpf, Pod,
+};
+use faultscope_common::{
+    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    hist, Class, PhaseId, Stat, StatKey,
+};
 
 #[derive(Clone, Default)]
 pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
+    /// Per (process, phase, mapping): a count per kernel class.
+    pub mappings: BTreeMap<MappingKey, ClassCounts>,
+    /// Per (process, phase, user ip, class).
+    pub sites: BTreeMap<SiteKey, u64>,
+    /// Per (process, phase, class, stack ids).
+    pub stacks: BTreeMap<StackKey, u64>,
+}
+
+/// Every entry of a per-CPU hash map, summed over CPUs.
+fn per_cpu_sums<K: Pod + Ord, V: Pod>(
+    bpf: &Ebpf,
+    name: &str,
+    zero: V,
+    merge: impl Fn(&mut V, &V),
+) -> Result<BTreeMap<K, V>> {
+    let m = bpf.map(name).ok_or_else(|| anyhow!("no {name} map"))?;
+    let map: PerCpuHashMap<_, K, V> = PerCpuHashMap::try_from(m)?;
+    let mut out = BTreeMap::new();
+    for item in map.iter() {
+        let (key, values) = item?;
+        let mut sum = zero;
+        for v in values.iter() {
+            merge(&mut sum, v);
+        }
+        out.insert(key, sum);
+    }
+    Ok(out)
 }
 
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
-        let m = bpf.map("STATS").ok_or_else(|| anyhow!("no STATS map"))?;
-        let map: PerCpuHashMap<_, StatKey, Stat> = PerCpuHashMap::try_from(m)?;
-        let mut stats = BTreeMap::new();
-        for item in map.iter() {
-            let (key, values) = item?;
-            let mut sum = Stat::ZERO;
-            for v in values.iter() {
-                sum.merge(v);
-            }
-            stats.insert(key, sum);
-        }
-        Ok(Snapshot { stats })
+        Ok(Snapshot {
+            stats: per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?,
+            mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
+            sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
+            stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,
+        })
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -67,6 +94,9 @@ impl Snapshot {
     /// The snapshot without one phase of one process.
     pub fn without_phase(mut self, tgid: u32, phase: PhaseId) -> Snapshot {
         self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.mappings.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.sites.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.stacks.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self
     }
 
@@ -91,7 +121,22 @@ impl Snapshot {
                 stats.insert(*k, d);
             }
         }
-        Snapshot { stats }
+        // Intervals show class counts only.
+        Snapshot { stats, ..Snapshot::default() }
+    }
+}
+
+/// The frames of a stack in `STACK_TRACES` (leaf first), or none when the
+/// id is not there (a lost stack is counted in `drops`).
+pub fn stack_frames(bpf: &Ebpf, id: i32) -> Vec<u64> {
+    if id < 0 {
+        return Vec::new();
+    }
+    let Some(m) = bpf.map("STACK_TRACES") else { return Vec::new() };
+    let Ok(map) = StackTraceMap::try_from(m) else { return Vec::new() };
+    match map.get(&(id as u32), 0) {
+        Ok(st) => st.frames().iter().map(|f| f.ip).collect(),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -195,8 +240,8 @@ mod tests {
         assert_eq!(m.sum_ns, 600);
 
         let key = StatKey::new(7, 0, Class::Faults as u16);
-        let early = Snapshot { stats: [(key, a)].into() };
-        let late = Snapshot { stats: [(key, m)].into() };
+        let early = Snapshot { stats: [(key, a)].into(), ..Snapshot::default() };
+        let late = Snapshot { stats: [(key, m)].into(), ..Snapshot::default() };
         let d = late.since(&early);
         let ds = d.stats[&key];
         assert_eq!(ds.count, 1);
@@ -216,7 +261,7 @@ mod tests {
         stats.insert(StatKey::new(7, wide, Class::Faults as u16), stat_of(&[100, 200]));
         stats.insert(StatKey::new(7, 7, Class::Faults as u16), stat_of(&[300]));
         stats.insert(StatKey::new(7, PhaseId::MAX, Class::Faults as u16), stat_of(&[400]));
-        let snap = Snapshot { stats };
+        let snap = Snapshot { stats, ..Snapshot::default() };
         assert_eq!(snap.get_in(7, Some(wide), Class::Faults).unwrap().count, 2);
         assert_eq!(snap.get_in(7, Some(7), Class::Faults).unwrap().count, 1);
         assert_eq!(snap.get_in(7, Some(PhaseId::MAX), Class::Faults).unwrap().count, 1);

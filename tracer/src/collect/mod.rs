@@ -1,7 +1,9 @@
 //! The collect stage: the kernel's per-CPU maps read into snapshots
 //! (`collector`), the lifecycle events turned into named phases (`phases`),
-//! and the processes traced (`target`).
+//! the processes traced (`target`), and the maps that name where faults
+//! happened (`attribution`).
 
+pub mod attribution;
 pub mod collector;
 pub mod phases;
 pub mod target;

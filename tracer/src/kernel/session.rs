@@ -40,6 +40,8 @@ pub struct ProbeStatus {
 pub struct Session {
     pub bpf: Ebpf,
     pub status: Vec<ProbeStatus>,
+    /// The VMA start offset the programs read, or why there is none.
+    pub vma_offset: Result<u32, String>,
     _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
@@ -80,8 +82,27 @@ fn tracepoint_offsets(tracefs: &Path) -> (Vec<(&'static str, u32)>, Vec<String>)
     (offsets, warnings)
 }
 
-/// Loader with the tracepoint field offsets of this kernel.
-fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
+/// How large the kernel maps are made at load.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    /// `STATS` entries (process x phase x class).
+    pub stats: u32,
+    /// `STACK_TRACES` entries: 0 when no stacks are asked for (the map
+    /// preallocates every entry).
+    pub stacks: u32,
+}
+
+/// `vm_area_struct.vm_start`'s offset from the running kernel's BTF, or why
+/// per-mapping counting is not possible here.
+pub fn vma_start_offset() -> Result<u32, String> {
+    crate::attrib::btf::Btf::vmlinux()
+        .and_then(|b| b.member_offset("vm_area_struct", "vm_start"))
+        .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e:#}"))
+}
+
+/// Loader with the tracepoint field offsets and the BTF offsets of this
+/// kernel.
+fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf> {
     let (offsets, warnings) = tracepoint_offsets(tracefs);
     for w in warnings {
         eprintln!("faultscope: {w}");
@@ -90,7 +111,11 @@ fn loader(tracefs: &Path, stats_entries: u32) -> Result<Ebpf> {
     for (name, off) in &offsets {
         l.override_global(name, off, true);
     }
-    l.map_max_entries("STATS", stats_entries);
+    if let Some(off) = &vma_offset {
+        l.override_global("VMA_START_OFF", off, true);
+    }
+    l.map_max_entries("STATS", sizes.stats);
+    l.map_max_entries("STACK_TRACES", sizes.stacks.max(1));
     if EBPF_OBJECT.is_empty() {
         anyhow::bail!("this faultscope was built without its eBPF object (the `ebpf` feature)");
     }
@@ -101,8 +126,9 @@ impl Session {
     /// Loads the object and attaches every probe resolution says is
     /// attachable. Probes that fail to attach are recorded with the kernel's
     /// reason; a required probe that fails is an error.
-    pub fn attach(tracefs: &Path, resolved: &[Resolved], stats_entries: u32) -> Result<Session> {
-        let mut bpf = loader(tracefs, stats_entries)?;
+    pub fn attach(tracefs: &Path, resolved: &[Resolved], sizes: Sizes) -> Result<Session> {
+        let vma_offset = vma_start_offset();
+        let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied())?;
         let logger = aya_log::EbpfLogger::init(&mut bpf).ok();
         let mut status = Vec::new();
         for r in resolved {
@@ -151,7 +177,7 @@ impl Session {
             }
             status.push(st);
         }
-        Ok(Session { bpf, status, _logger: logger })
+        Ok(Session { bpf, status, vma_offset, _logger: logger })
     }
 
     pub fn attached(&self, program: Program) -> bool {
@@ -177,12 +203,14 @@ impl Session {
         }
     }
 
-    /// Tells the kernel side what to record (see `Config`).
-    pub fn configure(&mut self, tp_classes: u32, exceptions: bool) -> Result<()> {
+    /// Tells the kernel side what to record: `(entry, value)` pairs of
+    /// `CONFIG` (entries not given stay 0: off).
+    pub fn configure(&mut self, entries: &[(Config, u32)]) -> Result<()> {
         let m = self.bpf.map_mut("CONFIG").ok_or_else(|| anyhow!("no CONFIG map"))?;
         let mut a: Array<_, u32> = Array::try_from(m)?;
-        a.set(Config::TpClasses.index(), tp_classes, 0)?;
-        a.set(Config::Exceptions.index(), exceptions as u32, 0)?;
+        for (c, v) in entries {
+            a.set(c.index(), *v, 0)?;
+        }
         Ok(())
     }
 
@@ -281,7 +309,7 @@ fn attach_reason(e: &anyhow::Error) -> String {
 /// Loads every program of the object into the kernel without attaching any:
 /// the verifier's verdict on each, for `faultscope probes --load`.
 pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), String>>> {
-    let mut bpf = loader(tracefs, 64)?;
+    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0 }, Some(0))?;
     let mut out = BTreeMap::new();
     for spec in PROBES {
         let res = (|| -> Result<()> {

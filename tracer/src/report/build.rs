@@ -5,9 +5,12 @@ use std::collections::BTreeMap;
 
 use faultscope_common::Class;
 
-use super::schema::{
-    ClassValue, Classes, Interval, IntervalProcess, Latency, Measured, Mode, NotMeasurable, Phase,
-    ProbeStatus, Process, Report, SCHEMA,
+use super::{
+    attribution::{attribution, Namer},
+    schema::{
+        Attribution, AttributionInfo, ClassValue, Classes, Interval, IntervalProcess, Latency, Measured,
+        Mode, NotMeasurable, Phase, ProbeStatus, Process, Report, SCHEMA,
+    },
 };
 use crate::{
     collect::{
@@ -30,6 +33,11 @@ pub struct Context<'a> {
     pub drops: BTreeMap<String, u64>,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
+    /// Names mappings, sites and stacks; without it (interval tables, the
+    /// live view) the report has counts only.
+    pub namer: Option<&'a Namer<'a>>,
+    /// The time names are resolved at for the whole run (monotonic ns).
+    pub now_ns: u64,
 }
 
 /// The mode in one word: kprobes when the fault path is probed, else the
@@ -69,6 +77,13 @@ fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) ->
     ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a))).collect()
 }
 
+fn attrib(snap: &Snapshot, ctx: &Context<'_>, tgid: u32, phase: Option<u32>, at: u64) -> Attribution {
+    match ctx.namer {
+        Some(n) => attribution(snap, n, tgid, phase, at),
+        None => Attribution::default(),
+    }
+}
+
 pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
     let processes = pids(snap, ctx)
         .into_iter()
@@ -76,6 +91,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             pid: tgid,
             comm: ctx.comms.get(&tgid).cloned().unwrap_or_default(),
             classes: classes(snap, tgid, None, ctx),
+            attribution: attrib(snap, ctx, tgid, None, ctx.now_ns),
             phases: ctx
                 .timeline
                 .phases()
@@ -88,6 +104,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
                     end_ns: ph.end_ns,
                     children_alive: ph.children_alive as u64,
                     classes: classes(snap, tgid, Some(ph.id), ctx),
+                    attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.start_ns),
                 })
                 .collect(),
         })
@@ -110,7 +127,25 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             .collect(),
         drops: ctx.drops.clone(),
         processes,
+        attribution: ctx.namer.map(|n| info(n)),
         ..Report::default()
+    }
+}
+
+fn info(n: &Namer<'_>) -> AttributionInfo {
+    let measured = |list: &[Metric]| -> Vec<Metric> {
+        list.iter()
+            .copied()
+            .filter(|m| n.avail.iter().any(|(x, a)| x == m && matches!(a, Availability::Measured { .. })))
+            .collect()
+    };
+    AttributionInfo {
+        mappings: n.attrib.mappings.is_ok(),
+        mappings_reason: n.attrib.mappings.as_ref().err().cloned(),
+        site_classes: measured(&n.attrib.opts.sites.0),
+        stack_classes: measured(&n.attrib.opts.stacks.0),
+        max_mappings: n.attrib.opts.max_mappings as u64,
+        max_sites: n.attrib.opts.max_sites as u64,
     }
 }
 
@@ -158,7 +193,7 @@ mod tests {
             s.record(Some(v));
         }
         stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16, ..Default::default() }, s);
-        Snapshot { stats }
+        Snapshot { stats, ..Snapshot::default() }
     }
 
     #[test]
@@ -179,6 +214,8 @@ mod tests {
             drops: [("lost_kretprobe_returns".to_string(), 1)].into(),
             duration_ns: 1,
             timeline: &timeline,
+            namer: None,
+            now_ns: 0,
         };
         let r = build(&snap(), &ctx);
         let j = serde_json::to_value(&r).unwrap();

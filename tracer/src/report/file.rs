@@ -85,8 +85,12 @@ pub fn check_writable(p: &Path) -> Result<(), Refusal> {
 /// directory (created exclusively, never through an existing name), then
 /// renamed over the target.
 pub fn write(p: &Path, r: &Report) -> Result<()> {
+    write_bytes(p, serde_json::to_string_pretty(r)?.as_bytes())
+}
+
+/// Writes a file whole or not at all, the same way (folded stacks, SVG).
+pub fn write_bytes(p: &Path, text: &[u8]) -> Result<()> {
     use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
-    let text = serde_json::to_string_pretty(r)?;
     let dir = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -109,7 +113,7 @@ pub fn write(p: &Path, r: &Report) -> Result<()> {
             }
             Err(e) => return Err(e).with_context(|| format!("writing {}", tmp.display())),
         };
-        let res = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+        let res = f.write_all(text).and_then(|()| f.sync_all());
         if let Err(e) = res.and_then(|()| fs::rename(&tmp, p)) {
             let _ = fs::remove_file(&tmp);
             return Err(e).with_context(|| format!("writing {}", p.display()));

@@ -2,6 +2,7 @@
 //! the kernel's counts (`build`), shown as text (`text`, `live`), read back
 //! (`file`) and judged (`findings`, `diff`, `verify`).
 
+pub mod attribution;
 pub mod build;
 pub mod diff;
 pub mod file;

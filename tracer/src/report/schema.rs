@@ -34,6 +34,9 @@ pub struct Report {
     /// The exit status of the command record started, when it exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command_exit_status: Option<i32>,
+    /// What was attributed to mappings, sites and stacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attribution: Option<AttributionInfo>,
     /// The time series of `record --interval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intervals: Option<Vec<Interval>>,
@@ -71,18 +74,19 @@ pub struct ProbeStatus {
 pub type Classes = BTreeMap<Metric, ClassValue>;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Process {
     pub pid: u32,
     pub comm: String,
     /// The whole run.
     pub classes: Classes,
+    /// Where the whole run's faults happened.
+    #[serde(flatten)]
+    pub attribution: Attribution,
     /// The phases of the run, in order.
     pub phases: Vec<Phase>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct Phase {
     /// The kernel's phase id (unique in the run).
     pub id: u32,
@@ -95,6 +99,113 @@ pub struct Phase {
     /// Forked children sharing the memory during this phase.
     pub children_alive: u64,
     pub classes: Classes,
+    /// Where this phase's faults happened.
+    #[serde(flatten)]
+    pub attribution: Attribution,
+}
+
+/// Where a span's counts happened: per mapping (every class; the rows and
+/// `mappings_other` add up to the class totals exactly, unless the kernel
+/// dropped some, which `drops` says), the top code sites of the classes
+/// asked for, and their stacks when asked.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Attribution {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mappings: Vec<MappingRow>,
+    /// The mappings past `--max-mappings`, folded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mappings_other: Option<Folded>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteRow>,
+    /// Per class, the sites past `--max-sites`, folded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites_other: Vec<FoldedSites>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<StackRow>,
+}
+
+impl Attribution {
+    pub fn is_empty(&self) -> bool {
+        self.mappings.is_empty() && self.sites.is_empty() && self.stacks.is_empty()
+    }
+}
+
+/// One mapping, named as `/proc/PID/maps` names it: `[heap]`, `[stack]`, a
+/// file path (with ` (deleted)`), `[anon:NAME]`, or `anon 0x…-0x…`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MappingRow {
+    pub mapping: String,
+    pub start: u64,
+    pub end: u64,
+    pub size: u64,
+    /// False when no maps snapshot had a mapping starting there and the one
+    /// containing the address was taken (a stack that grew, a split VMA, an
+    /// event outside a fault), or none was found (`unresolved`).
+    pub exact: bool,
+    /// Counts of the measured classes in this mapping (zeros left out).
+    pub counts: BTreeMap<Metric, u64>,
+}
+
+/// What was folded into one `other` row.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Folded {
+    /// How many entries were folded.
+    pub entries: u64,
+    pub counts: BTreeMap<Metric, u64>,
+}
+
+/// A faulting user instruction of a class.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SiteRow {
+    pub class: Metric,
+    pub ip: u64,
+    /// `func+0x3c (module)`; `module+0x… (build id …)` where stripped;
+    /// `[no fault]` for events outside a fault (a syscall).
+    pub site: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapping: Option<String>,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FoldedSites {
+    pub class: Metric,
+    pub entries: u64,
+    pub count: u64,
+}
+
+/// A stack of a class: user frames, then kernel frames (contpte classes),
+/// each outermost first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StackRow {
+    pub class: Metric,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel: Vec<String>,
+    pub count: u64,
+}
+
+/// What the run attributed, and what it could not.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttributionInfo {
+    /// Per-mapping counts are measured here.
+    pub mappings: bool,
+    /// Why not, when they are not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mappings_reason: Option<String>,
+    /// The classes whose sites are counted (and measurable here).
+    pub site_classes: Vec<Metric>,
+    /// The classes whose stacks are counted.
+    pub stack_classes: Vec<Metric>,
+    pub max_mappings: u64,
+    pub max_sites: u64,
 }
 
 /// One class: a count (with latency when timed), or why it cannot be
@@ -254,6 +365,78 @@ pub struct Span {
     pub classes: Classes,
     /// A forked child shared the memory during some phase of the span.
     pub child_alive: bool,
+    pub attribution: Attribution,
+}
+
+fn add_counts(into: &mut BTreeMap<Metric, u64>, from: &BTreeMap<Metric, u64>) {
+    for (m, n) in from {
+        *into.entry(*m).or_insert(0) += n;
+    }
+}
+
+/// Sums the attribution of several phases: rows of the same mapping, site or
+/// stack add up; the folded rows add up too.
+pub fn sum_attribution<'a>(parts: impl IntoIterator<Item = &'a Attribution>) -> Attribution {
+    let mut out = Attribution::default();
+    for a in parts {
+        for r in &a.mappings {
+            match out.mappings.iter_mut().find(|x| x.mapping == r.mapping && x.start == r.start) {
+                Some(x) => add_counts(&mut x.counts, &r.counts),
+                None => out.mappings.push(r.clone()),
+            }
+        }
+        if let Some(o) = &a.mappings_other {
+            let x = out.mappings_other.get_or_insert_with(Folded::default);
+            x.entries += o.entries;
+            add_counts(&mut x.counts, &o.counts);
+        }
+        for r in &a.sites {
+            match out.sites.iter_mut().find(|x| x.class == r.class && x.ip == r.ip) {
+                Some(x) => x.count += r.count,
+                None => out.sites.push(r.clone()),
+            }
+        }
+        for r in &a.sites_other {
+            match out.sites_other.iter_mut().find(|x| x.class == r.class) {
+                Some(x) => {
+                    x.entries += r.entries;
+                    x.count += r.count;
+                }
+                None => out.sites_other.push(r.clone()),
+            }
+        }
+        for r in &a.stacks {
+            match out
+                .stacks
+                .iter_mut()
+                .find(|x| x.class == r.class && x.user == r.user && x.kernel == r.kernel)
+            {
+                Some(x) => x.count += r.count,
+                None => out.stacks.push(r.clone()),
+            }
+        }
+    }
+    let total = |c: &BTreeMap<Metric, u64>| c.values().sum::<u64>();
+    out.mappings.sort_by(|a, b| total(&b.counts).cmp(&total(&a.counts)).then(a.start.cmp(&b.start)));
+    out.sites.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)).then(a.ip.cmp(&b.ip)));
+    out.stacks.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)));
+    out
+}
+
+impl Attribution {
+    /// The mapping with the most events of `m`, and that count.
+    pub fn top_mapping(&self, m: Metric) -> Option<(&MappingRow, u64)> {
+        self.mappings
+            .iter()
+            .filter_map(|r| r.counts.get(&m).map(|n| (r, *n)))
+            .filter(|(_, n)| *n > 0)
+            .max_by_key(|(r, n)| (*n, std::cmp::Reverse(r.start)))
+    }
+
+    /// The site with the most events of `m`.
+    pub fn top_site(&self, m: Metric) -> Option<&SiteRow> {
+        self.sites.iter().filter(|s| s.class == m).max_by_key(|s| (s.count, std::cmp::Reverse(s.ip)))
+    }
 }
 
 /// Sums class counts over phases (measurability and source from the first;
@@ -287,6 +470,7 @@ impl Process {
                 name: "whole run".into(),
                 classes: self.classes.clone(),
                 child_alive: false,
+                attribution: self.attribution.clone(),
             }];
         }
         let ph = &self.phases;
@@ -303,6 +487,11 @@ impl Process {
                 name: ph[i].name.clone(),
                 classes: sum_classes(ph[i..j].iter().map(|p| &p.classes)),
                 child_alive: ph[i..j].iter().any(|p| p.kind == PhaseKind::ChildAlive),
+                attribution: if j == i + 1 {
+                    ph[i].attribution.clone()
+                } else {
+                    sum_attribution(ph[i..j].iter().map(|p| &p.attribution))
+                },
             });
             i = j;
         }
@@ -375,11 +564,26 @@ pub mod testing {
     }
 
     pub fn phase(name: &str, kind: PhaseKind, classes: Classes) -> Phase {
-        Phase { id: 0, name: name.into(), kind, start_ns: 0, end_ns: None, children_alive: 0, classes }
+        Phase {
+            id: 0,
+            name: name.into(),
+            kind,
+            start_ns: 0,
+            end_ns: None,
+            children_alive: 0,
+            classes,
+            attribution: Attribution::default(),
+        }
     }
 
     pub fn process(pid: u32, phases: Vec<Phase>) -> Process {
-        Process { pid, comm: "test".into(), classes: Classes::new(), phases }
+        Process {
+            pid,
+            comm: "test".into(),
+            classes: Classes::new(),
+            attribution: Attribution::default(),
+            phases,
+        }
     }
 }
 

@@ -78,11 +78,13 @@ pub fn to_text(r: &Report) -> String {
                 );
                 header(&mut out);
                 class_rows(&mut out, &ph.classes, false);
+                super::attribution::to_text(&mut out, &ph.attribution);
             }
         }
         let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
         header(&mut out);
         class_rows(&mut out, &p.classes, true);
+        super::attribution::to_text(&mut out, &p.attribution);
     }
     let dropped: Vec<String> =
         r.drops.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();

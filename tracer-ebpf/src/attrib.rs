@@ -1,0 +1,155 @@
+//! Attribution: where a counted event happened (its mapping), which user
+//! instruction took it (its site), and the stacks asked for. Each is one
+//! per-CPU map update per event, done only for what user space switched on
+//! in `CONFIG`, so attribution off costs a config read.
+
+use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::tracing::StackIdContext};
+#[cfg(not(bpf_target_arch = "aarch64"))]
+use faultscope_common::attrib::PT_REGS_IP_X86_64;
+#[cfg(bpf_target_arch = "aarch64")]
+use faultscope_common::attrib::PT_REGS_PC_AARCH64;
+use faultscope_common::{
+    attrib::{MappingKey, SiteKey, StackKey, NO_STACK},
+    class::{Class, ClassSet},
+    maps::{Config, Drop, PhaseId},
+};
+
+use crate::{
+    helpers::{drop_count, read_failed, ReadFailed, BPF_NOEXIST},
+    maps::{cfg, config, MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS},
+};
+
+/// `BPF_F_USER_STACK`: the user stack of the current task.
+const BPF_F_USER_STACK: u64 = 1 << 8;
+
+#[cfg(bpf_target_arch = "aarch64")]
+const PT_REGS_IP: u64 = PT_REGS_PC_AARCH64;
+#[cfg(not(bpf_target_arch = "aarch64"))]
+const PT_REGS_IP: u64 = PT_REGS_IP_X86_64;
+
+/// The VMA start of `handle_mm_fault`'s `vma`, when mappings are counted.
+#[inline(always)]
+pub fn vma_start(vma: u64) -> Result<u64, ReadFailed> {
+    if config(Config::Mappings) == 0 {
+        return Ok(0);
+    }
+    let p = (vma + cfg(&VMA_START_OFF) as u64) as *const u64;
+    unsafe { bpf_probe_read_kernel(p) }.map_err(|_| read_failed())
+}
+
+/// The faulting user instruction from the fault's `pt_regs`, when sites
+/// are counted.
+#[inline(always)]
+pub fn user_ip(regs: u64) -> Result<u64, ReadFailed> {
+    if config(Config::SiteClasses) == 0 {
+        return Ok(0);
+    }
+    let p = (regs + PT_REGS_IP) as *const u64;
+    unsafe { bpf_probe_read_kernel(p) }.map_err(|_| read_failed())
+}
+
+/// One event in every class of `bits` (a `ClassSet`) for its mapping.
+/// Not inlined: one subprogram for the fault and the contpte programs.
+#[inline(never)]
+pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32) {
+    let key = MappingKey { tgid, phase, start };
+    let mut p = MAPPINGS.get_ptr_mut(&key);
+    if p.is_none() {
+        if let Some(z) = ZERO_COUNTS.get_ptr(0) {
+            let _ = MAPPINGS.insert(&key, unsafe { &*z }, BPF_NOEXIST);
+        }
+        p = MAPPINGS.get_ptr_mut(&key);
+    }
+    let Some(v) = p else {
+        drop_count(Drop::MappingsFull);
+        return;
+    };
+    let mut i = 0;
+    while i < Class::COUNT {
+        if bits & (1 << i) != 0 {
+            unsafe { (*v).counts[i] += 1 };
+        }
+        i += 1;
+    }
+}
+
+#[inline(never)]
+fn count_site(tgid: u32, phase: PhaseId, ip: u64, class: u32) {
+    let key = SiteKey { tgid, phase, ip, class, _pad: 0 };
+    if let Some(n) = SITES.get_ptr_mut(&key) {
+        unsafe { *n += 1 };
+    } else if SITES.insert(&key, &1, BPF_NOEXIST).is_err() {
+        // Another CPU's insert of the same key, or the map is full.
+        match SITES.get_ptr_mut(&key) {
+            Some(n) => unsafe { *n += 1 },
+            None => drop_count(Drop::SitesFull),
+        }
+    }
+}
+
+#[inline(never)]
+fn count_stack(key: &StackKey) {
+    if let Some(n) = STACK_COUNTS.get_ptr_mut(key) {
+        unsafe { *n += 1 };
+    } else if STACK_COUNTS.insert(key, &1, BPF_NOEXIST).is_err() {
+        match STACK_COUNTS.get_ptr_mut(key) {
+            Some(n) => unsafe { *n += 1 },
+            None => drop_count(Drop::StacksFull),
+        }
+    }
+}
+
+#[inline(always)]
+fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACK_TRACES, flags) {
+        Ok(id) => id as i32,
+        Err(_) => {
+            drop_count(Drop::StackLost);
+            NO_STACK
+        }
+    }
+}
+
+/// Attributes an event of the classes in `set` (among `candidates`): to its
+/// mapping, and, for the classes switched on, to its site and stacks.
+#[inline(always)]
+pub fn attribute<C: StackIdContext>(
+    ctx: &C,
+    tgid: u32,
+    phase: PhaseId,
+    candidates: &[Class],
+    set: ClassSet,
+    start: u64,
+    ip: u64,
+) {
+    if config(Config::Mappings) != 0 {
+        count_mapping(tgid, phase, start, set.0);
+    }
+    let sites = set.0 & config(Config::SiteClasses);
+    if sites != 0 {
+        for &c in candidates {
+            if sites & c.bit() != 0 {
+                count_site(tgid, phase, ip, c as u32);
+            }
+        }
+    }
+    let user = set.0 & config(Config::UserStackClasses);
+    let kernel = set.0 & config(Config::KernelStackClasses);
+    if user | kernel != 0 {
+        let u = if user != 0 { stack_id(ctx, BPF_F_USER_STACK) } else { NO_STACK };
+        let k = if kernel != 0 { stack_id(ctx, 0) } else { NO_STACK };
+        for &c in candidates {
+            if (user | kernel) & c.bit() != 0 {
+                let key = StackKey {
+                    tgid,
+                    phase,
+                    class: c as u32,
+                    user_stack: if user & c.bit() != 0 { u } else { NO_STACK },
+                    kernel_stack: if kernel & c.bit() != 0 { k } else { NO_STACK },
+                    _pad: 0,
+                };
+                count_stack(&key);
+            }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! What to attribute, and the process memory maps that name where: the
+//! `--sites`/`--stacks` options, the kernel configuration they become, and a
+//! `/proc/PID/maps` history per traced process (taken at attach, at every
+//! phase change and at the end, so a mapping unmapped mid-run keeps its
+//! name).
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use clap::Args;
+use faultscope_common::{maps::Config, Class};
+
+use crate::{
+    attrib::mapping::MapsHistory,
+    kernel::classes::{Availability, Metric},
+};
+
+#[derive(Args, Debug, Clone)]
+pub struct AttribOpts {
+    /// Count the faulting instruction of these classes (comma-separated, or
+    /// `none`), symbolized in the report's top sites.
+    #[arg(long, default_value = "copy,spurious,contpte_unfold,contpte_fold", value_parser = parse_classes)]
+    pub sites: ClassList,
+    /// Count full user stacks of these classes (kernel stacks for the
+    /// contpte classes: which kernel path unfolded a block).
+    #[arg(long, default_value = "none", value_parser = parse_classes)]
+    pub stacks: ClassList,
+    /// Do not count per mapping.
+    #[arg(long)]
+    pub no_mappings: bool,
+    /// Mappings per process and phase in the report; the rest are folded
+    /// into `other`, with their count.
+    #[arg(long, default_value_t = 16)]
+    pub max_mappings: usize,
+    /// Sites per class, process and phase in the report.
+    #[arg(long, default_value_t = 10)]
+    pub max_sites: usize,
+    /// Write the stacks of `--stacks` as folded lines (class;comm;frames count).
+    #[arg(long)]
+    pub folded: Option<PathBuf>,
+    /// Write the stacks of `--stacks` as an SVG flame graph.
+    #[arg(long)]
+    pub flamegraph: Option<PathBuf>,
+}
+
+impl Default for AttribOpts {
+    fn default() -> Self {
+        AttribOpts {
+            sites: parse_classes("copy,spurious,contpte_unfold,contpte_fold").unwrap_or_default(),
+            stacks: ClassList::default(),
+            no_mappings: false,
+            max_mappings: 16,
+            max_sites: 10,
+            folded: None,
+            flamegraph: None,
+        }
+    }
+}
+
+/// A list of report classes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassList(pub Vec<Metric>);
+
+/// The classes whose events are attributed one by one: those of the fault
+/// path and the contpte probes (not the error-code tracepoint's).
+fn attributable(m: Metric) -> bool {
+    !matches!(m, Metric::FirstTouch)
+}
+
+fn parse_classes(s: &str) -> Result<ClassList, String> {
+    if s == "none" || s.is_empty() {
+        return Ok(ClassList::default());
+    }
+    let mut v = Vec::new();
+    for name in s.split(',') {
+        let m = Metric::from_name(name.trim()).ok_or_else(|| {
+            let known: Vec<&str> =
+                Metric::ALL.iter().filter(|m| attributable(**m)).map(|m| m.name()).collect();
+            format!("{name:?} is not a class (known: {})", known.join(", "))
+        })?;
+        if !attributable(m) {
+            return Err(format!("{name}: counted from the error code, no instruction or stack to attribute"));
+        }
+        v.push(m);
+    }
+    v.sort();
+    v.dedup();
+    Ok(ClassList(v))
+}
+
+/// The kernel classes (`ClassSet` bits) measuring these report classes here.
+fn bits(list: &ClassList, avail: &[(Metric, Availability)]) -> u32 {
+    list.0
+        .iter()
+        .filter_map(|m| match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
+            Some(Availability::Measured { class, .. }) if !Class::ERROR_CODE.contains(class) => {
+                Some(class.bit())
+            }
+            _ => None,
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// Per-mapping counting needs the fault's VMA: the handle_mm_fault kprobe
+/// and the VMA start offset from BTF.
+pub fn mappings_availability(
+    fault_probe: bool,
+    vma_offset: &Result<u32, String>,
+    off: bool,
+) -> Result<(), String> {
+    if off {
+        return Err("switched off (--no-mappings)".into());
+    }
+    if !fault_probe {
+        return Err("needs the handle_mm_fault kprobe (the tracepoint gives the address, not the VMA)".into());
+    }
+    vma_offset.as_ref().map(drop).map_err(Clone::clone)
+}
+
+/// The attribution of a run: what is counted, and the maps histories.
+pub struct Attribution {
+    pub opts: AttribOpts,
+    /// Per-mapping counts are measured, or why not.
+    pub mappings: Result<(), String>,
+    pub histories: BTreeMap<u32, MapsHistory>,
+}
+
+impl Attribution {
+    pub fn new(opts: AttribOpts, mappings: Result<(), String>) -> Attribution {
+        Attribution { opts, mappings, histories: BTreeMap::new() }
+    }
+
+    /// The `CONFIG` entries for the kernel side.
+    pub fn config(&self, avail: &[(Metric, Availability)]) -> Vec<(Config, u32)> {
+        let stacks = bits(&self.opts.stacks, avail);
+        let contpte = [
+            Class::ContpteUnfold,
+            Class::ContpteFold,
+            Class::ContpteConvert,
+            Class::ContpteTryUnfold,
+            Class::ContpteFoldAttempt,
+        ]
+        .iter()
+        .fold(0, |a, c| a | c.bit());
+        vec![
+            (Config::Mappings, self.mappings.is_ok() as u32),
+            (Config::SiteClasses, bits(&self.opts.sites, avail)),
+            (Config::UserStackClasses, stacks & !contpte),
+            (Config::KernelStackClasses, stacks & contpte),
+        ]
+    }
+
+    /// Whether stacks are asked for (the stack map is sized only then).
+    pub fn wants_stacks(&self) -> bool {
+        !self.opts.stacks.0.is_empty()
+    }
+
+    /// Takes a maps snapshot of `pid` at `at` (monotonic ns). A process
+    /// that is already gone keeps its earlier snapshots.
+    pub fn snapshot(&mut self, pid: u32, at: u64, label: &str) {
+        if self.mappings.is_err() && self.opts.sites.0.is_empty() && self.opts.stacks.0.is_empty() {
+            return;
+        }
+        let h = self.histories.entry(pid).or_insert_with(|| MapsHistory::new(pid));
+        let _ = h.snapshot(at, label);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_lists() {
+        assert_eq!(parse_classes("none").unwrap(), ClassList::default());
+        assert_eq!(parse_classes("copy,reuse,copy").unwrap().0, vec![Metric::Reuse, Metric::Copy]);
+        assert!(parse_classes("cpoy").unwrap_err().contains("not a class"));
+        assert!(parse_classes("first_touch").unwrap_err().contains("error code"));
+    }
+
+    #[test]
+    fn kernel_config_follows_what_is_measured() {
+        let avail = vec![
+            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+            (
+                Metric::ContpteUnfold,
+                Availability::Measured { class: Class::ContpteUnfold, timed: false, source: "k" },
+            ),
+            (Metric::Spurious, Availability::NotMeasurable("x".into())),
+        ];
+        let mut o = AttribOpts::default();
+        o.stacks = parse_classes("copy,contpte_unfold").unwrap();
+        let a = Attribution::new(o, Ok(()));
+        let c: BTreeMap<u32, u32> = a.config(&avail).into_iter().map(|(k, v)| (k.index(), v)).collect();
+        assert_eq!(c[&Config::Mappings.index()], 1);
+        assert_eq!(c[&Config::SiteClasses.index()], Class::Copy.bit() | Class::ContpteUnfold.bit());
+        assert_eq!(c[&Config::UserStackClasses.index()], Class::Copy.bit());
+        assert_eq!(c[&Config::KernelStackClasses.index()], Class::ContpteUnfold.bit());
+    }
+}

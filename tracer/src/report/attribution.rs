@@ -1,0 +1,385 @@
+//! The attribution part of the report: the kernel's per-mapping, per-site
+//! and per-stack counts of a process over a span, named with the maps
+//! history (mappings, user frames) and kallsyms (kernel frames), folded to
+//! the top N with an honest `other`.
+
+use std::{cell::RefCell, collections::BTreeMap, fmt::Write as _};
+
+use faultscope_common::{
+    attrib::{ClassCounts, ADDR_GRANULE, START_IS_ADDR},
+    Class, PhaseId,
+};
+
+use super::{
+    schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, StackRow},
+    text::safe,
+};
+use crate::{
+    attrib::{
+        mapping::{top_n, MapsHistory},
+        sites::{kernel_frames, SiteSymbolizer},
+        stacks::FoldedStacks,
+    },
+    collect::{attribution::Attribution as Attrib, collector::Snapshot},
+    kernel::classes::{Availability, Metric},
+};
+
+/// What naming needs beyond the snapshot.
+pub struct Namer<'a> {
+    pub attrib: &'a Attrib,
+    pub avail: &'a [(Metric, Availability)],
+    pub symbolizer: RefCell<SiteSymbolizer>,
+    /// The frames (leaf first) of a stack id.
+    pub frames: &'a dyn Fn(i32) -> Vec<u64>,
+}
+
+impl<'a> Namer<'a> {
+    pub fn new(
+        attrib: &'a Attrib,
+        avail: &'a [(Metric, Availability)],
+        frames: &'a dyn Fn(i32) -> Vec<u64>,
+    ) -> Self {
+        Namer { attrib, avail, symbolizer: RefCell::new(SiteSymbolizer::new()), frames }
+    }
+
+    /// The measured report classes and the kernel class each is counted by.
+    fn metrics(&self) -> impl Iterator<Item = (Metric, Class)> + '_ {
+        self.avail.iter().filter_map(|(m, a)| match a {
+            Availability::Measured { class, .. } => Some((*m, *class)),
+            _ => None,
+        })
+    }
+
+    fn metric_of(&self, class: u32) -> Option<Metric> {
+        self.metrics().find(|(_, c)| *c as u32 == class).map(|(m, _)| m)
+    }
+
+    fn counts(&self, c: &ClassCounts) -> BTreeMap<Metric, u64> {
+        self.metrics()
+            .filter_map(|(m, class)| c.counts.get(class as usize).copied().filter(|n| *n > 0).map(|n| (m, n)))
+            .collect()
+    }
+}
+
+/// The attribution of process `tgid` over phase `phase` (the whole run when
+/// `None`), names resolved as of time `at` (monotonic ns).
+pub fn attribution(
+    snap: &Snapshot,
+    n: &Namer<'_>,
+    tgid: u32,
+    phase: Option<PhaseId>,
+    at: u64,
+) -> Attribution {
+    let history = n.attrib.histories.get(&tgid);
+    let in_span = |t: u32, p: PhaseId| t == tgid && phase.is_none_or(|x| x == p);
+    let mut out = Attribution::default();
+
+    // Mappings: sum per start over the span, rank by total, fold the rest.
+    let mut by_start: BTreeMap<u64, ClassCounts> = BTreeMap::new();
+    for (k, v) in snap.mappings.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
+        by_start.entry(k.start).or_insert(ClassCounts::ZERO).merge(v);
+    }
+    let totals = by_start.iter().map(|(s, c)| (*s, n.counts(c).values().sum::<u64>()));
+    let (top, _) = top_n(totals, usize::MAX);
+    let max = n.attrib.opts.max_mappings;
+    for (i, (start, _)) in top.iter().enumerate() {
+        let counts = n.counts(&by_start[start]);
+        if counts.is_empty() {
+            continue;
+        }
+        if i < max {
+            out.mappings.push(mapping_row(history, *start, at, counts));
+        } else {
+            let o = out.mappings_other.get_or_insert_with(Folded::default);
+            o.entries += 1;
+            for (m, c) in counts {
+                *o.counts.entry(m).or_insert(0) += c;
+            }
+        }
+    }
+
+    // Sites: per class, the top ones, named.
+    let mut per_class: BTreeMap<Metric, BTreeMap<u64, u64>> = BTreeMap::new();
+    for (k, v) in snap.sites.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
+        if let Some(m) = n.metric_of(k.class) {
+            *per_class.entry(m).or_default().entry(k.ip).or_insert(0) += v;
+        }
+    }
+    for (m, ips) in per_class {
+        let (top, folded) = top_n(ips, n.attrib.opts.max_sites);
+        let names = name_ips(n, history, at, &top.iter().map(|(ip, _)| *ip).collect::<Vec<_>>());
+        for ((ip, count), (site, mapping)) in top.into_iter().zip(names) {
+            out.sites.push(SiteRow { class: m, ip, site, mapping, count });
+        }
+        if folded.entries > 0 {
+            out.sites_other.push(FoldedSites {
+                class: m,
+                entries: folded.entries as u64,
+                count: folded.count,
+            });
+        }
+    }
+
+    // Stacks: per (class, user stack, kernel stack).
+    let mut stacks: BTreeMap<(Metric, i32, i32), u64> = BTreeMap::new();
+    for (k, v) in snap.stacks.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
+        if let Some(m) = n.metric_of(k.class) {
+            *stacks.entry((m, k.user_stack, k.kernel_stack)).or_insert(0) += v;
+        }
+    }
+    for ((m, u, k), count) in stacks {
+        let mut user: Vec<String> =
+            name_ips(n, history, at, &(n.frames)(u)).into_iter().map(|(s, _)| s).collect();
+        let mut kernel = kernel_frames(&(n.frames)(k));
+        // Leaf first from the kernel; the report has outermost first.
+        user.reverse();
+        kernel.reverse();
+        out.stacks.push(StackRow { class: m, user, kernel, count });
+    }
+    out.stacks.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)));
+    out
+}
+
+fn mapping_row(
+    history: Option<&MapsHistory>,
+    start: u64,
+    at: u64,
+    counts: BTreeMap<Metric, u64>,
+) -> MappingRow {
+    let addr = start & !START_IS_ADDR;
+    let found = history.and_then(|h| {
+        if start & START_IS_ADDR != 0 {
+            // A granule: the mapping it falls in, else the first it overlaps.
+            h.containing(addr, at).map(|r| (r.mapping, false)).or_else(|| {
+                h.snapshots()
+                    .iter()
+                    .rev()
+                    .flat_map(|s| s.mappings.iter())
+                    .find(|m| m.start < addr + ADDR_GRANULE && addr < m.end)
+                    .map(|m| (m, false))
+            })
+        } else {
+            h.resolve(start, at).map(|r| (r.mapping, r.exact))
+        }
+    });
+    match found {
+        Some((m, exact)) => MappingRow {
+            mapping: m.name.to_string(),
+            start: m.start,
+            end: m.end,
+            size: m.size(),
+            exact,
+            counts,
+        },
+        None => MappingRow {
+            mapping: format!("unresolved {addr:#x}"),
+            start: addr,
+            end: addr,
+            size: 0,
+            exact: false,
+            counts,
+        },
+    }
+}
+
+/// User ips to (site, mapping) names; ip 0 is an event outside a fault.
+fn name_ips(
+    n: &Namer<'_>,
+    history: Option<&MapsHistory>,
+    at: u64,
+    ips: &[u64],
+) -> Vec<(String, Option<String>)> {
+    let Some(h) = history else {
+        return ips.iter().map(|ip| (format!("[unknown] {ip:#x}"), None)).collect();
+    };
+    let sites = n.symbolizer.borrow_mut().symbolize(h, at, ips);
+    sites
+        .into_iter()
+        .map(|s| {
+            if s.ip == 0 {
+                ("[no fault]".to_string(), None)
+            } else {
+                (s.to_string(), s.mapping.as_ref().map(|m| m.to_string()))
+            }
+        })
+        .collect()
+}
+
+/// The "by mapping" and "top sites" tables of one span.
+pub fn to_text(out: &mut String, a: &Attribution) {
+    if !a.mappings.is_empty() {
+        let classes: Vec<Metric> = {
+            let mut v: Vec<Metric> = a.mappings.iter().flat_map(|r| r.counts.keys().copied()).collect();
+            v.sort();
+            v.dedup();
+            v.retain(|m| m.spec().columns.summary);
+            v
+        };
+        let _ = write!(out, "  by mapping{:<28}", "");
+        for m in &classes {
+            let _ = write!(out, " {:>11}", m.name());
+        }
+        out.push('\n');
+        let row = |out: &mut String, name: String, counts: &BTreeMap<Metric, u64>| {
+            let _ = write!(out, "    {name:<36}");
+            for m in &classes {
+                let _ = write!(out, " {:>11}", counts.get(m).copied().unwrap_or(0));
+            }
+            out.push('\n');
+        };
+        for r in &a.mappings {
+            let name = format!("{} ({})", safe(&r.mapping), human_size(r.size));
+            row(out, name, &r.counts);
+        }
+        if let Some(o) = &a.mappings_other {
+            row(out, format!("other ({} mappings)", o.entries), &o.counts);
+        }
+    }
+    if !a.sites.is_empty() {
+        let _ = writeln!(out, "  top sites");
+        for s in &a.sites {
+            let _ = writeln!(out, "    {:<20} {:>10}  {}", s.class.name(), s.count, safe(&s.site));
+        }
+        for f in &a.sites_other {
+            let _ = writeln!(out, "    {:<20} {:>10}  other ({} sites)", f.class.name(), f.count, f.entries);
+        }
+    }
+}
+
+fn human_size(b: u64) -> String {
+    match b {
+        0 => "?".into(),
+        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
+        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b => format!("{}K", b >> 10),
+    }
+}
+
+/// The stacks of a report as folded lines (class;comm;frames count), for
+/// `--folded` and `--flamegraph`.
+pub fn folded(r: &super::schema::Report) -> FoldedStacks {
+    let mut f = FoldedStacks::new();
+    for p in &r.processes {
+        for s in &p.attribution.stacks {
+            // FoldedStacks takes leaf first.
+            let frames: Vec<&String> = s.user.iter().chain(s.kernel.iter()).rev().collect();
+            f.add(s.class.name(), &p.comm, &frames, s.count);
+        }
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        attrib::mapping::parse_maps,
+        collect::attribution::{AttribOpts, Attribution as Attrib},
+    };
+    use faultscope_common::attrib::{addr_key, MappingKey, SiteKey};
+
+    const MAPS: &str = "\
+555d3e04e000-555d3e06f000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0                          [anon:faultscope-named]
+7f0000400000-7f0000800000 rw-p 00000000 00:00 0 
+7f0000800000-7f0000a00000 rw-p 00000000 08:01 77                         /tmp/data (deleted)
+7ffd1c7b9000-7ffd1c7da000 rw-p 00000000 00:00 0                          [stack]
+";
+
+    fn counts(pairs: &[(Class, u64)]) -> ClassCounts {
+        let mut c = ClassCounts::ZERO;
+        for (k, n) in pairs {
+            c.counts[*k as usize] = *n;
+        }
+        c
+    }
+
+    fn fixture(max_mappings: usize) -> (Snapshot, Attrib, Vec<(Metric, Availability)>) {
+        let avail = vec![
+            (Metric::Reuse, Availability::Measured { class: Class::Reuse, timed: true, source: "k" }),
+            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+            (Metric::ContpteUnfold, Availability::NotMeasurable("arm64 only".into())),
+        ];
+        let opts = AttribOpts { max_mappings, sites: Default::default(), ..AttribOpts::default() };
+        let mut a = Attrib::new(opts, Ok(()));
+        let mut h = MapsHistory::new(7);
+        h.push(100, "attach", parse_maps(MAPS).unwrap());
+        // Later the heap is gone, and another mapping starts where it was.
+        h.push(
+            300,
+            "end",
+            parse_maps(
+                "555d3e04e000-555d3e050000 rw-p 00000000 00:00 0                          [anon:later]\n",
+            )
+            .unwrap(),
+        );
+        a.histories.insert(7, h);
+        let mut snap = Snapshot::default();
+        let mut put = |phase, start, c| {
+            snap.mappings.insert(MappingKey { tgid: 7, phase, start }, c);
+        };
+        put(1, 0x555d3e04e000, counts(&[(Class::Reuse, 10), (Class::Copy, 2)]));
+        put(1, 0x7f0000000000, counts(&[(Class::Reuse, 1024)]));
+        put(1, 0x7f0000400000, counts(&[(Class::Copy, 5)]));
+        put(1, 0x7f0000800000, counts(&[(Class::Copy, 512)]));
+        put(2, 0x7f0000800000, counts(&[(Class::Copy, 1)]));
+        put(1, addr_key(0x7ffd1c7b0123), counts(&[(Class::Reuse, 3)]));
+        snap.sites.insert(SiteKey { tgid: 7, phase: 1, ip: 0, class: Class::Copy as u32, _pad: 0 }, 4);
+        (snap, a, avail)
+    }
+
+    #[test]
+    fn mappings_are_named_and_add_up_to_the_class_totals() {
+        let (snap, a, avail) = fixture(16);
+        let frames = |_: i32| Vec::new();
+        let n = Namer::new(&a, &avail, &frames);
+        let r = attribution(&snap, &n, 7, Some(1), 150);
+        let names: Vec<&str> = r.mappings.iter().map(|m| m.mapping.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "[anon:faultscope-named]",
+                "/tmp/data (deleted)",
+                "[heap]",
+                "anon 0x7f0000400000-0x7f0000800000",
+                "[stack]"
+            ]
+        );
+        assert!(r.mappings[..4].iter().all(|m| m.exact));
+        // An event outside a fault: named by the containing mapping, not exact.
+        assert!(!r.mappings[4].exact);
+        assert_eq!(r.mappings[1].size, 2 << 20);
+        let sum = |m: Metric| r.mappings.iter().filter_map(|x| x.counts.get(&m)).sum::<u64>();
+        assert_eq!((sum(Metric::Reuse), sum(Metric::Copy)), (10 + 1024 + 3, 2 + 5 + 512));
+        // Not measurable classes have no counts in the rows.
+        assert!(r.mappings.iter().all(|m| !m.counts.contains_key(&Metric::ContpteUnfold)));
+        assert_eq!(
+            r.sites,
+            vec![SiteRow { class: Metric::Copy, ip: 0, site: "[no fault]".into(), mapping: None, count: 4 }]
+        );
+        // Resolved later, the heap's start names the mapping there then.
+        let r = attribution(&snap, &n, 7, Some(1), 400);
+        assert!(r.mappings.iter().any(|m| m.mapping == "[anon:later]"));
+    }
+
+    #[test]
+    fn past_the_limit_mappings_fold_into_other_and_nothing_is_lost() {
+        let (snap, a, avail) = fixture(2);
+        let frames = |_: i32| Vec::new();
+        let n = Namer::new(&a, &avail, &frames);
+        let r = attribution(&snap, &n, 7, None, 150);
+        assert_eq!(r.mappings.len(), 2);
+        let o = r.mappings_other.as_ref().unwrap();
+        assert_eq!(o.entries, 3);
+        let sum = |m: Metric| {
+            r.mappings.iter().filter_map(|x| x.counts.get(&m)).sum::<u64>()
+                + o.counts.get(&m).copied().unwrap_or(0)
+        };
+        // The whole run: phase 2's copy too.
+        assert_eq!((sum(Metric::Reuse), sum(Metric::Copy)), (1037, 520));
+        let mut t = String::new();
+        to_text(&mut t, &r);
+        assert!(t.contains("other (3 mappings)"), "{t}");
+        assert!(t.contains("[anon:faultscope-named] (4M)"), "{t}");
+    }
+}
