@@ -491,3 +491,36 @@ fn bench_restores_sysfs_knobs_when_terminated() {
     assert_eq!(before, after);
     assert_nothing_left();
 }
+
+// ---- attribution (issue 9) ----
+
+/// In tracepoint mode (no kprobes on this host) per-mapping counts need the
+/// handle_mm_fault kprobe: the report says so instead of showing none, and
+/// the run still counts. Where kprobes work, the workload's region carries
+/// its writes.
+#[test]
+fn attribution_is_measured_or_says_why_not() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (out, report, wl) = record_workload(d.path(), "16M");
+    let info = report.attribution.as_ref().expect("the report says what it attributed");
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    match report.mode {
+        Mode::Tracepoint => {
+            assert!(!info.mappings);
+            let why = info.mappings_reason.as_deref().unwrap_or("");
+            assert!(why.contains("handle_mm_fault kprobe"), "{why}");
+            assert!(String::from_utf8_lossy(&out.stderr).contains("per-mapping counts not measurable here"));
+            assert!(p.attribution.mappings.is_empty());
+            // copy and spurious cannot be measured here, so no sites either.
+            assert!(info.site_classes.is_empty(), "{:?}", info.site_classes);
+        }
+        _ => {
+            assert!(info.mappings);
+            let pages = wl["pages"].as_u64().unwrap();
+            let region = p.attribution.top_mapping(Metric::Reuse).expect("a mapping with reuse").1;
+            assert!(region >= pages, "{region} < {pages}");
+        }
+    }
+    assert_nothing_left();
+}

@@ -208,35 +208,34 @@ fn name_ips(
 /// The "by mapping" and "top sites" tables of one span.
 pub fn to_text(out: &mut String, a: &Attribution) {
     if !a.mappings.is_empty() {
-        let classes: Vec<Metric> = {
-            let mut v: Vec<Metric> = a.mappings.iter().flat_map(|r| r.counts.keys().copied()).collect();
-            v.sort();
-            v.dedup();
-            v.retain(|m| m.spec().columns.summary);
-            v
-        };
-        let _ = write!(out, "  by mapping{:<28}", "");
+        let mut classes: Vec<Metric> = a.mappings.iter().flat_map(|r| r.counts.keys().copied()).collect();
+        classes.sort();
+        classes.dedup();
+        classes.retain(|m| m.spec().columns.summary);
+        let mut rows: Vec<(String, &BTreeMap<Metric, u64>)> = a
+            .mappings
+            .iter()
+            .map(|r| (format!("{} ({})", safe(&r.mapping), human_size(r.size)), &r.counts))
+            .collect();
+        if let Some(o) = &a.mappings_other {
+            rows.push((format!("other ({} mappings)", o.entries), &o.counts));
+        }
+        let width = rows.iter().map(|(n, _)| n.chars().count()).max().unwrap_or(0).max(10);
+        let _ = write!(out, "  {:<w$}", "BY MAPPING", w = width + 2);
         for m in &classes {
             let _ = write!(out, " {:>11}", m.name());
         }
         out.push('\n');
-        let row = |out: &mut String, name: String, counts: &BTreeMap<Metric, u64>| {
-            let _ = write!(out, "    {name:<36}");
+        for (name, counts) in rows {
+            let _ = write!(out, "    {name:<width$}");
             for m in &classes {
                 let _ = write!(out, " {:>11}", counts.get(m).copied().unwrap_or(0));
             }
             out.push('\n');
-        };
-        for r in &a.mappings {
-            let name = format!("{} ({})", safe(&r.mapping), human_size(r.size));
-            row(out, name, &r.counts);
-        }
-        if let Some(o) = &a.mappings_other {
-            row(out, format!("other ({} mappings)", o.entries), &o.counts);
         }
     }
     if !a.sites.is_empty() {
-        let _ = writeln!(out, "  top sites");
+        let _ = writeln!(out, "  {:<22} {:>10}  SITE", "TOP SITES", "COUNT");
         for s in &a.sites {
             let _ = writeln!(out, "    {:<20} {:>10}  {}", s.class.name(), s.count, safe(&s.site));
         }

@@ -3,13 +3,13 @@
 //! patch's cover letter.
 //! Mismatched workloads are detected and said, not silently compared.
 
-use std::{fmt::Write as _, path::Path};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use anyhow::Result;
 
 use super::{
     file::{self, Loaded},
-    schema::{Classes, Process, Report},
+    schema::{Attribution, Classes, MappingRow, Process, Report},
     text::safe,
 };
 use crate::kernel::classes::Metric;
@@ -115,15 +115,18 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
         let _ = writeln!(out, "warning: phases differ: only in A {only_a:?}, only in B {only_b:?}");
     }
     let _ = writeln!(out, "{:<34} {:<16} {:>12} {:>12} {:>9}", "PHASE", "CLASS", "A", "B", "B/A");
-    let mut scopes: Vec<(String, Option<&Classes>, Option<&Classes>)> = sa
+    type Scope<'a> = (String, Option<&'a Classes>, Option<&'a Classes>, &'a Attribution, &'a Attribution);
+    let mut scopes: Vec<Scope<'_>> = sa
         .iter()
         .filter_map(|x| {
             let y = sb.iter().find(|y| y.name == x.name)?;
-            Some((safe(&x.name), Some(&x.classes), Some(&y.classes)))
+            Some((safe(&x.name), Some(&x.classes), Some(&y.classes), &x.attribution, &y.attribution))
         })
         .collect();
-    scopes.push(("whole run".into(), Some(&pa.classes), Some(&pb.classes)));
-    for (name, ca, cb) in scopes {
+    scopes.push(("whole run".into(), Some(&pa.classes), Some(&pb.classes), &pa.attribution, &pb.attribution));
+    let mut by_mapping = String::new();
+    for (name, ca, cb, aa, ab) in scopes {
+        mapping_rows(&mut by_mapping, &name, aa, ab);
         for m in Metric::compared() {
             let (ta, va) = cell(ca, m);
             let (tb, vb) = cell(cb, m);
@@ -139,7 +142,61 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
             let _ = writeln!(out, "{name:<34} {:<16} {ta:>12} {tb:>12} {ratio:>9}", m.name());
         }
     }
+    if !by_mapping.is_empty() {
+        let _ = writeln!(out, "\nBy mapping (unnamed anonymous mappings matched by size):");
+        let _ = writeln!(
+            out,
+            "{:<34} {:<32} {:<16} {:>12} {:>12} {:>9}",
+            "PHASE", "MAPPING", "CLASS", "A", "B", "B/A"
+        );
+        out.push_str(&by_mapping);
+    }
     out
+}
+
+fn ratio(a: u64, b: u64) -> String {
+    match (a, b) {
+        (0, 0) => String::new(),
+        (0, _) => "new".into(),
+        (a, b) => format!("{:.3}", b as f64 / a as f64),
+    }
+}
+
+/// The name two runs' mappings are matched by: the name, except for
+/// unnamed anonymous ranges, whose addresses differ between runs.
+fn mapping_key(r: &MappingRow) -> String {
+    if r.mapping.starts_with("anon 0x") {
+        format!("anon ({} bytes)", r.size)
+    } else {
+        safe(&r.mapping)
+    }
+}
+
+/// The per-mapping rows of one scope, A beside B.
+fn mapping_rows(out: &mut String, scope: &str, a: &Attribution, b: &Attribution) {
+    let sum = |x: &Attribution| {
+        let mut m: BTreeMap<String, BTreeMap<Metric, u64>> = BTreeMap::new();
+        for r in &x.mappings {
+            let e = m.entry(mapping_key(r)).or_default();
+            for (c, n) in &r.counts {
+                *e.entry(*c).or_insert(0) += n;
+            }
+        }
+        m
+    };
+    let (ma, mb) = (sum(a), sum(b));
+    let keys: std::collections::BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
+    for k in keys {
+        for m in Metric::compared() {
+            let va = ma.get(k).and_then(|c| c.get(&m)).copied().unwrap_or(0);
+            let vb = mb.get(k).and_then(|c| c.get(&m)).copied().unwrap_or(0);
+            if va == 0 && vb == 0 {
+                continue;
+            }
+            let _ =
+                writeln!(out, "{scope:<34} {k:<32} {:<16} {va:>12} {vb:>12} {:>9}", m.name(), ratio(va, vb));
+        }
+    }
 }
 
 pub fn run(a: &Path, b: &Path) -> Result<i32> {
@@ -186,6 +243,28 @@ mod tests {
         assert!(!d.contains("warning"), "{d}");
         let line = d.lines().find(|l| l.starts_with("mark:write") && l.contains("reuse")).unwrap();
         assert!(line.contains("65601") && line.contains("4161") && line.contains("0.063"), "{line}");
+    }
+
+    #[test]
+    fn per_mapping_beside_each_other() {
+        let row = |name: &str, start, n| MappingRow {
+            mapping: name.into(),
+            start,
+            end: start + 4096,
+            size: 4096,
+            exact: true,
+            counts: [(Metric::Reuse, n)].into(),
+        };
+        let mut a = bench("7.3", "64K", 10);
+        let mut b = bench("7.3+patch", "64K", 2);
+        a.report.processes[0].phases[0].attribution.mappings =
+            vec![row("[heap]", 0x1000, 8), row("anon 0x5000-0x6000", 0x5000, 2)];
+        b.report.processes[0].phases[0].attribution.mappings =
+            vec![row("[heap]", 0x9000, 1), row("anon 0x7000-0x8000", 0x7000, 1)];
+        let d = diff(&a, &b);
+        let heap = d.lines().find(|l| l.starts_with("mark:write") && l.contains("[heap]")).unwrap();
+        assert!(heap.contains(" 8 ") && heap.ends_with("0.125"), "{heap}");
+        assert!(d.lines().any(|l| l.contains("anon (4096 bytes)") && l.ends_with("0.500")), "{d}");
     }
 
     #[test]

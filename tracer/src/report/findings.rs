@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::schema::{present_write_faults, ClassValue, Finding, Number, Report};
+use super::{
+    schema::{present_write_faults, Attribution, ClassValue, Finding, Number, Report},
+    text::safe,
+};
 use crate::{cmd::folio, kernel::classes::Metric};
 
 /// COW copies while a child lives that are worth saying.
@@ -11,6 +14,33 @@ const COPY_NOTABLE: u64 = 16;
 
 fn numbers<const N: usize>(kv: [(&str, Number); N]) -> BTreeMap<String, Number> {
     kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// Where the events of `m` in a span happened: its top mapping (name and
+/// address range, share of `total`) and top site, as a clause to append.
+fn where_(a: &Attribution, m: Metric, total: u64) -> String {
+    let mut s = String::new();
+    if let Some((row, n)) = a.top_mapping(m).filter(|_| total > 0) {
+        s.push_str(&format!(
+            "; {:.0}% ({n}) in {} [{:#x}-{:#x}]",
+            100.0 * n as f64 / total as f64,
+            safe(&row.mapping),
+            row.start,
+            row.end
+        ));
+    }
+    if let Some(site) = a.top_site(m) {
+        s.push_str(&format!("; top site {} ({} of them)", safe(&site.site), site.count));
+    }
+    // Which kernel path did it (the contpte classes' kernel stacks).
+    if let Some(st) = a.stacks.iter().filter(|x| x.class == m && !x.kernel.is_empty()).max_by_key(|x| x.count)
+    {
+        let callers: Vec<&str> = st.kernel.iter().rev().skip(1).take(2).map(String::as_str).collect();
+        if !callers.is_empty() {
+            s.push_str(&format!("; called from {}", safe(&callers.join(" <- "))));
+        }
+    }
+    s
 }
 
 fn folio_bytes(r: &Report) -> Option<u64> {
@@ -63,7 +93,8 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                 add(
                     "spurious-write-faults",
                     format!(
-                        "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages"
+                        "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages{}",
+                        where_(&s.attribution, Metric::Spurious, sp)
                     ),
                     numbers([("spurious", sp.into()), ("present_write_faults", present.into()), ("percent", pct.into())]),
                 );
@@ -83,7 +114,14 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                 if let Some(f) = folded {
                     n.insert("contpte_fold".into(), f.into());
                 }
-                add("contpte-unfold", format!("{unfold} contpte blocks were unfolded{via}{tail}"), n);
+                add(
+                    "contpte-unfold",
+                    format!(
+                        "{unfold} contpte blocks were unfolded{via}{tail}{}",
+                        where_(&s.attribution, Metric::ContpteUnfold, unfold)
+                    ),
+                    n,
+                );
             }
             // Write-protect faults that are not COW at all: a reader who
             // sums reuse + copy would miss them.
@@ -105,7 +143,10 @@ pub fn findings(r: &Report) -> Vec<Finding> {
             if copy >= COPY_NOTABLE && s.child_alive {
                 add(
                     "copy-while-child-alive",
-                    format!("{copy} COW copies while a forked child shared the memory"),
+                    format!(
+                        "{copy} COW copies while a forked child shared the memory{}",
+                        where_(&s.attribution, Metric::Copy, copy)
+                    ),
                     numbers([("copy", copy.into())]),
                 );
             }
@@ -244,6 +285,47 @@ mod tests {
         let r = report("64K", "exit", &[(Metric::ContpteUnfold, 512), (Metric::ContpteFold, 88)]);
         let x = findings(&r).into_iter().find(|f| f.rule == "contpte-unfold").unwrap();
         assert!(x.text.contains("and 88 blocks were folded in the run"), "{}", x.text);
+    }
+
+    #[test]
+    fn findings_say_where() {
+        use crate::report::schema::{MappingRow, SiteRow};
+        let mut r = report("4K", "exit", &[]);
+        let alive = &mut r.processes[0].phases[1];
+        alive.attribution.mappings = vec![
+            MappingRow {
+                mapping: "[heap]".into(),
+                start: 0x1000,
+                end: 0x9000,
+                size: 0x8000,
+                exact: true,
+                counts: [(Metric::Copy, 27)].into(),
+            },
+            MappingRow {
+                mapping: "[stack]".into(),
+                start: 0x7f00,
+                end: 0x8000,
+                size: 0x100,
+                exact: true,
+                counts: [(Metric::Copy, 3)].into(),
+            },
+        ];
+        alive.attribution.sites = vec![SiteRow {
+            class: Metric::Copy,
+            ip: 0x42,
+            site: "zmalloc+0x3c (redis-server)".into(),
+            mapping: Some("[heap]".into()),
+            count: 20,
+        }];
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "copy-while-child-alive").unwrap();
+        assert!(
+            x.text.ends_with(
+                "; 90% (27) in [heap] [0x1000-0x9000]; top site zmalloc+0x3c (redis-server) (20 of them)"
+            ),
+            "{}",
+            x.text
+        );
     }
 
     #[test]
