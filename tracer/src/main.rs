@@ -3,9 +3,10 @@
 
 use clap::{Parser, Subcommand};
 use faultscope::{
-    cmd::{bench, mark, probes, record, workload},
+    cmd::{self, bench, mark, probes, record, workload},
+    collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
-    report::{diff, schema, verify},
+    report::{diff, schema, text::safe, verify},
 };
 
 #[derive(Parser)]
@@ -55,6 +56,14 @@ enum Cmd {
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
+    // Commands that only print end quietly on a closed stdout (`| head`),
+    // as Unix filters do; record and bench handle it and keep their report.
+    if matches!(cli.cmd, Cmd::Diff { .. } | Cmd::Schema | Cmd::Probes { .. } | Cmd::Verify(_)) {
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    // What a faultscope killed earlier left behind (THP settings, sockets).
+    cmd::recover();
     let res = match cli.cmd {
         Cmd::Record(o) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -76,12 +85,18 @@ fn main() {
     };
     match res {
         Ok(code) => std::process::exit(code),
+        // Messages can quote foreign text (paths, a report's fields, serde's
+        // errors about them): escaped before they reach a terminal.
         Err(e) => {
             if let Some(r) = e.downcast_ref::<Refusal>() {
-                eprintln!("faultscope: {r}");
+                cmd::say(&format!("faultscope: {}", safe(&r.to_string())));
                 std::process::exit(EXIT_REFUSED);
             }
-            eprintln!("faultscope: error: {e:#}");
+            if let Some(x) = e.downcast_ref::<ExecFailed>() {
+                cmd::say(&format!("faultscope: {}", safe(&x.to_string())));
+                std::process::exit(EXIT_EXEC_FAILED);
+            }
+            cmd::say(&format!("faultscope: error: {}", safe(&format!("{e:#}"))));
             std::process::exit(1);
         }
     }

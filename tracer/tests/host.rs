@@ -492,6 +492,728 @@ fn bench_restores_sysfs_knobs_when_terminated() {
     assert_nothing_left();
 }
 
+// ---- files, signals and CLI hardening (issue 8) ----
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead as _, BufReader, Read as _},
+    os::unix::{
+        fs::{MetadataExt as _, PermissionsExt as _},
+        process::CommandExt as _,
+    },
+    path::PathBuf,
+    time::Instant,
+};
+
+/// A user made for one test (useradd), removed with it (userdel).
+struct TestUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl TestUser {
+    fn new() -> TestUser {
+        let name = format!("fsh8b{}", std::process::id());
+        let st = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &name])
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd {name}: {st}");
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id").args([flag, &name]).output().unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        let (uid, gid) = (id("-u"), id("-g"));
+        TestUser { name, uid, gid }
+    }
+
+    /// Makes `p` (a file, directory or symlink itself) the user's.
+    fn own(&self, p: &Path) {
+        std::os::unix::fs::lchown(p, Some(self.uid), Some(self.gid)).unwrap();
+    }
+
+    /// A symlink at `at` to `to`, owned by the user.
+    fn plant(&self, to: &Path, at: &Path) {
+        std::os::unix::fs::symlink(to, at).unwrap();
+        self.own(at);
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+    }
+}
+
+/// The next `n` pids the kernel will hand out (in order, from the last one
+/// given out), for names an attacker would plant ahead of time.
+fn next_pids(n: u32) -> Vec<u32> {
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse().unwrap();
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    // pids wrap to 300 (RESERVED_PIDS) after pid_max.
+    (1..=n).map(|i| last + i).map(|p| if p >= max { 300 + (p - max) } else { p }).collect()
+}
+
+/// The names in a directory.
+fn entries(d: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn verify_run_uses_a_private_directory_and_never_a_planted_one() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let user = TestUser::new();
+    let d = tmp();
+    // A /tmp of our own (world-writable, sticky) as TMPDIR.
+    let tmpdir = d.path().join("tmp");
+    std::fs::create_dir(&tmpdir).unwrap();
+    std::fs::set_permissions(&tmpdir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "keep").unwrap();
+    // The user pre-creates the directory of every pid verify may get, with
+    // the report's name pointing at the victim.
+    let pids = next_pids(1000);
+    for &p in &pids {
+        let dir = tmpdir.join(format!("faultscope-verify-{p}"));
+        if std::fs::create_dir(&dir).is_ok() {
+            user.own(&dir);
+            user.plant(&victim, &dir.join("report.json"));
+        }
+    }
+    let planted = entries(&tmpdir);
+    let verify = |args: &[&str]| {
+        let child = Command::new(BIN)
+            .arg("verify")
+            .args(args)
+            .env("TMPDIR", &tmpdir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        (pid, child.wait_with_output().unwrap())
+    };
+    let (pid, out) = verify(&["--expect", "faults>0", "--", "bench", "seq", "--size", "4M"]);
+    assert!(pids.contains(&pid), "verify got pid {pid}, not one planted for; run again");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS faults>0"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+    // The planted directory was neither used nor removed; nothing else is left.
+    let mine = tmpdir.join(format!("faultscope-verify-{pid}"));
+    assert_eq!(std::fs::read_link(mine.join("report.json")).unwrap(), victim);
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), user.uid);
+    assert_eq!(entries(&tmpdir), planted, "verify left its directory");
+    // A run that fails leaves nothing either.
+    let (_, out) =
+        verify(&["--expect", "faults>0", "--", "bench", "seq", "--folio", "64K", "--size", "100K"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("the run failed"));
+    assert_eq!(entries(&tmpdir), planted, "a failed verify left its directory");
+    assert_nothing_left();
+}
+
+#[test]
+fn record_json_never_writes_through_planted_symlinks() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let user = TestUser::new();
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Root writes a report into a directory of the user's (the user asked
+    // for it there), where the user has planted symlinks at the report's
+    // name and at every temporary name the writer might use.
+    let home = d.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    user.own(&home);
+    let victims: Vec<PathBuf> = (0..3).map(|i| d.path().join(format!("victim{i}"))).collect();
+    for v in &victims {
+        std::fs::write(v, "keep").unwrap();
+    }
+    let report = home.join("r.json");
+    user.plant(&victims[0], &report);
+    user.plant(&victims[1], &home.join("r.json.tmp"));
+    let pids = next_pids(300);
+    for &p in &pids {
+        user.plant(&victims[2], &home.join(format!(".r.json.{p}.0.tmp")));
+    }
+    let planted = entries(&home);
+    let child = Command::new(BIN)
+        .args(["record", "--json", report.to_str().unwrap(), "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(pids.contains(&pid), "record got pid {pid}, not one planted for; run again");
+    for v in &victims {
+        assert_eq!(std::fs::read_to_string(v).unwrap(), "keep", "{} was written through", v.display());
+    }
+    // The report replaced the link at its name; the other links are as planted.
+    assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
+    assert_eq!(read_report(&report).end.as_deref(), Some("all targets exited"));
+    assert_eq!(std::fs::read_link(home.join(format!(".r.json.{pid}.0.tmp"))).unwrap(), victims[2]);
+    assert_eq!(entries(&home), planted, "a temporary file was left");
+    assert_nothing_left();
+}
+
+const THP_KNOBS: [&str; 3] = [
+    "/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled",
+    "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/enabled",
+    "/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
+];
+
+fn thp_knobs() -> Vec<String> {
+    THP_KNOBS.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect()
+}
+
+/// Puts the THP settings back as they were, whatever a test did.
+struct RestoreThp(Vec<String>);
+
+impl Drop for RestoreThp {
+    fn drop(&mut self) {
+        for (k, v) in THP_KNOBS.iter().zip(&self.0) {
+            let sel = v
+                .split_whitespace()
+                .find(|w| w.starts_with('['))
+                .map(|w| w.trim_matches(['[', ']']).to_string())
+                .unwrap_or_else(|| v.trim().to_string());
+            let _ = std::fs::write(k, sel);
+        }
+    }
+}
+
+/// A `bench --folio 64K` over 1G, SIGKILLed once it has set the knobs.
+fn bench_killed_with_knobs_set() {
+    let mut child = Command::new(BIN)
+        .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let set = || {
+        let k = thp_knobs();
+        k[0].contains("[always]") && k[2].trim() == "3600000"
+    };
+    while !set() {
+        assert!(t.elapsed() < Duration::from_secs(20), "bench never set the knobs");
+        assert!(child.try_wait().unwrap().is_none(), "bench ended before it was killed");
+        sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn bench_thp_settings_come_back_after_sigkill() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = thp_knobs();
+    let _restore = RestoreThp(before.clone());
+    bench_killed_with_knobs_set();
+    assert_ne!(thp_knobs(), before, "SIGKILL left the knobs as the bench set them");
+    // The next bench restores the originals first, and never saves the
+    // killed bench's values as the originals.
+    let out = faultscope(&["bench", "seq", "--size", "4M", "--folio", "64K"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("restored the THP settings"));
+    assert_eq!(thp_knobs(), before);
+    // Any faultscope command as root restores them too.
+    bench_killed_with_knobs_set();
+    let out = faultscope(&["probes"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("restored the THP settings"));
+    assert_eq!(thp_knobs(), before);
+    assert!(!Path::new("/run/faultscope/bench-thp.state").exists());
+    assert_nothing_left();
+}
+
+#[test]
+fn bad_seconds_and_counts_are_refused_before_attaching() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for flag in ["--duration", "--interval"] {
+        for v in ["-1", "0", "nan", "inf", "-inf", "1e19", "1e999"] {
+            let out = faultscope(&["record", "-p", "1", flag, v]);
+            assert_refused(&out, &format!("{flag} "));
+            let out = faultscope(&["record", "-p", "1", &format!("{flag}={v}")]);
+            assert_refused(&out, "give a number of seconds");
+        }
+    }
+    assert_refused(&faultscope(&["record", "-p", "1", "--interval", "1", "--count", "0"]), "--count 0");
+    assert_refused(&faultscope(&["record", "-p", "1", "--max-stats", "0"]), "--max-stats 0");
+    assert_nothing_left();
+}
+
+#[test]
+fn a_closed_stdout_ends_the_run_and_keeps_the_report() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    // record --interval ... | head -1
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string(), "--interval", "0.2", "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tpid = tracer.id();
+    let mut first = String::new();
+    BufReader::new(tracer.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with("--- interval 1"), "{first:?}");
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(read_report(&fs).end.as_deref(), Some("stdout closed"));
+    assert!(!Path::new(&format!("/run/faultscope/record-{tpid}.sock")).exists(), "socket left");
+    // bench | (nothing reads)
+    let bj = d.path().join("bench.json");
+    let mut bench = Command::new(BIN)
+        .args(["bench", "seq", "--size", "4M", "--json", bj.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(bench.stdout.take());
+    let out = bench.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(read_report(&bj).bench.is_some());
+    assert_nothing_left();
+}
+
+/// A cgroup (v1 pids controller) allowing `max` tasks, removed with it.
+struct PidsCgroup(PathBuf);
+
+impl PidsCgroup {
+    fn new(max: u32) -> Option<PidsCgroup> {
+        let root = Path::new("/sys/fs/cgroup/pids");
+        let root = if root.join("cgroup.procs").exists() { root } else { Path::new("/sys/fs/cgroup") };
+        let d = root.join(format!("faultscope-test-{}", std::process::id()));
+        std::fs::create_dir(&d).ok()?;
+        std::fs::write(d.join("pids.max"), max.to_string()).ok()?;
+        Some(PidsCgroup(d))
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn bench_that_cannot_start_a_thread_says_so() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // bench, its forked child (waited for) and one writer: the second
+    // writer thread cannot be started.
+    let Some(cg) = PidsCgroup::new(2) else {
+        eprintln!("no pids cgroup to limit threads with: skipped");
+        return;
+    };
+    let procs = std::ffi::CString::new(cg.0.join("cgroup.procs").to_str().unwrap()).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["bench", "threads", "--threads", "8", "--size", "16M"]);
+    // SAFETY: open/write/close only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        })
+    };
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("could not start writer thread 2 of 8"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    drop(cg);
+    assert_nothing_left();
+}
+
+#[test]
+fn sigkill_keeps_the_old_report_and_sighup_ends_the_run() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let start = || {
+        Command::new(BIN)
+            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    std::fs::write(&fs, "the earlier report").unwrap();
+    let mut tracer = start();
+    sleep(Duration::from_millis(1500));
+    tracer.kill().unwrap();
+    tracer.wait().unwrap();
+    assert_eq!(std::fs::read_to_string(&fs).unwrap(), "the earlier report");
+    assert_eq!(entries(d.path()), BTreeSet::from(["fs.json".to_string()]));
+    let tracer = start();
+    sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGHUP) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_report(&fs).end.as_deref(), Some("hung up"));
+    assert_nothing_left();
+}
+
+/// The children of a process (its main thread's: bench forks from it).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn bench_child_alive_dies_with_the_bench() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut bench = Command::new(BIN)
+        .args(["bench", "seq", "--child", "alive", "--size", "1G"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let child = loop {
+        if let Some(&c) = children(bench.id()).first() {
+            break c;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "bench never forked");
+        assert!(bench.try_wait().unwrap().is_none(), "bench ended before it was killed");
+        sleep(Duration::from_millis(5));
+    };
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    let t = Instant::now();
+    while !is_gone(child) && t.elapsed() < Duration::from_secs(3) {
+        sleep(Duration::from_millis(20));
+    }
+    let gone = is_gone(child);
+    if !gone {
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    }
+    assert!(gone, "the bench's child {child} outlived it");
+    assert_nothing_left();
+}
+
+#[test]
+fn stale_sockets_are_removed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let sock = |pid: u32| PathBuf::from(format!("/run/faultscope/record-{pid}.sock"));
+    // A recorder killed by SIGKILL leaves its socket; the next command
+    // removes it.
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dead = tracer.id();
+    sleep(Duration::from_millis(1500));
+    assert!(sock(dead).exists());
+    tracer.kill().unwrap();
+    tracer.wait().unwrap();
+    assert!(sock(dead).exists(), "SIGKILL cannot remove the socket");
+    assert_refused(
+        &faultscope(&["mark", "--recorder", &dead.to_string(), "x"]),
+        &format!("no faultscope record with pid {dead}"),
+    );
+    assert!(!sock(dead).exists(), "the stale socket is still there");
+    // The pid is reused by a process that is no recorder: it is not taken
+    // for one.
+    let reused = target.id();
+    drop(std::os::unix::net::UnixListener::bind(sock(reused)).unwrap());
+    assert_refused(
+        &faultscope(&["mark", "--recorder", &reused.to_string(), "x"]),
+        &format!("no faultscope record with pid {reused}"),
+    );
+    assert!(!sock(reused).exists());
+    // Any command as root clears them.
+    drop(std::os::unix::net::UnixListener::bind(sock(reused)).unwrap());
+    assert!(faultscope(&["schema"]).status.success());
+    assert!(!sock(reused).exists());
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert_nothing_left();
+}
+
+#[test]
+fn the_recorded_command_starts_with_default_signals() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = Command::new(BIN);
+    cmd.args(["record", "--", "cat", "/proc/self/status"]);
+    // faultscope itself starts with SIGUSR2 blocked.
+    // SAFETY: signal-mask calls only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR2);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        })
+    };
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mask = |key: &str| -> u64 {
+        let line =
+            text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{key} in {text}"));
+        u64::from_str_radix(line.trim(), 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "the command inherited a blocked signal");
+    let sigpipe = 1u64 << (libc::SIGPIPE - 1);
+    assert_eq!(mask("SigIgn:") & sigpipe, 0, "the command runs with SIGPIPE ignored");
+    assert_nothing_left();
+}
+
+/// Bytes a terminal would act on: C0 controls other than newline and tab,
+/// DEL, and C1 controls (UTF-8 encoded).
+fn control_bytes(b: &[u8]) -> Vec<String> {
+    let s = String::from_utf8_lossy(b);
+    s.char_indices()
+        .filter(|(_, c)| c.is_control() && *c != '\n' && *c != '\t')
+        .map(|(i, c)| format!("{c:?} at {i}: {:?}", &s[i.saturating_sub(40)..(i + 10).min(s.len())]))
+        .collect()
+}
+
+#[test]
+fn control_characters_never_reach_the_terminal() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    // A process names itself with escape sequences (PR_SET_NAME), then
+    // faults for 6 s.
+    let name = c"fs\x1b]0;pwn\x07\x1b[2J";
+    // SAFETY: the child makes system calls only, then _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        unsafe {
+            libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+            for _ in 0..120 {
+                let len = 1 << 20;
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if p != libc::MAP_FAILED {
+                    for off in (0..len).step_by(4096) {
+                        std::ptr::write_volatile((p as *mut u8).add(off), 1);
+                    }
+                    libc::munmap(p, len);
+                }
+                libc::usleep(50_000);
+            }
+            libc::_exit(0);
+        }
+    }
+    sleep(Duration::from_millis(100));
+    // The live view, on a terminal (script gives it one): its own
+    // cursor-home and clear sequences are the only escapes.
+    if Path::new("/usr/bin/script").exists() {
+        let cmd = format!("{BIN} record -p {pid} --interval 0.3 --duration 1.5");
+        let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("phase: before-fork"), "{text:?}");
+        assert!(!text.contains("\x1b]") && !text.contains('\x07') && !text.contains("\x1b[2J"), "{text:?}");
+        assert_nothing_left();
+    }
+    let out = Command::new(BIN)
+        .args(["record", "-p", &pid.to_string(), "--interval", "0.5", "--json"])
+        .arg(&fs)
+        .output()
+        .unwrap();
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&fs);
+    assert!(process(&report, pid as u64).comm.contains('\x1b'), "the name was not recorded as set");
+    let mut printed = vec![out];
+    printed.push(faultscope(&["diff", fs.to_str().unwrap(), fs.to_str().unwrap()]));
+    printed.push(faultscope(&[
+        "verify",
+        "--expect",
+        "faults>0",
+        "--pid",
+        &pid.to_string(),
+        fs.to_str().unwrap(),
+    ]));
+    for out in &printed {
+        for b in [&out.stdout, &out.stderr] {
+            let raw = control_bytes(b);
+            assert!(raw.is_empty(), "raw control characters printed: {raw:?}");
+        }
+    }
+    // A report with control characters in its kernel field and phase names.
+    let text =
+        std::fs::read_to_string(&fs).unwrap().replacen("\"kernel\": \"", "\"kernel\": \"\\u001b[2J", 1);
+    let evil = d.path().join("evil.json");
+    std::fs::write(&evil, text).unwrap();
+    for args in [
+        vec!["diff", evil.to_str().unwrap(), fs.to_str().unwrap()],
+        vec!["verify", "--expect", "faults>0", "--phase", "\x1b[2J", evil.to_str().unwrap()],
+        vec!["verify", "--expect", "\x1b[2J>0", evil.to_str().unwrap()],
+    ] {
+        let out = faultscope(&args);
+        for b in [&out.stdout, &out.stderr] {
+            let raw = control_bytes(b);
+            assert!(raw.is_empty(), "{args:?}: raw control characters printed: {raw:?}");
+        }
+    }
+    assert_nothing_left();
+}
+
+/// A small report with one process (pid 1) and one phase, with `count`
+/// (raw JSON text) as its faults count.
+fn report_with_count(count: &str) -> String {
+    format!(
+        r#"{{"schema": "faultscope/1", "kernel": "6.12", "arch": "x86_64", "mode": "tracepoint", "duration_ns": 1,
+        "probes": [], "drops": {{}}, "processes": [{{"pid": 1, "comm": "x",
+        "phases": [{{"id": 1, "name": "before-fork", "kind": "before-fork", "start_ns": 0, "children_alive": 0,
+                     "classes": {{"faults": {{"count": {count}, "source": "t"}}}}}}],
+        "classes": {{"faults": {{"count": {count}, "source": "t"}}}}}}]}}"#
+    )
+}
+
+#[test]
+fn verify_refuses_malformed_reports_typos_and_bad_numbers() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let write = |name: &str, text: &str| {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let verify = |args: &[&str]| {
+        let mut all = vec!["verify"];
+        all.extend_from_slice(args);
+        faultscope(&all)
+    };
+    let good = write("good.json", &report_with_count("5"));
+    let out = verify(&["--expect", "faults>0", "--pid", "1", "--phase", "before-fork", &good]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // Counts that are not integers in 0..2^64.
+    for (i, bad) in
+        ["NaN", "Infinity", "-Infinity", "1e999", "1 0", "-1", "1.5", "18446744073709551616", "\"5\""]
+            .iter()
+            .enumerate()
+    {
+        let p = write(&format!("bad{i}.json"), &report_with_count(bad));
+        let out = verify(&["--expect", "faults>0", &p]);
+        assert_eq!(out.status.code(), Some(2), "count {bad}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Counts that overflow when summed (the phase and a second process).
+    let two = report_with_count("18446744073709551615").replacen(
+        r#""processes": ["#,
+        r#""processes": [{"pid": 2, "comm": "y", "phases": [], "classes": {"faults": {"count": 1, "source": "t"}}}, "#,
+        1,
+    );
+    let p = write("overflow.json", &two);
+    assert_refused(&verify(&["--expect", "faults>0", &p]), "overflow");
+    // Typos are refusals, not failed checks.
+    assert_refused(&verify(&["--expect", "faults>0", "--pid", "2", &good]), "--pid 2");
+    assert_refused(&verify(&["--expect", "faults>0", "--phase", "mark:wrtie", &good]), "--phase mark:wrtie");
+    assert_refused(&verify(&["--expect", "fautls>0", &good]), "is not a class");
+    // The number of an expectation: finite, no space inside.
+    for bad in ["faults<nan", "faults<inf", "faults>-inf", "faults<1e999", "faults<1 0", "faults<1e"] {
+        assert_refused(&verify(&["--expect", bad, &good]), "is not a number");
+    }
+    let out = verify(&["--expect", " faults >= 5 ", &good]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_is_said() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let bad = d.path().join("not-a-binary");
+    std::fs::write(&bad, [0u8, 1, 2, 3]).unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = faultscope(&["record", "--", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains(&format!("cannot run {}: Exec format error", bad.display())), "{stderr}");
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_refused(&faultscope(&["record", "--", bad.to_str().unwrap()]), "not executable");
+    assert_nothing_left();
+}
+
+#[test]
+fn mark_serves_clients_without_stalling_and_needs_root() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let recorder = tracer.id().to_string();
+    sleep(Duration::from_millis(1500));
+    // A client that connects and says nothing holds nobody up.
+    let mut silent =
+        std::os::unix::net::UnixStream::connect(format!("/run/faultscope/record-{recorder}.sock")).unwrap();
+    sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let out = faultscope(&["mark", "--recorder", &recorder, "during"]);
+    let took = t.elapsed();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took < Duration::from_millis(1000), "the mark took {took:?} behind a silent client");
+    // The silent client is answered once it times out, not hung up on early.
+    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reply = String::new();
+    silent.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("error timed out"), "{reply:?}");
+    // Another user is told that mark needs root, not that no recorder runs.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "mark", "--recorder", &recorder, "x"])
+        .output()
+        .unwrap();
+    assert_refused(&out, "needs root");
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let names: Vec<&str> = r.processes[0].phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["before-fork", "mark:during"]);
+    assert_nothing_left();
+}
+
 // ---- attribution (issue 9) ----
 
 /// In tracepoint mode (no kprobes on this host) per-mapping counts need the

@@ -20,28 +20,43 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Medians per step, off and on, and their ratio.
-fn summarize(off: &[Report], on: &[Report], what: &str) -> Result<()> {
+/// The variants of a guest run: the tracer off, on without attribution, on
+/// with per-mapping counts (the default), and with sites and stacks of the
+/// written classes too (`xtask/guest/overhead.sh`).
+const VARIANTS: [&str; 4] = ["off", "bare", "mappings", "all"];
+
+/// Medians per step of each variant, and their ratios to the first.
+fn summarize(runs: &[(&str, Vec<Report>)], what: &str) -> Result<()> {
     println!(
-        "{what}: {} runs each, alternately; medians of the workload's own wall time per step",
-        off.len()
+        "{what}: {} runs each, in turn; medians of the workload's own wall time per step (ms), ratio to {}",
+        runs[0].1.len(),
+        runs[0].0
     );
-    println!("  {:<10} {:>12} {:>12} {:>8}", "step", "off (ms)", "on (ms)", "on/off");
+    print!("  {:<10}", "step");
+    for (name, _) in runs {
+        print!(" {name:>18}");
+    }
+    println!();
     for step in ["populate", "fork", "write"] {
-        let a: Vec<f64> = off.iter().filter_map(|r| step_ns(r, step)).collect();
-        let b: Vec<f64> = on.iter().filter_map(|r| step_ns(r, step)).collect();
-        if a.is_empty() || b.is_empty() {
-            bail!("no {step} times in the reports");
+        print!("  {step:<10}");
+        let mut base = None;
+        for (_, reports) in runs {
+            let v: Vec<f64> = reports.iter().filter_map(|r| step_ns(r, step)).collect();
+            if v.is_empty() {
+                bail!("no {step} times in the reports");
+            }
+            let m = median(v) / 1e6;
+            let b = *base.get_or_insert(m);
+            print!(" {:>18}", format!("{m:.2} ({:.3})", m / b));
         }
-        let (ma, mb) = (median(a) / 1e6, median(b) / 1e6);
-        println!("  {step:<10} {ma:>12.2} {mb:>12.2} {:>8.3}", mb / ma);
+        println!();
     }
     Ok(())
 }
 
 pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
-    let (mut off, mut on) = (Vec::new(), Vec::new());
     if host {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
         let bin = root().join("target/release/faultscope");
         crate::run(Command::new("cargo").current_dir(root()).args([
             "build",
@@ -71,7 +86,7 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
             }
         }
         let mode = check::mode_name(&on[0]);
-        return summarize(&off, &on, &format!("host ({mode} mode), bench seq {size} 4K"));
+        return summarize(&[("off", off), ("on", on)], &format!("host ({mode} mode), bench seq {size} 4K"));
     }
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
@@ -81,8 +96,9 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
     let env = [("SIZE", size.to_string()), ("RUNS", runs.to_string())];
     let cpio = vm::initramfs(&dir, k.arch, &bin, "overhead.sh", &env)?;
     let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(1200))?;
+    let mut all: Vec<(&str, Vec<Report>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
     for i in 1..=runs {
-        for (t, list) in [("off", &mut off), ("on", &mut on)] {
+        for (t, list) in all.iter_mut() {
             let case = format!("{t}{i}");
             if g.marker("RC", &case).as_deref() != Some("0") {
                 bail!("{case} failed");
@@ -90,7 +106,7 @@ pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
             list.push(check::report(&g, &format!("{case}.json"))?);
         }
     }
-    summarize(&off, &on, &format!("guest {} (kprobe mode, QEMU TCG), bench seq {size} 4K", k.name))
+    summarize(&all, &format!("guest {} (kprobe mode, QEMU TCG), bench seq {size} 4K", k.name))
 }
 
 fn tempdir() -> Result<std::path::PathBuf> {

@@ -9,11 +9,11 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, Barrier},
+    sync::{Arc, Barrier, Condvar, Mutex},
     time::Instant,
 };
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use clap::{Args, ValueEnum};
 
 use super::{
@@ -27,7 +27,7 @@ use crate::{
     report::{
         file, findings,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
-        text::fmt_ns,
+        text::{fmt_ns, safe},
     },
 };
 
@@ -139,6 +139,7 @@ impl<'a> Run<'a> {
             None
         } else {
             let mut r = Recorder::start(o.max_stats, o.attrib.clone())?;
+            r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             Some(r)
         };
@@ -192,6 +193,10 @@ impl<'a> Run<'a> {
     fn fork(&mut self, plan: &Plan) -> Result<Vec<Vec<u64>>> {
         self.mark("fork")?;
         let from = usage();
+        // The parent's pid, for the child to tell that it was orphaned before
+        // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
+        // not only to init).
+        let parent = unsafe { libc::getpid() };
         // SAFETY: the child only pauses or exits.
         let child = unsafe { libc::fork() };
         if child < 0 {
@@ -202,7 +207,7 @@ impl<'a> Run<'a> {
                 if self.o.child == Child::Alive {
                     // Dies with the bench, whatever kills it.
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    if libc::getppid() == 1 {
+                    if libc::getppid() != parent {
                         libc::_exit(0);
                     }
                     loop {
@@ -224,7 +229,7 @@ impl<'a> Run<'a> {
     fn write(&mut self, plan: Plan, lat: Vec<Vec<u64>>) -> Result<()> {
         self.mark("write")?;
         let from = usage();
-        self.stores = write(plan, self.o, &self.mem, lat);
+        self.stores = write(plan, self.o, &self.mem, lat)?;
         self.steps.push(Step { label: "write", from, to: usage() });
         self.mark("done")
     }
@@ -325,8 +330,9 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     let lat = run.fork(&plan)?;
     run.write(plan, lat)?;
     let mut report = run.finish()?;
-    print!("{}", summary(&report));
-    print!("{}", findings::attach(&mut report));
+    let found = findings::attach(&mut report);
+    // A closed stdout (`| head`) costs the tables, not the report.
+    let _ = super::out(&format!("{}{found}", summary(&report)));
     super::record::write_stacks(&o.attrib, &report)?;
     if let Some(p) = &o.json {
         file::write(p, &report)?;
@@ -453,12 +459,12 @@ fn latency_buffers(plan: &Plan, time: bool) -> Vec<Vec<u64>> {
 }
 
 /// Runs the plan; fills `lat` (when timed) with each store's latency.
-fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> Option<Vec<u64>> {
+fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> Result<Option<Vec<u64>>> {
     let (writers, read_first) = match plan {
         Plan::Memset => {
             // SAFETY: the whole region is ours.
             unsafe { std::ptr::write_bytes(mem.base, 3, mem.len) };
-            return None;
+            return Ok(None);
         }
         Plan::Stores { writers, read_first } => (writers, read_first),
     };
@@ -469,7 +475,7 @@ fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -
         let mut out = lat.pop();
         if !read_first {
             store_pages(mem, list, out.as_deref_mut());
-            return out;
+            return Ok(out);
         }
         // Folio by folio: read its pages, then store to them.
         for (i, chunk) in list.chunks(per_folio).enumerate() {
@@ -482,27 +488,52 @@ fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -
             let slot = out.as_deref_mut().map(|o| &mut o[i * per_folio..i * per_folio + chunk.len()]);
             store_pages(mem, chunk, slot);
         }
-        return out;
+        return Ok(out);
     }
-    let barrier = Arc::new(Barrier::new(writers.len()));
-    let mut bufs: Vec<Option<Vec<u64>>> =
-        (0..writers.len()).map(|i| lat.get_mut(i).map(std::mem::take)).collect();
-    let handles: Vec<_> = writers
-        .into_iter()
-        .zip(bufs.iter_mut().map(Option::take))
-        .map(|(mine, mut buf)| {
-            let mem = Arc::clone(mem);
-            let barrier = Arc::clone(&barrier);
-            std::thread::spawn(move || {
+    // Every writer is started before any writes: the gate opens once all
+    // exist (or closes, and they return, when one could not be started);
+    // the barrier then lines them up.
+    let n = writers.len();
+    let gate = Arc::new((Mutex::new(None::<bool>), Condvar::new()));
+    let barrier = Arc::new(Barrier::new(n));
+    let mut bufs: Vec<Option<Vec<u64>>> = (0..n).map(|i| lat.get_mut(i).map(std::mem::take)).collect();
+    let mut handles = Vec::with_capacity(n);
+    let mut failed = None;
+    for (i, (mine, mut buf)) in writers.into_iter().zip(bufs.iter_mut().map(Option::take)).enumerate() {
+        let (mem, gate, barrier) = (Arc::clone(mem), Arc::clone(&gate), Arc::clone(&barrier));
+        let spawned = std::thread::Builder::new().name(format!("writer{i}")).spawn(move || {
+            let (open, cv) = &*gate;
+            let go = *cv.wait_while(open.lock().unwrap(), |g| g.is_none()).unwrap();
+            if go == Some(true) {
                 barrier.wait();
                 store_pages(&mem, &mine, buf.as_deref_mut());
-                buf
-            })
-        })
-        .collect();
-    let all: Vec<u64> =
-        handles.into_iter().flat_map(|h| h.join().expect("writer thread").unwrap_or_default()).collect();
-    timed.then_some(all)
+            }
+            buf
+        });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                failed = Some(anyhow!("could not start writer thread {} of {n}: {e}", i + 1));
+                break;
+            }
+        }
+    }
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = Some(failed.is_none());
+        cv.notify_all();
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(buf) => all.extend(buf.unwrap_or_default()),
+            Err(_) => failed = failed.or(Some(anyhow!("a writer thread panicked"))),
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(timed.then_some(all)),
+    }
 }
 
 /// One volatile byte store per listed page; with `lat`, the latency of each
@@ -545,7 +576,7 @@ fn summary(r: &Report) -> String {
         b.folio,
         b.mapping,
         b.child,
-        r.kernel,
+        safe(&r.kernel),
         if traced { "" } else { " (tracer off)" }
     );
     let _ = write!(out, "{:<10} {:>9} {:>8}", "phase", "wall(ms)", "minflt");

@@ -33,9 +33,20 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Saved sysfs values, written back on drop (also on error paths).
+/// While a bench has the THP settings changed, the values it found are
+/// kept here (root-only, cleared at boot), written before the first change.
+/// A bench killed before it could restore them (SIGKILL, the OOM killer)
+/// leaves the file, and the next faultscope run as root restores them from
+/// it; a bench never takes settings it finds changed by another bench for
+/// the originals.
+pub const STATE_FILE: &str = "/run/faultscope/bench-thp.state";
+const STATE_MAGIC: &str = "faultscope-bench-thp 1";
+
+/// Saved sysfs values, written back on drop (also on error paths); the
+/// state file is removed once they are.
 pub struct Knobs {
     saved: Vec<(PathBuf, String)>,
+    state: Option<PathBuf>,
 }
 
 impl Knobs {
@@ -45,13 +56,12 @@ impl Knobs {
     /// during the run. 4K needs no knob (the region is madvised
     /// NOHUGEPAGE).
     pub fn set_for(size: u64) -> Result<Knobs> {
-        let mut k = Knobs { saved: Vec::new() };
+        Knobs::set_for_in(size, Path::new(STATE_FILE))
+    }
+
+    fn set_for_in(size: u64, state: &Path) -> Result<Knobs> {
         if size == PAGE {
-            return Ok(k);
-        }
-        let sleep = Path::new(THP).join("khugepaged/scan_sleep_millisecs");
-        if sleep.exists() {
-            k.set(&sleep, "3600000")?;
+            return Ok(Knobs { saved: Vec::new(), state: None });
         }
         let want = Path::new(THP).join(format!("hugepages-{}kB", size >> 10));
         if !want.join("enabled").exists() {
@@ -62,6 +72,11 @@ impl Knobs {
             ))
             .into());
         }
+        let mut plan = Vec::new();
+        let sleep = Path::new(THP).join("khugepaged/scan_sleep_millisecs");
+        if sleep.exists() {
+            plan.push((sleep, "3600000"));
+        }
         let rd = fs::read_dir(THP).map_err(|e| Refusal::new(format!("{THP}: {e}: no THP support")))?;
         let mut dirs: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
         dirs.sort();
@@ -69,26 +84,161 @@ impl Knobs {
             let f = d.join("enabled");
             let is_size = d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("hugepages-"));
             if is_size && f.exists() {
-                k.set(&f, if d == want { "always" } else { "never" })?;
+                plan.push((f, if d == want { "always" } else { "never" }));
             }
         }
-        Ok(k)
+        Knobs::apply(&plan, state)
     }
 
-    fn set(&mut self, f: &Path, v: &str) -> Result<()> {
-        let old = fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        let old = selected(&old).to_string();
-        fs::write(f, v).with_context(|| format!("writing {v} to {}", f.display()))?;
-        self.saved.push((f.to_path_buf(), old));
-        Ok(())
+    /// Saves the current values of the knobs of `plan` (in the state file
+    /// first, after restoring what a dead bench left), then sets them.
+    fn apply(plan: &[(PathBuf, &str)], state: &Path) -> Result<Knobs> {
+        if let Some(msg) = recover_stale_in(state)? {
+            crate::cmd::say(&format!("faultscope: {msg}"));
+        }
+        let mut saved = Vec::new();
+        for (f, _) in plan {
+            let old = fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            saved.push((f.clone(), selected(&old).to_string()));
+        }
+        write_state(state, &saved)?;
+        let k = Knobs { saved, state: Some(state.to_path_buf()) };
+        for (f, v) in plan {
+            fs::write(f, v).with_context(|| format!("writing {v} to {}", f.display()))?;
+        }
+        Ok(k)
     }
 }
 
 impl Drop for Knobs {
     fn drop(&mut self) {
-        for (f, v) in self.saved.iter().rev() {
-            let _ = fs::write(f, v);
+        let ok = restore(&self.saved).is_ok();
+        if let (true, Some(state)) = (ok, &self.state) {
+            let _ = fs::remove_file(state);
         }
+    }
+}
+
+/// Writes the saved values back; all are tried, the first error returned.
+fn restore(saved: &[(PathBuf, String)]) -> std::io::Result<()> {
+    let mut res = Ok(());
+    for (f, v) in saved.iter().rev() {
+        if let Err(e) = fs::write(f, v) {
+            if res.is_ok() {
+                res = Err(std::io::Error::new(e.kind(), format!("{}: {e}", f.display())));
+            }
+        }
+    }
+    res
+}
+
+/// A process by pid and start time (so that a reused pid is not it).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The state file, written whole (a new file renamed into place): the
+/// owner (pid, start time), then one `PATH<TAB>VALUE` line per knob.
+fn write_state(state: &Path, saved: &[(PathBuf, String)]) -> Result<()> {
+    use std::{io::Write as _, os::unix::fs::DirBuilderExt as _};
+    let dir = state.parent().unwrap_or(Path::new("/"));
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let pid = std::process::id();
+    let mut text = format!("{STATE_MAGIC}\nowner {pid} {}\n", start_time(pid).unwrap_or(0));
+    for (f, v) in saved {
+        text.push_str(&format!("{}\t{v}\n", f.display()));
+    }
+    let tmp = state.with_extension(format!("{pid}.tmp"));
+    let _ = fs::remove_file(&tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes()).and_then(|()| f.sync_all())?;
+    fs::rename(&tmp, state).with_context(|| format!("writing {}", state.display()))?;
+    Ok(())
+}
+
+/// A state file: its owner and the values it saved.
+struct State {
+    pid: u32,
+    start: u64,
+    saved: Vec<(PathBuf, String)>,
+}
+
+fn parse_state(text: &str) -> Option<State> {
+    let mut lines = text.lines();
+    if lines.next()? != STATE_MAGIC {
+        return None;
+    }
+    let owner: Vec<&str> = lines.next()?.strip_prefix("owner ")?.split(' ').collect();
+    let (pid, start) = match owner.as_slice() {
+        [p, s] => (p.parse().ok()?, s.parse().ok()?),
+        _ => return None,
+    };
+    let saved = lines
+        .map(|l| l.split_once('\t').map(|(f, v)| (PathBuf::from(f), v.to_string())))
+        .collect::<Option<Vec<_>>>()?;
+    // Only THP knobs are ever written back.
+    if saved.iter().any(|(f, _)| !f.starts_with(THP) || f.components().any(|c| c.as_os_str() == "..")) {
+        return None;
+    }
+    Some(State { pid, start, saved })
+}
+
+/// Restores the THP settings of a bench that died with them changed, from
+/// its state file; says what it did. Refuses while that bench still runs.
+/// `None` when there is nothing to do.
+pub fn recover_stale() -> Option<String> {
+    match recover_stale_in(Path::new(STATE_FILE)) {
+        Ok(msg) => msg,
+        // The bench that changed them is still running.
+        Err(e) if e.is::<Refusal>() => None,
+        Err(e) => Some(format!("{e:#}")),
+    }
+}
+
+fn recover_stale_in(state: &Path) -> Result<Option<String>> {
+    let text = match fs::read_to_string(state) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", state.display())),
+    };
+    let Some(st) = parse_state(&text) else {
+        let _ = fs::remove_file(state);
+        return Ok(Some(format!(
+            "removed {}: not a faultscope bench state file; check the THP settings under {THP}",
+            state.display()
+        )));
+    };
+    if st.start != 0 && start_time(st.pid) == Some(st.start) {
+        return Err(Refusal::new(format!(
+            "faultscope bench (pid {}) has the THP settings changed (see {}); wait for it to end",
+            st.pid,
+            state.display()
+        ))
+        .into());
+    }
+    let what: Vec<String> =
+        st.saved.iter().map(|(f, v)| format!("{}={v}", f.strip_prefix(THP).unwrap_or(f).display())).collect();
+    match restore(&st.saved) {
+        Ok(()) => {
+            let _ = fs::remove_file(state);
+            Ok(Some(format!(
+                "restored the THP settings that faultscope bench (pid {}) left changed when it died: {}",
+                st.pid,
+                what.join(" ")
+            )))
+        }
+        Err(e) => Ok(Some(format!(
+            "could not restore the THP settings that faultscope bench (pid {}) left changed ({e}); \
+             the originals are in {}: {}",
+            st.pid,
+            state.display(),
+            what.join(" ")
+        ))),
     }
 }
 
@@ -189,6 +339,19 @@ mod tests {
         assert!(parse_folio("4M").is_err());
         assert_eq!(human(64 << 10), "64K");
         assert_eq!(human(2 << 20), "2M");
+    }
+
+    #[test]
+    fn state_file_lines() {
+        let ok = format!("{STATE_MAGIC}\nowner 12 345\n{THP}/hugepages-64kB/enabled\tnever\n");
+        let st = parse_state(&ok).unwrap();
+        assert_eq!((st.pid, st.start), (12, 345));
+        assert_eq!(st.saved, vec![(PathBuf::from(format!("{THP}/hugepages-64kB/enabled")), "never".into())]);
+        // Nothing outside the THP directory is ever written back.
+        assert!(parse_state(&format!("{STATE_MAGIC}\nowner 1 2\n/etc/passwd\tx\n")).is_none());
+        assert!(parse_state(&format!("{STATE_MAGIC}\nowner 1 2\n{THP}/../../x\tx\n")).is_none());
+        assert!(parse_state("garbage\nowner 1 2\n").is_none());
+        assert!(start_time(std::process::id()).is_some());
     }
 
     #[test]

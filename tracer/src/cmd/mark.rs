@@ -1,9 +1,15 @@
 //! Explicit phase marks: `faultscope mark LABEL` talks to a running
 //! `faultscope record` over a Unix socket in /run/faultscope/.
+//!
+//! A recorder killed by SIGKILL leaves its socket behind. A socket is
+//! stale when no process has it bound (it is not in /proc/net/unix) and a
+//! connection to it is refused; stale sockets are removed by `mark` and at
+//! the start of every faultscope run as root, so that a reused pid is never
+//! taken for a recorder.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::net::UnixStream,
+    os::unix::{fs::FileTypeExt as _, net::UnixStream},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -11,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::net::UnixListener;
 
-use crate::error::Refusal;
+use crate::{error::Refusal, report::text::safe};
 
 pub const SOCKET_DIR: &str = "/run/faultscope";
 
@@ -19,12 +25,62 @@ pub fn socket_path(recorder_pid: u32) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("record-{recorder_pid}.sock"))
 }
 
-/// Listens on the recorder's socket (root-only directory).
-pub fn listen(path: &Path) -> Result<UnixListener> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(SOCKET_DIR)?;
-    let _ = std::fs::remove_file(path);
-    UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))
+/// A recorder's listening socket (in a root-only directory), removed when
+/// dropped: at the end of the run, on an error and on a panic.
+pub struct Socket {
+    pub listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Socket {
+    pub fn listen(recorder_pid: u32) -> Result<Socket> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(SOCKET_DIR)?;
+        let path = socket_path(recorder_pid);
+        // Ours by pid: whatever is there was left by an earlier process.
+        let _ = std::fs::remove_file(&path);
+        let listener =
+            UnixListener::bind(&path).with_context(|| format!("listening on {}", path.display()))?;
+        Ok(Socket { listener, path })
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The paths of the Unix sockets bound now (in this network namespace).
+fn bound_sockets() -> Vec<String> {
+    std::fs::read_to_string("/proc/net/unix")
+        .map(|t| t.lines().skip(1).filter_map(|l| l.split_whitespace().nth(7)).map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// Whether nobody serves the socket at `path`: not bound, and a connection
+/// is refused (a recorder in another network namespace would accept it).
+fn is_stale(path: &Path, bound: &[String]) -> bool {
+    if bound.iter().any(|b| Path::new(b) == path) {
+        return false;
+    }
+    matches!(UnixStream::connect(path), Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED))
+}
+
+/// Removes the recorder sockets nobody serves; returns their paths.
+pub fn remove_stale_sockets() -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(SOCKET_DIR) else { return Vec::new() };
+    let bound = bound_sockets();
+    let mut removed = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let ours = name.starts_with("record-") && name.ends_with(".sock");
+        if ours && e.file_type().is_ok_and(|t| t.is_socket()) && is_stale(&e.path(), &bound) {
+            let _ = std::fs::remove_file(e.path());
+            removed.push(e.path());
+        }
+    }
+    removed
 }
 
 /// Signals a phase may be marked with.
@@ -46,8 +102,9 @@ pub fn parse_request(line: &str) -> Result<String, String> {
     Ok(label.to_string())
 }
 
-/// Running recorders, by their sockets.
+/// Running recorders, by their sockets (stale ones removed first).
 fn recorders() -> Vec<(u32, PathBuf)> {
+    remove_stale_sockets();
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(SOCKET_DIR) {
         for e in rd.flatten() {
@@ -68,6 +125,14 @@ fn recorders() -> Vec<(u32, PathBuf)> {
 /// `faultscope mark [--recorder PID] LABEL`.
 pub fn mark(label: &str, recorder: Option<u32>) -> Result<i32> {
     parse_request(&format!("mark {label}")).map_err(Refusal::new)?;
+    // The sockets are root's: as another user, "no recorder" would be a lie.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Refusal::new(format!(
+            "faultscope mark needs root: the recorders' sockets are in {SOCKET_DIR}, which only root can read"
+        ))
+        .into());
+    }
     let all = recorders();
     let path = match recorder {
         Some(pid) => all
@@ -93,12 +158,13 @@ pub fn mark(label: &str, recorder: Option<u32>) -> Result<i32> {
     s.write_all(format!("mark {label}\n").as_bytes())?;
     let mut reply = String::new();
     BufReader::new(s).read_line(&mut reply)?;
-    match reply.trim_end().strip_prefix("ok ") {
+    let reply = safe(reply.trim_end());
+    match reply.strip_prefix("ok ") {
         Some(name) => {
             println!("phase {name}");
             Ok(0)
         }
-        None => Err(Refusal::new(format!("the recorder refused the mark: {}", reply.trim_end())).into()),
+        None => Err(Refusal::new(format!("the recorder refused the mark: {reply}")).into()),
     }
 }
 

@@ -8,3 +8,36 @@ pub mod mark;
 pub mod probes;
 pub mod record;
 pub mod workload;
+
+use std::io::Write as _;
+
+/// Writes to stdout and flushes. An error means stdout is gone (EPIPE from
+/// `| head`, or a full disk): the caller ends its run as if interrupted and
+/// still writes its report, where `print!` would panic.
+pub fn out(s: &str) -> std::io::Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes()).and_then(|()| o.flush())
+}
+
+/// A line on stderr, best effort: a closed stderr is no reason to lose a
+/// run (`eprintln!` would panic).
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// What an earlier faultscope killed by SIGKILL (or the OOM killer, or a
+/// panic) can leave behind, repaired by the next faultscope run as root:
+/// the THP settings a bench changed (restored from its state file) and
+/// the sockets of recorders that are gone (removed quietly). Nothing is
+/// left in the kernel: BPF links and programs die with the process that
+/// held them.
+pub fn recover() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    if let Some(msg) = folio::recover_stale() {
+        say(&format!("faultscope: {msg}"));
+    }
+    mark::remove_stale_sockets();
+}

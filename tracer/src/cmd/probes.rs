@@ -1,7 +1,10 @@
 //! `faultscope probes`: the probe table resolved against this kernel;
 //! `--load` also runs every program through the verifier.
 
-use crate::kernel::{self, probes, session};
+use crate::{
+    kernel::{self, probes, session},
+    report::text::{safe, safe_lines},
+};
 
 pub fn run(load: bool) -> anyhow::Result<i32> {
     kernel::require_root()?;
@@ -14,8 +17,8 @@ pub fn run(load: bool) -> anyhow::Result<i32> {
             probes::Hook::Tracepoint(c, n) => format!("tp {c}:{n}"),
         };
         let here = match r.resolution {
-            probes::Resolution::Attach(s) => format!("attach {s}"),
-            probes::Resolution::Unavailable(w) => format!("unavailable: {w}"),
+            probes::Resolution::Attach(s) => format!("attach {}", safe(&s)),
+            probes::Resolution::Unavailable(w) => format!("unavailable: {}", safe(&w)),
         };
         println!(
             "{:<16} {:<8} {:<10} {:<34} {}",
@@ -34,7 +37,7 @@ pub fn run(load: bool) -> anyhow::Result<i32> {
                 Ok(()) => println!("verifier: {prog}: ok"),
                 Err(e) => {
                     failed += 1;
-                    println!("verifier: {prog}: REJECTED: {e}");
+                    println!("verifier: {prog}: REJECTED: {}", safe_lines(&e));
                 }
             }
         }

@@ -1,8 +1,8 @@
 //! `faultscope record`: resolve probes, attach, trace the targets until
-//! Ctrl-C, SIGTERM, --duration or the exit of every target, then report and
-//! detach. A [`Recording`] is that run (start, tick, mark, finish); the
-//! [`Recorder`] inside it is the traced session with its phase timeline,
-//! which `bench` also uses to trace itself.
+//! Ctrl-C, SIGTERM, SIGHUP, --duration, the exit of every target or a
+//! closed stdout, then report and detach. A [`Recording`] is that run
+//! (start, tick, mark, finish); the [`Recorder`] inside it is the traced
+//! session with its phase timeline, which `bench` also uses to trace itself.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,15 +11,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use clap::Args;
 use faultscope_common::{
     maps::{Config, LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC},
     Program,
 };
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    signal::unix::{signal, SignalKind},
+    io::{AsyncBufReadExt, AsyncReadExt as _, BufReader},
+    net::UnixStream,
+    signal::unix::{signal, Signal, SignalKind},
+    task::JoinSet,
 };
 
 use super::mark as marks;
@@ -46,10 +48,10 @@ pub struct RecordOpts {
     #[arg(short = 'p', long = "pid")]
     pub pids: Vec<u32>,
     /// Stop after this many seconds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub duration: Option<f64>,
     /// Print a table of what happened in each interval of this many seconds.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub interval: Option<f64>,
     /// Stop after this many intervals.
     #[arg(long, requires = "interval")]
@@ -89,6 +91,10 @@ pub struct Recorder {
     marker: Option<fs::File>,
     /// What is attributed, and the maps histories that name where.
     pub attrib: Attribution,
+    /// A process tracing itself (bench) takes maps snapshots only at attach
+    /// and at the end: reading its own maps faults, and would add to the
+    /// step it measures.
+    pub self_traced: bool,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -118,7 +124,7 @@ impl Recorder {
         session.configure(&config)?;
         eprintln!("{}", text::measured_line(&avail));
         if let Err(why) = &attrib.mappings {
-            eprintln!("faultscope: per-mapping counts not measurable here: {why}");
+            super::say(&format!("faultscope: per-mapping counts not measurable here: {why}"));
         }
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
         let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
@@ -131,6 +137,7 @@ impl Recorder {
             live: BTreeSet::new(),
             started: Instant::now(),
             attrib,
+            self_traced: false,
         })
     }
 
@@ -144,6 +151,9 @@ impl Recorder {
 
     /// Maps snapshots of every live traced process (at a phase change).
     fn snapshot_maps(&mut self, label: &str) {
+        if self.self_traced && label != "end" {
+            return;
+        }
         let now = kernel::monotonic_ns();
         for &pid in &self.live {
             self.attrib.snapshot(pid, now, label);
@@ -314,7 +324,13 @@ pub struct Recording {
     /// The time series of `--interval`.
     series: Vec<crate::report::schema::Interval>,
     signal_marks: u32,
+    /// stdout is gone: the final tables are not printed (the JSON is
+    /// still written).
+    stdout_closed: bool,
 }
+
+/// Why a run ends when its stdout is closed.
+pub const STDOUT_CLOSED: &str = "stdout closed";
 
 impl Recording {
     /// Checks the request, attaches, adds the targets and starts the
@@ -355,7 +371,7 @@ impl Recording {
             let pid = paused.pid;
             let comm = o.command[0].rsplit('/').next().unwrap_or_default().to_string();
             rec.add(pid, follow | TARGET_PENDING_EXEC, comm)?;
-            paused.release();
+            paused.release()?;
             spawned = Some(pid);
         }
         rec.trace_mark("attach");
@@ -376,6 +392,7 @@ impl Recording {
             last: Snapshot::default(),
             series: Vec::new(),
             signal_marks: 0,
+            stdout_closed: false,
             opts: o,
         })
     }
@@ -383,7 +400,7 @@ impl Recording {
     /// Starts a `mark:LABEL` phase; says its name on stderr.
     pub fn mark(&mut self, label: &str) -> Result<String> {
         let name = self.rec.mark(label)?;
-        eprintln!("faultscope: phase {}", text::safe(&name));
+        super::say(&format!("faultscope: phase {}", text::safe(&name)));
         Ok(name)
     }
 
@@ -407,7 +424,10 @@ impl Recording {
         let now = Instant::now();
         if let (Some(t), Some(d)) = (self.next_tick, self.interval) {
             if now >= t {
-                self.interval_table(now)?;
+                if self.interval_table(now)?.is_err() {
+                    self.stdout_closed = true;
+                    return Ok(Some(STDOUT_CLOSED));
+                }
                 self.next_tick = Some(t + d);
                 if self.opts.count.is_some_and(|c| self.ticks >= c) {
                     return Ok(Some("interval count reached"));
@@ -424,22 +444,28 @@ impl Recording {
     }
 
     /// One interval: the live frame or the plain table, and its point of
-    /// the time series.
-    fn interval_table(&mut self, now: Instant) -> Result<()> {
+    /// the time series. The outer error is the run's; the inner one says
+    /// that stdout is gone (EPIPE: `record --interval 1 | head`), which
+    /// ends the run like a signal.
+    fn interval_table(&mut self, now: Instant) -> Result<std::io::Result<()>> {
         let snap = self.rec.snapshot()?;
         let elapsed = now.duration_since(self.started).as_secs_f64();
         let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
-        if self.live_view {
-            print!("{}", live::frame(&self.rec.counts(&snap)?, &phase, elapsed));
+        let shown = if self.live_view {
+            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed))
         } else {
-            println!("--- interval {} ({elapsed:.1}s), phase {} ---", self.ticks + 1, text::safe(&phase));
-            print!("{}", text::to_text(&self.rec.counts(&delta)?));
-        }
+            super::out(&format!(
+                "--- interval {} ({elapsed:.1}s), phase {} ---\n{}",
+                self.ticks + 1,
+                text::safe(&phase),
+                text::to_text(&self.rec.counts(&delta)?)
+            ))
+        };
         self.series.push(build::interval(&delta, &self.rec.context()?, elapsed));
         self.last = snap;
         self.ticks += 1;
-        Ok(())
+        Ok(shown)
     }
 
     /// Detaches after the last read, prints the report and the findings,
@@ -452,9 +478,12 @@ impl Recording {
         self.rec.trace_mark("detach");
         let snap = self.rec.snapshot()?;
         let mut report = self.rec.finish(&snap)?;
-        eprintln!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64());
-        print!("{}", text::to_text(&report));
-        print!("{}", findings::attach(&mut report));
+        super::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
+        let found = findings::attach(&mut report);
+        if !self.stdout_closed {
+            // A reader gone now (EPIPE) costs only these tables.
+            let _ = super::out(&format!("{}{found}", text::to_text(&report)));
+        }
         write_stacks(&self.opts.attrib, &report)?;
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());
@@ -475,26 +504,45 @@ impl Recording {
 pub async fn run(o: RecordOpts) -> Result<i32> {
     let mark_signal = o.mark_on_signal;
     let mut r = Recording::start(o)?;
-    let sock_path = marks::socket_path(std::process::id());
-    let listener = marks::listen(&sock_path)?;
+    let sock = marks::Socket::listen(std::process::id())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    // SIGHUP (the terminal went away) ends the run like SIGTERM, unless it
+    // is the --mark-on-signal signal.
+    let mut sighup =
+        if mark_signal == Some(libc::SIGHUP) { None } else { Some(signal(SignalKind::hangup())?) };
     let mut sigmark = match mark_signal {
         Some(s) => Some(signal(SignalKind::from_raw(s))?),
         None => None,
     };
+    // Each mark client is read by a task of its own, so that one that
+    // connects and says nothing cannot hold up the run.
+    let mut requests: JoinSet<Option<(Result<String, String>, UnixStream)>> = JoinSet::new();
     let mut poll = tokio::time::interval(Duration::from_millis(50));
     let why = loop {
         tokio::select! {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
-            Some(()) = async { match sigmark.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => {
+            Some(()) = recv(sighup.as_mut()) => break "hung up",
+            Some(()) = recv(sigmark.as_mut()) => {
                 r.signal_mark()?;
             }
-            Ok((stream, _)) = listener.accept() => {
-                if let Err(e) = serve_mark(&mut r, stream).await {
-                    eprintln!("faultscope: mark request failed: {e:#}");
-                }
+            Ok((stream, _)) = sock.listener.accept() => {
+                requests.spawn(read_request(stream));
+            }
+            Some(Ok(Some((label, stream)))) = requests.join_next(), if !requests.is_empty() => {
+                let reply = match label {
+                    Ok(label) => match r.mark(&label) {
+                        Ok(name) => format!("ok {name}\n"),
+                        Err(e) => {
+                            super::say(&format!("faultscope: mark request failed: {e:#}"));
+                            format!("error {e:#}\n")
+                        }
+                    },
+                    Err(e) => format!("error {e}\n"),
+                };
+                // A short line into an empty socket buffer: never blocks.
+                let _ = stream.try_write(reply.as_bytes());
             }
             _ = poll.tick() => {}
         }
@@ -502,8 +550,8 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
             break why;
         }
     };
-    drop(listener);
-    let _ = fs::remove_file(&sock_path);
+    requests.abort_all();
+    drop(sock);
     r.finish(why)
 }
 
@@ -518,7 +566,7 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
     }
     if let Some(p) = &o.flamegraph {
         if f.is_empty() {
-            eprintln!("faultscope: no stacks were counted; {} not written", p.display());
+            super::say(&format!("faultscope: no stacks were counted; {} not written", p.display()));
         } else {
             file::write_bytes(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
         }
@@ -526,17 +574,26 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
     Ok(())
 }
 
-/// One `faultscope mark` request: "mark LABEL\n" -> "ok PHASE-NAME\n".
-async fn serve_mark(r: &mut Recording, stream: tokio::net::UnixStream) -> Result<()> {
-    let (rd, mut w) = stream.into_split();
+/// The next delivery of an optional signal (never, without one).
+async fn recv(s: Option<&mut Signal>) -> Option<()> {
+    match s {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Reads one `faultscope mark` request, "mark LABEL\n" (at most 2 s and
+/// 256 bytes); the reply "ok PHASE-NAME\n" or "error WHY\n" goes back on the
+/// stream. A client that closes without a byte (a liveness probe) gets none.
+async fn read_request(mut stream: UnixStream) -> Option<(Result<String, String>, UnixStream)> {
     let mut line = String::new();
-    tokio::time::timeout(Duration::from_secs(2), BufReader::new(rd).read_line(&mut line))
-        .await
-        .context("timed out reading the request")??;
-    let reply = match marks::parse_request(&line) {
-        Ok(label) => format!("ok {}\n", r.mark(&label)?),
-        Err(e) => format!("error {e}\n"),
+    let mut reader = BufReader::new((&mut stream).take(256));
+    let label = match tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line)).await {
+        Ok(Ok(0)) => return None,
+        Ok(Ok(_)) => marks::parse_request(&line),
+        Ok(Err(e)) => Err(format!("reading the request: {e}")),
+        Err(_) => Err("timed out reading the request".to_string()),
     };
-    w.write_all(reply.as_bytes()).await?;
-    Ok(())
+    drop(reader);
+    Some((label, stream))
 }

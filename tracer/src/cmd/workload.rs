@@ -200,6 +200,10 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
     unsafe { write_pages(base, len, page, 1) };
     let t1 = usage();
 
+    // The parent's pid, for the child to tell that it was orphaned before
+    // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
+    // not only to init).
+    let parent = unsafe { libc::getpid() };
     // SAFETY: fork; the child only sleeps/exits.
     let child = unsafe { libc::fork() };
     if child < 0 {
@@ -207,7 +211,13 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
     }
     if child == 0 {
         if o.child == Child::Alive {
-            // Stay until the parent kills us.
+            // Stay until the parent kills us, or dies.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+            }
             loop {
                 unsafe { libc::pause() };
             }

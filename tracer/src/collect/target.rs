@@ -44,7 +44,7 @@ pub fn is_gone(pid: u32) -> bool {
 fn find_program(name: &str) -> Option<PathBuf> {
     if name.contains('/') {
         let p = PathBuf::from(name);
-        return p.is_file().then_some(p);
+        return is_executable(&p).then_some(p);
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| is_executable(p))
@@ -61,18 +61,49 @@ pub fn resolve_command(argv: &[String]) -> Result<PathBuf, Refusal> {
     let Some(first) = argv.first() else {
         return Err(Refusal::new("no command given after --"));
     };
-    find_program(first).ok_or_else(|| Refusal::new(format!("command not found: {first}")))
+    find_program(first).ok_or_else(|| {
+        if first.contains('/') && Path::new(first).is_file() {
+            Refusal::new(format!("{first}: not executable"))
+        } else {
+            Refusal::new(format!("command not found: {first}"))
+        }
+    })
 }
+
+/// The command after `--` could not be executed (e.g. not a binary it can
+/// run): said on stderr, exit status 127 as a shell does.
+#[derive(Debug)]
+pub struct ExecFailed(pub String);
+
+impl std::fmt::Display for ExecFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ExecFailed {}
+
+/// Exit status when the command could not be executed.
+pub const EXIT_EXEC_FAILED: i32 = 127;
 
 /// A command forked and held before `exec` until [`Paused::release`].
 pub struct Paused {
     pub pid: u32,
     go: libc::c_int,
+    /// Read end of a close-on-exec pipe: EOF once the exec succeeded, the
+    /// errno of a failed exec otherwise.
+    exec_err: libc::c_int,
+    path: PathBuf,
 }
 
 /// Forks the command and stops it before `exec`: the child blocks reading a
 /// pipe, so the caller can add it to the traced set first. (std's Command
 /// cannot do this: its spawn waits for the exec.)
+///
+/// The command starts with an empty signal mask and SIGPIPE at its default
+/// action (the Rust runtime ignores SIGPIPE, and an ignored signal stays
+/// ignored across exec); other dispositions are inherited as from a shell,
+/// so `nohup faultscope record -- CMD` still protects CMD.
 pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
     let path = resolve_command(argv)?;
     let cpath = CString::new(path.as_os_str().as_bytes())
@@ -86,12 +117,16 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
     ptrs.push(std::ptr::null());
 
     let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: fds is a valid array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    let mut errfds = [0 as libc::c_int; 2];
+    // SAFETY: fds and errfds are valid arrays of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        || unsafe { libc::pipe2(errfds.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+    {
         return Err(Refusal::new(format!("pipe: {}", std::io::Error::last_os_error())));
     }
     // SAFETY: the child only calls async-signal-safe functions (close, read,
-    // execv, _exit) on memory prepared before the fork.
+    // sigprocmask, signal, execv, write, _exit) on memory prepared before
+    // the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(Refusal::new(format!("fork: {}", std::io::Error::last_os_error())));
@@ -99,30 +134,65 @@ pub fn spawn_paused(argv: &[String]) -> Result<Paused, Refusal> {
     if pid == 0 {
         unsafe {
             libc::close(fds[1]);
+            libc::close(errfds[0]);
             let mut b = 0u8;
             let n = libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
             if n != 1 {
                 // faultscope gave up before releasing us.
                 libc::_exit(126);
             }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::execv(cpath.as_ptr(), ptrs.as_ptr());
-            libc::_exit(127);
+            let errno = *libc::__errno_location();
+            libc::write(errfds[1], (&errno as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>());
+            libc::_exit(EXIT_EXEC_FAILED);
         }
     }
-    unsafe { libc::close(fds[0]) };
-    Ok(Paused { pid: pid as u32, go: fds[1] })
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(errfds[1]);
+    }
+    Ok(Paused { pid: pid as u32, go: fds[1], exec_err: errfds[0], path })
 }
 
 impl Paused {
-    /// Lets the command exec.
-    pub fn release(self) {
+    /// Lets the command exec, and waits until it has: an exec that failed
+    /// is an [`ExecFailed`] (the child is reaped).
+    pub fn release(self) -> Result<(), ExecFailed> {
         let b = b"g";
-        // SAFETY: writing one byte to our end of the pipe.
-        unsafe {
+        let mut errno: libc::c_int = 0;
+        // SAFETY: one byte to our end of the pipe, then reading the exec
+        // status pipe, which the child's exec closes (EOF) or fills.
+        let n = unsafe {
             libc::write(self.go, b.as_ptr().cast(), 1);
             libc::close(self.go);
-        }
+            let n = loop {
+                let n = libc::read(
+                    self.exec_err,
+                    (&mut errno as *mut libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>(),
+                );
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break n;
+                }
+            };
+            libc::close(self.exec_err);
+            n
+        };
+        let (pid, path) = (self.pid, self.path.clone());
         std::mem::forget(self);
+        if n == std::mem::size_of::<libc::c_int>() as isize {
+            wait(pid);
+            return Err(ExecFailed(format!(
+                "cannot run {}: {}",
+                path.display(),
+                std::io::Error::from_raw_os_error(errno)
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -131,6 +201,7 @@ impl Drop for Paused {
     fn drop(&mut self) {
         unsafe {
             libc::close(self.go);
+            libc::close(self.exec_err);
             libc::waitpid(self.pid as i32, std::ptr::null_mut(), 0);
         }
     }
@@ -189,12 +260,28 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_exec_is_said() {
+        let dir = std::env::temp_dir().join(format!("faultscope-exec-test-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("not-a-binary");
+        fs::write(&bad, [0u8, 1, 2, 3]).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&bad, fs::Permissions::from_mode(0o755)).unwrap();
+        let e = spawn_paused(&[bad.to_string_lossy().into_owned()]).unwrap().release().unwrap_err();
+        assert!(e.0.contains("cannot run") && e.0.contains("format error"), "{e}");
+        fs::set_permissions(&bad, fs::Permissions::from_mode(0o644)).unwrap();
+        let e = resolve_command(&[bad.to_string_lossy().into_owned()]).unwrap_err();
+        assert!(e.0.ends_with("not executable"), "{e}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn paused_child_runs_only_when_released() {
         let p = spawn_paused(&["true".into()]).unwrap();
         let pid = p.pid;
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(try_reap(pid), None, "child must wait for release");
-        p.release();
+        p.release().unwrap();
         let mut st = None;
         for _ in 0..200 {
             st = try_reap(pid);

@@ -41,8 +41,24 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
     Ok(Loaded { path: name, report })
 }
 
-/// What serde cannot say: a class marked not measurable must say false.
+/// What serde cannot say: a class marked not measurable must say false,
+/// and the counts must be summable. (serde already refuses a count that is
+/// not an integer in 0..2^64: negative, fractional, 1e999, NaN, Infinity.)
+/// Every sum that is taken of a report (a span's phases, the processes
+/// verify adds up, the denominators of percentages) is a sum of some of
+/// its counts, so none can overflow once all of them together fit in u64;
+/// real counts are far from that.
 fn check(r: &Report) -> Result<(), String> {
+    let mut total: u64 = 0;
+    for p in &r.processes {
+        for c in std::iter::once(&p.classes).chain(p.phases.iter().map(|ph| &ph.classes)) {
+            for v in c.values() {
+                total = total
+                    .checked_add(v.count().unwrap_or(0))
+                    .ok_or("its counts overflow a 64-bit integer when summed")?;
+            }
+        }
+    }
     for (i, p) in r.processes.iter().enumerate() {
         let all = std::iter::once(&p.classes).chain(p.phases.iter().map(|ph| &ph.classes));
         for c in all {
@@ -156,6 +172,23 @@ mod tests {
         .unwrap();
         assert!(e.0.contains("malformed report"), "{e}");
         assert!(load(Path::new("/nonexistent/r.json")).err().unwrap().0.contains("/nonexistent/r.json"));
+        // Counts: integers in 0..2^64 only, and summable.
+        let with_count = |n: &str| {
+            format!(
+                "{{\"schema\": \"faultscope/1\", {MIN}, \"processes\": [{{\"pid\": 1, \"comm\": \"x\", \"phases\": [], \"classes\": {{\"reuse\": {{\"count\": {n}, \"source\": \"k\"}}}}}}]}}"
+            )
+        };
+        for bad in ["NaN", "Infinity", "1e999", "1 0", "-1", "1.5", "18446744073709551616"] {
+            assert!(load_str(&with_count(bad)).is_err(), "{bad}");
+        }
+        assert!(load_str(&with_count("18446744073709551615")).is_ok());
+        let two = with_count("18446744073709551615").replacen(
+            "\"classes\": {",
+            "\"classes\": {\"copy\": {\"count\": 1, \"source\": \"k\"}, ",
+            1,
+        );
+        let e = load_str(&two).err().unwrap();
+        assert!(e.0.contains("overflow"), "{e}");
     }
 
     #[test]

@@ -30,6 +30,11 @@ pub fn safe(s: &str) -> String {
     out
 }
 
+/// [`safe`] for text of several lines (a verifier log): newlines are kept.
+pub fn safe_lines(s: &str) -> String {
+    s.split('\n').map(safe).collect::<Vec<_>>().join("\n")
+}
+
 fn header(out: &mut String) {
     let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
 }
@@ -144,5 +149,6 @@ mod tests {
     fn control_characters_are_escaped() {
         assert_eq!(safe("a\x1b[2Jb\n\u{9b}c"), "a\\x1b[2Jb\\x0a\\x9bc");
         assert_eq!(safe("redis-server"), "redis-server");
+        assert_eq!(safe_lines("a\x1bb\nc\r"), "a\\x1bb\nc\\x0d");
     }
 }

@@ -5,12 +5,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 
 use super::{
     file::{self, Loaded},
     schema::{present_write_faults, ClassValue, Report},
+    text::safe,
 };
 use crate::{error::Refusal, kernel::classes::Metric};
 
@@ -62,7 +63,7 @@ pub enum Per {
 }
 
 pub fn parse(text: &str) -> Result<Expect, String> {
-    let t: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+    let t = text;
     let ops = [
         ("<=", Op::Le),
         (">=", Op::Ge),
@@ -77,8 +78,10 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         .filter_map(|(s, op)| t.find(s).map(|i| (i, s.len(), *op)))
         .min_by_key(|(i, l, _)| (*i, std::cmp::Reverse(*l)))
         .ok_or_else(|| format!("{text:?}: no comparison (use = != < <= > >=)"))?;
-    let (lhs, rhs) = (&t[..pos], &t[pos + len..]);
-    let (class, per) = match lhs.split_once('/') {
+    // Spaces may stand around the operator, the '/' and the '%', never
+    // inside a name or a number ("reuse<1 0" is not 10).
+    let (lhs, rhs) = (t[..pos].trim(), t[pos + len..].trim());
+    let (class, per) = match lhs.split_once('/').map(|(c, p)| (c.trim_end(), p.trim_start())) {
         None => (lhs, None),
         Some((c, "folio")) => (c, Some(Per::Folio)),
         Some((c, "page")) => (c, Some(Per::Page)),
@@ -89,13 +92,19 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         return Err(format!("{text:?}: {class:?} is not a class (known: {})", known.join(", ")));
     };
     let (num, percent) = match rhs.strip_suffix('%') {
-        Some(n) => (n, true),
+        Some(n) => (n.trim_end(), true),
         None => (rhs, false),
     };
     if percent && per.is_some() {
         return Err(format!("{text:?}: a percentage cannot be per folio or page"));
     }
-    let value: f64 = num.parse().map_err(|_| format!("{text:?}: {num:?} is not a number"))?;
+    // Finite numbers only: nan compares false with everything, and inf
+    // (also from 1e999) true or false with every count.
+    let value = num
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && !num.contains(char::is_whitespace))
+        .ok_or_else(|| format!("{text:?}: {num:?} is not a number"))?;
     Ok(Expect { text: text.to_string(), class, per, op, value, percent })
 }
 
@@ -205,6 +214,35 @@ fn fmt(v: f64) -> String {
     }
 }
 
+/// A `--pid` or `--phase` that the report does not have is a typo, not a
+/// failed check: refused.
+fn check_scope(l: &Loaded, o: &VerifyOpts) -> Result<(), Refusal> {
+    let r = &l.report;
+    let procs: Vec<_> =
+        r.processes.iter().filter(|p| o.pid.is_none_or(|pid| u64::from(p.pid) == pid)).collect();
+    if let (Some(pid), true) = (o.pid, procs.is_empty()) {
+        let known: Vec<String> = r.processes.iter().map(|p| p.pid.to_string()).collect();
+        return Err(Refusal::new(format!(
+            "--pid {pid}: {} has no such process (it has: {})",
+            l.path,
+            known.join(", ")
+        )));
+    }
+    if let Some(ph) = &o.phase {
+        if !procs.iter().any(|p| p.span(ph).is_some()) {
+            let mut known: Vec<String> = procs.iter().flat_map(|p| p.spans()).map(|s| s.name).collect();
+            known.sort();
+            known.dedup();
+            return Err(Refusal::new(format!(
+                "--phase {ph}: {} has no such phase (it has: {})",
+                l.path,
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn run(o: &VerifyOpts) -> Result<i32> {
     let expects: Vec<Expect> =
         o.expects.iter().map(|e| parse(e)).collect::<Result<_, _>>().map_err(Refusal::new)?;
@@ -213,18 +251,20 @@ pub fn run(o: &VerifyOpts) -> Result<i32> {
         (None, false) => live(&o.run)?,
         _ => return Err(Refusal::new("give a report file, or a faultscope command after --").into()),
     };
+    check_scope(&report, o)?;
     let mut code = 0;
     for e in &expects {
+        // The messages quote the report (phase names, reasons): escaped.
         match check(&report.report, e, o) {
-            Verdict::Pass(m) => println!("PASS {m}"),
+            Verdict::Pass(m) => println!("PASS {}", safe(&m)),
             Verdict::Fail(m) => {
-                println!("FAIL {m}");
+                println!("FAIL {}", safe(&m));
                 if code == 0 {
                     code = EXIT_FAILED;
                 }
             }
             Verdict::NotMeasurable(m) => {
-                println!("NOT MEASURABLE {}: {m}", e.text);
+                println!("NOT MEASURABLE {}: {}", safe(&e.text), safe(&m));
                 code = EXIT_NOT_MEASURABLE;
             }
         }
@@ -232,23 +272,93 @@ pub fn run(o: &VerifyOpts) -> Result<i32> {
     Ok(code)
 }
 
-/// Runs `faultscope ARGS --json TMP` and loads its report.
+/// A private temporary directory (mkdtemp: a new name, mode 0700), removed
+/// with everything in it when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> Result<TempDir> {
+        use std::os::unix::ffi::OsStringExt as _;
+        let template = std::env::temp_dir().join(format!("{prefix}XXXXXX"));
+        let mut buf = std::ffi::CString::new(template.into_os_string().into_vec())?.into_bytes_with_nul();
+        // SAFETY: a NUL-terminated template that mkdtemp fills in place.
+        if unsafe { libc::mkdtemp(buf.as_mut_ptr().cast()) }.is_null() {
+            return Err(std::io::Error::last_os_error()).context("creating a temporary directory");
+        }
+        buf.pop();
+        Ok(TempDir(PathBuf::from(std::ffi::OsString::from_vec(buf))))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `faultscope ARGS --json TMP` and loads its report. The report goes
+/// to a new private directory, removed in every outcome: while the run
+/// goes on, SIGINT, SIGTERM and SIGHUP are passed on to it (so that Ctrl-C
+/// ends a `record` and its report is checked) instead of ending verify.
 fn live(args: &[String]) -> Result<Loaded> {
     if !matches!(args.first().map(String::as_str), Some("bench" | "record")) {
         return Err(Refusal::new("after --, give a faultscope bench or record command").into());
     }
-    let dir = std::env::temp_dir().join(format!("faultscope-verify-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let json = dir.join("report.json");
+    let dir = TempDir::new("faultscope-verify-")?;
+    let json = dir.0.join("report.json");
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.arg(&args[0]).arg("--json").arg(&json).args(&args[1..]);
-    let st = cmd.status()?;
+    let st = {
+        let _held = HeldSignals::new();
+        let mut child = cmd.spawn()?;
+        loop {
+            if let Some(st) = child.try_wait()? {
+                break st;
+            }
+            if let Some(sig) = _held.wait(std::time::Duration::from_millis(50)) {
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+            }
+        }
+    };
     if !st.success() {
         return Err(Refusal::new(format!("the run failed ({st}); nothing to verify")).into());
     }
-    let r = file::load(&json)?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(r)
+    Ok(file::load(&json)?)
+}
+
+/// SIGINT, SIGTERM and SIGHUP blocked while alive, taken with `wait`. (A
+/// child started meanwhile gets an empty mask from std's spawn.)
+struct HeldSignals(libc::sigset_t);
+
+impl HeldSignals {
+    fn new() -> HeldSignals {
+        // SAFETY: plain signal-set calls on a zeroed set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            HeldSignals(set)
+        }
+    }
+
+    /// A held signal that arrived within `t`.
+    fn wait(&self, t: std::time::Duration) -> Option<i32> {
+        let ts = libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ };
+        // SAFETY: waits for a signal of our blocked set.
+        let sig = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
+}
+
+impl Drop for HeldSignals {
+    fn drop(&mut self) {
+        // SAFETY: unblocks what `new` blocked (none is pending: `wait` took them).
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut()) };
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +406,13 @@ mod tests {
         assert!(parse("reuse").is_err());
         assert!(parse("reuse/foo<1").is_err());
         assert!(parse("reuse<=x").is_err());
+        // Spaces around the parts, never inside a number; finite numbers only.
+        let e = parse(" reuse / folio <= 1 ").unwrap();
+        assert_eq!((e.class, e.per, e.value), (Metric::Reuse, Some(Per::Folio), 1.0));
+        assert_eq!(parse("spurious <= 1 %").unwrap().value, 1.0);
+        for bad in ["reuse<1 0", "reuse<nan", "reuse<inf", "reuse<-inf", "reuse<1e999", "re use<1"] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
         // A typo is refused, not read as a failed check.
         assert!(parse("resue=0").unwrap_err().contains("not a class"));
     }
