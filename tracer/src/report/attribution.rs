@@ -362,6 +362,52 @@ mod tests {
     }
 
     #[test]
+    fn stacks_add_up_per_class_and_stack_and_fold_for_flame_graphs() {
+        use faultscope_common::attrib::{StackKey, NO_STACK};
+        let (mut snap, a, avail) = fixture(16);
+        let key = |phase, class: Class, user| StackKey {
+            tgid: 7,
+            phase,
+            class: class as u32,
+            user_stack: user,
+            kernel_stack: NO_STACK,
+            _pad: 0,
+        };
+        snap.stacks.insert(key(1, Class::Copy, 5), 3);
+        snap.stacks.insert(key(2, Class::Copy, 5), 2);
+        snap.stacks.insert(key(1, Class::Reuse, 6), 1);
+        // Leaf first, as the kernel's stack map has them: both stacks are
+        // in the anonymous mappings of the fixture (no file to symbolize).
+        let frames = |id: i32| match id {
+            5 => vec![0x7f0000400010, 0x7f0000000020],
+            6 => vec![0x7f0000000030],
+            _ => vec![],
+        };
+        let n = Namer::new(&a, &avail, &frames);
+        let r = attribution(&snap, &n, 7, None, 150);
+        assert_eq!(r.stacks.len(), 2);
+        let copy = r.stacks.iter().find(|s| s.class == Metric::Copy).unwrap();
+        assert_eq!(copy.count, 5);
+        // Outermost first in the report.
+        assert_eq!(copy.user, ["[anon:faultscope-named]+0x20", "anon+0x10"]);
+        let report = crate::report::schema::Report {
+            processes: vec![crate::report::schema::Process {
+                pid: 7,
+                comm: "w".into(),
+                classes: Default::default(),
+                attribution: r,
+                phases: vec![],
+            }],
+            ..Default::default()
+        };
+        let f = folded(&report);
+        assert_eq!(
+            f.to_folded(),
+            "copy;w;[anon:faultscope-named]+0x20;anon+0x10 5\nreuse;w;[anon:faultscope-named]+0x30 1\n"
+        );
+    }
+
+    #[test]
     fn past_the_limit_mappings_fold_into_other_and_nothing_is_lost() {
         let (snap, a, avail) = fixture(2);
         let frames = |_: i32| Vec::new();
