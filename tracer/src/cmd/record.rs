@@ -23,7 +23,12 @@ use tokio::{
 
 use super::mark as marks;
 use crate::{
-    collect::{collector::Snapshot, phases::Timeline, target},
+    collect::{
+        children,
+        collector::Snapshot,
+        phases::{Lifetime, Timeline},
+        target,
+    },
     error::Refusal,
     kernel::{
         self,
@@ -75,6 +80,8 @@ pub struct Recorder {
     pub comms: BTreeMap<u32, String>,
     /// Traced processes still running.
     pub live: BTreeSet<u32>,
+    /// When each traced process existed: it carries only those phases.
+    pub lifetimes: BTreeMap<u32, Lifetime>,
     started: Instant,
     /// tracefs `trace_marker`: each mark is also written to the ftrace
     /// buffer, so traces taken beside faultscope can be split by phase.
@@ -106,6 +113,7 @@ impl Recorder {
             timeline,
             comms: BTreeMap::new(),
             live: BTreeSet::new(),
+            lifetimes: BTreeMap::new(),
             started: Instant::now(),
         })
     }
@@ -114,7 +122,38 @@ impl Recorder {
         self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
         self.comms.insert(pid, comm);
         self.live.insert(pid);
+        self.lifetimes.insert(pid, Lifetime::from(kernel::monotonic_ns()));
         Ok(())
+    }
+
+    /// Children that the `targets` forked before attach and that still
+    /// share their memory go into the kernel's children map, so that their
+    /// exit or exec starts a phase; the first phase says they are alive.
+    /// Returns them.
+    pub fn attach_children(&mut self, targets: &[u32]) -> Result<Vec<u32>> {
+        let mut found = Vec::new();
+        for &parent in targets {
+            for child in children::sharing_memory(parent) {
+                self.session.add_child(child, parent)?;
+                found.push((child, parent));
+            }
+        }
+        // One that exited or exec'd before the kernel knew it left no event:
+        // take it out again. If the kernel took it out first, its event
+        // comes and finds it alive.
+        let mut alive = Vec::new();
+        for &(child, parent) in &found {
+            if children::shares_memory(parent, child) || !self.session.remove_child(child) {
+                alive.push(child);
+            }
+        }
+        self.timeline.attached_children(&alive);
+        for (child, parent) in found.iter().filter(|(c, _)| alive.contains(c)) {
+            eprintln!(
+                "faultscope: pid {child}, forked by {parent} before attach, still shares its memory; its exit or exec starts a phase"
+            );
+        }
+        Ok(alive)
     }
 
     /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
@@ -139,8 +178,7 @@ impl Recorder {
     }
 
     /// Applies lifecycle events: phases, followed children joining the live
-    /// set, exits leaving it (and the traced set, so a reused pid is not
-    /// traced).
+    /// set, exits leaving it, and when each process existed.
     pub fn drain_events(&mut self) -> Result<()> {
         let mut evs = Vec::new();
         {
@@ -161,20 +199,30 @@ impl Recorder {
                     if e.aux != 0 {
                         self.live.insert(e.pid);
                         self.comms.insert(e.pid, comm);
+                        self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
                     }
                 }
-                k if k == LifeKind::ChildExit as u32 => {
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, false)
-                }
-                k if k == LifeKind::ChildExec as u32 => {
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, true)
+                k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
+                    let exec = k == LifeKind::ChildExec as u32;
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
+                    // A followed child's own life goes on after an exec, as
+                    // another program.
+                    if !exec {
+                        if let Some(l) = self.lifetimes.get_mut(&e.pid) {
+                            l.end(e.ts_ns);
+                        }
+                    }
                 }
                 k if k == LifeKind::Exec as u32 => {
                     self.comms.insert(e.tgid, comm);
                 }
+                // The kernel took it out of the traced set at its exit (so
+                // that a new process with its pid is not counted as it).
                 k if k == LifeKind::Exit as u32 => {
                     self.live.remove(&e.tgid);
-                    self.session.remove_target(e.tgid);
+                    if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
+                        l.end(e.ts_ns);
+                    }
                 }
                 _ => {}
             }
@@ -194,6 +242,7 @@ impl Recorder {
             availability: &self.avail,
             probes: &self.session.status,
             comms: &self.comms,
+            lifetimes: &self.lifetimes,
             drops: self.session.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
@@ -299,6 +348,7 @@ impl Recording {
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
         }
+        rec.attach_children(&o.pids)?;
         let mut spawned = None;
         if !o.command.is_empty() {
             let paused = target::spawn_paused(&o.command)?;
