@@ -6,7 +6,7 @@
 //! exec changes what the parent's COW faults mean.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_comm, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -16,8 +16,11 @@ use faultscope_common::maps::{
 };
 
 use crate::{
-    helpers::{bump_phase, current_phase, drop_count, field, pid_tgid, ReadFailed, BPF_ANY},
-    maps::{cfg, CHILDREN, EVENTS, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, TARGETS},
+    helpers::{bump_phase, current_phase, drop_count, field, pid_tgid, read_failed, ReadFailed, BPF_ANY},
+    maps::{
+        cfg, CHILDREN, EVENTS, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
+        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
+    },
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -85,13 +88,16 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
 }
 
 /// A child of a traced process stopped sharing its memory (exit or exec):
-/// the parent's COW faults change nature, so a new phase starts.
+/// the parent's COW faults change nature, so a new phase starts. Only the
+/// program that removes the entry starts it, so that two threads of a child
+/// seeing its end at once start one phase.
 #[inline(always)]
 fn child_gone(kind: LifeKind, child: u32) {
     if let Some(parent) = unsafe { CHILDREN.get(&child) }.copied() {
-        let _ = CHILDREN.remove(&child);
-        let phase = bump_phase();
-        send(kind, parent, child, 0, phase);
+        if CHILDREN.remove(&child).is_ok() {
+            let phase = bump_phase();
+            send(kind, parent, child, 0, phase);
+        }
     }
 }
 
@@ -117,7 +123,11 @@ fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
     Ok(0)
 }
 
-/// `sched:sched_process_exit`: the thread-group leader is exiting.
+/// `sched:sched_process_exit`, run by every exiting thread: when the last
+/// thread of a traced process (or of a child sharing its memory) exits, the
+/// process is gone. It leaves the traced set here, in the kernel, so that a
+/// new process that takes its pid is never counted as it; user space learns
+/// of it from the `Exit` event.
 #[tracepoint]
 pub fn process_exit(ctx: TracePointContext) -> u32 {
     match try_process_exit(ctx) {
@@ -126,15 +136,42 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     }
 }
 
-fn try_process_exit(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
+/// Whether the exiting thread is the last of its process: the tracepoint's
+/// `group_dead` (newer kernels), else `current->signal->live`, which `do_exit`
+/// decrements before this tracepoint (it only reaches 0 once every thread
+/// is exiting; two threads exiting at once may both read 0, which the
+/// removals below make harmless), else, without BTF, the leader's exit.
+#[inline(always)]
+fn group_dead(ctx: &TracePointContext, tid: u32, tgid: u32) -> Result<bool, ReadFailed> {
+    let off = cfg(&EXIT_GROUP_DEAD_OFF);
+    if off != 0 {
+        let dead: u8 = field(ctx, off)?;
+        return Ok(dead != 0);
+    }
+    let signal_off = cfg(&TASK_SIGNAL_OFF);
+    if signal_off != 0 {
+        let task = unsafe { bpf_get_current_task() } as *const u8;
+        let signal: u64 = unsafe { bpf_probe_read_kernel(task.wrapping_add(signal_off) as *const u64) }
+            .map_err(|_| read_failed())?;
+        let live_at = (signal as *const u8).wrapping_add(cfg(&SIGNAL_LIVE_OFF)) as *const i32;
+        let live: i32 = unsafe { bpf_probe_read_kernel(live_at) }.map_err(|_| read_failed())?;
+        return Ok(live == 0);
+    }
+    Ok(tid == tgid)
+}
+
+fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
-    if tid != tgid {
+    let target = unsafe { TARGETS.get(&tgid) }.is_some();
+    if !target && unsafe { CHILDREN.get(&tgid) }.is_none() {
+        return Ok(0);
+    }
+    if !group_dead(&ctx, tid, tgid)? {
         return Ok(0);
     }
     child_gone(LifeKind::ChildExit, tgid);
-    if unsafe { TARGETS.get(&tgid) }.is_none() {
-        return Ok(0);
+    if target && TARGETS.remove(&tgid).is_ok() {
+        send(LifeKind::Exit, tgid, tid, 0, current_phase());
     }
-    send(LifeKind::Exit, tgid, tid, 0, current_phase());
     Ok(0)
 }

@@ -94,6 +94,17 @@ pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
 #[no_mangle]
 pub static VMA_START_OFF: u32 = 0;
 
+// How `sched_process_exit` tells the last thread of a process (see
+// lifecycle.rs): the tracepoint's `group_dead` field where the kernel has it
+// (0: it has not), else `current->signal->live` at these BTF offsets (0:
+// unknown), else the thread-group leader's exit.
+#[no_mangle]
+pub static EXIT_GROUP_DEAD_OFF: u32 = 0;
+#[no_mangle]
+pub static TASK_SIGNAL_OFF: u32 = 0;
+#[no_mangle]
+pub static SIGNAL_LIVE_OFF: u32 = 0;
+
 /// A load-time global, read so that the compiler cannot fold the default in.
 #[inline(always)]
 pub fn cfg(v: &'static u32) -> usize {

@@ -1214,6 +1214,250 @@ fn mark_serves_clients_without_stalling_and_needs_root() {
     assert_nothing_left();
 }
 
+// ---- lifecycle hardening (issue 8) ----
+
+/// The faultscope these tests run: `FAULTSCOPE_HOST_TEST_BIN` (an older
+/// build, to see them fail there), else this build.
+fn fs_bin() -> String {
+    std::env::var("FAULTSCOPE_HOST_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
+/// Waits until `record` (pid `tracer`) listens for marks, which it does once
+/// attached and its targets are added.
+fn wait_attached(tracer: &std::process::Child) {
+    let sock = faultscope::cmd::mark::socket_path(tracer.id());
+    for _ in 0..300 {
+        if sock.exists() {
+            return;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    panic!("faultscope record did not attach within 15 s ({} missing)", sock.display());
+}
+
+/// The child processes of `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+/// Item 1: `record -p` while a child forked before attach still shares the
+/// memory. The first phase says so, the child's exit starts the next one,
+/// and the writes after it land there.
+#[test]
+fn a_child_forked_before_attach_is_seen() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut work = Command::new(BIN)
+        .args(["workload", "--size", "32M", "--thp", "never", "--child-lifetime", "60"])
+        .args(["--out", wl.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let pid = work.id();
+    let mut child = None;
+    for _ in 0..200 {
+        child = children_of(pid).first().copied();
+        if child.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let child = child.expect("the workload forked no child");
+    let tracer = Command::new(fs_bin())
+        .args(["record", "-p", &pid.to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    sleep(Duration::from_millis(200));
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    assert!(work.wait().unwrap().success());
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report = read_report(&fs);
+    let wl = read_json(&wl);
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(&report, pid as u64);
+    let names: Vec<&str> = p.phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            format!("attached: child-alive (pid {child}, forked before attach)"),
+            format!("after-child-exit (pid {child}, forked before attach)")
+        ],
+        "{stderr}"
+    );
+    assert_eq!(
+        (p.phases[0].kind, p.phases[0].children_alive),
+        (faultscope::collect::phases::PhaseKind::ChildAlive, 1)
+    );
+    let wp = phase_count(&p.phases[1], Metric::WpFaults);
+    assert!((pages..=pages + TOLERANCE).contains(&wp), "wp after the child's exit {wp}, pages {pages}");
+    assert!(phase_count(&p.phases[0], Metric::WpFaults) < TOLERANCE);
+    assert!(stderr.contains(&format!("pid {child}, forked by {pid} before attach")), "{stderr}");
+    assert_nothing_left();
+}
+
+/// Item 6: the main thread exits first (exit(2), as pthread_exit does) and
+/// another thread then runs the whole workload; the process is gone only
+/// when its last thread exits. Both ways of telling the last thread: the
+/// tracepoint's `group_dead` where the kernel has it, and
+/// `signal->live` (what 6.12 needs).
+#[test]
+fn a_process_lives_until_its_last_thread_exits() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for via in ["", "signal-live"] {
+        let d = tmp();
+        let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+        let out = Command::new(fs_bin())
+            .env("FAULTSCOPE_EXIT_VIA", via)
+            .args(["record", "--json", fs.to_str().unwrap(), "--", BIN, "workload", "--leader-exit", "0.5"])
+            .args(["--size", "32M", "--thp", "never", "--child", "exit", "--out", wl.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{via}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = read_report(&fs);
+        assert_eq!(report.end.as_deref(), Some("all targets exited"), "{via}");
+        assert_eq!(report.command_exit_status, Some(0), "{via}");
+        let wl = read_json(&wl);
+        let p = process(&report, wl["pid"].as_u64().unwrap());
+        eprintln!(
+            "exit via {:?}: faults {} wp_faults {} for {} pages, getrusage minflt {}",
+            if via.is_empty() { "best" } else { via },
+            count(p, Metric::Faults),
+            count(p, Metric::WpFaults),
+            wl["pages"],
+            wl["minflt_total"]
+        );
+        check_fork_write(&report, &wl, false);
+    }
+    assert_nothing_left();
+}
+
+/// clone3(2) with `set_tid`: a new process with pid `pid` (free, reaped)
+/// that execs `argv`. Root only.
+fn spawn_with_pid(pid: u32, argv: &[&str]) -> u32 {
+    use std::ffi::CString;
+    let cargs: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let set_tid: [libc::pid_t; 1] = [pid as libc::pid_t];
+    // struct clone_args (CLONE_ARGS_SIZE_VER1): flags, pidfd, child_tid,
+    // parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size.
+    let mut args = [0u64; 10];
+    args[4] = libc::SIGCHLD as u64;
+    args[8] = set_tid.as_ptr() as u64;
+    args[9] = 1;
+    // SAFETY: a fork-like clone3; the child only execs or _exits.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, args.as_ptr(), std::mem::size_of_val(&args)) };
+    if r == 0 {
+        unsafe {
+            libc::execv(ptrs[0], ptrs.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    assert!(r > 0, "clone3 with set_tid {pid}: {}", std::io::Error::last_os_error());
+    assert_eq!(r as u32, pid);
+    r as u32
+}
+
+/// Item 5: a new process that takes an exited target's pid at once is not
+/// counted as the target (nor renames it): the target leaves the kernel's
+/// traced set at its exit, not when user space next drains events.
+#[test]
+fn a_reused_pid_is_not_the_exited_target() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = target.id();
+    let tracer = Command::new(fs_bin())
+        .args(["record", "-p", &pid.to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    target.kill().unwrap();
+    target.wait().unwrap();
+    // The pid is free: a workload takes it at once, well inside the 50 ms
+    // in which faultscope drains events.
+    let again = spawn_with_pid(
+        pid,
+        &[BIN, "workload", "--size", "16M", "--thp", "never", "--out", wl.to_str().unwrap()],
+    );
+    let mut st = 0;
+    unsafe { libc::waitpid(again as i32, &mut st, 0) };
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "workload status {st:#x}");
+    assert_eq!(read_json(&wl)["pid"].as_u64(), Some(pid as u64), "the workload took the pid");
+    let out = tracer.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&fs);
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
+    let p = process(&report, pid as u64);
+    // sleep faults nothing while it sleeps; the workload's faults are not its.
+    assert_eq!((p.comm.as_str(), count(p, Metric::Faults)), ("sleep", 0), "{p:#?}");
+    assert_nothing_left();
+}
+
+/// `record --follow-children -- sh -c 'N × /bin/true'`: the JSON size, the
+/// recorder's peak RSS and the phases each process carries.
+fn follow_children_run(n: u32) -> (u64, u64, Report) {
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let script = format!("i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done");
+    // Reaped below by wait4, for its rusage.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(fs_bin())
+        .args(["record", "--follow-children", "--max-stats", "65536", "--json", fs.to_str().unwrap()])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut st = 0;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // wait4: the recorder's own peak RSS (KiB).
+    let r = unsafe { libc::wait4(child.id() as i32, &mut st, 0, &mut ru) };
+    assert_eq!(r, child.id() as i32);
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "status {st:#x}");
+    let bytes = std::fs::metadata(&fs).unwrap().len();
+    (bytes, ru.ru_maxrss as u64, read_report(&fs))
+}
+
+/// Item 4: a process carries only the phases it lived in (or faulted in),
+/// so the report grows linearly with processes + phases, not with their
+/// product.
+#[test]
+fn follow_children_reports_grow_linearly() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (j100, rss100, r100) = follow_children_run(100);
+    let (j400, rss400, r400) = follow_children_run(400);
+    eprintln!(
+        "follow-children: 100 children: JSON {j100} bytes, RSS {rss100} KiB; 400 children: JSON {j400} bytes, RSS {rss400} KiB"
+    );
+    for (n, r) in [(100, &r100), (400, &r400)] {
+        assert_eq!(r.processes.len(), n + 1, "the shell and its {n} children");
+        let phases: usize = r.processes.iter().map(|p| p.phases.len()).max().unwrap();
+        assert!(phases >= 2 * n, "the shell carries every phase: {phases}");
+        // Each child lived through its fork and its exec, nothing else.
+        let most = r.processes.iter().map(|p| p.phases.len()).filter(|&l| l < phases).max().unwrap();
+        assert!(most <= 4, "a child carries {most} phases");
+        assert_eq!(r.drops.values().sum::<u64>(), 0, "{:?}", r.drops);
+    }
+    assert!(
+        j400 <= j100 * 9 / 2 + (64 << 10),
+        "JSON {j400} bytes at 400 children vs {j100} at 100: not linear"
+    );
+    assert!(rss400 <= rss100 * 9 / 2, "RSS {rss400} KiB at 400 children vs {rss100} at 100: not linear");
+    assert_nothing_left();
+}
+
 // ---- attribution (issue 9) ----
 
 /// In tracepoint mode (no kprobes on this host) per-mapping counts need the

@@ -101,3 +101,58 @@ run_case() {
 	emit $name.oracle /tmp/$name.oracle
 	emit $name.kprobe_profile $T/kprobe_profile
 }
+
+# run_attach_case NAME WORKLOAD-ARGS...: the workload starts (exec'd while
+# tracing is on, for the oracle), populates and forks a child that lives
+# until killed (--child-lifetime); faultscope attaches with -p while the
+# child is alive; then the child is killed and the parent writes. Prints
+# what run_case prints, and @@FS-CHILD NAME PID.
+run_attach_case() {
+	name=$1; shift
+	thp_mode 4K
+	echo > $T/trace
+	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
+	echo 1 > $T/tracing_on
+	up "$name.start"
+	/faultscope workload --out /tmp/$name.wl.json "$@" &
+	wl=$!
+	child=
+	i=0
+	until [ -n "$child" ]; do
+		i=$((i + 1))
+		[ $i -gt 1200 ] && { echo "@@FS-FAIL $name: the workload forked no child"; return 1; }
+		sleep 0.1
+		child=$(cat /proc/$wl/task/$wl/children 2>/dev/null | tr -d ' ')
+	done
+	echo "@@FS-CHILD $name $child"
+	/faultscope record -p $wl --json /tmp/$name.fs.json > /tmp/$name.out 2>&1 &
+	fs=$!
+	i=0
+	until [ -S /run/faultscope/record-$fs.sock ]; do
+		i=$((i + 1))
+		if [ $i -gt 1200 ] || ! kill -0 $fs 2>/dev/null; then
+			emit $name.out /tmp/$name.out
+			echo "@@FS-FAIL $name: faultscope did not attach within 120 s"
+			return 1
+		fi
+		sleep 0.1
+	done
+	up "$name.attached"
+	echo "@@FS-CHILD-ALIVE-AT-ATTACH $name $(kill -0 $child 2>/dev/null && echo yes || echo no)"
+	kill -KILL $child
+	wait $wl
+	echo "@@FS-WORKLOAD-RC $name $?"
+	wait $fs
+	echo "@@FS-RC $name $?"
+	echo 0 > $T/tracing_on
+	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
+	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
+	up "$name.recorded"
+	/oracle < $T/trace > /tmp/$name.oracle
+	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
+	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
+	emit $name.out /tmp/$name.out
+	emit $name.fs.json /tmp/$name.fs.json
+	emit $name.wl.json /tmp/$name.wl.json
+	emit $name.oracle /tmp/$name.oracle
+}

@@ -271,6 +271,21 @@ pub mod testing {
         .to_string()
     }
 
+    /// `record -p` of pid 7, attached while its child 8 (forked before
+    /// attach) lived; 16 pages written after the child's exit.
+    pub fn attach_json() -> String {
+        let mut v = json!({
+            "schema": "faultscope/1", "kernel": "6.12.0", "arch": "x86_64", "mode": "kprobe",
+            "duration_ns": 9, "probes": [], "drops": {"lost_kretprobe_returns": 0},
+            "processes": [{"pid": 7, "comm": "faultscope", "classes": classes(20, 16, 0), "phases": [
+                phase(1, "attached: child-alive (pid 8, forked before attach)", "child-alive", classes(0, 0, 0)),
+                phase(2, "after-child-exit (pid 8, forked before attach)", "after-child-exit", classes(20, 16, 0)),
+            ]}],
+        });
+        v["processes"][0]["phases"][0]["children_alive"] = json!(1);
+        v.to_string()
+    }
+
     /// An oracle line of pid 7 as oracle.c prints it in an x86 guest: the
     /// contpte classes unknown (`?`), nowp (not a class) 0.
     pub fn oracle_line(phase: &str, faults: u64, reuse: u64, copy: u64) -> String {

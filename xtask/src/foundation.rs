@@ -5,7 +5,10 @@
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
-use faultscope::{kernel::classes::Metric, report::schema::Mode};
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{Mode, PhaseKind},
+};
 use serde_json::Value;
 
 use crate::{
@@ -110,6 +113,100 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     Ok(CaseResult { table, failures: fails })
 }
 
+/// The attach case (`run_attach_case`): `record -p` attached while a child
+/// forked before attach was alive; the child was killed, then the parent
+/// wrote every page. The phases name the child at attach and at its exit,
+/// the writes land after it (one reuse per page), and every count equals
+/// the oracle's between faultscope's `attach` and `detach` markers.
+pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
+    let mut fails = Vec::new();
+    for (tag, want) in [("RC", "0"), ("WORKLOAD-RC", "0"), ("CHILD-ALIVE-AT-ATTACH", "yes")] {
+        let v = run.marker(tag, case).unwrap_or_default();
+        if v != want {
+            bail!(
+                "{case}: {tag} = {v:?}, want {want}:\n{}",
+                run.section(&format!("{case}.out")).unwrap_or("")
+            );
+        }
+    }
+    let fs = check::report(run, &format!("{case}.fs.json"))?;
+    let wl: Value =
+        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
+    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
+    let child = wl["child_pid"].as_u64().context("workload child_pid")?;
+    let pages = wl["pages"].as_u64().context("workload pages")?;
+    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
+    if fs.mode != Mode::Kprobe {
+        fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
+    }
+    let mut table = String::new();
+    let _ = writeln!(table, "{case} (pid {pid}, child {child} forked before attach, {pages} pages of 4K)");
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    match oracle.compare(case, &p.classes, pid, "attach") {
+        Some(cmp) => {
+            table.push_str(&cmp.table("class (attach..detach)"));
+            fails.extend(cmp.failures);
+        }
+        None => fails.push(check::oracle_gap(run, case, &format!("{case}.oracle"), pid, "attach")),
+    }
+    let names: Vec<&str> = p.phases.iter().map(|ph| ph.name.as_str()).collect();
+    let want = [
+        format!("attached: child-alive (pid {child}, forked before attach)"),
+        format!("after-child-exit (pid {child}, forked before attach)"),
+    ];
+    let _ = writeln!(table, "  phases: {names:?}");
+    if names != want {
+        fails.push(format!("{case}: phases {names:?}, want {want:?}"));
+    } else {
+        let (alive, after) = (&p.phases[0], &p.phases[1]);
+        if (alive.kind, alive.children_alive) != (PhaseKind::ChildAlive, 1) {
+            fails.push(format!(
+                "{case}: first phase {:?} with {} children alive",
+                alive.kind, alive.children_alive
+            ));
+        }
+        let n = |ph: &faultscope::report::schema::Phase, m| check::count(&ph.classes, m).unwrap_or(0);
+        let (reuse, copy) = (n(after, Metric::Reuse), n(after, Metric::Copy));
+        let _ = writeln!(
+            table,
+            "  arithmetic: after the child's exit reuse = {reuse}, copy = {copy}, pages = {pages}; while it lived wp_faults = {}",
+            n(alive, Metric::WpFaults)
+        );
+        if reuse < pages || reuse > pages + TOLERANCE {
+            fails.push(format!(
+                "{case}: reuse after the child's exit {reuse}, expected pages {pages} (+{TOLERANCE})"
+            ));
+        }
+        if n(alive, Metric::WpFaults) > TOLERANCE {
+            fails.push(format!(
+                "{case}: {} write-protect faults while the child lived",
+                n(alive, Metric::WpFaults)
+            ));
+        }
+        // getrusage of the write phase: every page, all after the exit.
+        let minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap_or(0);
+        let faults = n(after, Metric::Faults);
+        let _ = writeln!(
+            table,
+            "  getrusage: write phase minflt = {minflt}; faultscope faults after the exit = {faults}"
+        );
+        if minflt < pages || faults < minflt || faults > minflt + TOLERANCE {
+            fails.push(format!("{case}: faults after the exit {faults} vs getrusage write phase {minflt}"));
+        }
+    }
+    let lost = fs.drop_count("lost_kretprobe_returns");
+    if lost != 0 {
+        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
+    }
+    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
+        let v = run.marker(tag, case).unwrap_or_default();
+        if v != want {
+            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
+        }
+    }
+    Ok(CaseResult { table, failures: fails })
+}
+
 /// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
 pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
     let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
@@ -118,7 +215,7 @@ pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
 }
 
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
-/// cases, and the shared-memory soft-dirty case.
+/// cases, the shared-memory soft-dirty case and the attach case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
@@ -133,6 +230,9 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
         print!("{}", r.table);
         failures.extend(r.failures);
     }
+    let r = check_attach_case(&run, "attach4k")?;
+    print!("{}", r.table);
+    failures.extend(r.failures);
     println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !failures.is_empty() {
         bail!("guest test failed:\n  {}", failures.join("\n  "));
@@ -169,6 +269,45 @@ mod tests {
         // Before 6.16 a 64K folio is copied page by page: copy 1 is not 16.
         let r = check_case(&run, "fork4k", "64K").unwrap();
         assert!(r.failures.iter().any(|f| f.contains("copy = 1, expected pages 16")), "{:?}", r.failures);
+    }
+
+    #[test]
+    fn the_attach_case_against_the_oracle_and_its_phases() {
+        let markers = format!(
+            "@@FS-RC attach4k 0\n@@FS-WORKLOAD-RC attach4k 0\n@@FS-CHILD-ALIVE-AT-ATTACH attach4k yes\n\
+             @@FS-OVERRUN attach4k 0\n@@FS-KPROBES-LEFT attach4k 0\n{X86_REFUSED}"
+        );
+        let wl = r#"{"pid": 7, "child_pid": 8, "pages": 16, "phases": {"write": {"minflt": 16}}}"#;
+        let run_with = |report: &str, oracle: &str| {
+            guest_run(
+                &markers,
+                &[
+                    ("attach4k.fs.json", report),
+                    ("attach4k.wl.json", wl),
+                    ("attach4k.oracle", &format!("{X86_UNKNOWN}{oracle}")),
+                ],
+            )
+        };
+        let good = attach_json();
+        let r = check_attach_case(&run_with(&good, &oracle_line("attach", 20, 16, 0)), "attach4k").unwrap();
+        assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
+        assert!(r.table.contains("after the child's exit reuse = 16, copy = 0, pages = 16"), "{}", r.table);
+        // A count the oracle does not share.
+        let r = check_attach_case(&run_with(&good, &oracle_line("attach", 21, 16, 0)), "attach4k").unwrap();
+        assert!(
+            r.failures.iter().any(|f| f.contains("faults: faultscope 20 != oracle 21")),
+            "{:?}",
+            r.failures
+        );
+        // The child unseen: one phase from attach on.
+        let unseen = good
+            .replace("attached: child-alive (pid 8, forked before attach)", "before-fork")
+            .replace("\"kind\":\"child-alive\"", "\"kind\":\"before-fork\"");
+        let r = check_attach_case(&run_with(&unseen, &oracle_line("attach", 20, 16, 0)), "attach4k").unwrap();
+        assert!(r.failures.iter().any(|f| f.contains("phases [\"before-fork\"")), "{:?}", r.failures);
+        // No oracle line for the window.
+        let r = check_attach_case(&run_with(&good, &oracle_line("ALL", 20, 16, 0)), "attach4k").unwrap();
+        assert!(r.failures.iter().any(|f| f.contains("the oracle has no attach phase")), "{:?}", r.failures);
     }
 
     #[test]

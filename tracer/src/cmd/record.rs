@@ -28,8 +28,9 @@ use super::mark as marks;
 use crate::{
     collect::{
         attribution::{mappings_availability, AttribOpts, Attribution},
+        children,
         collector::{stack_frames, Snapshot},
-        phases::Timeline,
+        phases::{Lifetime, Timeline},
         target,
     },
     error::Refusal,
@@ -85,6 +86,8 @@ pub struct Recorder {
     pub comms: BTreeMap<u32, String>,
     /// Traced processes still running.
     pub live: BTreeSet<u32>,
+    /// When each traced process existed: it carries only those phases.
+    pub lifetimes: BTreeMap<u32, Lifetime>,
     started: Instant,
     /// tracefs `trace_marker`: each mark is also written to the ftrace
     /// buffer, so traces taken beside faultscope can be split by phase.
@@ -135,6 +138,7 @@ impl Recorder {
             timeline,
             comms: BTreeMap::new(),
             live: BTreeSet::new(),
+            lifetimes: BTreeMap::new(),
             started: Instant::now(),
             attrib,
             self_traced: false,
@@ -145,6 +149,7 @@ impl Recorder {
         self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
         self.comms.insert(pid, comm);
         self.live.insert(pid);
+        self.lifetimes.insert(pid, Lifetime::from(kernel::monotonic_ns()));
         self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
         Ok(())
     }
@@ -158,6 +163,36 @@ impl Recorder {
         for &pid in &self.live {
             self.attrib.snapshot(pid, now, label);
         }
+    }
+
+    /// Children that the `targets` forked before attach and that still
+    /// share their memory go into the kernel's children map, so that their
+    /// exit or exec starts a phase; the first phase says they are alive.
+    /// Returns them.
+    pub fn attach_children(&mut self, targets: &[u32]) -> Result<Vec<u32>> {
+        let mut found = Vec::new();
+        for &parent in targets {
+            for child in children::sharing_memory(parent) {
+                self.session.add_child(child, parent)?;
+                found.push((child, parent));
+            }
+        }
+        // One that exited or exec'd before the kernel knew it left no event:
+        // take it out again. If the kernel took it out first, its event
+        // comes and finds it alive.
+        let mut alive = Vec::new();
+        for &(child, parent) in &found {
+            if children::shares_memory(parent, child) || !self.session.remove_child(child) {
+                alive.push(child);
+            }
+        }
+        self.timeline.attached_children(&alive);
+        for (child, parent) in found.iter().filter(|(c, _)| alive.contains(c)) {
+            eprintln!(
+                "faultscope: pid {child}, forked by {parent} before attach, still shares its memory; its exit or exec starts a phase"
+            );
+        }
+        Ok(alive)
     }
 
     /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
@@ -184,8 +219,7 @@ impl Recorder {
     }
 
     /// Applies lifecycle events: phases, followed children joining the live
-    /// set, exits leaving it (and the traced set, so a reused pid is not
-    /// traced).
+    /// set, exits leaving it, and when each process existed.
     pub fn drain_events(&mut self) -> Result<()> {
         let mut evs = Vec::new();
         {
@@ -211,20 +245,30 @@ impl Recorder {
                     if e.aux != 0 {
                         self.live.insert(e.pid);
                         self.comms.insert(e.pid, comm);
+                        self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
                     }
                 }
-                k if k == LifeKind::ChildExit as u32 => {
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, false)
-                }
-                k if k == LifeKind::ChildExec as u32 => {
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, true)
+                k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
+                    let exec = k == LifeKind::ChildExec as u32;
+                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
+                    // A followed child's own life goes on after an exec, as
+                    // another program.
+                    if !exec {
+                        if let Some(l) = self.lifetimes.get_mut(&e.pid) {
+                            l.end(e.ts_ns);
+                        }
+                    }
                 }
                 k if k == LifeKind::Exec as u32 => {
                     self.comms.insert(e.tgid, comm);
                 }
+                // The kernel took it out of the traced set at its exit (so
+                // that a new process with its pid is not counted as it).
                 k if k == LifeKind::Exit as u32 => {
                     self.live.remove(&e.tgid);
-                    self.session.remove_target(e.tgid);
+                    if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
+                        l.end(e.ts_ns);
+                    }
                 }
                 _ => {}
             }
@@ -248,6 +292,7 @@ impl Recorder {
             availability: &self.avail,
             probes: &self.session.status,
             comms: &self.comms,
+            lifetimes: &self.lifetimes,
             drops: self.session.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
@@ -365,6 +410,7 @@ impl Recording {
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
         }
+        rec.attach_children(&o.pids)?;
         let mut spawned = None;
         if !o.command.is_empty() {
             let paused = target::spawn_paused(&o.command)?;

@@ -29,7 +29,7 @@ pub enum Child {
     Alive,
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct WorkloadOpts {
     /// Anonymous memory to use, e.g. 64M, 256M, 1G.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
@@ -38,6 +38,11 @@ pub struct WorkloadOpts {
     pub thp: Thp,
     #[arg(long, value_enum, default_value = "exit")]
     pub child: Child,
+    /// With `--child exit`: the child lives this many seconds (or until
+    /// something kills it) before it exits, and the parent waits for it.
+    /// Time for a tracer to attach with -p while the child is alive.
+    #[arg(long)]
+    pub child_lifetime: Option<f64>,
     /// Write the workload's own report (JSON) here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -55,6 +60,11 @@ pub struct WorkloadOpts {
     /// with -p).
     #[arg(long, default_value_t = 0.0)]
     pub start_delay: f64,
+    /// The main thread exits alone at once (as `pthread_exit` in `main`);
+    /// a second thread waits this many seconds, runs the workload and ends
+    /// the process. For tests of a process outliving its main thread.
+    #[arg(long, hide = true)]
+    pub leader_exit: Option<f64>,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -177,6 +187,33 @@ fn clear_soft_dirty(written: *const u8) -> Result<()> {
 }
 
 pub fn run(o: &WorkloadOpts) -> Result<()> {
+    match o.leader_exit {
+        Some(delay) => leader_exit(o.clone(), delay),
+        None => run_here(o),
+    }
+}
+
+/// `--leader-exit`: the workload in a second thread, after the main thread
+/// has exited.
+fn leader_exit(o: WorkloadOpts, delay: f64) -> Result<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs_f64(delay.max(0.0)));
+        let code = match run_here(&o) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("faultscope workload: {e:#}");
+                1
+            }
+        };
+        std::process::exit(code);
+    });
+    // SAFETY: exit(2), not exit_group(2): only this thread ends, without
+    // unwinding; the process lives on in the thread above.
+    unsafe { libc::syscall(libc::SYS_exit, 0) };
+    unreachable!("exit(2) returned")
+}
+
+fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
     }
@@ -204,6 +241,10 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
     // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
     // not only to init).
     let parent = unsafe { libc::getpid() };
+    let lifetime = o.child_lifetime.map(|s| libc::timespec {
+        tv_sec: s.max(0.0).trunc() as libc::time_t,
+        tv_nsec: (s.max(0.0).fract() * 1e9) as libc::c_long,
+    });
     // SAFETY: fork; the child only sleeps/exits.
     let child = unsafe { libc::fork() };
     if child < 0 {
@@ -221,6 +262,10 @@ pub fn run(o: &WorkloadOpts) -> Result<()> {
             loop {
                 unsafe { libc::pause() };
             }
+        }
+        if let Some(t) = lifetime {
+            // nanosleep is async-signal-safe, as a forked child needs.
+            unsafe { libc::nanosleep(&t, std::ptr::null_mut()) };
         }
         unsafe { libc::_exit(0) };
     }

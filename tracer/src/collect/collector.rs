@@ -64,6 +64,10 @@ impl Snapshot {
     /// One class of one process, summed over phases (`phase == None`) or in
     /// one phase.
     pub fn get_in(&self, tgid: u32, phase: Option<PhaseId>, class: Class) -> Option<Stat> {
+        if let Some(p) = phase {
+            // One key: a lookup, not a walk over the process's phases.
+            return self.stats.get(&StatKey::new(tgid, p, class as u16)).copied();
+        }
         let mut out: Option<Stat> = None;
         for (k, v) in self.of(tgid) {
             if k.class == class as u16 && phase.is_none_or(|p| p == k.phase) {

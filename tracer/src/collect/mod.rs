@@ -4,6 +4,7 @@
 //! happened (`attribution`).
 
 pub mod attribution;
+pub mod children;
 pub mod collector;
 pub mod phases;
 pub mod target;

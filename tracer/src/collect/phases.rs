@@ -6,7 +6,9 @@
 //! before-fork -> fork#1 child-alive -> fork#1 after-child-exit -> fork#2 ...
 //! ```
 //!
-//! plus `mark:LABEL` phases from `faultscope mark`, signals or bench.
+//! plus `mark:LABEL` phases from `faultscope mark`, signals or bench. A run
+//! that attaches while a child forked earlier still shares a target's
+//! memory starts with `attached: child-alive (pid N, forked before attach)`.
 
 use std::collections::BTreeMap;
 
@@ -43,10 +45,43 @@ pub struct Phase {
     pub children_alive: usize,
 }
 
+/// When a traced process existed for faultscope: from its first sight
+/// (attach, or its fork) to its exit (or the exit/exec that ended its
+/// sharing of a parent's memory). A process carries only the phases that
+/// overlap it, and those in which it faulted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub start_ns: u64,
+    pub end_ns: Option<u64>,
+}
+
+impl Lifetime {
+    pub fn from(start_ns: u64) -> Lifetime {
+        Lifetime { start_ns, end_ns: None }
+    }
+
+    /// Ends it (the earliest end seen counts).
+    pub fn end(&mut self, ts: u64) {
+        self.end_ns = Some(self.end_ns.map_or(ts, |e| e.min(ts)));
+    }
+
+    /// Whether `phase` overlaps it: the phase its fork starts is in, the one
+    /// its exit starts is not.
+    pub fn overlaps(&self, phase: &Phase) -> bool {
+        phase.start_ns < self.end_ns.unwrap_or(u64::MAX) && phase.end_ns.is_none_or(|e| e > self.start_ns)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Child {
-    fork_no: u32,
+    /// None: forked before attach.
+    fork_no: Option<u32>,
     forked_ns: u64,
+}
+
+/// How a phase names a child forked before attach.
+fn before_attach(pid: u32) -> String {
+    format!("pid {pid}, forked before attach")
 }
 
 /// The phase state machine, fed events in time order.
@@ -74,6 +109,33 @@ impl Timeline {
         }
     }
 
+    /// Children of the targets that were forked before attach and still
+    /// share their memory: the first phase is one of a child alive, and
+    /// their exits and execs end it like any fork's. Called before any
+    /// other event.
+    pub fn attached_children(&mut self, pids: &[u32]) {
+        if pids.is_empty() || self.phases.len() != 1 {
+            return;
+        }
+        let first = &mut self.phases[0];
+        for &pid in pids {
+            self.alive.insert(pid, Child { fork_no: None, forked_ns: first.start_ns });
+        }
+        first.kind = PhaseKind::ChildAlive;
+        first.children_alive = self.alive.len();
+        first.name = match pids {
+            [one] => format!("attached: child-alive ({})", before_attach(*one)),
+            _ => {
+                let list: Vec<String> = self.alive.keys().map(u32::to_string).collect();
+                format!(
+                    "attached: child-alive ({} children: pids {}, forked before attach)",
+                    pids.len(),
+                    list.join(", ")
+                )
+            }
+        };
+    }
+
     fn push(&mut self, id: PhaseId, ts: u64, kind: PhaseKind, name: String) {
         if let Some(last) = self.phases.last_mut() {
             if last.end_ns.is_none() {
@@ -95,7 +157,7 @@ impl Timeline {
         self.forks += 1;
         let n = self.forks;
         // A reused pid is a new child: the old entry is replaced.
-        self.alive.insert(child, Child { fork_no: n, forked_ns: ts });
+        self.alive.insert(child, Child { fork_no: Some(n), forked_ns: ts });
         let name = if self.alive.len() == 1 {
             format!("fork#{n} child-alive")
         } else {
@@ -112,19 +174,16 @@ impl Timeline {
             self.push(id, ts, gone_kind(exec, 0), format!("{what} (pid {child})"));
             return;
         };
-        let n = c.fork_no;
-        let mut name = if !self.alive.is_empty() {
-            format!(
-                "fork#{n} {}, {} still alive",
-                if exec { "child exec'd" } else { "child exited" },
-                self.alive.len()
-            )
-        } else if exec {
-            format!("fork#{n} after-child-exec")
-        } else {
-            format!("fork#{n} after-child-exit")
+        let gone = if exec { "exec" } else { "exit" };
+        let did = if exec { "exec'd" } else { "exited" };
+        let mut name = match (c.fork_no, self.alive.len()) {
+            (Some(n), 0) => format!("fork#{n} after-child-{gone}"),
+            (None, 0) => format!("after-child-{gone} ({})", before_attach(child)),
+            (Some(n), k) => format!("fork#{n} child {did}, {k} still alive"),
+            (None, k) => format!("child {did} ({}), {k} still alive", before_attach(child)),
         };
-        if exec && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
+        // When it forked is known only for our own forks.
+        if exec && c.fork_no.is_some() && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
             name.push_str(" (child exec'd at once, as from system())");
         }
         self.push(id, ts, gone_kind(exec, self.alive.len()), name);
@@ -236,6 +295,56 @@ mod tests {
         // An exit of a child we never saw fork still starts a phase.
         t.child_gone(5, 50, 99, false);
         assert_eq!(names(&t)[5], "after-child-exit (pid 99)");
+    }
+
+    #[test]
+    fn children_forked_before_attach() {
+        let mut t = Timeline::new(5, 0);
+        t.attached_children(&[40]);
+        assert_eq!(names(&t), ["attached: child-alive (pid 40, forked before attach)"]);
+        assert_eq!((t.current().kind, t.current().children_alive), (PhaseKind::ChildAlive, 1));
+        t.child_gone(6, 10, 40, false);
+        assert_eq!(names(&t)[1], "after-child-exit (pid 40, forked before attach)");
+        assert_eq!((t.current().kind, t.current().children_alive), (PhaseKind::AfterChildExit, 0));
+        // Two, one exec'd: still a child alive; then a fork of our own.
+        let mut t = Timeline::new(0, 0);
+        t.attached_children(&[41, 42]);
+        assert_eq!(names(&t)[0], "attached: child-alive (2 children: pids 41, 42, forked before attach)");
+        t.child_gone(1, 10, 42, true);
+        assert_eq!(names(&t)[1], "child exec'd (pid 42, forked before attach), 1 still alive");
+        assert_eq!(t.current().kind, PhaseKind::ChildAlive);
+        t.fork(2, 20, 43);
+        assert_eq!(names(&t)[2], "fork#1 child-alive (2 children)");
+        t.child_gone(3, 30, 43, false);
+        assert_eq!(names(&t)[3], "fork#1 child exited, 1 still alive");
+        t.child_gone(4, 40, 41, false);
+        assert_eq!(names(&t)[4], "after-child-exit (pid 41, forked before attach)");
+        // None alive at attach: nothing changes.
+        let mut t = Timeline::new(0, 0);
+        t.attached_children(&[]);
+        assert_eq!(names(&t), ["before-fork"]);
+    }
+
+    #[test]
+    fn a_process_overlaps_the_phases_it_lived_in() {
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 100, 50);
+        t.child_gone(2, 200, 50, false);
+        t.fork(3, 300, 51);
+        t.end(400);
+        let child = |start, end| Lifetime { start_ns: start, end_ns: end };
+        let of = |l: Lifetime| -> Vec<PhaseId> {
+            t.phases().iter().filter(|p| l.overlaps(p)).map(|p| p.id).collect()
+        };
+        // The parent, all along; the first child from its fork to its exit.
+        assert_eq!(of(child(0, None)), [0, 1, 2, 3]);
+        assert_eq!(of(child(100, Some(200))), [1]);
+        assert_eq!(of(child(300, None)), [3]);
+        let mut l = Lifetime::from(100);
+        l.end(250);
+        l.end(200);
+        l.end(260);
+        assert_eq!(l, child(100, Some(200)));
     }
 
     #[test]

@@ -31,14 +31,32 @@ pub fn comm_of(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
 }
 
-/// Whether the process is gone (or a zombie: it will fault no more).
+/// Whether the process is gone: none of its threads can run user code any
+/// more (each is a zombie, dead, or exiting). A zombie main thread is not
+/// enough: after `pthread_exit` in `main` the other threads run on.
 pub fn is_gone(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match fs::read_dir(format!("/proc/{pid}/task")) {
         Err(_) => true,
-        Ok(s) => {
-            s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])).unwrap_or(true)
-        }
+        Ok(tasks) => !tasks.flatten().any(|t| thread_runs(&t.path().join("stat"))),
     }
+}
+
+/// `PF_EXITING` in /proc/.../stat's flags: the thread is in `do_exit`.
+const PF_EXITING: u64 = 0x4;
+
+/// A thread's /proc stat: running (not a zombie, dead or exiting).
+fn thread_runs(stat: &Path) -> bool {
+    let Ok(s) = fs::read_to_string(stat) else {
+        return false;
+    };
+    let Some((_, rest)) = s.rsplit_once(')') else {
+        return false;
+    };
+    // Fields 3 (state) and 9 (flags) of proc(5).
+    let mut f = rest.split_whitespace();
+    let state = f.next().unwrap_or("X");
+    let flags: u64 = f.nth(5).and_then(|v| v.parse().ok()).unwrap_or(0);
+    !matches!(state, "Z" | "X" | "x") && flags & PF_EXITING == 0
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {

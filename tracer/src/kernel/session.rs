@@ -100,13 +100,72 @@ pub fn vma_start_offset() -> Result<u32, String> {
         .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e:#}"))
 }
 
+/// How `sched_process_exit` tells that the last thread of a process exits
+/// (a process is gone only then: its leader may exit first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExitDetection {
+    /// The tracepoint's `group_dead` field, at this offset (newer kernels:
+    /// 6.18 has it, 6.12 not).
+    GroupDead(u32),
+    /// `current->signal->live`, at these BTF offsets (task_struct.signal,
+    /// signal_struct.live): 0 once every thread is exiting.
+    SignalLive { signal: u32, live: u32 },
+    /// Neither: the thread-group leader's exit, and why.
+    Leader(String),
+}
+
+impl ExitDetection {
+    /// The object's globals that select it.
+    fn globals(&self) -> Vec<(&'static str, u32)> {
+        match self {
+            ExitDetection::GroupDead(off) => vec![("EXIT_GROUP_DEAD_OFF", *off)],
+            ExitDetection::SignalLive { signal, live } => {
+                vec![("TASK_SIGNAL_OFF", *signal), ("SIGNAL_LIVE_OFF", *live)]
+            }
+            ExitDetection::Leader(_) => vec![],
+        }
+    }
+}
+
+/// The best way this kernel offers. `FAULTSCOPE_EXIT_VIA=signal-live` or
+/// `=leader` skips the better ones (for tests of the fallbacks).
+pub fn exit_detection(tracefs: &Path) -> ExitDetection {
+    let via = std::env::var("FAULTSCOPE_EXIT_VIA").unwrap_or_default();
+    if via.is_empty() {
+        if let Some(off) = kernel::tracepoint_fields(tracefs, "sched", "sched_process_exit")
+            .ok()
+            .and_then(|f| f.get("group_dead").copied())
+        {
+            return ExitDetection::GroupDead(off as u32);
+        }
+    }
+    if via != "leader" {
+        let offsets = crate::attrib::btf::Btf::vmlinux().and_then(|b| {
+            Ok((b.member_offset("task_struct", "signal")?, b.member_offset("signal_struct", "live")?))
+        });
+        return match offsets {
+            Ok((signal, live)) if signal != 0 => ExitDetection::SignalLive { signal, live },
+            Ok(_) => ExitDetection::Leader("BTF puts task_struct.signal at offset 0".into()),
+            Err(e) => ExitDetection::Leader(format!("{e:#}")),
+        };
+    }
+    ExitDetection::Leader("FAULTSCOPE_EXIT_VIA=leader".into())
+}
+
 /// Loader with the tracepoint field offsets and the BTF offsets of this
 /// kernel.
 fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf> {
-    let (offsets, warnings) = tracepoint_offsets(tracefs);
+    let (mut offsets, warnings) = tracepoint_offsets(tracefs);
     for w in warnings {
         eprintln!("faultscope: {w}");
     }
+    let exit = exit_detection(tracefs);
+    if let ExitDetection::Leader(why) = &exit {
+        eprintln!(
+            "faultscope: warning: cannot tell the last thread of a process ({why}); a process counts as exited when its main thread exits"
+        );
+    }
+    offsets.extend(exit.globals());
     let mut l = EbpfLoader::new();
     for (name, off) in &offsets {
         l.override_global(name, off, true);
@@ -197,10 +256,29 @@ impl Session {
         self.targets()?.insert(tgid, info, 0).with_context(|| format!("adding pid {tgid} to the traced set"))
     }
 
+    /// Takes a traced process out of the traced set. (An exited one leaves
+    /// it in the kernel, at its exit.)
     pub fn remove_target(&mut self, tgid: u32) {
         if let Ok(mut t) = self.targets() {
             let _ = t.remove(&tgid);
         }
+    }
+
+    fn children(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>> {
+        let m = self.bpf.map_mut("CHILDREN").ok_or_else(|| anyhow!("no CHILDREN map"))?;
+        Ok(BpfHashMap::try_from(m)?)
+    }
+
+    /// A child of traced process `parent` that still shares its memory
+    /// (forked before attach): its exit or exec starts a phase.
+    pub fn add_child(&mut self, child: u32, parent: u32) -> Result<()> {
+        self.children()?.insert(child, parent, 0).with_context(|| format!("adding child {child} of {parent}"))
+    }
+
+    /// Takes `child` out of the children map; false when it was not there
+    /// (the kernel took it out at its exit or exec, and said so).
+    pub fn remove_child(&mut self, child: u32) -> bool {
+        self.children().is_ok_and(|mut c| c.remove(&child).is_ok())
     }
 
     /// Tells the kernel side what to record: `(entry, value)` pairs of

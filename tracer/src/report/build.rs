@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use faultscope_common::Class;
+use faultscope_common::{Class, PhaseId};
 
 use super::{
     attribution::{attribution, Namer},
@@ -15,7 +15,7 @@ use super::{
 use crate::{
     collect::{
         collector::{latency, Snapshot},
-        phases::Timeline,
+        phases::{Lifetime, Timeline},
     },
     kernel::{
         classes::{Availability, Metric},
@@ -30,6 +30,8 @@ pub struct Context<'a> {
     pub availability: &'a [(Metric, Availability)],
     pub probes: &'a [session::ProbeStatus],
     pub comms: &'a BTreeMap<u32, String>,
+    /// When each traced process existed (see `Lifetime`).
+    pub lifetimes: &'a BTreeMap<u32, Lifetime>,
     pub drops: BTreeMap<String, u64>,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
@@ -84,7 +86,52 @@ fn attrib(snap: &Snapshot, ctx: &Context<'_>, tgid: u32, phase: Option<u32>, at:
     }
 }
 
+/// The timeline's phases, indexed to find a process's phases without
+/// walking all of them: the report grows with processes + phases + counts,
+/// not with their product.
+struct PhaseIndex {
+    /// (start, position in the timeline), by start.
+    by_start: Vec<(u64, usize)>,
+    by_id: BTreeMap<PhaseId, Vec<usize>>,
+}
+
+impl PhaseIndex {
+    fn new(t: &Timeline) -> PhaseIndex {
+        let mut by_start: Vec<(u64, usize)> =
+            t.phases().iter().enumerate().map(|(i, p)| (p.start_ns, i)).collect();
+        by_start.sort_unstable();
+        let mut by_id: BTreeMap<PhaseId, Vec<usize>> = BTreeMap::new();
+        for (i, p) in t.phases().iter().enumerate() {
+            by_id.entry(p.id).or_default().push(i);
+        }
+        PhaseIndex { by_start, by_id }
+    }
+
+    /// Positions of the phases a process carries, in timeline order: those
+    /// that overlap its lifetime, and those in which it has counts (all
+    /// phases it has counts in, for a process without a known lifetime).
+    fn carried(&self, t: &Timeline, snap: &Snapshot, tgid: u32, life: Option<&Lifetime>) -> Vec<usize> {
+        let phases = t.phases();
+        let mut out: Vec<usize> =
+            snap.phases_of(tgid).iter().filter_map(|id| self.by_id.get(id)).flatten().copied().collect();
+        if let Some(l) = life {
+            // Phases run one after another: those overlapping [start, end)
+            // begin with the one current at its start.
+            let lo = self.by_start.partition_point(|(s, _)| *s <= l.start_ns).saturating_sub(1);
+            let hi = self.by_start.partition_point(|(s, _)| *s < l.end_ns.unwrap_or(u64::MAX));
+            out.extend(
+                self.by_start[lo..hi.max(lo)].iter().map(|(_, i)| *i).filter(|i| l.overlaps(&phases[*i])),
+            );
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
 pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
+    let index = PhaseIndex::new(ctx.timeline);
+    let all = ctx.timeline.phases();
     let processes = pids(snap, ctx)
         .into_iter()
         .map(|tgid| Process {
@@ -92,19 +139,21 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             comm: ctx.comms.get(&tgid).cloned().unwrap_or_default(),
             classes: classes(snap, tgid, None, ctx),
             attribution: attrib(snap, ctx, tgid, None, ctx.now_ns),
-            phases: ctx
-                .timeline
-                .phases()
-                .iter()
-                .map(|ph| Phase {
-                    id: ph.id,
-                    name: ph.name.clone(),
-                    kind: ph.kind,
-                    start_ns: ph.start_ns,
-                    end_ns: ph.end_ns,
-                    children_alive: ph.children_alive as u64,
-                    classes: classes(snap, tgid, Some(ph.id), ctx),
-                    attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.start_ns),
+            phases: index
+                .carried(ctx.timeline, snap, tgid, ctx.lifetimes.get(&tgid))
+                .into_iter()
+                .map(|i| {
+                    let ph = &all[i];
+                    Phase {
+                        id: ph.id,
+                        name: ph.name.clone(),
+                        kind: ph.kind,
+                        start_ns: ph.start_ns,
+                        end_ns: ph.end_ns,
+                        children_alive: ph.children_alive as u64,
+                        classes: classes(snap, tgid, Some(ph.id), ctx),
+                        attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.start_ns),
+                    }
                 })
                 .collect(),
         })
@@ -205,12 +254,14 @@ mod tests {
         ];
         let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
         let timeline = Timeline::new(0, 0);
+        let lifetimes = BTreeMap::new();
         let ctx = Context {
             kernel: "6.12".into(),
             arch: "x86_64",
             availability: &avail,
             probes: &[],
             comms: &comms,
+            lifetimes: &lifetimes,
             drops: [("lost_kretprobe_returns".to_string(), 1)].into(),
             duration_ns: 1,
             timeline: &timeline,
