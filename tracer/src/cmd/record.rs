@@ -150,7 +150,11 @@ impl Recorder {
         self.comms.insert(pid, comm);
         self.live.insert(pid);
         self.lifetimes.insert(pid, Lifetime::from(kernel::monotonic_ns()));
-        self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
+        // A command not yet exec'd has faultscope's own maps: its snapshot
+        // comes at its exec.
+        if flags & TARGET_PENDING_EXEC == 0 {
+            self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
+        }
         Ok(())
     }
 
@@ -246,6 +250,9 @@ impl Recorder {
                         self.live.insert(e.pid);
                         self.comms.insert(e.pid, comm);
                         self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
+                        // A child that is gone before its snapshot had its
+                        // parent's maps at fork.
+                        self.attrib.inherit(e.pid, e.tgid, e.ts_ns);
                     }
                 }
                 k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
@@ -261,6 +268,8 @@ impl Recorder {
                 }
                 k if k == LifeKind::Exec as u32 => {
                     self.comms.insert(e.tgid, comm);
+                    // The maps before the exec were another program's.
+                    self.attrib.exec(e.tgid, e.ts_ns);
                 }
                 // The kernel took it out of the traced set at its exit (so
                 // that a new process with its pid is not counted as it).

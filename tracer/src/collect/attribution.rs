@@ -154,10 +154,46 @@ impl Attribution {
         !self.opts.stacks.0.is_empty()
     }
 
+    fn active(&self) -> bool {
+        self.mappings.is_ok() || !self.opts.sites.0.is_empty() || !self.opts.stacks.0.is_empty()
+    }
+
+    /// A followed child forked at `at`: it starts with its parent's maps as
+    /// they were then (its own snapshots, taken later, come after).
+    pub fn inherit(&mut self, child: u32, parent: u32, at: u64) {
+        if !self.active() {
+            return;
+        }
+        let latest = self.histories.get(&parent).and_then(|h| {
+            h.snapshots()
+                .iter()
+                .rev()
+                .find(|s| s.at <= at)
+                .or(h.snapshots().last())
+                .map(|s| s.mappings.clone())
+        });
+        if let Some(m) = latest {
+            self.histories.entry(child).or_insert_with(|| MapsHistory::new(child)).push(at, "fork", m);
+        }
+    }
+
+    /// `pid` exec'd at `at`: its earlier snapshots were another program's
+    /// and must not name what it does from now on.
+    pub fn exec(&mut self, pid: u32, at: u64) {
+        if let Some(h) = self.histories.get_mut(&pid) {
+            let keep: Vec<_> = h.snapshots().iter().filter(|s| s.at >= at).cloned().collect();
+            let mut fresh = MapsHistory::new(pid);
+            for s in keep {
+                fresh.push(s.at, s.label, s.mappings);
+            }
+            *h = fresh;
+        }
+    }
+
     /// Takes a maps snapshot of `pid` at `at` (monotonic ns). A process
     /// that is already gone keeps its earlier snapshots.
     pub fn snapshot(&mut self, pid: u32, at: u64, label: &str) {
-        if self.mappings.is_err() && self.opts.sites.0.is_empty() && self.opts.stacks.0.is_empty() {
+        if !self.active() {
             return;
         }
         let h = self.histories.entry(pid).or_insert_with(|| MapsHistory::new(pid));
@@ -175,6 +211,22 @@ mod tests {
         assert_eq!(parse_classes("copy,reuse,copy").unwrap().0, vec![Metric::Reuse, Metric::Copy]);
         assert!(parse_classes("cpoy").unwrap_err().contains("not a class"));
         assert!(parse_classes("first_touch").unwrap_err().contains("error code"));
+    }
+
+    #[test]
+    fn a_child_inherits_its_parents_maps_and_an_exec_forgets_them() {
+        use crate::attrib::mapping::parse_maps;
+        let maps =
+            parse_maps("7f0000000000-7f0000400000 rw-p 00000000 00:00 0                          [heap]\n")
+                .unwrap();
+        let mut a = Attribution::new(AttribOpts::default(), Ok(()));
+        let mut h = MapsHistory::new(1);
+        h.push(10, "attach", maps);
+        a.histories.insert(1, h);
+        a.inherit(2, 1, 20);
+        assert_eq!(a.histories[&2].resolve(0x7f0000000000, 30).unwrap().mapping.name.to_string(), "[heap]");
+        a.exec(2, 40);
+        assert!(a.histories[&2].resolve(0x7f0000000000, 50).is_none());
     }
 
     #[test]
