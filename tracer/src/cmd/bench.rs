@@ -323,7 +323,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     }
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
-    let _signals = DeferSignals::new();
+    let _signals = super::HeldSignals::new();
     let mut run = Run::start(o)?;
     run.populate()?;
     let plan = plan(o, run.pages);
@@ -338,32 +338,6 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         file::write(p, &report)?;
     }
     Ok(0)
-}
-
-/// Blocks SIGINT, SIGTERM and SIGHUP while alive; a signal that came
-/// meanwhile is delivered when it is dropped.
-struct DeferSignals(libc::sigset_t);
-
-impl DeferSignals {
-    fn new() -> DeferSignals {
-        // SAFETY: plain signal-mask calls on a zeroed set.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                libc::sigaddset(&mut set, s);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            DeferSignals(set)
-        }
-    }
-}
-
-impl Drop for DeferSignals {
-    fn drop(&mut self) {
-        // SAFETY: unblocks what `new` blocked.
-        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut()) };
-    }
 }
 
 /// Maps each 2M THP by PTEs without splitting the folio: mprotect() of one

@@ -309,7 +309,7 @@ fn live(args: &[String]) -> Result<Loaded> {
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
     cmd.arg(&args[0]).arg("--json").arg(&json).args(&args[1..]);
     let st = {
-        let _held = HeldSignals::new();
+        let _held = crate::cmd::HeldSignals::new();
         let mut child = cmd.spawn()?;
         loop {
             if let Some(st) = child.try_wait()? {
@@ -325,40 +325,6 @@ fn live(args: &[String]) -> Result<Loaded> {
         return Err(Refusal::new(format!("the run failed ({st}); nothing to verify")).into());
     }
     Ok(file::load(&json)?)
-}
-
-/// SIGINT, SIGTERM and SIGHUP blocked while alive, taken with `wait`. (A
-/// child started meanwhile gets an empty mask from std's spawn.)
-struct HeldSignals(libc::sigset_t);
-
-impl HeldSignals {
-    fn new() -> HeldSignals {
-        // SAFETY: plain signal-set calls on a zeroed set.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                libc::sigaddset(&mut set, s);
-            }
-            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            HeldSignals(set)
-        }
-    }
-
-    /// A held signal that arrived within `t`.
-    fn wait(&self, t: std::time::Duration) -> Option<i32> {
-        let ts = libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ };
-        // SAFETY: waits for a signal of our blocked set.
-        let sig = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
-        (sig > 0).then_some(sig)
-    }
-}
-
-impl Drop for HeldSignals {
-    fn drop(&mut self) {
-        // SAFETY: unblocks what `new` blocked (none is pending: `wait` took them).
-        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut()) };
-    }
 }
 
 #[cfg(test)]
