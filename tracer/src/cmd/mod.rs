@@ -71,6 +71,12 @@ impl HeldSignals {
     }
 }
 
+impl Default for HeldSignals {
+    fn default() -> Self {
+        HeldSignals::new()
+    }
+}
+
 impl Drop for HeldSignals {
     fn drop(&mut self) {
         // SAFETY: unblocks what `new` blocked; one still pending is
