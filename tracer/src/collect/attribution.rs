@@ -187,8 +187,7 @@ mod tests {
             ),
             (Metric::Spurious, Availability::NotMeasurable("x".into())),
         ];
-        let mut o = AttribOpts::default();
-        o.stacks = parse_classes("copy,contpte_unfold").unwrap();
+        let o = AttribOpts { stacks: parse_classes("copy,contpte_unfold").unwrap(), ..AttribOpts::default() };
         let a = Attribution::new(o, Ok(()));
         let c: BTreeMap<u32, u32> = a.config(&avail).into_iter().map(|(k, v)| (k.index(), v)).collect();
         assert_eq!(c[&Config::Mappings.index()], 1);
