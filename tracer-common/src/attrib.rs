@@ -67,7 +67,7 @@ pub struct SiteKey {
 pub const NO_STACK: i32 = -1;
 
 /// Key of `STACK_COUNTS`: per (process, phase, class, user stack, kernel
-/// stack), the stacks being ids in the `STACK_TRACES` map.
+/// stack, kernel caller), the stacks being ids in the `STACK_TRACES` map.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
@@ -77,6 +77,13 @@ pub struct StackKey {
     pub user_stack: i32,
     pub kernel_stack: i32,
     pub _pad: u32,
+    /// arm64: the link register at the probed function's entry, the return
+    /// address into its direct caller, which the kernel's unwinder leaves
+    /// out of a stack taken there (it starts from pc and the frame pointer,
+    /// and the callee has not saved lr in a frame record yet). User space
+    /// puts it back as the second frame. 0 elsewhere and without a kernel
+    /// stack.
+    pub kernel_caller: u64,
 }
 
 /// `pt_regs` offset of the user instruction pointer, in bytes: x86-64 `ip`
@@ -84,6 +91,8 @@ pub struct StackKey {
 /// is the user-visible register layout, fixed per architecture.
 pub const PT_REGS_IP_X86_64: u64 = 128;
 pub const PT_REGS_PC_AARCH64: u64 = 256;
+/// arm64 `pt_regs` offset of x30, the link register.
+pub const PT_REGS_LR_AARCH64: u64 = 240;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -104,6 +113,6 @@ mod tests {
         assert_eq!(k & !START_IS_ADDR, 0x7f12_3456_0000);
         assert_eq!(core::mem::size_of::<MappingKey>(), 16);
         assert_eq!(core::mem::size_of::<SiteKey>(), 24);
-        assert_eq!(core::mem::size_of::<StackKey>(), 24);
+        assert_eq!(core::mem::size_of::<StackKey>(), 32);
     }
 }

@@ -112,6 +112,8 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 
 /// Attributes an event of the classes in `set` (among `candidates`): to its
 /// mapping, and, for the classes switched on, to its site and stacks.
+/// `caller`: see `StackKey::kernel_caller` (0 where there is none).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn attribute<C: StackIdContext>(
     ctx: &C,
@@ -121,6 +123,7 @@ pub fn attribute<C: StackIdContext>(
     set: ClassSet,
     start: u64,
     ip: u64,
+    caller: u64,
 ) {
     if config(Config::Mappings) != 0 {
         count_mapping(tgid, phase, start, set.0);
@@ -147,6 +150,7 @@ pub fn attribute<C: StackIdContext>(
                     user_stack: if user & c.bit() != 0 { u } else { NO_STACK },
                     kernel_stack: if kernel & c.bit() != 0 { k } else { NO_STACK },
                     _pad: 0,
+                    kernel_caller: if kernel & c.bit() != 0 { caller } else { 0 },
                 };
                 count_stack(&key);
             }

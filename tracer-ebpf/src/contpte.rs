@@ -25,6 +25,31 @@ const CONTPTE: [Class; 5] = [
     Class::ContpteFoldAttempt,
 ];
 
+/// The link register at the probed function's entry: the return address
+/// into its direct caller, which a kernel stack taken here lacks on arm64
+/// (`StackKey::kernel_caller`). Read only when kernel stacks are asked for;
+/// 0 when the read fails (the stack then lacks that frame, as the kernel's
+/// own does).
+#[inline(always)]
+fn entry_caller(ctx: &ProbeContext) -> u64 {
+    #[cfg(bpf_target_arch = "aarch64")]
+    {
+        use aya_ebpf::helpers::bpf_probe_read_kernel;
+        use faultscope_common::{attrib::PT_REGS_LR_AARCH64, maps::Config};
+
+        if crate::maps::config(Config::KernelStackClasses) == 0 {
+            return 0;
+        }
+        let p = (ctx.regs as u64 + PT_REGS_LR_AARCH64) as *const u64;
+        unsafe { bpf_probe_read_kernel(p) }.unwrap_or(0)
+    }
+    #[cfg(not(bpf_target_arch = "aarch64"))]
+    {
+        let _ = ctx;
+        0
+    }
+}
+
 /// Attributes a contpte event at user address `addr`: inside a traced
 /// fault of this thread to the fault's mapping and instruction, else (a
 /// syscall) to the address's granule, with no instruction.
@@ -34,7 +59,7 @@ fn attribute_here(ctx: &ProbeContext, tid: u32, tgid: u32, phase: u32, set: Clas
         Some(s) if unsafe { (*s).in_fault() } => unsafe { ((*s).vma_start, (*s).ip) },
         _ => (addr_key(addr), 0),
     };
-    attribute(ctx, tgid, phase, &CONTPTE, set, start, ip);
+    attribute(ctx, tgid, phase, &CONTPTE, set, start, ip, entry_caller(ctx));
 }
 
 /// arm64 PTE_CONT: the contiguous hint of a PTE.

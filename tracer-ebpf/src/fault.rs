@@ -95,7 +95,8 @@ fn try_fault_return(ctx: RetProbeContext) -> Result<u32, ReadFailed> {
     // Only the classes `on_return` can produce are walked.
     let phase = current_phase();
     record_set(tgid, phase, &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
-    attribute(&ctx, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip);
+    // No kernel stacks here (they are for the contpte classes): no caller.
+    attribute(&ctx, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
     Ok(0)
 }
 

@@ -9,3 +9,13 @@ run_case shared4k 4K --size 16M --thp never --shared --clear-soft-dirty
 # record -p while a child forked before attach shares the memory; the child
 # is killed once faultscope has attached, then the parent writes every page.
 run_attach_case attach4k --size 16M --thp never --child exit --child-lifetime 3600
+# Attribution: three mappings of different kinds (an anonymous region, a
+# private file mapping, pages added to [heap]), each written after the
+# child's exit by a function of its own; the oracle splits its counts by
+# their address ranges.
+RECORD_ARGS="--sites reuse,copy --stacks reuse,copy --flamegraph /tmp/mappings4k.svg --folded /tmp/mappings4k.folded"
+run_case mappings4k 4K --size ${MAPPINGS_SIZE:-4M} --thp never --child exit --mappings --regions-out /tmp/mappings4k.ranges
+RECORD_ARGS=
+emit mappings4k.ranges /tmp/mappings4k.ranges
+emit mappings4k.folded /tmp/mappings4k.folded
+svg_facts mappings4k /tmp/mappings4k.svg

@@ -75,6 +75,9 @@ emit() {
 
 # run_case NAME FOLIO WORKLOAD-ARGS...: faultscope records the workload while
 # the oracle traces; prints reports, oracle counts and kprobe_profile.
+# $RECORD_ARGS go to faultscope record. If the workload wrote address
+# ranges to /tmp/NAME.ranges (--regions-out), the oracle also splits its
+# counts by them.
 run_case() {
 	name=$1; folio=$2; shift 2
 	thp_mode $folio
@@ -83,7 +86,7 @@ run_case() {
 	a0=$(stat64k)
 	echo 1 > $T/tracing_on
 	up "$name.start"
-	/faultscope record --json /tmp/$name.fs.json -- /faultscope workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
+	/faultscope record --json /tmp/$name.fs.json $RECORD_ARGS -- /faultscope workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
 	echo 0 > $T/tracing_on
 	a1=$(stat64k)
@@ -91,7 +94,7 @@ run_case() {
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
 	echo "@@FS-MTHP64-ALLOC $name $((a1 - a0))"
 	up "$name.recorded"
-	/oracle < $T/trace > /tmp/$name.oracle
+	/oracle $(cat /tmp/$name.ranges 2>/dev/null) < $T/trace > /tmp/$name.oracle
 	up "$name.oracle"
 	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
 	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
@@ -155,4 +158,12 @@ run_attach_case() {
 	emit $name.fs.json /tmp/$name.fs.json
 	emit $name.wl.json /tmp/$name.wl.json
 	emit $name.oracle /tmp/$name.oracle
+}
+
+# svg_facts NAME FILE: a flame graph's size (@@FS-SVG-BYTES, "missing" when
+# there is none) and its frames' titles (section NAME.svg-titles).
+svg_facts() {
+	echo "@@FS-SVG-BYTES $1 $(wc -c < "$2" 2>/dev/null || echo missing)"
+	grep -o '<title>[^<]*</title>' "$2" 2>/dev/null | head -n 300 > /tmp/$1.svg-titles
+	emit $1.svg-titles /tmp/$1.svg-titles
 }

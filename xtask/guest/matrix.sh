@@ -23,7 +23,8 @@ S=${SIZE:-16M}
 for c in $CASES; do
 	case $c in
 	4k-exit) bench_case $c seq --size $S --folio 4K --child exit ;;
-	64k-exit) bench_case $c seq --size $S --folio 64K --child exit ;;
+	# With the kernel stacks of unfolds: which kernel path unfolded.
+	64k-exit) bench_case $c seq --size $S --folio 64K --child exit --stacks contpte_unfold ;;
 	2m-pte-exit) bench_case $c seq --size $S --folio 2M --child exit ;;
 	2m-pmd-exit) bench_case $c seq --size $S --folio 2M --pmd --child exit ;;
 	4k-alive) bench_case $c seq --size $S --folio 4K --child alive ;;

@@ -32,13 +32,21 @@
  * A class whose events this guest's tracefs lacks (lib.sh refused them) is
  * "KEY=?", never a number, and a line "oracle unknown KEY: EVENT..." names
  * the missing events ("a|b": both alternatives missing).
+ * Given address ranges (arguments NAME=0xSTART-0xEND, END exclusive), it
+ * also splits the counts of each fault by the address handle_mm_fault got,
+ * per range (ranges may overlap; a fault counts in each that holds it):
+ *   oracle-range tgid=N phase=ALL|LABEL range=NAME faults=.. wp_faults=..
+ *          reuse=.. copy=.. wp_shared=.. spurious=.. huge_pmd_wp=.. nowp=..
+ * (the contpte counts are not faults and have no range). A range is only
+ * addresses, over the whole trace: whatever was mapped there before counts
+ * too, so a workload whose ranges are checked must not reuse them.
  * nowp (not a class) counts user write faults that completed without
  * reaching do_wp_page, do_huge_pmd_wp_page or a new anon folio; spurious
  * those of them whose exception says the page was present (or, without a
  * matching exception, that reached the present-entry tail).
  *
- * Usage: oracle [TRACEFS] < trace; TRACEFS is /sys/kernel/tracing unless
- * given.
+ * Usage: oracle [TRACEFS] [NAME=0xSTART-0xEND...] < trace; TRACEFS is
+ * /sys/kernel/tracing unless given.
  *
  * Written in C and built static so that it runs fast under TCG and shares
  * no code with faultscope.
@@ -52,6 +60,7 @@
 #define MAXP 512
 #define MAXPH 64
 #define NC 13
+#define MAXR 16
 
 /* The counts, printed in this order under these names: the report's class
  * names, but for nowp. */
@@ -151,7 +160,10 @@ struct thread {
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
 };
-struct proc { int tgid, exec; unsigned long c[NC]; unsigned long ph[MAXPH][NC]; };
+/* The counts of a process in each range, whole run and per phase. */
+struct rcounts { unsigned long c[MAXR][NC]; unsigned long ph[MAXPH][MAXR][NC]; };
+struct proc { int tgid, exec; unsigned long c[NC]; unsigned long ph[MAXPH][NC]; struct rcounts *r; };
+struct range { char name[64]; unsigned long start, end; };
 
 static struct thread threads[MAXT];
 static struct proc procs[MAXP];
@@ -159,6 +171,15 @@ static int nthreads, nprocs, nexec;
 static char labels[MAXPH][80];
 static int nph; /* phases seen; counts go to the last one */
 static unsigned long unknown_tgid; /* lines whose tgid the trace did not know */
+static struct range ranges[MAXR];
+static int nranges;
+
+/* The counts a fault is split by its address in: those counted when
+ * handle_mm_fault returns. */
+static int per_fault(int what)
+{
+	return what <= HUGE || what == NOWP;
+}
 
 static struct thread *thread(int pid)
 {
@@ -187,6 +208,42 @@ static void count(struct proc *p, int what)
 		p->ph[nph - 1][what]++;
 }
 
+/* A count of the fault at user address `addr`: also in each range holding
+ * it. */
+static void count_at(struct proc *p, int what, unsigned long addr)
+{
+	count(p, what);
+	for (int i = 0; i < nranges; i++) {
+		if (addr < ranges[i].start || addr >= ranges[i].end)
+			continue;
+		if (!p->r && !(p->r = calloc(1, sizeof *p->r))) { fprintf(stderr, "oracle: out of memory\n"); exit(1); }
+		p->r->c[i][what]++;
+		if (nph)
+			p->r->ph[nph - 1][i][what]++;
+	}
+}
+
+/* NAME=0xSTART-0xEND */
+static int parse_range(const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+	if (!eq || eq == arg || eq - arg >= (long)sizeof ranges[0].name || nranges == MAXR)
+		return -1;
+	char *dash, *end;
+	unsigned long a = strtoul(eq + 1, &dash, 16), b;
+	if (dash == eq + 1 || *dash != '-')
+		return -1;
+	b = strtoul(dash + 1, &end, 16);
+	if (end == dash + 1 || *end || b <= a)
+		return -1;
+	struct range *r = &ranges[nranges++];
+	memcpy(r->name, arg, eq - arg);
+	r->name[eq - arg] = 0;
+	r->start = a;
+	r->end = b;
+	return 0;
+}
+
 /* A numeric field "name=value"; decimal, or hex with 0x. */
 static unsigned long field(const char *line, const char *name)
 {
@@ -194,21 +251,50 @@ static unsigned long field(const char *line, const char *name)
 	return p ? strtoul(p + strlen(name), NULL, 0) : 0;
 }
 
-static void print(int tgid, const char *label, const unsigned long *c)
+static void print_counts(const unsigned long *c, int faults_only)
 {
-	printf("oracle tgid=%d phase=%s", tgid, label);
-	for (int i = 0; i < NC; i++)
+	for (int i = 0; i < NC; i++) {
+		if (faults_only && !per_fault(i))
+			continue;
 		if (known[i])
 			printf(" %s=%lu", keys[i].name, c[i]);
 		else
 			printf(" %s=?", keys[i].name);
+	}
 	printf("\n");
+}
+
+static void print(int tgid, const char *label, const unsigned long *c)
+{
+	printf("oracle tgid=%d phase=%s", tgid, label);
+	print_counts(c, 0);
+}
+
+static void print_ranges(const struct proc *p)
+{
+	static const unsigned long zero[NC];
+	for (int i = 0; i < nranges; i++)
+		for (int j = -1; j < nph; j++) {
+			const unsigned long *c = !p->r ? zero : j < 0 ? p->r->c[i] : p->r->ph[j][i];
+			printf("oracle-range tgid=%d phase=%s range=%s", p->tgid, j < 0 ? "ALL" : labels[j],
+			       ranges[i].name);
+			print_counts(c, 1);
+		}
 }
 
 int main(int argc, char **argv)
 {
 	char line[1024];
-	probe_events(argc > 1 ? argv[1] : "/sys/kernel/tracing");
+	const char *tracefs = "/sys/kernel/tracing";
+	for (int i = 1; i < argc; i++) {
+		if (!strchr(argv[i], '='))
+			tracefs = argv[i];
+		else if (parse_range(argv[i])) {
+			fprintf(stderr, "oracle: bad range %s (NAME=0xSTART-0xEND, at most %d)\n", argv[i], MAXR);
+			return 2;
+		}
+	}
+	probe_events(tracefs);
 	unsigned long lines = 0;
 	while (fgets(line, sizeof line, stdin)) {
 		if (line[0] == '#')
@@ -282,19 +368,20 @@ int main(int argc, char **argv)
 		} else if (strstr(ev, " hmfr: ")) {
 			if (t->user) {
 				unsigned long ret = field(ev, "ret=");
-				count(p, FAULTS);
+				unsigned long a = t->addr;
+				count_at(p, FAULTS, a);
 				if (t->wp) {
-					count(p, WP);
-					count(p, t->dsp ? SHARED : t->nar ? COPY : REUSE);
+					count_at(p, WP, a);
+					count_at(p, t->dsp ? SHARED : t->nar ? COPY : REUSE, a);
 				}
 				if (t->hwp)
-					count(p, HUGE);
+					count_at(p, HUGE, a);
 				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
 				if (t->write && !t->wp && !t->hwp && !t->nar && !t->dsp && !(ret & (0x873 | 0x400))) {
-					count(p, NOWP);
+					count_at(p, NOWP, a);
 					int same = t->exc && (t->exc_addr >> 12) == (t->addr >> 12);
 					if (same ? t->present : t->acc)
-						count(p, SPURIOUS);
+						count_at(p, SPURIOUS, a);
 				}
 			}
 			t->user = 0;
@@ -323,6 +410,7 @@ int main(int argc, char **argv)
 		print(procs[i].tgid, "ALL", procs[i].c);
 		for (int j = 0; j < nph; j++)
 			print(procs[i].tgid, labels[j], procs[i].ph[j]);
+		print_ranges(&procs[i]);
 	}
 	/* For the host's error messages: what the trace held. */
 	printf("oracle: %lu trace lines, %lu with an unknown tgid, %d processes exec'd:", lines,

@@ -28,6 +28,9 @@ pub type Line = BTreeMap<String, Option<u64>>;
 pub struct Oracle {
     /// Lines by (tgid, phase).
     pub lines: BTreeMap<(u32, String), Line>,
+    /// `oracle-range` lines (the faults in an address range given to the
+    /// oracle) by (tgid, phase, range).
+    pub ranges: BTreeMap<(u32, String, String), Line>,
     /// The events each count the oracle cannot count misses ("a|b": both),
     /// from its `oracle unknown KEY: EVENT...` lines.
     pub missing: BTreeMap<String, Vec<String>>,
@@ -37,19 +40,24 @@ pub struct Oracle {
 
 impl Oracle {
     pub fn parse(text: &str, refused: BTreeMap<String, String>) -> Oracle {
-        let (mut lines, mut missing) = (BTreeMap::new(), BTreeMap::new());
+        let (mut lines, mut ranges, mut missing) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for l in text.lines() {
             if let Some((key, events)) = l.strip_prefix("oracle unknown ").and_then(|r| r.split_once(':')) {
                 missing.insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
                 continue;
             }
-            let Some(rest) = l.strip_prefix("oracle ") else { continue };
-            let (mut tgid, mut phase, mut counts) = (None, None, Line::new());
+            let (rest, is_range) = match (l.strip_prefix("oracle "), l.strip_prefix("oracle-range ")) {
+                (Some(r), _) => (r, false),
+                (_, Some(r)) => (r, true),
+                _ => continue,
+            };
+            let (mut tgid, mut phase, mut range, mut counts) = (None, None, None, Line::new());
             for kv in rest.split_whitespace() {
                 let Some((k, v)) = kv.split_once('=') else { continue };
                 match (k, v) {
                     ("tgid", _) => tgid = v.parse().ok(),
                     ("phase", _) => phase = Some(v.to_string()),
+                    ("range", _) => range = Some(v.to_string()),
                     (_, "?") => {
                         counts.insert(k.to_string(), None);
                     }
@@ -60,11 +68,17 @@ impl Oracle {
                     }
                 }
             }
-            if let (Some(t), Some(p)) = (tgid, phase) {
-                lines.insert((t, p), counts);
+            match (tgid, phase, range) {
+                (Some(t), Some(p), Some(r)) if is_range => {
+                    ranges.insert((t, p, r), counts);
+                }
+                (Some(t), Some(p), None) if !is_range => {
+                    lines.insert((t, p), counts);
+                }
+                _ => {}
             }
         }
-        Oracle { lines, missing, refused }
+        Oracle { lines, ranges, missing, refused }
     }
 
     /// The oracle section `section` of a guest run, with the run's refused
@@ -80,6 +94,11 @@ impl Oracle {
 
     pub fn line(&self, tgid: u32, phase: &str) -> Option<&Line> {
         self.lines.get(&(tgid, phase.to_string()))
+    }
+
+    /// The faults of (`tgid`, `phase`) in the address range named `range`.
+    pub fn range(&self, tgid: u32, phase: &str, range: &str) -> Option<&Line> {
+        self.ranges.get(&(tgid, phase.to_string(), range.to_string()))
     }
 
     /// Why the oracle cannot count `key`: the refusals of the events it
@@ -357,6 +376,11 @@ mod tests {
     /// tracefs under `dir` (`exc` as x86's page_fault_user tracepoint,
     /// enabled).
     fn run_oracle(bin: &Path, dir: &Path, events: &[&str], trace: &str) -> String {
+        run_oracle_with(bin, dir, events, trace, &[])
+    }
+
+    /// [`run_oracle`] with address ranges (`NAME=0xSTART-0xEND`).
+    fn run_oracle_with(bin: &Path, dir: &Path, events: &[&str], trace: &str, ranges: &[&str]) -> String {
         let tracefs = dir.join("tracing");
         let _ = std::fs::remove_dir_all(&tracefs);
         std::fs::create_dir_all(&tracefs).unwrap();
@@ -372,6 +396,7 @@ mod tests {
         std::fs::write(dir.join("trace"), trace).unwrap();
         let out = Command::new(bin)
             .arg(&tracefs)
+            .args(ranges)
             .stdin(std::fs::File::open(dir.join("trace")).unwrap())
             .output()
             .unwrap();
@@ -413,6 +438,81 @@ mod tests {
         let out = run_oracle(&bin, &dir, &[], trace);
         assert!(out.contains("oracle unknown faults: hmf hmfr\n"), "{out}");
         assert!(out.contains(" faults=? "), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_oracle_splits_faults_by_address_range() {
+        let dir = std::env::temp_dir().join(format!("faultscope-oracle-ranges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = build_oracle(&dir);
+        let l = |t: &str, ev: &str| format!("w-7 (      7) [000] ..... {t}: {ev}\n");
+        let fault = |t: &str, addr: &str, flags: &str, nar: bool| {
+            let mut s = l(t, &format!("hmf: (handle_mm_fault+0x0/0x8) addr={addr} flags={flags} regs=0x1"));
+            if flags == "0x41" {
+                s += &l(t, "wp: (do_wp_page+0x0/0x8)");
+            }
+            if nar {
+                s += &l(t, "nar: (folio_add_new_anon_rmap+0x0/0x8)");
+            }
+            s + &l(t, "hmfr: (x <- handle_mm_fault) ret=0x0")
+        };
+        let trace = "# tracer: nop\n".to_string()
+            + &l("1.0", "sched_process_exec: filename=/w pid=7 old_pid=7")
+            // A reuse in a (and in all), before any phase marker.
+            + &fault("1.1", "0x1000", "0x41", false)
+            + &l("1.2", "tracing_mark_write: faultscope phase mark:write")
+            // A copy at the last byte of b, a read fault in all only, a
+            // reuse past all, a copy at b's (exclusive) end.
+            + &fault("1.3", "0x2fff", "0x41", true)
+            + &fault("1.4", "0x5000", "0x40", false)
+            + &fault("1.5", "0x20000", "0x41", false)
+            + &fault("1.6", "0x3000", "0x41", true);
+        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
+        let ranges = ["a=0x1000-0x2000", "b=0x2000-0x3000", "all=0x0-0x10000", "none=0x40000-0x50000"];
+        let plain = run_oracle(&bin, &dir, &x86, &trace);
+        let out = run_oracle_with(&bin, &dir, &x86, &trace, &ranges);
+        // The oracle's own lines are unchanged by ranges.
+        let own: Vec<&str> = out.lines().filter(|l| !l.starts_with("oracle-range ")).collect();
+        assert_eq!(own, plain.lines().collect::<Vec<_>>());
+        let line = |phase: &str, range: &str, f: u64, wp: u64, r: u64, c: u64| {
+            format!(
+                "oracle-range tgid=7 phase={phase} range={range} faults={f} wp_faults={wp} reuse={r} copy={c} \
+                 wp_shared=0 spurious=0 huge_pmd_wp=0 nowp=0\n"
+            )
+        };
+        for want in [
+            line("ALL", "a", 1, 1, 1, 0),
+            line("mark:write", "a", 0, 0, 0, 0),
+            line("ALL", "b", 1, 1, 0, 1),
+            line("mark:write", "b", 1, 1, 0, 1),
+            line("ALL", "all", 4, 3, 1, 2),
+            line("mark:write", "all", 3, 2, 0, 2),
+            line("ALL", "none", 0, 0, 0, 0),
+        ] {
+            assert!(out.contains(&want), "no {want:?} in\n{out}");
+        }
+        let o = Oracle::parse(&out, BTreeMap::new());
+        assert_eq!(o.range(7, "ALL", "all").unwrap()["copy"], Some(2));
+        assert_eq!(o.range(7, "mark:write", "b").unwrap()["faults"], Some(1));
+        assert_eq!(o.line(7, "ALL").unwrap()["faults"], Some(5));
+        assert_eq!(o.ranges.len(), 8);
+        // Unknown counts stay unknown in ranges: no nar, no reuse or copy.
+        let out = run_oracle_with(&bin, &dir, &x86[..4], &trace, &ranges[..1]);
+        assert!(
+            out.contains("oracle-range tgid=7 phase=ALL range=a faults=1 wp_faults=1 reuse=? copy=? "),
+            "{out}"
+        );
+        // A malformed range is refused.
+        for bad in ["a=0x2000-0x1000", "=0x1-0x2", "a=0x1", "a=x-0x2"] {
+            let st = Command::new(&bin)
+                .arg(dir.join("tracing"))
+                .arg(bad)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .unwrap();
+            assert_eq!(st.status.code(), Some(2), "{bad}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

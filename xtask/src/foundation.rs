@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::{
     check::{self, Oracle},
-    kernels, root, vm,
+    kernels, mappings, root, vm,
 };
 
 /// Faults of the workload outside its write phase that land in the same
@@ -26,7 +26,16 @@ pub struct CaseResult {
     pub failures: Vec<String>,
 }
 
-pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseResult> {
+/// Checks a case: faultscope against the oracle (whole process), the page
+/// arithmetic of `folio` (4K, 64K, shared; "mappings": per mapping, see
+/// `mappings.rs`, with the kernel's CONFIG_ANON_VMA_NAME as `anon_vma_name`),
+/// getrusage.
+pub fn check_case(
+    run: &vm::GuestRun,
+    case: &str,
+    folio: &str,
+    anon_vma_name: Option<bool>,
+) -> Result<CaseResult> {
     let mut fails = Vec::new();
     let rc = run.marker("RC", case).unwrap_or_default();
     if rc != "0" {
@@ -60,6 +69,10 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
     // Page arithmetic. Large folios are reused page by page since 6.16
     // (1da190f4d0a6); before, every page is copied.
     let (class, what) = match folio {
+        "mappings" => {
+            mappings::check(run, case, p, &wl, anon_vma_name, &mut table, &mut fails)?;
+            (Metric::Reuse, "")
+        }
         "shared" => {
             (Metric::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
         }
@@ -70,10 +83,14 @@ pub fn check_case(run: &vm::GuestRun, case: &str, folio: &str) -> Result<CaseRes
         _ => (Metric::Copy, "no large-folio reuse before 6.16: every page is copied"),
     };
     let got = p.count(class).unwrap_or(0);
-    let _ =
-        writeln!(table, "  arithmetic: {class} = {got}, pages = {pages} ({what}; tolerance +{TOLERANCE})");
-    if got < pages || got > pages + TOLERANCE {
-        fails.push(format!("{case}: {class} = {got}, expected pages {pages} (+{TOLERANCE})"));
+    if folio != "mappings" {
+        let _ = writeln!(
+            table,
+            "  arithmetic: {class} = {got}, pages = {pages} ({what}; tolerance +{TOLERANCE})"
+        );
+        if got < pages || got > pages + TOLERANCE {
+            fails.push(format!("{case}: {class} = {got}, expected pages {pages} (+{TOLERANCE})"));
+        }
     }
     if folio == "64K" {
         let alloc: u64 = run.marker("MTHP64-ALLOC", case).and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -215,7 +232,8 @@ pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
 }
 
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
-/// cases, the shared-memory soft-dirty case and the attach case.
+/// cases, the shared-memory soft-dirty case, the attach case and the
+/// attribution case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
@@ -223,10 +241,13 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let dir = root().join("target/vm/foundation").join(k.name);
     std::fs::create_dir_all(&dir)?;
     let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", size.to_string())])?;
+    let anon_vma_name = kernels::config_option(k, "CONFIG_ANON_VMA_NAME")?;
     let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
     let mut failures = Vec::new();
-    for (case, folio) in [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared")] {
-        let r = check_case(&run, case, folio)?;
+    for (case, folio) in
+        [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")]
+    {
+        let r = check_case(&run, case, folio, anon_vma_name)?;
         print!("{}", r.table);
         failures.extend(r.failures);
     }
@@ -258,7 +279,7 @@ mod tests {
                 ("fork4k.oracle", &format!("{X86_UNKNOWN}{}", oracle_line("ALL", 39, 20, 1))),
             ],
         );
-        let r = check_case(&run, "fork4k", "4K").unwrap();
+        let r = check_case(&run, "fork4k", "4K", None).unwrap();
         assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
         assert!(r.table.contains("  arithmetic: reuse = 20, pages = 16"), "{}", r.table);
         assert!(
@@ -267,7 +288,7 @@ mod tests {
             r.table
         );
         // Before 6.16 a 64K folio is copied page by page: copy 1 is not 16.
-        let r = check_case(&run, "fork4k", "64K").unwrap();
+        let r = check_case(&run, "fork4k", "64K", None).unwrap();
         assert!(r.failures.iter().any(|f| f.contains("copy = 1, expected pages 16")), "{:?}", r.failures);
     }
 

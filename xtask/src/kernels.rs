@@ -219,6 +219,27 @@ pub fn modules_dir(k: GuestKernel) -> Result<PathBuf> {
         .with_context(|| format!("no lib/modules/*/kernel in {}", dir.display()))
 }
 
+/// A kernel's build option, from the config its package ships
+/// (`boot/config-*`; 6.12's have it, 7.x's linux-binary packages do not):
+/// `Some(true)` for `=y` or `=m`, `Some(false)` when not set, `None` without
+/// a config.
+pub fn config_option(k: GuestKernel, option: &str) -> Result<Option<bool>> {
+    let dir = package_dir(k)?;
+    let config = fs::read_dir(dir.join("boot"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("config-")));
+    let Some(config) = config else { return Ok(None) };
+    let text = fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+    Ok(Some(parse_config_option(&text, option)))
+}
+
+fn parse_config_option(config: &str, option: &str) -> bool {
+    config.lines().filter_map(|l| l.strip_prefix(option)?.strip_prefix('=')).any(|v| v == "y" || v == "m")
+}
+
 /// The kernel image in an unpacked package: boot/vmlinuz-* (6.12) or
 /// usr/lib/modules/*/vmlinuz (7.x).
 fn vmlinuz(pkg_dir: &Path) -> Result<PathBuf> {
@@ -232,4 +253,16 @@ fn vmlinuz(pkg_dir: &Path) -> Result<PathBuf> {
         .chain(modules.filter(|p| p.is_file()))
         .next()
         .with_context(|| format!("no vmlinuz in {}", pkg_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn config_options() {
+        let c = "CONFIG_A=y\n# CONFIG_ANON_VMA_NAME is not set\nCONFIG_AB=m\nCONFIG_C=\"x\"\n";
+        assert!(super::parse_config_option(c, "CONFIG_A"));
+        assert!(super::parse_config_option(c, "CONFIG_AB"));
+        assert!(!super::parse_config_option(c, "CONFIG_ANON_VMA_NAME"));
+        assert!(!super::parse_config_option(c, "CONFIG_C"));
+    }
 }

@@ -5,6 +5,7 @@ mod cross;
 mod demo;
 mod foundation;
 mod kernels;
+mod mappings;
 mod matrix;
 mod overhead;
 mod redis;

@@ -2,10 +2,13 @@
 //! arch, each compared, per bench phase, with the tracefs oracle of the same
 //! run and with the workload's page arithmetic.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeSet, fmt::Write as _};
 
 use anyhow::{Context as _, Result};
-use faultscope::kernel::classes::Metric;
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{Attribution, StackRow},
+};
 
 use crate::{
     check::{self, Oracle},
@@ -92,6 +95,8 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         }
     };
     let folio = b.folio.as_str();
+    // Printed after the expectations.
+    let mut stacks = String::new();
     match case {
         "4k-exit" => {
             let r = get(Metric::Reuse);
@@ -131,11 +136,103 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
     {
         let u = get(Metric::ContpteUnfold);
         expect(u == folios, format!("contpte_unfold {u} = 64K blocks written {folios}"));
+        let try_unfold = oracle
+            .line(pid, "mark:write")
+            .and_then(|l| l.get(Metric::ContpteTryUnfold.name()).copied().flatten());
+        let checks;
+        (stacks, checks) = unfold_stacks(&report.kernel, &write.attribution, u, try_unfold);
+        for (ok, what) in checks {
+            expect(ok, what);
+        }
     }
+    table.push_str(&stacks);
     if run.marker("OVERRUN", case).as_deref() != Some("0") {
         fails.push(format!("{kernel} {case}: the oracle's trace buffer overran"));
     }
     Ok(CaseResult { table, failures: fails })
+}
+
+/// The direct caller of `contpte_convert` when a write after the fork
+/// unfolds a 64K block, as the kernels do it (seen in their stacks, and in
+/// the oracle's count of `__contpte_try_unfold` calls):
+/// - 6.12 copies the folio page by page; the copy clears the PTE
+///   (`ptep_clear_flush`), which unfolds through `__contpte_try_unfold`:
+///   `contpte_convert <- __contpte_try_unfold <- ptep_clear_flush <- do_wp_page`.
+/// - 7.3 reuses the folio; `wp_page_reuse` makes the PTE writable through
+///   `contpte_ptep_set_access_flags`, which converts the block itself:
+///   `contpte_convert <- contpte_ptep_set_access_flags <- wp_page_reuse <- do_wp_page`.
+const UNFOLD_CALLERS: &[((u64, u64), &str, &str)] = &[
+    ((6, 12), "__contpte_try_unfold", "ptep_clear_flush"),
+    ((7, 3), "contpte_ptep_set_access_flags", "wp_page_reuse"),
+];
+
+/// A kernel frame's function: `name+0x1c` -> `name`.
+fn function(frame: &str) -> &str {
+    frame.split('+').next().unwrap_or(frame)
+}
+
+/// The kernel stacks of the write step's contpte unfolds (`bench
+/// --stacks contpte_unfold`), printed leaf first, and what they must show:
+/// every unfold has a stack starting at `contpte_convert`, its direct caller
+/// is the kernel's own ([`UNFOLD_CALLERS`]), and the stacks through
+/// `__contpte_try_unfold` are as many as the oracle counted calls of it
+/// (`try_unfold`).
+fn unfold_stacks(
+    kernel: &str,
+    a: &Attribution,
+    unfolds: u64,
+    try_unfold: Option<u64>,
+) -> (String, Vec<(bool, String)>) {
+    let stacks: Vec<&StackRow> = a.stacks.iter().filter(|s| s.class == Metric::ContpteUnfold).collect();
+    let mut table = String::new();
+    for s in &stacks {
+        let frames: Vec<&str> = s.kernel.iter().rev().map(String::as_str).collect();
+        let _ = writeln!(table, "  contpte_unfold kernel stack x{}: {}", s.count, frames.join(" <- "));
+    }
+    // Leaf first: frame i of a stack.
+    fn frame(s: &StackRow, i: usize) -> &str {
+        s.kernel.iter().rev().nth(i).map_or("", |f| function(f))
+    }
+    let n: u64 = stacks.iter().filter(|s| frame(s, 0) == "contpte_convert").map(|s| s.count).sum();
+    let mut out = vec![(
+        n == unfolds,
+        format!("contpte_unfold kernel stacks from contpte_convert {n} = unfolds {unfolds}"),
+    )];
+    let through = |f: &str| -> u64 {
+        stacks.iter().filter(|s| s.kernel.iter().any(|k| function(k) == f)).map(|s| s.count).sum()
+    };
+    let t = through("__contpte_try_unfold");
+    out.push((
+        Some(t) == try_unfold,
+        format!(
+            "stacks through __contpte_try_unfold {t} = the oracle's calls of it {}",
+            try_unfold.map_or("?".into(), |v| v.to_string())
+        ),
+    ));
+    let version = UNFOLD_CALLERS.iter().find(|((a, b), _, _)| {
+        crate::foundation::kernel_at_least(kernel, *a, *b)
+            && !crate::foundation::kernel_at_least(kernel, *a, *b + 1)
+    });
+    match version {
+        Some((_, caller, next)) => {
+            let m: u64 = stacks
+                .iter()
+                .filter(|s| frame(s, 1) == *caller && frame(s, 2) == *next)
+                .map(|s| s.count)
+                .sum();
+            out.push((
+                m == unfolds,
+                format!(
+                    "{m} of {unfolds} unfolds: contpte_convert <- {caller} <- {next} (this kernel's path)"
+                ),
+            ));
+        }
+        None => {
+            let callers: BTreeSet<&str> = stacks.iter().map(|s| frame(s, 1)).collect();
+            let _ = writeln!(table, "  (no expected path for {kernel}: direct callers {callers:?})");
+        }
+    }
+    (table, out)
 }
 
 /// `faultscope verify --expect contpte_unfold=0` over the write step of the
@@ -244,6 +341,64 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unfold_stacks_name_the_kernels_own_caller() {
+        let stack = |frames: &[&str], count| StackRow {
+            class: Metric::ContpteUnfold,
+            user: vec![],
+            // Outermost first, as the report has them.
+            kernel: frames.iter().rev().map(|f| f.to_string()).collect(),
+            count,
+        };
+        let a612 = Attribution {
+            stacks: vec![stack(
+                &[
+                    "contpte_convert+0x0",
+                    "__contpte_try_unfold+0x3c",
+                    "ptep_clear_flush+0x118",
+                    "do_wp_page+0x4fc",
+                ],
+                256,
+            )],
+            ..Attribution::default()
+        };
+        let (t, checks) = unfold_stacks("6.12.117+deb12-cloud-arm64", &a612, 256, Some(256));
+        assert!(checks.iter().all(|(ok, _)| *ok), "{checks:?}");
+        assert!(
+            t.contains("x256: contpte_convert+0x0 <- __contpte_try_unfold+0x3c <- ptep_clear_flush+0x118"),
+            "{t}"
+        );
+        // On 7.3 the same stack is not the kernel's path, and the oracle saw
+        // no call of __contpte_try_unfold.
+        let (_, checks) = unfold_stacks("7.3.4+deb13-cloud-arm64", &a612, 256, Some(0));
+        let failed: Vec<&String> = checks.iter().filter(|(ok, _)| !ok).map(|(_, w)| w).collect();
+        assert_eq!(failed.len(), 2, "{failed:?}");
+        assert!(
+            failed[1].contains("0 of 256 unfolds: contpte_convert <- contpte_ptep_set_access_flags"),
+            "{failed:?}"
+        );
+        let a73 = Attribution {
+            stacks: vec![stack(
+                &["contpte_convert+0x0", "contpte_ptep_set_access_flags+0x140", "wp_page_reuse+0x120"],
+                256,
+            )],
+            ..Attribution::default()
+        };
+        let (_, checks) = unfold_stacks("7.3.4+deb13-cloud-arm64", &a73, 256, Some(0));
+        assert!(checks.iter().all(|(ok, _)| *ok), "{checks:?}");
+        // Without the direct caller (the kernel's own unwinder at a kprobe).
+        let bare = Attribution {
+            stacks: vec![stack(&["contpte_convert+0x0", "wp_page_reuse+0x120"], 256)],
+            ..Attribution::default()
+        };
+        let (_, checks) = unfold_stacks("7.3.4+deb13-cloud-arm64", &bare, 256, Some(0));
+        assert!(!checks[2].0, "{checks:?}");
+        // A kernel of no known path: printed, not checked.
+        let (t, checks) = unfold_stacks("6.18.1", &a73, 256, Some(0));
+        assert_eq!(checks.len(), 2);
+        assert!(t.contains("direct callers {\"contpte_ptep_set_access_flags\"}"), "{t}");
+    }
 
     #[test]
     fn a_missing_oracle_phase_says_what_the_trace_held() {

@@ -328,6 +328,7 @@ fn check_bgsave_phases(
     } else {
         expect(t, false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec".into());
     }
+    check_child_alive_attribution(alive, t, expect);
     let reuse_after = count(&exit.classes, Metric::Reuse).unwrap_or(0);
     expect(
         t,
@@ -335,6 +336,67 @@ fn check_bgsave_phases(
         format!("the SETs after the child's exit reuse write-protected pages: reuse {reuse_after}"),
     );
     Ok(())
+}
+
+/// The COW copies while the BGSAVE child lived, attributed: the phase's
+/// mapping rows (and `mappings_other`) add up to its copy total, some named
+/// mapping holds copies, and the copy sites (default `--sites` has copy),
+/// with `sites_other`, add up to the same total.
+fn check_child_alive_attribution(
+    alive: &Phase,
+    t: &mut String,
+    expect: &mut impl FnMut(&mut String, bool, String),
+) {
+    let a = &alive.attribution;
+    let copies = count(&alive.classes, Metric::Copy).unwrap_or(0);
+    let copy = |c: &BTreeMap<Metric, u64>| c.get(&Metric::Copy).copied().unwrap_or(0);
+    let mut rows: Vec<_> = a.mappings.iter().filter(|r| copy(&r.counts) > 0).collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(copy(&r.counts)));
+    let _ = writeln!(t, "  fork#1 child-alive: {copies} copies, by mapping:");
+    for r in rows.iter().take(6) {
+        let _ = writeln!(
+            t,
+            "    {:>6}  {} ({} KiB{})",
+            copy(&r.counts),
+            r.mapping,
+            r.size >> 10,
+            if r.exact { "" } else { ", not exact" }
+        );
+    }
+    let other = a.mappings_other.as_ref().map_or(0, |o| copy(&o.counts));
+    let in_rows: u64 = rows.iter().map(|r| copy(&r.counts)).sum();
+    if other > 0 {
+        let _ = writeln!(
+            t,
+            "    {other:>6}  other ({} mappings)",
+            a.mappings_other.as_ref().map_or(0, |o| o.entries)
+        );
+    }
+    expect(
+        t,
+        in_rows + other == copies,
+        format!("child-alive copies by mapping {in_rows} + other {other} = {copies}"),
+    );
+    let named: u64 =
+        rows.iter().filter(|r| !r.mapping.starts_with("unresolved")).map(|r| copy(&r.counts)).sum();
+    expect(t, named > 0, format!("child-alive copies in named mappings: {named}"));
+    let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == Metric::Copy).collect();
+    sites.sort_by_key(|s| std::cmp::Reverse(s.count));
+    let _ = writeln!(t, "  fork#1 child-alive: copy sites:");
+    for s in sites.iter().take(6) {
+        let _ = writeln!(t, "    {:>6}  {}", s.count, s.site);
+    }
+    let folded = a.sites_other.iter().find(|f| f.class == Metric::Copy);
+    if let Some(f) = folded {
+        let _ = writeln!(t, "    {:>6}  other ({} sites)", f.count, f.entries);
+    }
+    let in_sites: u64 = sites.iter().map(|s| s.count).sum();
+    let other = folded.map_or(0, |f| f.count);
+    expect(
+        t,
+        !sites.is_empty() && in_sites + other == copies,
+        format!("child-alive copy sites {in_sites} + other {other} = {copies} ({} sites)", sites.len()),
+    );
 }
 
 #[cfg(test)]

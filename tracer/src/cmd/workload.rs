@@ -4,8 +4,16 @@
 //! alive (COW copy), then write one byte per page. It reports its own view of
 //! each phase (getrusage minor faults, wall time), which tests use as an
 //! oracle independent of the tracer.
+//!
+//! With `--mappings`, the fork/write runs over three mappings of different
+//! kinds and page counts, each written after the fork by a function of its
+//! own (what attribution must name): a named anonymous region (the plain
+//! one, named with `PR_SET_VMA_ANON_NAME`), a private mapping of a file it
+//! creates (read before the fork, so its pages are the file's page cache,
+//! mapped read-only: every write copies), and pages it adds to `[heap]`
+//! with `sbrk`.
 
-use std::{fs, path::PathBuf, time::Instant};
+use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
@@ -65,6 +73,20 @@ pub struct WorkloadOpts {
     /// the process. For tests of a process outliving its main thread.
     #[arg(long, hide = true)]
     pub leader_exit: Option<f64>,
+    /// Three mappings instead of one: the region of --size named
+    /// `[anon:faultscope-named]`, a MAP_PRIVATE file mapping of --size/2
+    /// (a file it creates in the temporary directory, read before the fork:
+    /// every write after it is a COW copy of a page-cache page), and
+    /// --size/4 of pages added to `[heap]` with sbrk. Each is written after
+    /// the fork by its own function (`write_named_region`,
+    /// `write_file_mapping`, `write_heap`); `--out` lists them (`regions`)
+    /// with the class each write must be. 4K pages: needs `--thp never`.
+    #[arg(long, conflicts_with_all = ["shared", "clear_soft_dirty"])]
+    pub mappings: bool,
+    /// With --mappings: also write the regions as lines `NAME=0xSTART-0xEND`
+    /// (the address ranges the guest tests' oracle splits its counts by).
+    #[arg(long, requires = "mappings")]
+    pub regions_out: Option<PathBuf>,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -186,6 +208,255 @@ fn clear_soft_dirty(written: *const u8) -> Result<()> {
     Ok(())
 }
 
+/// `prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, ...)` (include/uapi/linux/prctl.h;
+/// not in the libc crate).
+const PR_SET_VMA: libc::c_int = 0x5356_4d41;
+const PR_SET_VMA_ANON_NAME: libc::c_ulong = 0;
+
+/// The name of `--mappings`' anonymous region (`[anon:faultscope-named]` in
+/// /proc/PID/maps).
+pub const ANON_NAME: &str = "faultscope-named";
+
+/// One byte per page, volatile, inlined into each writer below so that the
+/// faulting instruction is in the writer itself.
+///
+/// # Safety
+/// `base..base + len` must be writable memory of this process.
+#[inline(always)]
+unsafe fn store_pages(base: *mut u8, len: usize, page: usize, val: u8) {
+    let mut off = 0;
+    while off < len {
+        // SAFETY: off < len, inside the mapping (the caller's promise).
+        unsafe { std::ptr::write_volatile(base.add(off), val) };
+        off += page;
+    }
+}
+
+// The three writers of `--mappings`, each the only code writing its region
+// after the fork. They store different values so that LLVM's function
+// merging cannot make them one symbol.
+
+/// # Safety
+/// As [`store_pages`].
+#[inline(never)]
+unsafe fn write_named_region(base: *mut u8, len: usize, page: usize) {
+    unsafe { store_pages(std::hint::black_box(base), len, page, 0x11) }
+}
+
+/// # Safety
+/// As [`store_pages`].
+#[inline(never)]
+unsafe fn write_file_mapping(base: *mut u8, len: usize, page: usize) {
+    unsafe { store_pages(std::hint::black_box(base), len, page, 0x22) }
+}
+
+/// # Safety
+/// As [`store_pages`].
+#[inline(never)]
+unsafe fn write_heap(base: *mut u8, len: usize, page: usize) {
+    unsafe { store_pages(std::hint::black_box(base), len, page, 0x33) }
+}
+
+/// A region of `--mappings`.
+struct Region {
+    /// `named`, `file`, `heap`: the oracle's range names.
+    role: &'static str,
+    base: *mut u8,
+    len: usize,
+    /// The function that writes it after the fork.
+    writer: &'static str,
+    write: unsafe fn(*mut u8, usize, usize),
+    /// Each write after the fork is a COW copy whether the child lives or
+    /// not (a page-cache page is never reused).
+    always_copied: bool,
+}
+
+/// `start-end perms offset dev inode name` of /proc/PID/maps: the range and
+/// the name (empty for unnamed anonymous memory).
+fn parse_maps_line(line: &str) -> Option<(u64, u64, String)> {
+    let (range, mut rest) = line.split_once(' ')?;
+    let (a, b) = range.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
+    // perms, offset, dev, inode; then the name, after padding.
+    for _ in 0..4 {
+        rest = rest.trim_start();
+        rest = rest.find(' ').map_or("", |i| &rest[i..]);
+    }
+    Some((start, end, rest.trim().to_string()))
+}
+
+/// The mapping of /proc/self/maps holding `addr`: (start, end, name).
+fn mapping_of(maps: &str, addr: u64) -> Result<(u64, u64, String)> {
+    maps.lines()
+        .filter_map(parse_maps_line)
+        .find(|(s, e, _)| (*s..*e).contains(&addr))
+        .with_context(|| format!("no mapping of /proc/self/maps holds {addr:#x}"))
+}
+
+/// The regions of `--mappings` besides the named one: the file mapping and
+/// the heap pages, populated (the file's pages read, the heap's written).
+struct Mappings {
+    /// The name of the anonymous region is set, or why not.
+    anon_name: Result<(), String>,
+    regions: Vec<Region>,
+    file: PathBuf,
+}
+
+/// Names the anonymous region `[anon:faultscope-named]`. A kernel built
+/// without CONFIG_ANON_VMA_NAME (Debian's 6.12 and 7.3 among them) refuses
+/// with EINVAL: the region stays unnamed, which is said on stderr and in
+/// the JSON (`anon_name.refused`), never passed over. Any other error fails.
+fn name_anon(addr: *mut u8, len: usize) -> Result<Result<(), String>> {
+    let cname = std::ffi::CString::new(ANON_NAME)?;
+    // SAFETY: naming our own mapping; the name outlives the call.
+    let r =
+        unsafe { libc::prctl(PR_SET_VMA, PR_SET_VMA_ANON_NAME, addr as libc::c_ulong, len, cname.as_ptr()) };
+    if r == 0 {
+        return Ok(Ok(()));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EINVAL) {
+        bail!("prctl(PR_SET_VMA_ANON_NAME): {e}");
+    }
+    let why = format!(
+        "prctl(PR_SET_VMA_ANON_NAME) refused: {e} (a kernel without CONFIG_ANON_VMA_NAME cannot name anonymous memory)"
+    );
+    eprintln!("faultscope workload: WARNING: {why}: the region [anon:{ANON_NAME}] stays unnamed");
+    Ok(Err(why))
+}
+
+impl Mappings {
+    /// Names the region `named` (the plain one), maps a file of `len / 2`
+    /// and adds `len / 4` to the heap.
+    fn new(named: *mut u8, len: usize, page: usize) -> Result<Mappings> {
+        let (flen, hlen) = (len / 2, len / 4);
+        if hlen < page || !hlen.is_multiple_of(page) {
+            bail!("--mappings needs --size a multiple of 4 pages");
+        }
+        let anon_name = name_anon(named, len)?;
+        let file = std::env::temp_dir().join(format!("faultscope-workload-{}.dat", std::process::id()));
+        // Written a page at a time: a buffer of flen would be a transient
+        // mmap by malloc, and the file mapping could then land on addresses
+        // it had, which an address-only oracle would mix up with it.
+        let mut w = fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?;
+        let chunk = vec![0x5au8; page];
+        for _ in 0..flen / page {
+            std::io::Write::write_all(&mut w, &chunk)
+                .with_context(|| format!("writing {}", file.display()))?;
+        }
+        drop(w);
+        let f = fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: a private mapping of the file just written; checked.
+        let fbase = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                flen,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if fbase == libc::MAP_FAILED {
+            bail!("mmap of {}: {}", file.display(), std::io::Error::last_os_error());
+        }
+        let fbase = fbase.cast::<u8>();
+        // Read, not written: the page-cache pages are mapped read-only, so
+        // each write after the fork copies (do_wp_page -> wp_page_copy).
+        let mut sum = 0u8;
+        for off in (0..flen).step_by(page) {
+            // SAFETY: inside the mapping.
+            sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(fbase.add(off)) });
+        }
+        std::hint::black_box(sum);
+        // The heap: from the first page boundary at or after the break, so
+        // that no page is shared with malloc's chunks.
+        // SAFETY: sbrk(0) reads the break.
+        let cur = unsafe { libc::sbrk(0) } as usize;
+        let hbase = cur.next_multiple_of(page);
+        // SAFETY: moves the break; checked.
+        if unsafe { libc::sbrk((hbase - cur + hlen) as libc::intptr_t) } as isize == -1 {
+            bail!("sbrk of {hlen} bytes: {}", std::io::Error::last_os_error());
+        }
+        let hbase = hbase as *mut u8;
+        // SAFETY: the pages just added to the heap.
+        unsafe { store_pages(hbase, hlen, page, 1) };
+        let region = |role, base, len, writer, write: unsafe fn(*mut u8, usize, usize), always_copied| {
+            Region { role, base, len, writer, write, always_copied }
+        };
+        Ok(Mappings {
+            anon_name,
+            regions: vec![
+                region("named", named, len, "write_named_region", write_named_region, false),
+                region("file", fbase, flen, "write_file_mapping", write_file_mapping, true),
+                region("heap", hbase, hlen, "write_heap", write_heap, false),
+            ],
+            file,
+        })
+    }
+
+    /// Writes each region, one byte per page, each by its own function.
+    fn write(&self, page: usize) {
+        for r in &self.regions {
+            // SAFETY: the region's own memory.
+            unsafe { (r.write)(r.base, r.len, page) };
+        }
+    }
+
+    /// The regions as /proc/self/maps shows them now, with the class of
+    /// their writes after the fork, and the oracle's ranges (one
+    /// `NAME=0xSTART-0xEND` per line; `heap-vma` is the whole `[heap]`).
+    fn describe(&self, page: usize, child: Child) -> Result<(serde_json::Value, serde_json::Value, String)> {
+        let maps = fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
+        let (mut rows, mut ranges) = (Vec::new(), String::new());
+        for r in &self.regions {
+            let (start, end) = (r.base as u64, r.base as u64 + r.len as u64);
+            let (vs, ve, name) = mapping_of(&maps, start)?;
+            let want = match r.role {
+                "named" if self.anon_name.is_ok() => format!("[anon:{ANON_NAME}]"),
+                "named" => String::new(),
+                "file" => self.file.display().to_string(),
+                _ => "[heap]".into(),
+            };
+            // The named region and the file are mappings of their own; the
+            // heap pages are part of [heap].
+            let whole = r.role != "heap";
+            if name != want || (whole && (vs, ve) != (start, end)) || end > ve {
+                bail!(
+                    "{} region {start:#x}-{end:#x} is in mapping {vs:#x}-{ve:#x} {name:?}, not its own {want:?}",
+                    r.role
+                );
+            }
+            let class = if r.always_copied || child == Child::Alive { "copy" } else { "reuse" };
+            rows.push(json!({
+                "role": r.role, "mapping": name, "start": start, "end": end,
+                "vma_start": vs, "vma_end": ve, "pages": r.len / page,
+                "class": class, "writer": r.writer,
+            }));
+            let _ = writeln!(ranges, "{}={start:#x}-{end:#x}", r.role);
+            if !whole {
+                let _ = writeln!(ranges, "{}-vma={vs:#x}-{ve:#x}", r.role);
+            }
+        }
+        let anon_name = match &self.anon_name {
+            Ok(()) => json!({"requested": ANON_NAME, "set": true}),
+            Err(why) => json!({"requested": ANON_NAME, "set": false, "refused": why}),
+        };
+        Ok((serde_json::Value::Array(rows), anon_name, ranges))
+    }
+}
+
+impl Drop for Mappings {
+    fn drop(&mut self) {
+        if let Some(f) = self.regions.iter().find(|r| r.role == "file") {
+            // SAFETY: our file mapping, no longer used.
+            unsafe { libc::munmap(f.base.cast(), f.len) };
+        }
+        let _ = fs::remove_file(&self.file);
+    }
+}
+
 pub fn run(o: &WorkloadOpts) -> Result<()> {
     match o.leader_exit {
         Some(delay) => leader_exit(o.clone(), delay),
@@ -228,6 +499,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         Thp::Madvise => Some(libc::MADV_HUGEPAGE),
         Thp::System => None,
     };
+    if o.mappings && !matches!(o.thp, Thp::Never) {
+        bail!("--mappings counts 4K pages: use --thp never");
+    }
     let sharing = if o.shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
     let base = map_aligned_with(len, advice, sharing)?;
     let pages = len / page;
@@ -235,6 +509,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     let t0 = usage();
     // SAFETY: the mapping of len bytes just made.
     unsafe { write_pages(base, len, page, 1) };
+    let mappings = if o.mappings { Some(Mappings::new(base, len, page)?) } else { None };
     let t1 = usage();
 
     // The parent's pid, for the child to tell that it was orphaned before
@@ -277,9 +552,23 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         clear_soft_dirty(base)?;
     }
     let t2 = usage();
-    // SAFETY: the same mapping.
-    unsafe { write_pages(base, len, page, 2) };
+    match &mappings {
+        Some(m) => m.write(page),
+        // SAFETY: the same mapping.
+        None => unsafe { write_pages(base, len, page, 2) },
+    }
     let t3 = usage();
+    let regions = match &mappings {
+        Some(m) => {
+            let (rows, anon_name, ranges) = m.describe(page, o.child)?;
+            if let Some(p) = &o.regions_out {
+                fs::write(p, ranges).with_context(|| format!("writing {}", p.display()))?;
+            }
+            Some((rows, anon_name))
+        }
+        None => None,
+    };
+    drop(mappings);
     if o.child == Child::Alive {
         unsafe {
             libc::kill(child, libc::SIGKILL);
@@ -287,7 +576,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         }
     }
     let end = usage();
-    let report = json!({
+    let mut report = json!({
         "workload": "fork-write",
         "pid": std::process::id(),
         "child_pid": child,
@@ -307,6 +596,10 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         "majflt_total": end.majflt,
         "minflt_since_main": end.minflt - start.minflt,
     });
+    if let Some((rows, anon_name)) = regions {
+        report["regions"] = rows;
+        report["anon_name"] = anon_name;
+    }
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
         Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
@@ -328,5 +621,63 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn maps_lines() {
+        let maps = "\
+55d0c000-55d0e000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0                  [anon:faultscope-named]
+7f0000400000-7f0000600000 rw-p 00000000 00:19 12                 /tmp/a b.dat
+7f0000600000-7f0000800000 rw-p 00000000 00:00 0 
+";
+        assert_eq!(mapping_of(maps, 0x55d0d000).unwrap(), (0x55d0c000, 0x55d0e000, "[heap]".into()));
+        assert_eq!(mapping_of(maps, 0x7f0000400000).unwrap().2, "/tmp/a b.dat");
+        assert_eq!(mapping_of(maps, 0x7f00003fffff).unwrap().2, "[anon:faultscope-named]");
+        assert_eq!(mapping_of(maps, 0x7f0000600000).unwrap().2, "");
+        assert!(mapping_of(maps, 0x7f0000800000).is_err());
+    }
+
+    /// The three regions, named and placed as the guest test expects; the
+    /// writes after a fork are not needed for that.
+    #[test]
+    fn mappings_are_three_kinds_of_mapping() {
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = 16 * page;
+        let base = map_aligned(len, Some(libc::MADV_NOHUGEPAGE)).unwrap();
+        unsafe { write_pages(base, len, page, 1) };
+        let m = Mappings::new(base, len, page).unwrap();
+        m.write(page);
+        let (rows, anon_name, ranges) = m.describe(page, Child::Exit).unwrap();
+        let rows = rows.as_array().unwrap();
+        let get = |role: &str, k: &str| rows.iter().find(|r| r["role"] == role).unwrap()[k].clone();
+        // Named where the kernel can (CONFIG_ANON_VMA_NAME), else unnamed
+        // and the refusal said.
+        match m.anon_name {
+            Ok(()) => assert_eq!(get("named", "mapping"), "[anon:faultscope-named]"),
+            Err(ref why) => {
+                assert_eq!(get("named", "mapping"), "");
+                assert!(why.contains("CONFIG_ANON_VMA_NAME"), "{why}");
+                assert_eq!(anon_name["refused"], why.as_str());
+            }
+        }
+        assert_eq!(
+            (get("named", "pages"), get("file", "pages"), get("heap", "pages")),
+            (16.into(), 8.into(), 4.into())
+        );
+        assert_eq!(
+            (get("named", "class"), get("file", "class"), get("heap", "class")),
+            ("reuse".into(), "copy".into(), "reuse".into())
+        );
+        assert_eq!(get("heap", "mapping"), "[heap]");
+        assert!(get("file", "mapping").as_str().unwrap().ends_with(".dat"));
+        assert_eq!(ranges.lines().count(), 4, "{ranges}");
+        assert!(
+            ranges.contains(&format!("named={:#x}-{:#x}\n", base as u64, base as u64 + len as u64)),
+            "{ranges}"
+        );
+        let file = m.file.clone();
+        drop(m);
+        assert!(!file.exists());
     }
 }

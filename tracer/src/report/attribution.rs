@@ -120,17 +120,17 @@ pub fn attribution(
         }
     }
 
-    // Stacks: per (class, user stack, kernel stack).
-    let mut stacks: BTreeMap<(Metric, i32, i32), u64> = BTreeMap::new();
+    // Stacks: per (class, user stack, kernel stack, kernel caller).
+    let mut stacks: BTreeMap<(Metric, i32, i32, u64), u64> = BTreeMap::new();
     for (k, v) in snap.stacks.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
         if let Some(m) = n.metric_of(k.class) {
-            *stacks.entry((m, k.user_stack, k.kernel_stack)).or_insert(0) += v;
+            *stacks.entry((m, k.user_stack, k.kernel_stack, k.kernel_caller)).or_insert(0) += v;
         }
     }
-    for ((m, u, k), count) in stacks {
+    for ((m, u, k, caller), count) in stacks {
         let mut user: Vec<String> =
             name_ips(n, history, at, &(n.frames)(u)).into_iter().map(|(s, _)| s).collect();
-        let mut kernel = kernel_frames(&(n.frames)(k));
+        let mut kernel = kernel_frames(&with_caller((n.frames)(k), caller));
         // Leaf first from the kernel; the report has outermost first.
         user.reverse();
         kernel.reverse();
@@ -138,6 +138,16 @@ pub fn attribution(
     }
     out.stacks.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)));
     out
+}
+
+/// A kernel stack (leaf first) taken at a function's entry, with the
+/// return address into its direct caller (`StackKey::kernel_caller`, arm64)
+/// put back as the second frame, unless the unwinder has it already.
+fn with_caller(mut frames: Vec<u64>, caller: u64) -> Vec<u64> {
+    if caller != 0 && !frames.is_empty() && frames.get(1) != Some(&caller) {
+        frames.insert(1, caller);
+    }
+    frames
 }
 
 fn mapping_row(
@@ -372,6 +382,7 @@ mod tests {
             user_stack: user,
             kernel_stack: NO_STACK,
             _pad: 0,
+            kernel_caller: 0,
         };
         snap.stacks.insert(key(1, Class::Copy, 5), 3);
         snap.stacks.insert(key(2, Class::Copy, 5), 2);
@@ -405,6 +416,17 @@ mod tests {
             f.to_folded(),
             "copy;w;[anon:faultscope-named]+0x20;anon+0x10 5\nreuse;w;[anon:faultscope-named]+0x30 1\n"
         );
+    }
+
+    #[test]
+    fn the_direct_caller_goes_back_into_a_kernel_stack() {
+        // contpte_convert <- (lr: __contpte_try_unfold) <- ptep_clear_flush
+        assert_eq!(with_caller(vec![0x10, 0x30, 0x40], 0x20), [0x10, 0x20, 0x30, 0x40]);
+        // None, or the unwinder has it (a tail call): unchanged.
+        assert_eq!(with_caller(vec![0x10, 0x30], 0), [0x10, 0x30]);
+        assert_eq!(with_caller(vec![0x10, 0x30], 0x30), [0x10, 0x30]);
+        assert_eq!(with_caller(vec![], 0x30), Vec::<u64>::new());
+        assert_eq!(with_caller(vec![0x10], 0x20), [0x10, 0x20]);
     }
 
     #[test]
