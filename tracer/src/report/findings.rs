@@ -21,12 +21,16 @@ fn numbers<const N: usize>(kv: [(&str, Number); N]) -> BTreeMap<String, Number> 
 fn where_(a: &Attribution, m: Metric, total: u64) -> String {
     let mut s = String::new();
     if let Some((row, n)) = a.top_mapping(m).filter(|_| total > 0) {
+        // An unnamed range is named by its addresses already.
+        let range = if row.mapping.starts_with("anon 0x") {
+            String::new()
+        } else {
+            format!(" [{:#x}-{:#x}]", row.start, row.end)
+        };
         s.push_str(&format!(
-            "; {:.0}% ({n}) in {} [{:#x}-{:#x}]",
+            "; {:.0}% ({n}) in {}{range}",
             100.0 * n as f64 / total as f64,
-            safe(&row.mapping),
-            row.start,
-            row.end
+            safe(&row.mapping)
         ));
     }
     if let Some(site) = a.top_site(m) {
