@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod folio;
 pub mod mark;
+pub mod plot;
 pub mod probes;
 pub mod record;
 pub mod workload;
