@@ -8,6 +8,7 @@ pub mod mark;
 pub mod plot;
 pub mod probes;
 pub mod record;
+pub mod serve;
 pub mod workload;
 
 use std::io::Write as _;

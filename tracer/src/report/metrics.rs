@@ -30,7 +30,7 @@ use std::{
 use faultscope_common::{hist, Class, PhaseId, Stat, StatKey};
 use prometheus_client::{
     encoding::{text::encode, EncodeMetric, MetricEncoder, NoLabelSet},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, info::Info, MetricType, TypedMetric},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, MetricType, TypedMetric},
     registry::Registry,
 };
 
@@ -165,15 +165,21 @@ impl Metrics {
             drops.clone(),
         );
         registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
-        registry.register(
-            "faultscope_build",
-            "faultscope's version, the kernel, the architecture and the fault backend",
-            Info::new(vec![
+        // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
+        // format (and promtool) know no info type.
+        let build = Family::<Labels, Gauge>::default();
+        build
+            .get_or_create(&vec![
                 ("version", info.version.clone()),
                 ("kernel", info.kernel.clone()),
                 ("arch", info.arch.clone()),
                 ("backend", info.backend.clone()),
-            ]),
+            ])
+            .set(1);
+        registry.register(
+            "faultscope_build_info",
+            "faultscope's version, the kernel, the architecture and the fault backend",
+            build,
         );
         let mut classes = Vec::new();
         for (m, a) in avail {
