@@ -42,7 +42,7 @@ use crate::{
     kernel,
     report::{
         build,
-        metrics::{BuildInfo, LabelOpts, Metrics, ProcLabels},
+        metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
     },
 };
 
@@ -275,12 +275,22 @@ async fn respond(mut stream: TcpStream, text: Arc<Mutex<String>>) {
     if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
         return;
     }
-    let line = String::from_utf8_lossy(&buf);
-    let target = line.lines().next().unwrap_or("");
+    let head = String::from_utf8_lossy(&buf);
+    let target = head.lines().next().unwrap_or("");
+    // OpenMetrics for who asks for it (Prometheus does), else the
+    // Prometheus text format (curl, promtool).
+    let om = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text"));
     let reply = if target.starts_with("GET /metrics ") || target.starts_with("GET /metrics?") {
         let body = text.lock().unwrap().clone();
+        let (body, ctype) = if om {
+            (body, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        } else {
+            (to_text_004(&body), "text/plain; version=0.0.4; charset=utf-8")
+        };
         format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
     } else {

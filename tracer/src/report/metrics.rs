@@ -23,7 +23,7 @@
 //! is dropped by [`Metrics::forget`] when the process or the phase is gone.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -294,6 +294,29 @@ impl Metrics {
     }
 }
 
+/// The same metrics in the Prometheus text format 0.0.4 (for scrapers and
+/// tools that do not ask for OpenMetrics, such as `promtool check
+/// metrics`): a counter's HELP and TYPE carry its `_total` name, there is
+/// no `# EOF`.
+pub fn to_text_004(openmetrics: &str) -> String {
+    let counters: BTreeSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::new();
+    for l in openmetrics.lines() {
+        if l == "# EOF" || l.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = l.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(l));
+        out.push('\n');
+    }
+    out
+}
+
 pub fn kind_name(k: PhaseKind) -> &'static str {
     match k {
         PhaseKind::BeforeFork => "before-fork",
@@ -388,6 +411,17 @@ mod tests {
         assert!(m.encode().contains(
             "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
+    }
+
+    #[test]
+    fn prometheus_text_format() {
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        let t = to_text_004(&m.encode());
+        assert!(t.contains("# TYPE faultscope_faults_total counter\n"));
+        assert!(t.contains("# HELP faultscope_faults_total "));
+        assert!(t.contains("# TYPE faultscope_fault_duration_seconds histogram\n"));
+        assert!(!t.contains("# EOF"));
     }
 
     #[test]
