@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use faultscope::{
-    cmd::{self, bench, mark, probes, record, workload},
+    cmd::{self, bench, mark, plot, probes, record, serve, workload},
     collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
     report::{diff, schema, text::safe, verify},
@@ -51,6 +51,17 @@ enum Cmd {
     Workload(workload::WorkloadOpts),
     /// Print the JSON Schema of the report (faultscope/1).
     Schema,
+    /// Trace until SIGINT/SIGTERM and serve OpenMetrics on
+    /// http://127.0.0.1:9853/metrics (targets by -p, --comm, --cgroup).
+    Serve(serve::ServeOpts),
+    /// Draw a report's time series (record --interval): fault rates per
+    /// class over time with the phases shaded and the marks labelled, and
+    /// p99 latency per interval.
+    Plot {
+        report: std::path::PathBuf,
+        #[arg(short = 'o', long = "output")]
+        output: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -70,11 +81,17 @@ fn main() {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(record::run(o))),
+        Cmd::Serve(o) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(serve::run(o))),
         Cmd::Probes { load } => probes::run(load),
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Diff { a, b } => diff::run(&a, &b),
+        Cmd::Plot { report, output } => plot::run(&report, &output),
         Cmd::Verify(o) => verify::run(&o),
         Cmd::Schema => serde_json::to_string_pretty(&schema::json_schema())
             .map(|s| {

@@ -1490,3 +1490,77 @@ fn attribution_is_measured_or_says_why_not() {
     }
     assert_nothing_left();
 }
+
+/// One GET /metrics, the body.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+fn sample(text: &str, prefix: &str) -> u64 {
+    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn serve_pid_counts_match_getrusage_and_sigterm_ends_it() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 9871;
+    // Waits for a line on stdin, touches 2048 new pages, prints its minflt
+    // for that, and waits for the next line to exit.
+    let script = "import sys,resource\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
+b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
+    let mut wl = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = wl.id().to_string();
+    let serve = Command::new(BIN)
+        .args(["serve", "-p", &pid, "--port", &port.to_string(), "--tick", "0.2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ends serve when an assertion fails before the SIGTERM below.
+    struct Term(u32);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
+        }
+    }
+    let _term = Term(serve.id());
+    sleep(Duration::from_millis(2500));
+    let before = sample(&scrape(port), "faultscope_faults_total{class=\"faults\"");
+    use std::io::{BufRead, Write};
+    let mut stdin = wl.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(wl.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let minflt: u64 = line.trim().parse().unwrap();
+    sleep(Duration::from_millis(1000));
+    let text = scrape(port);
+    let faults: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("faultscope_faults_total{class=\"faults\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(minflt >= 2048, "{minflt}");
+    let delta = faults - before;
+    assert!(
+        delta >= minflt && delta <= minflt + TOLERANCE,
+        "{delta} faults counted, getrusage {minflt}\n{text}"
+    );
+    assert!(text.contains("faultscope_build_info{"), "{text}");
+    stdin.write_all(b"bye\n").unwrap();
+    wl.wait().unwrap();
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    let out = serve.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_nothing_left();
+}

@@ -5,8 +5,10 @@
 pub mod bench;
 pub mod folio;
 pub mod mark;
+pub mod plot;
 pub mod probes;
 pub mod record;
+pub mod serve;
 pub mod workload;
 
 use std::io::Write as _;

@@ -98,6 +98,9 @@ pub struct Recorder {
     /// and at the end: reading its own maps faults, and would add to the
     /// step it measures.
     pub self_traced: bool,
+    /// The comm of each fork seen since the caller last took them (serve's
+    /// `faultscope_forks_total`); record leaves it empty.
+    pub fork_comms: Option<Vec<String>>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -142,6 +145,7 @@ impl Recorder {
             started: Instant::now(),
             attrib,
             self_traced: false,
+            fork_comms: None,
         })
     }
 
@@ -246,6 +250,9 @@ impl Recorder {
             match e.kind {
                 k if k == LifeKind::Fork as u32 => {
                     self.timeline.fork(e.phase, e.ts_ns, e.pid);
+                    if let Some(f) = self.fork_comms.as_mut() {
+                        f.push(comm.clone());
+                    }
                     if e.aux != 0 {
                         self.live.insert(e.pid);
                         self.comms.insert(e.pid, comm);

@@ -212,6 +212,15 @@ impl Timeline {
         }
     }
 
+    /// Keeps only the last `n` phases (`serve`, which runs for days and
+    /// needs the kinds of recent phases only). Forks keep their numbers.
+    pub fn keep_last(&mut self, n: usize) {
+        let n = n.max(1);
+        if self.phases.len() > n {
+            self.phases.drain(..self.phases.len() - n);
+        }
+    }
+
     pub fn phases(&self) -> &[Phase] {
         &self.phases
     }

@@ -206,6 +206,17 @@ pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval
         .into_iter()
         .map(|pid| IntervalProcess {
             pid,
+            p99_ns: ctx
+                .availability
+                .iter()
+                .filter_map(|(m, a)| match a {
+                    Availability::Measured { class, timed: true, .. } => {
+                        let s = delta.get(pid, *class)?;
+                        (s.timed() > 0).then(|| (*m, crate::collect::collector::percentile(&s.hist, 0.99, 0)))
+                    }
+                    _ => None,
+                })
+                .collect(),
             counts: ctx
                 .availability
                 .iter()

@@ -8,6 +8,7 @@ pub mod diff;
 pub mod file;
 pub mod findings;
 pub mod live;
+pub mod metrics;
 pub mod schema;
 pub mod text;
 pub mod verify;

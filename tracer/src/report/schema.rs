@@ -269,6 +269,10 @@ pub struct IntervalProcess {
     pub pid: u32,
     /// Measured classes only.
     pub counts: BTreeMap<Metric, u64>,
+    /// The p99 latency in the interval of the timed classes that had
+    /// faults in it (from the kernel's histogram of the interval).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub p99_ns: BTreeMap<Metric, u64>,
 }
 
 /// `bench`: the workload's parameters and its own view of each step.

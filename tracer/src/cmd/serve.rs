@@ -1,0 +1,301 @@
+//! `faultscope serve`: trace until SIGINT/SIGTERM and export OpenMetrics on
+//! `http://127.0.0.1:PORT/metrics` (another address only with `--listen`).
+//!
+//! Targets: `-p PID`; `--comm NAME`, found by scanning `/proc` every tick
+//! for processes with that comm that are not traced yet (a child of a
+//! traced process, such as Redis' BGSAVE child, is not: it is the parent's
+//! phase), so a restarted Redis is followed under its new pid within a
+//! tick; `--cgroup PATH`, the processes in a cgroup v2 directory's
+//! `cgroup.procs`, scanned the same way (in user space: a process that
+//! faults and exits within one tick is missed).
+//!
+//! Memory is bounded over days: the metric series by classes x phase kinds x
+//! comms; per process, the kernel's entries and the last counts of the
+//! current and the previous phase only (older phases' entries are folded
+//! into the counters and deleted from the kernel's stats map), and nothing
+//! at all once the process has exited; the timeline keeps its last 16
+//! phases.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::PerCpuHashMap;
+use clap::Args;
+use faultscope_common::{PhaseId, Stat, StatKey};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    signal::unix::{signal, SignalKind},
+};
+
+use super::record::Recorder;
+use crate::{
+    collect::{attribution::AttribOpts, target},
+    error::Refusal,
+    kernel,
+    report::{
+        build,
+        metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
+    },
+};
+
+#[derive(Args, Debug)]
+pub struct ServeOpts {
+    /// Trace this process (repeatable).
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// Trace every process with this comm, as it starts (repeatable).
+    #[arg(long)]
+    pub comm: Vec<String>,
+    /// Trace the processes of this cgroup v2 directory (repeatable).
+    #[arg(long)]
+    pub cgroup: Vec<PathBuf>,
+    /// Port on 127.0.0.1.
+    #[arg(long, default_value_t = 9853)]
+    pub port: u16,
+    /// Listen on this address instead (e.g. 0.0.0.0:9853): explicit only.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Add a pid label to the fault counters and histograms (unbounded).
+    #[arg(long)]
+    pub label_pid: bool,
+    /// Add a cgroup label to the fault counters (one series per cgroup).
+    #[arg(long)]
+    pub label_cgroup: bool,
+    /// How often to read the kernel's counts and look for new targets.
+    #[arg(long, default_value_t = 1.0)]
+    pub tick: f64,
+    /// Entries of the in-kernel stats map (process x phase x class).
+    #[arg(long, default_value_t = 4096)]
+    pub max_stats: u32,
+}
+
+/// Phases the timeline keeps.
+const KEEP_PHASES: usize = 16;
+
+struct Serve {
+    rec: Recorder,
+    metrics: Metrics,
+    opts: ServeOpts,
+    /// Phases whose kernel entries are kept (the current and the one before).
+    prev_phase: PhaseId,
+    /// Each traced pid's cgroup (with --cgroup).
+    cgroups: std::collections::BTreeMap<u32, String>,
+}
+
+impl Serve {
+    fn tick(&mut self) -> Result<()> {
+        self.rec.drain_events()?;
+        for comm in self.rec.fork_comms.as_mut().map(std::mem::take).unwrap_or_default() {
+            self.metrics.fork(&comm);
+        }
+        self.discover()?;
+        // Exited: seen by the kernel's exit event (out of `live`) or gone
+        // from /proc.
+        let gone: BTreeSet<u32> = self
+            .rec
+            .comms
+            .keys()
+            .copied()
+            .filter(|p| !self.rec.live.contains(p) || target::is_gone(*p))
+            .collect();
+        let snap = self.rec.snapshot()?;
+        let kinds: std::collections::BTreeMap<PhaseId, _> =
+            self.rec.timeline.phases().iter().map(|p| (p.id, p.kind)).collect();
+        let rec = &self.rec;
+        let cg = &self.cgroups;
+        self.metrics.update(
+            &snap,
+            |ph| kinds.get(&ph).copied(),
+            |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
+        );
+        self.metrics.update_drops(&self.rec.session.drops()?);
+        // Folded in: the entries of exited processes, and of phases before
+        // the previous one, leave the kernel and our state.
+        let cur = self.rec.timeline.current().id;
+        let prev = std::mem::replace(&mut self.prev_phase, cur);
+        let stale = |k: &StatKey| gone.contains(&k.tgid) || (k.phase != cur && k.phase != prev);
+        {
+            let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
+            let mut stats: PerCpuHashMap<_, StatKey, Stat> = PerCpuHashMap::try_from(m)?;
+            for k in snap.stats.keys().filter(|k| stale(k)) {
+                let _ = stats.remove(k);
+            }
+        }
+        self.metrics.forget(stale);
+        for pid in &gone {
+            self.rec.live.remove(pid);
+            self.rec.comms.remove(pid);
+            self.rec.lifetimes.remove(pid);
+            self.cgroups.remove(pid);
+            self.rec.session.remove_target(*pid);
+        }
+        self.rec.timeline.keep_last(KEEP_PHASES);
+        Ok(())
+    }
+
+    /// New processes of `--comm` and `--cgroup`.
+    fn discover(&mut self) -> Result<()> {
+        let mut new: Vec<(u32, Option<String>)> = Vec::new();
+        if !self.opts.comm.is_empty() {
+            for pid in all_pids() {
+                if self.rec.live.contains(&pid) {
+                    continue;
+                }
+                if target::comm_of(pid).is_some_and(|c| self.opts.comm.contains(&c))
+                    && !parent_of(pid).is_some_and(|pp| self.rec.live.contains(&pp))
+                {
+                    new.push((pid, None));
+                }
+            }
+        }
+        for dir in &self.opts.cgroup {
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                if !self.rec.live.contains(&pid) && !new.iter().any(|(p, _)| *p == pid) {
+                    new.push((pid, Some(dir.display().to_string())));
+                }
+            }
+        }
+        for (pid, cg) in new {
+            let Some(comm) = target::comm_of(pid) else { continue };
+            // A thread id is not a process.
+            if target::check_pid(pid).is_err() {
+                continue;
+            }
+            if self.rec.add(pid, 0, comm.clone()).is_ok() {
+                super::say(&format!("faultscope: tracing pid {pid} ({})", crate::report::text::safe(&comm)));
+                if let Some(cg) = cg {
+                    self.cgroups.insert(pid, cg);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn all_pids() -> Vec<u32> {
+    fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub async fn run(o: ServeOpts) -> Result<i32> {
+    if o.pids.is_empty() && o.comm.is_empty() && o.cgroup.is_empty() {
+        return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME or --cgroup PATH").into());
+    }
+    if !(o.tick.is_finite() && o.tick > 0.0 && o.tick <= 3600.0) {
+        return Err(Refusal::new(format!("--tick {}: give seconds above 0, at most 3600", o.tick)).into());
+    }
+    for dir in &o.cgroup {
+        if !dir.join("cgroup.procs").is_file() {
+            return Err(Refusal::new(format!("{}: not a cgroup v2 directory", dir.display())).into());
+        }
+    }
+    kernel::require_root()?;
+    let mut comms = Vec::new();
+    for &pid in &o.pids {
+        comms.push((pid, target::check_pid(pid)?));
+    }
+    let addr = o.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], o.port)));
+    let listener =
+        TcpListener::bind(addr).await.map_err(|e| Refusal::new(format!("cannot listen on {addr}: {e}")))?;
+    let attrib = AttribOpts {
+        sites: Default::default(),
+        stacks: Default::default(),
+        no_mappings: true,
+        ..AttribOpts::default()
+    };
+    let mut rec = Recorder::start(o.max_stats, attrib)?;
+    rec.fork_comms = Some(Vec::new());
+    for (pid, comm) in comms {
+        rec.add(pid, 0, comm)?;
+    }
+    rec.attach_children(&o.pids)?;
+    rec.trace_mark("attach");
+    let info = BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        kernel: kernel::release(),
+        arch: std::env::consts::ARCH.to_string(),
+        backend: format!("{:?}", build::mode(&rec.avail)).to_lowercase(),
+    };
+    let metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
+    let prev_phase = rec.timeline.current().id;
+    let tick = Duration::from_secs_f64(o.tick);
+    let mut s = Serve { rec, metrics, opts: o, prev_phase, cgroups: Default::default() };
+    s.tick()?;
+    let text = Arc::new(Mutex::new(s.metrics.encode()));
+    super::say(&format!("faultscope: serving OpenMetrics on http://{addr}/metrics"));
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut every = tokio::time::interval(tick);
+    let why = loop {
+        tokio::select! {
+            _ = sigint.recv() => break "interrupted",
+            _ = sigterm.recv() => break "terminated",
+            Ok((stream, _)) = listener.accept() => {
+                tokio::spawn(respond(stream, text.clone()));
+            }
+            _ = every.tick() => {
+                s.tick()?;
+                *text.lock().unwrap() = s.metrics.encode();
+            }
+        }
+    };
+    s.rec.trace_mark("detach");
+    super::say(&format!("faultscope: {why}; detached"));
+    Ok(0)
+}
+
+/// One HTTP/1.1 exchange: `GET /metrics` gets the last tick's metrics,
+/// anything else 404; the connection is closed after the reply.
+async fn respond(mut stream: TcpStream, text: Arc<Mutex<String>>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let read = async {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
+        return;
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let target = head.lines().next().unwrap_or("");
+    // OpenMetrics for who asks for it (Prometheus does), else the
+    // Prometheus text format (curl, promtool).
+    let om = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text"));
+    let reply = if target.starts_with("GET /metrics ") || target.starts_with("GET /metrics?") {
+        let body = text.lock().unwrap().clone();
+        let (body, ctype) = if om {
+            (body, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        } else {
+            (to_text_004(&body), "text/plain; version=0.0.4; charset=utf-8")
+        };
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n".to_string()
+    };
+    let _ = stream.write_all(reply.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,495 @@
+//! OpenMetrics export (`faultscope serve`): a `prometheus-client` registry
+//! fed from the kernel's snapshots.
+//!
+//! - `faultscope_faults_total{class, phase_kind, comm}` (and `pid`,
+//!   `cgroup` only when asked for: they are unbounded). Each update adds
+//!   what every (process, phase, class) counted since the last one, so a
+//!   series only grows: across phases, across a process's exit (its last
+//!   counts stay folded into its comm's series) and a restart under a new
+//!   pid (which counts on from there).
+//! - `faultscope_fault_duration_seconds{class, comm}`: the kernel's own
+//!   log-linear buckets, cumulative, as `le` buckets (no resampling). A
+//!   kernel bucket holds the integer nanoseconds `[lo, hi)`, so its `le` is
+//!   `(hi - 1) ns`; the buckets add up to `_count` exactly, `_sum` is the
+//!   kernel's sum. Buckets above the highest one ever used are left out
+//!   (they would all equal `+Inf`).
+//! - `faultscope_class_measurable{class, reason}`: 1, or 0 with the reason:
+//!   a class that cannot be measured here never shows as a 0 count.
+//! - `faultscope_drops_total{map}`, `faultscope_forks_total{comm}`,
+//!   `faultscope_build_info{version, kernel, arch, backend}`.
+//!
+//! Memory: the series are bounded by classes x 5 phase kinds x comms; the
+//! per-process state (the last counts of each live (process, phase, class))
+//! is dropped by [`Metrics::forget`] when the process or the phase is gone.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{Arc, Mutex},
+};
+
+use faultscope_common::{hist, Class, PhaseId, Stat, StatKey};
+use prometheus_client::{
+    encoding::{text::encode, EncodeMetric, MetricEncoder, NoLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, MetricType, TypedMetric},
+    registry::Registry,
+};
+
+use crate::{
+    collect::{collector::Snapshot, phases::PhaseKind},
+    kernel::classes::{Availability, Metric},
+};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Which unbounded labels to add.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LabelOpts {
+    pub pid: bool,
+    pub cgroup: bool,
+}
+
+/// What `faultscope_build_info` says.
+pub struct BuildInfo {
+    pub version: String,
+    pub kernel: String,
+    pub arch: String,
+    /// kprobe or tracepoint.
+    pub backend: String,
+}
+
+/// A histogram kept as the kernel's buckets.
+#[derive(Clone, Debug, Default)]
+pub struct KernelHistogram(Arc<Mutex<HistState>>);
+
+#[derive(Debug, Default)]
+struct HistState {
+    sum_ns: u64,
+    buckets: Vec<u64>,
+}
+
+impl KernelHistogram {
+    /// Adds an interval's buckets and sum (nanoseconds).
+    pub fn add(&self, hist: &[u64], sum_ns: u64) {
+        let mut s = self.0.lock().unwrap();
+        s.sum_ns += sum_ns;
+        let used = hist.iter().rposition(|c| *c > 0).map_or(0, |i| i + 1);
+        if s.buckets.len() < used {
+            s.buckets.resize(used, 0);
+        }
+        for (a, b) in s.buckets.iter_mut().zip(hist) {
+            *a += b;
+        }
+    }
+
+    /// (le in seconds, count in that bucket alone), then +Inf; the sum in
+    /// seconds and the count.
+    pub fn buckets(&self) -> (Vec<(f64, u64)>, f64, u64) {
+        let s = self.0.lock().unwrap();
+        // The kernel's last bucket also holds everything above 2^40 ns:
+        // it is +Inf's alone.
+        let last = hist::NBUCKETS - 1;
+        let mut out: Vec<(f64, u64)> =
+            s.buckets.iter().enumerate().take(last).map(|(i, c)| (le_seconds(i), *c)).collect();
+        out.push((f64::MAX, s.buckets.get(last).copied().unwrap_or(0)));
+        (out, s.sum_ns as f64 / 1e9, s.buckets.iter().sum())
+    }
+}
+
+/// The inclusive upper bound of kernel bucket `i`, in seconds.
+pub fn le_seconds(i: usize) -> f64 {
+    let (_, hi) = hist::bucket_range(i);
+    (hi - 1) as f64 / 1e9
+}
+
+impl TypedMetric for KernelHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for KernelHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let (buckets, sum, count) = self.buckets();
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// How a process is named in the labels.
+pub struct ProcLabels {
+    pub comm: String,
+    pub cgroup: Option<String>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    opts: LabelOpts,
+    faults: Family<Labels, Counter>,
+    durations: Family<Labels, KernelHistogram>,
+    drops: Family<Labels, Counter>,
+    forks: Family<Labels, Counter>,
+    /// The last counts seen of each (process, phase, class).
+    last: HashMap<StatKey, Stat>,
+    last_drops: BTreeMap<String, u64>,
+    /// Timed metrics, by kernel class.
+    classes: Vec<(Metric, Class, bool)>,
+}
+
+impl Metrics {
+    pub fn new(info: &BuildInfo, avail: &[(Metric, Availability)], opts: LabelOpts) -> Metrics {
+        let mut registry = Registry::default();
+        let faults = Family::<Labels, Counter>::default();
+        let durations = Family::<Labels, KernelHistogram>::default();
+        let drops = Family::<Labels, Counter>::default();
+        let forks = Family::<Labels, Counter>::default();
+        let measurable = Family::<Labels, Gauge>::default();
+        registry.register(
+            "faultscope_faults",
+            "User page faults by class, the kind of workload phase they happened in, and process name",
+            faults.clone(),
+        );
+        registry.register(
+            "faultscope_fault_duration_seconds",
+            "Time in handle_mm_fault, in the kernel's log-linear buckets (le is each bucket's last nanosecond)",
+            durations.clone(),
+        );
+        registry.register(
+            "faultscope_class_measurable",
+            "1 when the class is measured on this kernel, 0 (with the reason) when it cannot be",
+            measurable.clone(),
+        );
+        registry.register(
+            "faultscope_drops",
+            "Events the kernel side could not record, by map or cause",
+            drops.clone(),
+        );
+        registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
+        // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
+        // format (and promtool) know no info type.
+        let build = Family::<Labels, Gauge>::default();
+        build
+            .get_or_create(&vec![
+                ("version", info.version.clone()),
+                ("kernel", info.kernel.clone()),
+                ("arch", info.arch.clone()),
+                ("backend", info.backend.clone()),
+            ])
+            .set(1);
+        registry.register(
+            "faultscope_build_info",
+            "faultscope's version, the kernel, the architecture and the fault backend",
+            build,
+        );
+        let mut classes = Vec::new();
+        for (m, a) in avail {
+            match a {
+                Availability::Measured { class, timed, .. } => {
+                    measurable
+                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", String::new())])
+                        .set(1);
+                    classes.push((*m, *class, *timed));
+                }
+                Availability::NotMeasurable(why) => {
+                    measurable
+                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", why.clone())])
+                        .set(0);
+                }
+            }
+        }
+        Metrics {
+            registry,
+            opts,
+            faults,
+            durations,
+            drops,
+            forks,
+            last: HashMap::new(),
+            last_drops: BTreeMap::new(),
+            classes,
+        }
+    }
+
+    /// Adds what happened since the last update. `kind` gives a phase's
+    /// kind, `proc` a process's names (None: not traced, skipped).
+    pub fn update(
+        &mut self,
+        snap: &Snapshot,
+        kind: impl Fn(PhaseId) -> Option<PhaseKind>,
+        proc: impl Fn(u32) -> Option<ProcLabels>,
+    ) {
+        for (k, v) in &snap.stats {
+            let Some(&(metric, _, timed)) = self.classes.iter().find(|(_, c, _)| *c as u16 == k.class) else {
+                continue;
+            };
+            let Some(p) = proc(k.tgid) else { continue };
+            let last = self.last.get(k).copied().unwrap_or(Stat::ZERO);
+            // A count never goes down; if an entry was recreated, it
+            // counts from 0 again.
+            let base = if v.count < last.count { Stat::ZERO } else { last };
+            let d_count = v.count - base.count;
+            if d_count == 0 {
+                continue;
+            }
+            let kind = kind(k.phase).map_or("unknown", kind_name);
+            let mut labels: Labels = vec![
+                ("class", metric.name().to_string()),
+                ("phase_kind", kind.to_string()),
+                ("comm", p.comm.clone()),
+            ];
+            if self.opts.pid {
+                labels.push(("pid", k.tgid.to_string()));
+            }
+            if self.opts.cgroup {
+                labels.push(("cgroup", p.cgroup.clone().unwrap_or_default()));
+            }
+            self.faults.get_or_create(&labels).inc_by(d_count);
+            if timed {
+                let mut h = v.hist;
+                for (a, b) in h.iter_mut().zip(base.hist.iter()) {
+                    *a = a.saturating_sub(*b);
+                }
+                let mut hl: Labels = vec![("class", metric.name().to_string()), ("comm", p.comm)];
+                if self.opts.pid {
+                    hl.push(("pid", k.tgid.to_string()));
+                }
+                self.durations.get_or_create(&hl).add(&h, v.sum_ns.saturating_sub(base.sum_ns));
+            }
+            self.last.insert(*k, *v);
+        }
+    }
+
+    /// The kernel's drop counters (cumulative over the session).
+    pub fn update_drops(&mut self, drops: &BTreeMap<String, u64>) {
+        for (name, v) in drops {
+            let last = self.last_drops.get(name).copied().unwrap_or(0);
+            let c = self.drops.get_or_create(&vec![("map", name.clone())]);
+            if *v > last {
+                c.inc_by(v - last);
+            }
+            self.last_drops.insert(name.clone(), *v);
+        }
+    }
+
+    pub fn fork(&mut self, comm: &str) {
+        self.forks.get_or_create(&vec![("comm", comm.to_string())]).inc();
+    }
+
+    /// Forgets the last counts of the entries `gone` says are gone (an
+    /// exited process, an ended phase), once their last counts are in.
+    pub fn forget(&mut self, gone: impl Fn(&StatKey) -> bool) {
+        self.last.retain(|k, _| !gone(k));
+    }
+
+    /// Entries of per-process state held (for the memory bound).
+    pub fn held(&self) -> usize {
+        self.last.len()
+    }
+
+    /// The OpenMetrics text, ending in `# EOF`.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        encode(&mut s, &self.registry).expect("writing to a String");
+        s
+    }
+}
+
+/// The same metrics in the Prometheus text format 0.0.4 (for scrapers and
+/// tools that do not ask for OpenMetrics, such as `promtool check
+/// metrics`): a counter's HELP and TYPE carry its `_total` name, there is
+/// no `# EOF`.
+pub fn to_text_004(openmetrics: &str) -> String {
+    let counters: BTreeSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::new();
+    for l in openmetrics.lines() {
+        if l == "# EOF" || l.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|p| {
+            let rest = l.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(l));
+        out.push('\n');
+    }
+    out
+}
+
+pub fn kind_name(k: PhaseKind) -> &'static str {
+    match k {
+        PhaseKind::BeforeFork => "before-fork",
+        PhaseKind::ChildAlive => "child-alive",
+        PhaseKind::AfterChildExit => "after-child-exit",
+        PhaseKind::AfterChildExec => "after-child-exec",
+        PhaseKind::Mark => "mark",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn avail() -> Vec<(Metric, Availability)> {
+        vec![
+            (Metric::Faults, Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
+            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+            (Metric::Reuse, Availability::NotMeasurable("no kprobe PMU".into())),
+        ]
+    }
+
+    fn metrics() -> Metrics {
+        let info = BuildInfo {
+            version: "0.1.0".into(),
+            kernel: "6.12.0".into(),
+            arch: "x86_64".into(),
+            backend: "tracepoint".into(),
+        };
+        Metrics::new(&info, &avail(), LabelOpts::default())
+    }
+
+    fn stat(vals: &[u64]) -> Stat {
+        let mut s = Stat::ZERO;
+        for v in vals {
+            s.record(Some(*v));
+        }
+        s
+    }
+
+    fn snap(entries: &[(u32, PhaseId, Class, Stat)]) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for (pid, ph, c, s) in entries {
+            snap.stats.insert(StatKey::new(*pid, *ph, *c as u16), *s);
+        }
+        snap
+    }
+
+    fn kind(ph: PhaseId) -> Option<PhaseKind> {
+        Some(if ph == 0 { PhaseKind::BeforeFork } else { PhaseKind::ChildAlive })
+    }
+
+    fn redis(_: u32) -> Option<ProcLabels> {
+        Some(ProcLabels { comm: "redis-server".into(), cgroup: None })
+    }
+
+    /// The value of a sample line `name{labels} value`.
+    fn sample(text: &str, prefix: &str) -> Option<f64> {
+        text.lines().find(|l| l.starts_with(prefix)).map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    #[test]
+    fn names_and_label_sets() {
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400, 500]))]), kind, redis);
+        m.update_drops(&[("stats_map_full".to_string(), 0)].into());
+        m.fork("redis-server");
+        let t = m.encode();
+        assert!(t.ends_with("# EOF\n"), "{t}");
+        for line in [
+            "# TYPE faultscope_faults counter",
+            "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\"} 2",
+            "# TYPE faultscope_fault_duration_seconds histogram",
+            "faultscope_fault_duration_seconds_count{class=\"faults\",comm=\"redis-server\"} 2",
+            "# TYPE faultscope_class_measurable gauge",
+            "faultscope_class_measurable{class=\"faults\",reason=\"\"} 1",
+            "faultscope_class_measurable{class=\"reuse\",reason=\"no kprobe PMU\"} 0",
+            "faultscope_drops_total{map=\"stats_map_full\"} 0",
+            "faultscope_forks_total{comm=\"redis-server\"} 1",
+            "faultscope_build_info{version=\"0.1.0\",kernel=\"6.12.0\",arch=\"x86_64\",backend=\"tracepoint\"} 1",
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
+        }
+        // A class that cannot be measured has no count at all, not a 0.
+        assert!(!t.contains("faultscope_faults_total{class=\"reuse\""));
+        // pid only when asked for.
+        assert!(!t.contains("pid=\""));
+        let info =
+            BuildInfo { version: "v".into(), kernel: "k".into(), arch: "a".into(), backend: "b".into() };
+        let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false });
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        assert!(m.encode().contains(
+            "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
+        ));
+    }
+
+    #[test]
+    fn prometheus_text_format() {
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        let t = to_text_004(&m.encode());
+        assert!(t.contains("# TYPE faultscope_faults_total counter\n"));
+        assert!(t.contains("# HELP faultscope_faults_total "));
+        assert!(t.contains("# TYPE faultscope_fault_duration_seconds histogram\n"));
+        assert!(!t.contains("# EOF"));
+    }
+
+    #[test]
+    fn buckets_are_the_kernels_cumulative_with_exact_count_and_sum() {
+        let vals = [0u64, 3, 400, 420, 450, 5000, 123_456, 1 << 41];
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&vals))]), kind, redis);
+        let t = m.encode();
+        let pre = "faultscope_fault_duration_seconds";
+        let lab = "class=\"faults\",comm=\"redis-server\"";
+        assert_eq!(sample(&t, &format!("{pre}_count{{{lab}}}")), Some(vals.len() as f64));
+        let sum: u64 = vals.iter().sum();
+        assert_eq!(sample(&t, &format!("{pre}_sum{{{lab}}}")), Some(sum as f64 / 1e9));
+        let buckets: Vec<(f64, f64)> = t
+            .lines()
+            .filter(|l| l.starts_with(&format!("{pre}_bucket{{le=")) && l.contains(lab))
+            .map(|l| {
+                let le = l.split("le=\"").nth(1).unwrap().split('"').next().unwrap();
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+                (le, l.rsplit(' ').next().unwrap().parse().unwrap())
+            })
+            .collect();
+        // Every kernel bucket up to the highest used one (the last, a
+        // catch-all, is +Inf).
+        assert_eq!(buckets.len(), hist::NBUCKETS, "{t}");
+        assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, vals.len() as f64));
+        for w in buckets.windows(2) {
+            assert!(w[0].0 < w[1].0 && w[0].1 <= w[1].1, "{w:?}");
+        }
+        // Each value is counted at and above its bucket's le, below not.
+        for &v in &vals[..vals.len() - 1] {
+            let b = hist::bucket_of(v);
+            let le = le_seconds(b);
+            let at = buckets.iter().find(|(l, _)| *l == le).unwrap().1;
+            let below = vals.iter().filter(|&&x| (x as f64 / 1e9) <= le).count() as f64;
+            assert_eq!(at, below, "le {le}");
+        }
+        assert_eq!(le_seconds(hist::bucket_of(400)), 447e-9);
+    }
+
+    #[test]
+    fn counters_stay_monotonic_across_phases_and_a_restart() {
+        let mut m = metrics();
+        let key = "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
+        m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2, 3]))]), kind, redis);
+        assert_eq!(sample(&m.encode(), key), Some(3.0));
+        // More in the same phase, then a second child-alive phase.
+        m.update(
+            &snap(&[(7, 1, Class::Copy, stat(&[1, 2, 3, 4])), (7, 2, Class::Copy, stat(&[5]))]),
+            kind,
+            redis,
+        );
+        assert_eq!(sample(&m.encode(), key), Some(5.0));
+        // Pid 7 exits: its entries are deleted and forgotten. Redis restarts
+        // as pid 9 and counts from 0: the series goes on from 5.
+        m.forget(|k| k.tgid == 7);
+        assert_eq!(m.held(), 0);
+        m.update(&snap(&[(9, 1, Class::Copy, stat(&[1, 1]))]), kind, redis);
+        let t = m.encode();
+        assert_eq!(sample(&t, key), Some(7.0));
+        let h = "faultscope_fault_duration_seconds_count{class=\"copy\",comm=\"redis-server\"}";
+        assert_eq!(sample(&t, h), Some(7.0));
+        // The same snapshot again adds nothing.
+        m.update(&snap(&[(9, 1, Class::Copy, stat(&[1, 1]))]), kind, redis);
+        assert_eq!(sample(&m.encode(), key), Some(7.0));
+        // Drops: the kernel's cumulative counters, added as they grow.
+        m.update_drops(&[("x".to_string(), 2)].into());
+        m.update_drops(&[("x".to_string(), 5)].into());
+        assert_eq!(sample(&m.encode(), "faultscope_drops_total{map=\"x\"}"), Some(5.0));
+    }
+}
