@@ -8,7 +8,8 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{root, run, tools_bin};
 
-/// Debian packages from the machine's own suites (FACTS.md section 2).
+/// Debian packages from the machine's own suites: Debian's Rust (rustc-web) with a
+/// prebuilt BPF `core`, LLVM 22 for bpf-linker, and the guests' tools.
 const PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
