@@ -285,6 +285,10 @@ fn bad_input_is_refused_with_one_line() {
         &faultscope(&["record", "--json", "/nonexistent/dir/r.json", "-p", "1"]),
         "cannot write /nonexistent/dir/r.json",
     );
+    assert_refused(
+        &faultscope(&["record", "--flamegraph", "/nonexistent/dir/f.svg", "-p", "1"]),
+        "cannot write /nonexistent/dir/f.svg",
+    );
     // Not root: drop to nobody.
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "record", "-p", "1"])

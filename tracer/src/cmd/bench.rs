@@ -321,6 +321,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     if let Some(p) = &o.json {
         file::check_writable(p)?;
     }
+    o.attrib.check_writable()?;
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
     let _signals = super::HeldSignals::new();
@@ -333,10 +334,11 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     let found = findings::attach(&mut report);
     // A closed stdout (`| head`) costs the tables, not the report.
     let _ = super::out(&format!("{}{found}", summary(&report)));
-    super::record::write_stacks(&o.attrib, &report)?;
     if let Some(p) = &o.json {
         file::write(p, &report)?;
     }
+    // After the report: a failure here must not cost it.
+    super::record::write_stacks(&o.attrib, &report)?;
     Ok(0)
 }
 

@@ -421,6 +421,7 @@ impl Recording {
         if let Some(p) = &o.json {
             file::check_writable(p)?;
         }
+        o.attrib.check_writable()?;
         let mut rec = Recorder::start(o.max_stats, o.attrib.clone())?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
@@ -546,7 +547,6 @@ impl Recording {
             // A reader gone now (EPIPE) costs only these tables.
             let _ = super::out(&format!("{}{found}", text::to_text(&report)));
         }
-        write_stacks(&self.opts.attrib, &report)?;
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());
             if self.opts.interval.is_some() {
@@ -558,6 +558,8 @@ impl Recording {
             report.command_exit_status = self.cmd_status;
             file::write(p, &report)?;
         }
+        // After the report: a failure here must not cost it.
+        write_stacks(&self.opts.attrib, &report)?;
         // A command still running (Ctrl-C/--duration) is left to run, detached.
         Ok(0)
     }

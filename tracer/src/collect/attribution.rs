@@ -56,6 +56,17 @@ impl Default for AttribOpts {
     }
 }
 
+impl AttribOpts {
+    /// `--folded` and `--flamegraph` must be writable, checked before the
+    /// run (nothing is written yet).
+    pub fn check_writable(&self) -> Result<(), crate::error::Refusal> {
+        for p in self.folded.iter().chain(self.flamegraph.iter()) {
+            crate::report::file::check_writable(p)?;
+        }
+        Ok(())
+    }
+}
+
 /// A list of report classes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClassList(pub Vec<Metric>);
