@@ -14,7 +14,7 @@ run_attach_case attach4k --size 16M --thp never --child exit --child-lifetime 36
 # child's exit by a function of its own; the oracle splits its counts by
 # their address ranges.
 RECORD_ARGS="--sites reuse,copy --stacks reuse,copy --flamegraph /tmp/mappings4k.svg --folded /tmp/mappings4k.folded"
-run_case mappings4k 4K --size ${MAPPINGS_SIZE:-4M} --thp never --child exit --mappings --regions-out /tmp/mappings4k.ranges
+run_case mappings4k 4K --size ${MAPPINGS_SIZE:-4M} --thp never --child exit --mappings --regions-out /tmp/mappings4k.ranges --linger 1
 RECORD_ARGS=
 emit mappings4k.ranges /tmp/mappings4k.ranges
 emit mappings4k.folded /tmp/mappings4k.folded

@@ -87,6 +87,12 @@ pub struct WorkloadOpts {
     /// (the address ranges the guest tests' oracle splits its counts by).
     #[arg(long, requires = "mappings")]
     pub regions_out: Option<PathBuf>,
+    /// Sleep this many seconds before exiting, mappings in place: a tracer
+    /// names mappings from /proc/PID/maps snapshots taken at phase changes,
+    /// and a process that maps, faults and exits between two of its polls
+    /// (50 ms) leaves them unnamed (`unresolved 0x…`).
+    #[arg(long, default_value_t = 0.0)]
+    pub linger: f64,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -604,6 +610,11 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     match &o.out {
         Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
         None => println!("{text}"),
+    }
+    // Its mappings (the --mappings file still there) stay for a tracer to
+    // read its maps after the last phase change.
+    if o.linger > 0.0 {
+        std::thread::sleep(std::time::Duration::from_secs_f64(o.linger));
     }
     Ok(())
 }
