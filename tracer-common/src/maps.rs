@@ -133,6 +133,10 @@ pub enum LifeKind {
     /// A child of a traced process (`pid`) exec'd: it no longer shares the
     /// parent's memory; a new phase starts.
     ChildExec = 5,
+    /// A process of a `--cgroup` filter's cgroup (`aux`: the filter's
+    /// value, user space's index of the cgroup) joined the traced set at its
+    /// first event.
+    Adopt = 6,
 }
 
 #[repr(C)]
@@ -144,7 +148,8 @@ pub struct LifeEvent {
     pub tgid: u32,
     /// The thread that did it; for `Fork`, the new child's pid.
     pub pid: u32,
-    /// `Fork`: 1 if the child is followed (traced too).
+    /// `Fork`: 1 if the child is followed (traced too); `Adopt`: the
+    /// cgroup's value in `CGROUPS`.
     pub aux: u32,
     /// The phase that starts with this event (Fork, ChildExit, ChildExec).
     pub phase: PhaseId,

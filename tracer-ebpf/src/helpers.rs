@@ -6,16 +6,20 @@
 //! verifier's work per program small.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     programs::{ProbeContext, TracePointContext},
 };
 use faultscope_common::{
     class::{Class, ClassSet},
-    maps::{phase_id, Drop, PhaseCounter, PhaseId, StatKey, TargetInfo, TARGET_PENDING_EXEC},
+    maps::{
+        phase_id, Drop, LifeEvent, LifeKind, PhaseCounter, PhaseId, StatKey, TargetInfo, TARGET_PENDING_EXEC,
+    },
     ThreadFault,
 };
 
-use crate::maps::{DROPS, PHASE, STATS, TARGETS, THREADS, ZERO};
+use crate::maps::{
+    cfg, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, THREADS, ZERO,
+};
 
 pub const BPF_ANY: u64 = 0;
 pub const BPF_NOEXIST: u64 = 1;
@@ -56,10 +60,65 @@ pub fn pid_tgid() -> (u32, u32) {
     (v as u32, (v >> 32) as u32)
 }
 
-/// The traced process the current task belongs to, if its faults count now.
+/// Sends a lifecycle event to user space (counted in `DROPS` when the ring
+/// is full).
+#[inline(always)]
+pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
+    match EVENTS.reserve::<LifeEvent>(0) {
+        Some(mut e) => {
+            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
+            e.write(LifeEvent {
+                ts_ns: unsafe { bpf_ktime_get_ns() },
+                kind: kind as u32,
+                tgid,
+                pid,
+                aux,
+                phase,
+                _pad: 0,
+                comm,
+            });
+            e.submit(0);
+        }
+        None => drop_count(Drop::EventsFull),
+    }
+}
+
+/// With the cgroup filter on (`CGROUP_FILTER`, a load-time constant: off,
+/// this is no code), a process of a filtered cgroup that is not a child
+/// sharing a traced parent's memory joins the traced set; the program that
+/// inserts it tells user space (`Adopt`). For an untraced task the filter
+/// costs the cgroup id and one `CGROUPS` lookup.
+#[inline(always)]
+pub fn adopt(tgid: u32) -> Option<TargetInfo> {
+    if cfg(&CGROUP_FILTER) == 0 {
+        return None;
+    }
+    let cg = unsafe { bpf_get_current_cgroup_id() };
+    let idx = *unsafe { CGROUPS.get(&cg) }?;
+    if unsafe { CHILDREN.get(&tgid) }.is_some() {
+        return None;
+    }
+    let info = TargetInfo { flags: 0, _reserved: 0 };
+    match TARGETS.insert(&tgid, &info, BPF_NOEXIST) {
+        Ok(()) => send(LifeKind::Adopt, tgid, tgid, idx, current_phase()),
+        // Another CPU inserted it first (and told), or the map is full.
+        Err(_) => {
+            if unsafe { TARGETS.get(&tgid) }.is_none() {
+                drop_count(Drop::TargetsFull);
+                return None;
+            }
+        }
+    }
+    Some(info)
+}
+
+/// The traced process the current task belongs to, if its faults count now
+/// (adopting it first under the cgroup filter).
 #[inline(always)]
 pub fn counted_target(tgid: u32) -> Option<TargetInfo> {
-    let t = unsafe { TARGETS.get(&tgid) }?;
+    let Some(t) = (unsafe { TARGETS.get(&tgid) }) else {
+        return adopt(tgid);
+    };
     if t.flags & TARGET_PENDING_EXEC != 0 {
         return None;
     }

@@ -6,47 +6,24 @@
 //! exec changes what the parent's COW faults mean.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     macros::tracepoint,
     programs::TracePointContext,
 };
 use aya_log_ebpf::debug;
-use faultscope_common::maps::{
-    Drop, LifeEvent, LifeKind, PhaseId, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
-};
+use faultscope_common::maps::{Drop, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
 
 use crate::{
-    helpers::{bump_phase, current_phase, drop_count, field, pid_tgid, read_failed, ReadFailed, BPF_ANY},
+    helpers::{
+        adopt, bump_phase, current_phase, drop_count, field, pid_tgid, read_failed, send, ReadFailed, BPF_ANY,
+    },
     maps::{
-        cfg, CHILDREN, EVENTS, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
-        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
+        cfg, CHILDREN, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, SIGNAL_LIVE_OFF,
+        TARGETS, TASK_SIGNAL_OFF,
     },
 };
 
 const CLONE_THREAD: u64 = 0x0001_0000;
-
-/// Sends a lifecycle event to user space (counted in `DROPS` when the ring
-/// is full).
-#[inline(always)]
-fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
-    match EVENTS.reserve::<LifeEvent>(0) {
-        Some(mut e) => {
-            let comm = bpf_get_current_comm().unwrap_or([0; 16]);
-            e.write(LifeEvent {
-                ts_ns: unsafe { bpf_ktime_get_ns() },
-                kind: kind as u32,
-                tgid,
-                pid,
-                aux,
-                phase,
-                _pad: 0,
-                comm,
-            });
-            e.submit(0);
-        }
-        None => drop_count(Drop::EventsFull),
-    }
-}
 
 /// `task:task_newtask` (in the parent, before the child can run). Unlike
 /// `sched_process_fork` it carries `clone_flags`, which tell a new process
@@ -62,7 +39,8 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let (_, tgid) = pid_tgid();
-    let Some(t) = (unsafe { TARGETS.get(&tgid) }).copied() else {
+    // A process of a filtered cgroup whose first event is a fork joins here.
+    let Some(t) = (unsafe { TARGETS.get(&tgid) }).copied().or_else(|| adopt(tgid)) else {
         return Ok(0);
     };
     let clone_flags: u64 = field(&ctx, cfg(&NEWTASK_CLONE_FLAGS_OFF))?;
@@ -116,6 +94,9 @@ fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
     child_gone(LifeKind::ChildExec, tgid);
     let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
+        // A program exec'd in a filtered cgroup joins at its exec (a child
+        // that execs no longer shares its parent's memory: its own target).
+        adopt(tgid);
         return Ok(0);
     };
     unsafe { (*t).flags &= !TARGET_PENDING_EXEC };

@@ -42,6 +42,12 @@ pub static PHASE: Array<u64> = Array::with_max_entries(PhaseCounter::COUNT as u3
 #[map]
 pub static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 
+/// The cgroup filter (`serve --cgroup`): cgroup v2 id -> user space's
+/// index of that cgroup. Read only when `CGROUP_FILTER` is set. User space
+/// sizes it at load.
+#[map]
+pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1, 0);
+
 /// What the tracepoint records (see `Config`).
 #[map]
 pub static CONFIG: Array<u32> = Array::with_max_entries(Config::COUNT as u32, 0);
@@ -93,6 +99,12 @@ pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
 /// kernels); per-mapping counting is off when BTF does not have it.
 #[no_mangle]
 pub static VMA_START_OFF: u32 = 0;
+
+/// Non-zero: a task of a cgroup in `CGROUPS` that is not traced joins the
+/// traced set at its first event (see `helpers::adopt`). A load-time
+/// constant, so that without the filter no program pays for it.
+#[no_mangle]
+pub static CGROUP_FILTER: u32 = 0;
 
 // How `sched_process_exit` tells the last thread of a process (see
 // lifecycle.rs): the tracepoint's `group_dead` field where the kernel has it

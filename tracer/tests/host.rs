@@ -1568,3 +1568,180 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_nothing_left();
 }
+
+/// Waits until `serve` answers on `port` (loading and attaching take a while).
+fn wait_serving(port: u16) {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        sleep(Duration::from_millis(100));
+    }
+    panic!("serve never listened on {port}");
+}
+
+/// The sum of the `faults` counters whose labels include `label`.
+fn faults_with(text: &str, label: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with("faultscope_faults_total{class=\"faults\"") && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `serve` with `args`, ended by SIGTERM when dropped.
+struct Served(Option<std::process::Child>);
+impl Served {
+    fn start(args: &[&str]) -> Served {
+        let c = Command::new(BIN).arg("serve").args(args).stderr(Stdio::piped()).spawn().unwrap();
+        Served(Some(c))
+    }
+    /// SIGTERM, and its stderr; it must end cleanly.
+    fn stop(mut self) -> String {
+        let c = self.0.take().unwrap();
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        err
+    }
+}
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A Python that waits for a line, touches 2048 new pages, prints its
+/// minflt for that, and exits at the next line; run as `exe` (its comm).
+fn paced_python(
+    exe: &Path,
+) -> (std::process::Child, std::process::ChildStdin, std::io::BufReader<std::process::ChildStdout>) {
+    let script = "import sys,resource\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
+b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
+    let mut c =
+        Command::new(exe).args(["-c", script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let stdin = c.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(c.stdout.take().unwrap());
+    (c, stdin, stdout)
+}
+
+#[test]
+fn serve_comm_picks_up_an_exec_and_follows_a_restart() {
+    use std::io::{BufRead, Write};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 9872;
+    let dir = tmp();
+    // A comm of its own: exec through a link of that name.
+    let exe = dir.path().join("fs-commtest");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    let served = Served::start(&["--comm", "fs-commtest", "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    let mut total = 0;
+    let mut pids = Vec::new();
+    // The first run, then the "restarted" one under a new pid: the counter
+    // goes on from the first's count.
+    for _ in 0..2 {
+        let (mut c, mut stdin, mut stdout) = paced_python(&exe);
+        pids.push(c.id());
+        // Found by the /proc scan within a tick.
+        sleep(Duration::from_millis(1000));
+        let before = faults_with(&scrape(port), "comm=\"fs-commtest\"");
+        stdin.write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let minflt: u64 = line.trim().parse().unwrap();
+        assert!(minflt >= 2048, "{minflt}");
+        sleep(Duration::from_millis(800));
+        let text = scrape(port);
+        let now = faults_with(&text, "comm=\"fs-commtest\"");
+        let delta = now - before;
+        assert!(
+            delta >= minflt && delta <= minflt + TOLERANCE,
+            "pid {}: {delta} counted, getrusage {minflt}\n{text}",
+            c.id()
+        );
+        assert!(now >= total + delta, "the counter went back: {total} then {now}");
+        total = now;
+        stdin.write_all(b"bye\n").unwrap();
+        c.wait().unwrap();
+        sleep(Duration::from_millis(400));
+    }
+    let err = served.stop();
+    for pid in pids {
+        assert!(err.contains(&format!("tracing pid {pid} (fs-commtest)")), "{pid}: {err}");
+    }
+    assert_nothing_left();
+}
+
+/// The cgroup v2 mount (`/sys/fs/cgroup` itself, or `unified` in the hybrid
+/// layout).
+fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let m = mounts.lines().find(|l| l.split(' ').nth(2) == Some("cgroup2")).expect("no cgroup2 mount");
+    PathBuf::from(m.split(' ').nth(1).unwrap())
+}
+
+#[test]
+fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 9873;
+    let cg = cgroup2_root().join(format!("faultscope-test-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    struct Rmdir(PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            // Empty once its processes are reaped.
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.0).is_ok() {
+                    return;
+                }
+                sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let _rm = Rmdir(cg.clone());
+    let served =
+        Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    sleep(Duration::from_millis(500));
+    // Outside: 16384 pages, at the same time.
+    let outside = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import time\nb=bytearray(16384*4096)\nfor j in range(0,len(b),4096): b[j]=1\ntime.sleep(1)\n",
+        ])
+        .spawn()
+        .unwrap();
+    // Inside: joins the cgroup, execs, touches 2048 pages and exits at once
+    // (within a tick: only the kernel's filter can see it), printing its
+    // whole minflt and that of the touching.
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let inside = Command::new("sh")
+        .args([
+            "-c",
+            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
+    let out = String::from_utf8_lossy(&inside.stdout).to_string();
+    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let (touch, whole) = (v[0], v[1]);
+    let mut outside = outside;
+    assert!(outside.wait().unwrap().success());
+    sleep(Duration::from_millis(800));
+    let text = scrape(port);
+    let counted = faults_with(&text, "");
+    assert!(touch >= 2048, "{out}");
+    // From its first event in the cgroup to its exit: at least the touching,
+    // at most its whole life; the other's 16384 pages are not there.
+    assert!(counted >= touch && counted <= whole + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    assert!(text.contains("comm=\"python3\""), "{text}");
+    served.stop();
+    assert_nothing_left();
+}

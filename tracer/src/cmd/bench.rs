@@ -138,7 +138,7 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats, o.attrib.clone())?;
+            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &[])?;
             r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             Some(r)

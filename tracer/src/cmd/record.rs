@@ -101,6 +101,9 @@ pub struct Recorder {
     /// The comm of each fork seen since the caller last took them (serve's
     /// `faultscope_forks_total`); record leaves it empty.
     pub fork_comms: Option<Vec<String>>,
+    /// Processes the kernel's cgroup filter added (pid, the cgroup's
+    /// index), taken by `serve`.
+    pub adopted: Vec<(u32, u32)>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -109,13 +112,21 @@ const STACK_ENTRIES: u32 = 16384;
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
-    pub fn start(max_stats: u32, attrib: AttribOpts) -> Result<Recorder> {
+    /// `cgroups`: the kernel's cgroup filter (cgroup v2 ids), none for off.
+    pub fn start(max_stats: u32, attrib: AttribOpts, cgroups: &[u64]) -> Result<Recorder> {
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
         let resolved = probes::resolve_here(&tracefs);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
-        let mut session = Session::attach(&tracefs, &resolved, Sizes { stats: max_stats, stacks })?;
+        let mut session = Session::attach(
+            &tracefs,
+            &resolved,
+            Sizes { stats: max_stats, stacks, cgroups: cgroups.len() as u32 },
+        )?;
+        for (i, &id) in cgroups.iter().enumerate() {
+            session.add_cgroup(id, i as u32)?;
+        }
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
         let no_mappings = attrib.no_mappings;
@@ -146,6 +157,7 @@ impl Recorder {
             attrib,
             self_traced: false,
             fork_comms: None,
+            adopted: Vec::new(),
         })
     }
 
@@ -277,6 +289,14 @@ impl Recorder {
                     self.comms.insert(e.tgid, comm);
                     // The maps before the exec were another program's.
                     self.attrib.exec(e.tgid, e.ts_ns);
+                }
+                // The cgroup filter added it at its first event (unless
+                // serve's scan of cgroup.procs added it meanwhile).
+                k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => {
+                    self.comms.insert(e.tgid, comm);
+                    self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
+                    self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
+                    self.adopted.push((e.tgid, e.aux));
                 }
                 // The kernel took it out of the traced set at its exit (so
                 // that a new process with its pid is not counted as it).
@@ -422,7 +442,7 @@ impl Recording {
             file::check_writable(p)?;
         }
         o.attrib.check_writable()?;
-        let mut rec = Recorder::start(o.max_stats, o.attrib.clone())?;
+        let mut rec = Recorder::start(o.max_stats, o.attrib.clone(), &[])?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;

@@ -5,9 +5,12 @@
 //! for processes with that comm that are not traced yet (a child of a
 //! traced process, such as Redis' BGSAVE child, is not: it is the parent's
 //! phase), so a restarted Redis is followed under its new pid within a
-//! tick; `--cgroup PATH`, the processes in a cgroup v2 directory's
-//! `cgroup.procs`, scanned the same way (in user space: a process that
-//! faults and exits within one tick is missed).
+//! tick; `--cgroup PATH`, filtered in the kernel by cgroup id (the cgroup
+//! v2 directory's inode number): a process of that cgroup joins the traced
+//! set at its first fault, fork or exec, so that one that faults and exits
+//! within a tick is counted too; the processes already in the cgroup's
+//! `cgroup.procs` are added at start (and each tick, for one that has not
+//! had an event yet).
 //!
 //! Memory is bounded over days: the metric series by classes x phase kinds x
 //! comms; per process, the kernel's entries and the last counts of the
@@ -54,7 +57,8 @@ pub struct ServeOpts {
     /// Trace every process with this comm, as it starts (repeatable).
     #[arg(long)]
     pub comm: Vec<String>,
-    /// Trace the processes of this cgroup v2 directory (repeatable).
+    /// Trace the processes of this cgroup v2 directory (repeatable),
+    /// filtered in the kernel by cgroup id: from their first event.
     #[arg(long)]
     pub cgroup: Vec<PathBuf>,
     /// Port on 127.0.0.1.
@@ -93,6 +97,13 @@ struct Serve {
 impl Serve {
     fn tick(&mut self) -> Result<()> {
         self.rec.drain_events()?;
+        for (pid, idx) in std::mem::take(&mut self.rec.adopted) {
+            if let Some(dir) = self.opts.cgroup.get(idx as usize) {
+                self.cgroups.insert(pid, dir.display().to_string());
+            }
+            let comm = self.rec.comms.get(&pid).cloned().unwrap_or_default();
+            super::say(&format!("faultscope: tracing pid {pid} ({})", crate::report::text::safe(&comm)));
+        }
         for comm in self.rec.fork_comms.as_mut().map(std::mem::take).unwrap_or_default() {
             self.metrics.fork(&comm);
         }
@@ -181,6 +192,27 @@ impl Serve {
     }
 }
 
+/// A cgroup v2 directory's id: its inode number (what
+/// `bpf_get_current_cgroup_id` returns for a task in it).
+fn cgroup_id(dir: &std::path::Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let v2 = fs::metadata(dir.join("cgroup.procs")).is_ok_and(|m| m.is_file()) && is_cgroup2(dir);
+    if !v2 {
+        return Err(Refusal::new(format!("{}: not a cgroup v2 directory", dir.display())).into());
+    }
+    Ok(fs::metadata(dir).with_context(|| dir.display().to_string())?.ino())
+}
+
+/// Whether `dir` lies on a cgroup2 file system (a v1 hierarchy has
+/// `cgroup.procs` too, and other ids).
+fn is_cgroup2(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == CGROUP2_SUPER_MAGIC }
+}
+
 fn all_pids() -> Vec<u32> {
     fs::read_dir("/proc")
         .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
@@ -199,10 +231,9 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     if !(o.tick.is_finite() && o.tick > 0.0 && o.tick <= 3600.0) {
         return Err(Refusal::new(format!("--tick {}: give seconds above 0, at most 3600", o.tick)).into());
     }
+    let mut cgroup_ids = Vec::new();
     for dir in &o.cgroup {
-        if !dir.join("cgroup.procs").is_file() {
-            return Err(Refusal::new(format!("{}: not a cgroup v2 directory", dir.display())).into());
-        }
+        cgroup_ids.push(cgroup_id(dir)?);
     }
     kernel::require_root()?;
     let mut comms = Vec::new();
@@ -218,7 +249,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let mut rec = Recorder::start(o.max_stats, attrib)?;
+    let mut rec = Recorder::start(o.max_stats, attrib, &cgroup_ids)?;
     rec.fork_comms = Some(Vec::new());
     for (pid, comm) in comms {
         rec.add(pid, 0, comm)?;

@@ -90,6 +90,8 @@ pub struct Sizes {
     /// `STACK_TRACES` entries: 0 when no stacks are asked for (the map
     /// preallocates every entry).
     pub stacks: u32,
+    /// `CGROUPS` entries: 0 turns the kernel's cgroup filter off.
+    pub cgroups: u32,
 }
 
 /// `vm_area_struct.vm_start`'s offset from the running kernel's BTF, or why
@@ -175,6 +177,9 @@ fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf>
     }
     l.map_max_entries("STATS", sizes.stats);
     l.map_max_entries("STACK_TRACES", sizes.stacks.max(1));
+    let filter = (sizes.cgroups > 0) as u32;
+    l.override_global("CGROUP_FILTER", &filter, true);
+    l.map_max_entries("CGROUPS", sizes.cgroups.max(1));
     if EBPF_OBJECT.is_empty() {
         anyhow::bail!("this faultscope was built without its eBPF object (the `ebpf` feature)");
     }
@@ -254,6 +259,14 @@ impl Session {
 
     pub fn add_target(&mut self, tgid: u32, info: TargetInfo) -> Result<()> {
         self.targets()?.insert(tgid, info, 0).with_context(|| format!("adding pid {tgid} to the traced set"))
+    }
+
+    /// The kernel's cgroup filter: a process of cgroup `id` joins the traced
+    /// set at its first event, reported with `index`.
+    pub fn add_cgroup(&mut self, id: u64, index: u32) -> Result<()> {
+        let m = self.bpf.map_mut("CGROUPS").context("no CGROUPS map")?;
+        let mut cg: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(m)?;
+        cg.insert(id, index, 0).with_context(|| format!("adding cgroup {id} to the filter"))
     }
 
     /// Takes a traced process out of the traced set. (An exited one leaves
@@ -387,7 +400,7 @@ fn attach_reason(e: &anyhow::Error) -> String {
 /// Loads every program of the object into the kernel without attaching any:
 /// the verifier's verdict on each, for `faultscope probes --load`.
 pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), String>>> {
-    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0 }, Some(0))?;
+    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0, cgroups: 1 }, Some(0))?;
     let mut out = BTreeMap::new();
     for spec in PROBES {
         let res = (|| -> Result<()> {
