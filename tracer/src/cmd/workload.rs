@@ -87,10 +87,10 @@ pub struct WorkloadOpts {
     /// (the address ranges the guest tests' oracle splits its counts by).
     #[arg(long, requires = "mappings")]
     pub regions_out: Option<PathBuf>,
-    /// Sleep this many seconds before exiting, mappings in place: a tracer
-    /// names mappings from /proc/PID/maps snapshots taken at phase changes,
-    /// and a process that maps, faults and exits between two of its polls
-    /// (50 ms) leaves them unnamed (`unresolved 0x…`).
+    /// Sleep this many seconds after the writes, mappings in place: a
+    /// tracer names mappings from /proc/PID/maps snapshots taken at phase
+    /// changes, and a mapping made, faulted and unmapped between two of its
+    /// polls (50 ms) is left unnamed (`unresolved 0x…`).
     #[arg(long, default_value_t = 0.0)]
     pub linger: f64,
 }
@@ -574,6 +574,12 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         }
         None => None,
     };
+    // The mappings (the file one too) stay for a tracer to read the maps
+    // after the last phase change: a mapping gone before its poll is
+    // unnamed (`unresolved 0x…`).
+    if o.linger > 0.0 {
+        std::thread::sleep(std::time::Duration::from_secs_f64(o.linger));
+    }
     drop(mappings);
     if o.child == Child::Alive {
         unsafe {
@@ -610,11 +616,6 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     match &o.out {
         Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
         None => println!("{text}"),
-    }
-    // Its mappings (the --mappings file still there) stay for a tracer to
-    // read its maps after the last phase change.
-    if o.linger > 0.0 {
-        std::thread::sleep(std::time::Duration::from_secs_f64(o.linger));
     }
     Ok(())
 }
