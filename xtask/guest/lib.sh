@@ -93,15 +93,7 @@ run_case() {
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
 	echo "@@FS-MTHP64-ALLOC $name $((a1 - a0))"
-	up "$name.recorded"
-	/oracle $(cat /tmp/$name.ranges 2>/dev/null) < $T/trace > /tmp/$name.oracle
-	up "$name.oracle"
-	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
-	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
-	emit $name.out /tmp/$name.out
-	emit $name.fs.json /tmp/$name.fs.json
-	emit $name.wl.json /tmp/$name.wl.json
-	emit $name.oracle /tmp/$name.oracle
+	oracle_and_emit $name
 	emit $name.kprobe_profile $T/kprobe_profile
 }
 
@@ -150,8 +142,17 @@ run_attach_case() {
 	echo 0 > $T/tracing_on
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
+	oracle_and_emit $name
+}
+
+# oracle_and_emit NAME: after a case, the oracle over the trace (split by
+# /tmp/NAME.ranges when the case wrote them), the trace's size and
+# overrun, and the case's outputs as sections.
+oracle_and_emit() {
+	name=$1
 	up "$name.recorded"
-	/oracle < $T/trace > /tmp/$name.oracle
+	/oracle $(cat /tmp/$name.ranges 2>/dev/null) < $T/trace > /tmp/$name.oracle
+	up "$name.oracle"
 	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
 	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
 	emit $name.out /tmp/$name.out

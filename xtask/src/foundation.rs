@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::Metric,
-    report::schema::{Mode, PhaseKind},
+    report::schema::{Mode, PhaseKind, Report},
 };
 use serde_json::Value;
 
@@ -44,11 +44,7 @@ pub fn check_case(
             run.section(&format!("{case}.out")).unwrap_or("")
         );
     }
-    let fs = check::report(run, &format!("{case}.fs.json"))?;
-    // The workload's own JSON (`faultscope workload --out`), not a report.
-    let wl: Value =
-        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
-    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
+    let (fs, wl, pid) = case_outputs(run, case)?;
     let pages = wl["pages"].as_u64().context("workload pages")?;
     let p = check::process(&fs, pid).with_context(|| case.to_string())?;
     if fs.mode != Mode::Kprobe {
@@ -146,10 +142,7 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
             );
         }
     }
-    let fs = check::report(run, &format!("{case}.fs.json"))?;
-    let wl: Value =
-        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
-    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
+    let (fs, wl, pid) = case_outputs(run, case)?;
     let child = wl["child_pid"].as_u64().context("workload child_pid")?;
     let pages = wl["pages"].as_u64().context("workload pages")?;
     let p = check::process(&fs, pid).with_context(|| case.to_string())?;
@@ -222,6 +215,16 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
         }
     }
     Ok(CaseResult { table, failures: fails })
+}
+
+/// A case's faultscope report, the workload's own JSON (`faultscope
+/// workload --out`, not a report) and the workload's pid.
+fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
+    let fs = check::report(run, &format!("{case}.fs.json"))?;
+    let wl: Value =
+        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
+    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
+    Ok((fs, wl, pid))
 }
 
 /// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
