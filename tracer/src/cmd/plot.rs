@@ -305,6 +305,8 @@ mod tests {
         // Rendered to PNG: a picture, not a blank page.
         let mut opt = resvg::usvg::Options::default();
         opt.fontdb_mut().load_system_fonts();
+        // plotters' "sans-serif" is Arial to resvg unless told.
+        opt.fontdb_mut().set_sans_serif_family("DejaVu Sans");
         let tree = resvg::usvg::Tree::from_str(&svg, &opt).unwrap();
         let size = tree.size().to_int_size();
         assert_eq!((size.width(), size.height()), (1100, 720));
