@@ -557,7 +557,8 @@ impl Recording {
         let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
         let shown = if self.live_view {
-            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed))
+            let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
+            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed, &footer))
         } else {
             super::out(&format!(
                 "--- interval {} ({elapsed:.1}s), phase {} ---\n{}",
