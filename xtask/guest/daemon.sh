@@ -185,8 +185,8 @@ stop_redis run2
 # counters only grow across the restart), the README's two queries, and
 # whether Prometheus saw the target up.
 promql end.resets 'resets(faultscope_faults_total{comm="redis-server"}[1h])'
-promql end.copies-per-bgsave 'sum(increase(faultscope_faults_total{class="copy", phase_kind="child-alive"}[1h])) / sum(increase(faultscope_forks_total[1h]))'
-promql end.p99 'histogram_quantile(0.99, sum by (class, le) (rate(faultscope_fault_duration_seconds_bucket{comm="redis-server"}[1h])))'
+promql end.copies-per-bgsave 'sum by (comm) (increase(faultscope_faults_total{class="copy", phase_kind="child-alive"}[1h])) / sum by (comm) (increase(faultscope_forks_total[1h]))'
+promql end.p99 'histogram_quantile(0.99, sum by (class, le) (rate(faultscope_fault_duration_seconds_bucket[5m])))'
 promql end.up 'up{job="faultscope"}'
 kill -TERM $serve
 wait $serve
