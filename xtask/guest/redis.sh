@@ -7,7 +7,9 @@
 # tools run inside it. PIDs are global, so faultscope -p works across.
 #
 # Env: MODULES (kernel modules in load order, /modules/NAME.ko), KEYS,
-# VALUE_SIZE, REQUESTS.
+# VALUE_SIZE, REQUESTS; RECORD_ARGS (more options for faultscope record).
+# With REDIS_FUNCTIONS_ONLY set, it only defines its functions (daemon.sh
+# sources it).
 . /lib.sh
 H=/host
 SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
@@ -91,7 +93,7 @@ info() {
 # listens for marks, which it does after writing "faultscope phase attach".
 record_start() {
 	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
-	/faultscope record -p $pid --json /tmp/$1.fs.json > /tmp/$1.out 2>&1 &
+	/faultscope record -p $pid --json /tmp/$1.fs.json $RECORD_ARGS > /tmp/$1.out 2>&1 &
 	fs=$!
 	i=0
 	until [ -S /run/faultscope/record-$fs.sock ]; do
@@ -151,6 +153,8 @@ stop_redis() {
 	done
 	emit $1.redis.log $H/tmp/$1/redis.log
 }
+
+[ -n "$REDIS_FUNCTIONS_ONLY" ] && return 0
 
 up boot
 host_root

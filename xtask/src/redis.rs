@@ -39,11 +39,7 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm/redis");
     std::fs::create_dir_all(&dir)?;
-    let mods = vm::kernel_modules(&modules, MODULES, &dir)?;
-    let names: Vec<&str> = mods
-        .iter()
-        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
-        .collect();
+    let (mods, names) = host_root_modules(&modules, &dir)?;
     let env = [
         ("MODULES", names.join(" ")),
         ("KEYS", keys.to_string()),
@@ -81,13 +77,32 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     Ok(())
 }
 
+/// Files for an initramfs: (file on this machine, path in the guest).
+pub type GuestFiles = Vec<(std::path::PathBuf, String)>;
+
+/// The 9p modules of an unpacked kernel package (`modules`), decompressed
+/// under `dir`: the initramfs files (dependencies first) and their names in
+/// the order the guest's `host_root` (redis.sh) loads them (its `MODULES`).
+pub fn host_root_modules(
+    modules: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<(GuestFiles, Vec<String>)> {
+    let mods = vm::kernel_modules(modules, MODULES, dir)?;
+    let names = mods
+        .iter()
+        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
+        .map(str::to_string)
+        .collect();
+    Ok((mods, names))
+}
+
 struct RunResult {
     table: String,
     failures: Vec<String>,
 }
 
 /// `key:value` lines of an INFO reply.
-fn parse_info(text: &str) -> BTreeMap<String, String> {
+pub fn parse_info(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split_once(':'))
