@@ -39,7 +39,7 @@ use clap::Args;
 use faultscope_common::{PhaseId, Stat, StatKey};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::{TcpSocket, TcpStream},
     signal::unix::{signal, SignalKind},
 };
 
@@ -248,8 +248,13 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         comms.push((pid, target::check_pid(pid)?));
     }
     let addr = o.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], o.port)));
-    let listener =
-        TcpListener::bind(addr).await.map_err(|e| Refusal::new(format!("cannot listen on {addr}: {e}")))?;
+    // Bound now, so that a taken port fails before the slow attach; listening
+    // only once measuring, so that a client that can connect (a test, a
+    // readiness probe) knows that what runs from then on is counted.
+    let cannot = |e: std::io::Error| Refusal::new(format!("cannot listen on {addr}: {e}"));
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(cannot)?;
+    socket.set_reuseaddr(true).map_err(cannot)?;
+    socket.bind(addr).map_err(cannot)?;
     let attrib = AttribOpts {
         sites: Default::default(),
         stacks: Default::default(),
@@ -278,6 +283,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let tick = Duration::from_secs_f64(o.tick);
     let mut s = Serve { rec, metrics, opts: o, prev_phase, cgroups: Default::default() };
     s.tick()?;
+    let listener = socket.listen(1024).map_err(cannot)?;
     let text = Arc::new(Mutex::new(s.metrics.encode()));
     super::say(&format!("faultscope: serving OpenMetrics on http://{addr}/metrics"));
     let mut sigterm = signal(SignalKind::terminate())?;
