@@ -449,11 +449,23 @@ fn marks_from_the_command_line_and_signals() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    sleep(Duration::from_millis(1500));
-    let out = Command::new(BIN)
-        .args(["mark", "--recorder", &tracer.id().to_string(), "BGSAVE done"])
-        .output()
-        .unwrap();
+    // The recorder takes marks once it has attached (seconds on a loaded
+    // machine): until then mark says there is none, and is asked again.
+    let mut tries = 0;
+    let out = loop {
+        let out = Command::new(BIN)
+            .args(["mark", "--recorder", &tracer.id().to_string(), "BGSAVE done"])
+            .output()
+            .unwrap();
+        tries += 1;
+        if out.status.success()
+            || tries == 300
+            || !String::from_utf8_lossy(&out.stderr).contains("is running")
+        {
+            break out;
+        }
+        sleep(Duration::from_millis(100));
+    };
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "phase mark:BGSAVE done");
     unsafe { libc::kill(tracer.id() as i32, libc::SIGUSR1) };

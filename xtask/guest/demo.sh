@@ -1,4 +1,4 @@
-# The demo: faultscope bench, the seed's write pass after fork with the
+# The demo: faultscope bench, the whole-folio reuse patch's write pass after fork with the
 # child exited, for 4K pages, 64K mTHP and PTE-mapped 2M THPs.
 . /lib.sh
 for f in 4K 64K 2M; do

@@ -20,7 +20,7 @@
 //! `--interval`) is drawn by `faultscope plot` and rendered to PNG, which
 //! must be a picture with the phases named.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path, time::Duration};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use crate::{
     check::{self, Oracle},
-    kernels, redis, root, setup, vm,
+    redis, root, vm,
 };
 
 /// serve's port in the guest, and how often it reads the kernel's counts.
@@ -47,17 +47,7 @@ const INTERVAL_S: &str = "0.25";
 const SHOWN: [Metric; 4] = [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy];
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
-    setup::setup()?;
-    let k = kernels::GENERIC_6_12_AMD64;
-    let vmlinuz = kernels::fetch(k)?;
-    let modules = kernels::modules_dir(k)?;
-    let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/daemon");
-    std::fs::create_dir_all(&dir)?;
-    let (mut extra, names) = redis::host_root_modules(&modules, &dir)?;
-    extra.push((root().join("xtask/guest/redis.sh"), "/redis.sh".into()));
     let env = [
-        ("MODULES", names.join(" ")),
         ("KEYS", keys.to_string()),
         ("VALUE_SIZE", value_size.to_string()),
         ("REQUESTS", requests.to_string()),
@@ -65,11 +55,9 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
         ("TICK", TICK_S.to_string()),
         ("RECORD_ARGS", format!("--interval {INTERVAL_S}")),
     ];
-    let cpio = vm::initramfs_with(&dir, k.arch, &bin, "daemon.sh", &env, &extra)?;
-    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
-    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-        bail!("the daemon guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
-    }
+    let extra = [(root().join("xtask/guest/redis.sh"), "/redis.sh".to_string())];
+    let redis::HostRootRun { run, kernel: k, dir, .. } =
+        redis::boot_host_root("daemon", "daemon.sh", &env, &extra)?;
     println!(
         "{}, {} on {}, {keys} keys of {value_size} bytes, {requests} SETs per window",
         run.marker("PROMETHEUS-VERSION", "main").unwrap_or_else(|| "prometheus ?".into()),

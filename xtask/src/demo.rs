@@ -1,7 +1,8 @@
 //! The demo: `faultscope bench` in guests of the oldest and newest kernel
 //! (x86-64), reuse after the child exited, for 4K, 64K and 2M PTE-mapped,
-//! printed as the seed's "write faults / time" table from faultscope's own
-//! counts, then `faultscope diff` of the 64K runs.
+//! printed in the shape of the whole-folio reuse patch's "write faults /
+//! time" table (README, the demo) from faultscope's own counts, then
+//! `faultscope diff` of the 64K runs.
 
 use std::{fmt::Write as _, fs, time::Duration};
 

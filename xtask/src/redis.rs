@@ -32,25 +32,12 @@ const MODULES: &[&str] = &["9pnet_virtio", "9p"];
 const UPTIME_RES_NS: u64 = 10_000_000;
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
-    setup::setup()?;
-    let k = kernels::GENERIC_6_12_AMD64;
-    let vmlinuz = kernels::fetch(k)?;
-    let modules = kernels::modules_dir(k)?;
-    let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/redis");
-    std::fs::create_dir_all(&dir)?;
-    let (mods, names) = host_root_modules(&modules, &dir)?;
     let env = [
-        ("MODULES", names.join(" ")),
         ("KEYS", keys.to_string()),
         ("VALUE_SIZE", value_size.to_string()),
         ("REQUESTS", requests.to_string()),
     ];
-    let cpio = vm::initramfs_with(&dir, k.arch, &bin, "redis.sh", &env, &mods)?;
-    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
-    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-        bail!("the redis guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
-    }
+    let HostRootRun { run, kernel: k, modules: names, .. } = boot_host_root("redis", "redis.sh", &env, &[])?;
     println!(
         "{} on {} (modules {}), {keys} keys of {value_size} bytes, {requests} SETs per run",
         run.marker("REDIS-VERSION", "Redis").map(|v| format!("Redis {v}")).unwrap_or("Redis ?".into()),
@@ -79,6 +66,43 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
 
 /// Files for an initramfs: (file on this machine, path in the guest).
 pub type GuestFiles = Vec<(std::path::PathBuf, String)>;
+
+/// A guest of the generic 6.12 amd64 kernel that runs `script` (of
+/// xtask/guest) on this machine's root over 9p, the 9p modules loaded first
+/// (`MODULES`), with `env` and the `extra` files; the guest's `@@FS-FAIL`
+/// line fails it. `name` names its folder under target/vm and the error.
+pub struct HostRootRun {
+    pub run: vm::GuestRun,
+    pub kernel: kernels::GuestKernel,
+    pub modules: Vec<String>,
+    /// Its folder, for what the checks write beside it.
+    pub dir: std::path::PathBuf,
+}
+
+pub fn boot_host_root(
+    name: &str,
+    script: &str,
+    env: &[(&str, String)],
+    extra: &[(std::path::PathBuf, String)],
+) -> Result<HostRootRun> {
+    setup::setup()?;
+    let k = kernels::GENERIC_6_12_AMD64;
+    let vmlinuz = kernels::fetch(k)?;
+    let modules = kernels::modules_dir(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm").join(name);
+    std::fs::create_dir_all(&dir)?;
+    let (mut files, names) = host_root_modules(&modules, &dir)?;
+    files.extend(extra.iter().cloned());
+    let mut env = env.to_vec();
+    env.push(("MODULES", names.join(" ")));
+    let cpio = vm::initramfs_with(&dir, k.arch, &bin, script, &env, &files)?;
+    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
+    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
+        bail!("the {name} guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
+    }
+    Ok(HostRootRun { run, kernel: k, modules: names, dir })
+}
 
 /// The 9p modules of an unpacked kernel package (`modules`), decompressed
 /// under `dir`: the initramfs files (dependencies first) and their names in
