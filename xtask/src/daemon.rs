@@ -13,8 +13,9 @@
 //!   markers;
 //!
 //! the reuse and copy counts (and every other class measured) must be
-//! equal: per phase kind between PromQL and the report, in total with the
-//! oracle. Also: `promtool check metrics` passes on a scrape; the counters
+//! equal: in total between all three, and per phase kind between PromQL
+//! and the report up to the order of the two tracers' lifecycle programs
+//! (see [`FORK_EXIT_ORDER_SLACK`]). Also: `promtool check metrics` passes on a scrape; the counters
 //! keep going across the restart (no series goes down, PromQL `resets()` is
 //! 0) and the new pid is counted; the window's record report (with
 //! `--interval`) is drawn by `faultscope plot` and rendered to PNG, which
@@ -44,6 +45,20 @@ const TICK_S: &str = "0.5";
 /// record's interval, for the plot's time series.
 const INTERVAL_S: &str = "0.25";
 /// The classes shown in the table (all measured classes are compared).
+/// Two tracers each start their own phase at the same fork or exit, one
+/// program after the other (serve's, attached first, runs first). A fault
+/// that ends between the two programs is already in serve's next phase and
+/// still in record's previous one: 6 such faults were seen at a BGSAVE
+/// child's exit, whose `exit_mm` has just made the parent's pages exclusive
+/// so the parent reuses them at full speed. (The other way round, a phase
+/// change between the two tracers' fault-return programs, is rarer but
+/// possible.) So per class, the counts up to each boundary may differ by at
+/// most this; the totals are exact.
+const FORK_EXIT_ORDER_SLACK: u64 = 32;
+
+/// The phase kinds of a window with one fork, in order of time.
+const WINDOW_KINDS: [&str; 3] = ["before-fork", "child-alive", "after-child-exit"];
+
 const SHOWN: [Metric; 4] = [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy];
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
@@ -213,8 +228,30 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
                 let cell = prom.map_or("went down".into(), |v| v.to_string());
                 let _ = writeln!(t, "  {:<10} {kind:<18} {cell:>10} {rec:>10}", m.name());
             }
-            if prom != Some(rec) {
+            if !WINDOW_KINDS.contains(kind) && prom != Some(rec) {
                 fails.push(format!("{name}: {m} {kind}: PromQL increase {prom:?} != record {rec}"));
+            }
+        }
+        // Up to each boundary of the fork's phases, in time order.
+        let (mut prom_upto, mut rec_upto) = (Some(0u64), 0u64);
+        for kind in &WINDOW_KINDS[..WINDOW_KINDS.len() - 1] {
+            prom_upto = prom_upto.zip(delta("faultscope_faults_total", m.name(), kind)).map(|(a, b)| a + b);
+            rec_upto += by_kind.get(&(m, *kind)).copied().unwrap_or(0);
+            match prom_upto.map(|p| rec_upto.abs_diff(p)) {
+                Some(0) => {}
+                Some(d) if d <= FORK_EXIT_ORDER_SLACK => {
+                    if SHOWN.contains(&m) {
+                        let _ = writeln!(
+                            t,
+                            "  {:<10} {d} faults ended between serve's and record's phase changes at the end of {kind}",
+                            m.name()
+                        );
+                    }
+                }
+                _ => fails.push(format!(
+                    "{name}: {m} up to the end of {kind}: PromQL increase {prom_upto:?}, record {rec_upto} \
+                     (the two tracers' phase changes may be at most {FORK_EXIT_ORDER_SLACK} faults apart)"
+                )),
             }
         }
         let o = cmp.row(m).and_then(|r| r.oracle);
