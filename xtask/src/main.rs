@@ -1,5 +1,6 @@
 //! xtask (package `xtask`): developer tasks, `cargo xtask setup | test | demo | guest-test`.
 
+mod bpftrace;
 mod check;
 mod cross;
 mod demo;
@@ -53,18 +54,32 @@ enum Cmd {
         kernel: String,
         script: String,
     },
-    /// Tracer overhead as a ratio: bench with the tracer off and on,
-    /// alternately, in one session (a benchmark, not part of `test`).
+    /// What tracing costs the traced, beside bpftrace: the same bench bare,
+    /// under bpftrace's kprobe and fentry scripts and under faultscope's
+    /// backends, interleaved in one guest; per-program run time; attach
+    /// time; faultscope's CPU and RSS over a storm (a benchmark, not part of
+    /// `test`).
     Overhead {
-        /// On this host instead of a guest.
+        /// On this host (tracepoint mode) instead of a guest.
         #[arg(long)]
         host: bool,
-        #[arg(long, default_value = "6.12-cloud-amd64")]
+        #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
-        #[arg(long, default_value = "64M")]
+        /// The bench's memory (4K pages: one write fault per 4K).
+        #[arg(long, default_value = "256M")]
         size: String,
+        /// Interleaved rounds of every variant.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Seconds of `record --interval 1` over a fault storm, per
+        /// faultscope variant (0: none).
+        #[arg(long, default_value_t = 60)]
+        storm: u64,
+        /// The variants, bare first (default: the guest's or the host's set).
+        #[arg(long = "variant", value_parser =
+              clap::builder::PossibleValuesParser::new(overhead::variant_names()))]
+        variants: Vec<String>,
     },
     /// The kernel matrix: bench cases against the tracefs oracle, on every
     /// kernel x arch (or those given).
@@ -118,7 +133,10 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
-        Cmd::Overhead { host, kernel, size, runs } => overhead::run(host, &kernel, &size, runs),
+        Cmd::Overhead { host, kernel, size, runs, storm, variants } => {
+            setup::setup()?;
+            overhead::run(&overhead::Opts { host, kernel, size, runs, storm, variants })
+        }
         Cmd::GuestScript { kernel, script } => {
             let k = kernels::by_name(&kernel)?;
             let vmlinuz = kernels::fetch(k)?;

@@ -33,6 +33,11 @@ const PACKAGES: &[&str] = &[
     // (its service is never started here: see `NoServiceStart`).
     "redis-server",
     "redis-tools",
+    // `cargo xtask overhead`: bpftrace beside faultscope, bpftool for the
+    // kernel's per-program run time, mke2fs for the guests' bpftrace image.
+    "bpftrace",
+    "bpftool",
+    "e2fsprogs",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with

@@ -105,6 +105,10 @@ fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
     Ok(())
 }
 
+/// The guest's C helpers, `xtask/guest/NAME.c`, built static into `/NAME`:
+/// the tracefs oracle, and the attach timer of the overhead benchmark.
+const HELPERS: [&str; 2] = ["oracle", "linetime"];
+
 /// Builds `dir/init.cpio.gz` for an `arch` guest, holding the guest scripts
 /// and `case_script`.
 pub fn initramfs(
@@ -146,9 +150,14 @@ pub fn initramfs_with(
         }
     }
     let guest = root().join("xtask/guest");
-    let oracle = dir.join("oracle");
-    run(Command::new(cc).args(["-O2", "-Wall", "-static", "-o"]).arg(&oracle).arg(guest.join("oracle.c")))?;
-    copy_into(&rootfs, &oracle, "/oracle")?;
+    for helper in HELPERS {
+        let bin = dir.join(helper);
+        run(Command::new(cc)
+            .args(["-O2", "-Wall", "-static", "-o"])
+            .arg(&bin)
+            .arg(guest.join(format!("{helper}.c"))))?;
+        copy_into(&rootfs, &bin, &format!("/{helper}"))?;
+    }
     for f in ["init", "lib.sh"] {
         copy_into(&rootfs, &guest.join(f), f)?;
     }

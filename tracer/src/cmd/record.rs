@@ -379,7 +379,7 @@ fn write_marker(marker: Option<&fs::File>, line: &str) {
 
 /// A bad number of seconds (negative, NaN, infinite, too large for a
 /// Duration) is refused before anything is attached.
-fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
+pub(crate) fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
     match v {
         None => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(Duration::from_secs_f64(s))),

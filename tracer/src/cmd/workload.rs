@@ -13,11 +13,18 @@
 //! mapped read-only: every write copies), and pages it adds to `[heap]`
 //! with `sbrk`.
 
-use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
+use std::{
+    fmt::Write as _,
+    fs,
+    path::PathBuf,
+    time::Instant,
+};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
+
+use crate::error::Refusal;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Thp {
@@ -93,6 +100,13 @@ pub struct WorkloadOpts {
     /// polls (50 ms) is left unnamed (`unresolved 0x…`).
     #[arg(long, default_value_t = 0.0)]
     pub linger: f64,
+    /// After the measured fork and write, go on forking (the child exits at
+    /// once) and writing one byte per page until this many seconds have
+    /// passed since the first write: a steady storm of write-protect faults,
+    /// one per page per round, for measuring what a tracer costs over time
+    /// (`cargo xtask overhead`). `--out` gets the rounds and their faults.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime"])]
+    pub repeat_for: Option<f64>,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -494,6 +508,10 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
     }
+    let repeat_for = super::record::seconds("--repeat-for", o.repeat_for)?;
+    if repeat_for.is_some() && o.child == Child::Alive {
+        return Err(Refusal::new("--repeat-for goes with --child exit").into());
+    }
     let start = usage();
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let len = o.size as usize;
@@ -564,6 +582,10 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         None => unsafe { write_pages(base, len, page, 2) },
     }
     let t3 = usage();
+    let storm = match repeat_for {
+        Some(d) => Some(repeat_fork_write(base, len, page, t2.at + d)?),
+        None => None,
+    };
     let regions = match &mappings {
         Some(m) => {
             let (rows, anon_name, ranges) = m.describe(page, o.child)?;
@@ -608,6 +630,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         "majflt_total": end.majflt,
         "minflt_since_main": end.minflt - start.minflt,
     });
+    if let Some((rounds, from, to)) = storm {
+        report["repeat"] = json!({"rounds": rounds, "phase": phase(from, to)});
+    }
     if let Some((rows, anon_name)) = regions {
         report["regions"] = rows;
         report["anon_name"] = anon_name;
@@ -618,6 +643,28 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// `--repeat-for`: fork (the child exits at once), wait, write one byte per
+/// page, until `until`. Returns the rounds and the workload's view of them.
+fn repeat_fork_write(base: *mut u8, len: usize, page: usize, until: Instant) -> Result<(u64, Usage, Usage)> {
+    let from = usage();
+    let mut rounds = 0u64;
+    while Instant::now() < until {
+        // SAFETY: fork; the child only exits.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            bail!("fork: {}", std::io::Error::last_os_error());
+        }
+        if child == 0 {
+            unsafe { libc::_exit(0) };
+        }
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+        // SAFETY: the workload's own mapping of len bytes.
+        unsafe { write_pages(base, len, page, 3 + (rounds % 2) as u8) };
+        rounds += 1;
+    }
+    Ok((rounds, from, usage()))
 }
 
 #[cfg(test)]
