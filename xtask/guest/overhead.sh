@@ -60,10 +60,40 @@ wait_file() {
 	done
 }
 
+# stuck WHAT PID...: what everything is doing (ps, the processes' kernel
+# stacks, dmesg), then fail: a run that hangs says where.
+stuck() {
+	what=$1; shift
+	echo "@@FS-BEGIN stuck"
+	ps
+	for p in "$@"; do
+		for t in /proc/$p/task/*; do
+			echo "== $t: $(cut -d' ' -f1-3 $t/stat 2>/dev/null) wchan $(cat $t/wchan 2>/dev/null)"
+			cat $t/stack 2>/dev/null
+		done
+	done
+	dmesg | tail -n 60
+	echo "@@FS-END stuck"
+	fail "$what"
+}
+
+# finish PID SECS WHAT: waits for PID (a child of this shell) and returns its
+# exit status; if it runs longer than SECS, stuck.
+finish() {
+	i=0
+	while kill -0 $1 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -gt $(($2 * 10)) ] && stuck "$3: still running after $2 s" $1 $(cat /proc/$1/task/*/children 2>/dev/null)
+		sleep 0.1
+	done
+	wait $1
+}
+
 # bench CASE [FLAGS]: the timed workload; its report is CASE.json.
 bench() {
 	c=$1; shift
-	$FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1
+	$FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1 &
+	finish $! 900 "$c: the bench"
 }
 
 # bt_start CASE SCRIPT: bpftrace attached; @@FS-ATTACH CASE NS (start to
@@ -80,7 +110,7 @@ bt_start() {
 
 bt_stop() {
 	kill -INT $(cat $W/$1.attach.pid)
-	wait $bt
+	finish $bt 300 "$1: bpftrace after SIGINT"
 	echo "@@FS-TRACER-RC $1 $?"
 	emit $1.bt $W/$1.bt
 }
@@ -100,7 +130,8 @@ run() {
 		(exit $rc)
 		;;
 	faultscope)
-		$LT $W/$c.attach 'faultscope: measuring' $FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1
+		$LT $W/$c.attach 'faultscope: measuring' $FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1 &
+		finish $! 900 "$c: the traced bench"
 		;;
 	esac
 	rc=$?
@@ -149,7 +180,7 @@ stats() {
 		echo "@@FS-RC $c $(cat $W/$c.done)"
 		progs $c
 		kill $sh
-		wait $fs
+		finish $fs 300 "$c: faultscope record after its target's exit"
 		echo "@@FS-TRACER-RC $c $?"
 		emit $c.json $W/$c.json
 		;;
@@ -180,7 +211,7 @@ storm() {
 		[ -n "$ut" ] && [ -n "$mem" ] && echo "@@FS-STORM-SAMPLE $c $u $ut $st $mem"
 		sleep 1
 	done
-	wait $fs
+	finish $fs 300 "$c: faultscope record after --duration"
 	echo "@@FS-RC $c $?"
 	kill -KILL $wl
 	wait $wl
