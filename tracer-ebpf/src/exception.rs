@@ -6,8 +6,8 @@
 //! the kretprobe can tell a write to a present page (the spurious rule).
 
 use aya_ebpf::{
-    macros::{kprobe, tracepoint},
-    programs::{ProbeContext, TracePointContext},
+    macros::{fentry, kprobe, tracepoint},
+    programs::{FEntryContext, ProbeContext, TracePointContext},
 };
 use faultscope_common::{
     class::{Class, ClassSet},
@@ -17,7 +17,8 @@ use faultscope_common::{
 
 use crate::{
     helpers::{
-        arg, counted_target, current_phase, field, pid_tgid, record_set, thread_state, ReadFailed, UNTIMED,
+        arg, counted_target, current_phase, field, pid_tgid, record_set, thread_state, FnContext, ReadFailed,
+        UNTIMED,
     },
     maps::{cfg, config, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF},
 };
@@ -58,19 +59,22 @@ fn try_page_fault_user(ctx: TracePointContext) -> Result<u32, ReadFailed> {
 /// arm64 `do_mem_abort(far, esr, regs)`: no tracepoint carries the ESR there.
 #[kprobe]
 pub fn mem_abort(ctx: ProbeContext) -> u32 {
-    match try_mem_abort(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    try_mem_abort(&ctx).unwrap_or(0)
 }
 
-fn try_mem_abort(ctx: ProbeContext) -> Result<u32, ReadFailed> {
+#[fentry]
+pub fn mem_abort_fe(ctx: FEntryContext) -> u32 {
+    try_mem_abort(&ctx).unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
-    let far = arg(&ctx, 0)?;
-    let esr = arg(&ctx, 1)?;
+    let far = arg(ctx, 0)?;
+    let esr = arg(ctx, 1)?;
     if let Some(s) = thread_state(tid) {
         unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
     }

@@ -7,7 +7,10 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    programs::{ProbeContext, TracePointContext},
+    programs::{
+        tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
+        TracePointContext,
+    },
 };
 use faultscope_common::{
     class::{Class, ClassSet},
@@ -42,10 +45,78 @@ pub fn read_failed() -> ReadFailed {
     ReadFailed
 }
 
-/// Probe argument `n`, or a counted failure.
+/// The context of a program on a kernel function, whichever way it is
+/// attached: a kprobe reads the arguments from `pt_regs`, its fentry twin
+/// from the trampoline's argument array. The same code runs on both.
+pub trait FnContext: StackIdContext {
+    /// Argument `n` of the probed function, or a counted failure.
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed>;
+
+    /// The return address into the probed function's caller, where the
+    /// kernel's own stack of this program lacks it (see
+    /// `StackKey::kernel_caller`); 0 where it has it or none is known.
+    #[inline(always)]
+    fn entry_caller(&self) -> u64 {
+        0
+    }
+}
+
+impl FnContext for ProbeContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        ProbeContext::arg(self, n).ok_or_else(read_failed)
+    }
+
+    /// The link register at the probed function's entry: arm64's unwinder
+    /// leaves the direct caller out at a kprobe. Read only when kernel
+    /// stacks are asked for; 0 when the read fails (the stack then lacks
+    /// that frame, as the kernel's own does).
+    #[inline(always)]
+    fn entry_caller(&self) -> u64 {
+        #[cfg(bpf_target_arch = "aarch64")]
+        {
+            use aya_ebpf::helpers::bpf_probe_read_kernel;
+            use faultscope_common::{attrib::PT_REGS_LR_AARCH64, maps::Config};
+
+            if crate::maps::config(Config::KernelStackClasses) == 0 {
+                return 0;
+            }
+            let p = (self.regs as u64 + PT_REGS_LR_AARCH64) as *const u64;
+            unsafe { bpf_probe_read_kernel(p) }.unwrap_or(0)
+        }
+        #[cfg(not(bpf_target_arch = "aarch64"))]
+        {
+            0
+        }
+    }
+}
+
+impl FnContext for RetProbeContext {
+    #[inline(always)]
+    fn arg(&self, _n: usize) -> Result<u64, ReadFailed> {
+        // A kretprobe's registers are those at the return.
+        Err(read_failed())
+    }
+}
+
+impl FnContext for FEntryContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        Ok(FEntryContext::arg(self, n))
+    }
+}
+
+impl FnContext for FExitContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        Ok(FExitContext::arg(self, n))
+    }
+}
+
+/// Argument `n` of the probed function, or a counted failure.
 #[inline(always)]
-pub fn arg(ctx: &ProbeContext, n: usize) -> Result<u64, ReadFailed> {
-    ctx.arg(n).ok_or_else(read_failed)
+pub fn arg<C: FnContext>(ctx: &C, n: usize) -> Result<u64, ReadFailed> {
+    ctx.arg(n)
 }
 
 /// A tracepoint field at `off`, or a counted failure.

@@ -92,6 +92,10 @@ enum Cmd {
         /// Cases (default: matrix::DEFAULT_CASES).
         #[arg(long = "case")]
         cases: Vec<String>,
+        /// Backends (`bench --backend`; default: kprobe, and fentry too on
+        /// matrix::FENTRY_KERNELS).
+        #[arg(long = "backend", value_parser = ["kprobe", "fentry"])]
+        backends: Vec<String>,
     },
     /// Redis end to end: the host's redis-server 7.0 in a guest of the
     /// generic 6.12 kernel (host userspace over 9p), traced by faultscope
@@ -148,7 +152,7 @@ fn main() -> Result<()> {
             print!("{}", run.console);
             Ok(())
         }
-        Cmd::Matrix { kernels: names, size, cases } => {
+        Cmd::Matrix { kernels: names, size, cases, backends } => {
             let ks = if names.is_empty() {
                 kernels::KERNELS.to_vec()
             } else {
@@ -159,7 +163,7 @@ fn main() -> Result<()> {
             } else {
                 cases
             };
-            matrix::run(&ks, &size, &cases)
+            matrix::run(&ks, &size, &cases, &backends)
         }
         Cmd::Redis { keys, value_size, requests } => redis::run(keys, value_size, requests),
     }
@@ -184,7 +188,7 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let stages: [(&str, &dyn Fn() -> Result<()>); 3] = [
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
-        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases)),
+        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
     ];
     let mut failed = Vec::new();

@@ -88,6 +88,8 @@ pub struct BenchOpts {
     pub no_trace: bool,
     #[command(flatten)]
     pub attrib: crate::collect::attribution::AttribOpts,
+    #[command(flatten)]
+    pub probe: super::record::ProbeOpts,
 }
 
 /// One workload step as the workload saw it.
@@ -138,7 +140,7 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &[])?;
+            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
             r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             Some(r)

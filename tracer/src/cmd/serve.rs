@@ -43,10 +43,7 @@ use crate::{
     collect::{attribution::AttribOpts, target},
     error::Refusal,
     kernel,
-    report::{
-        build,
-        metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
-    },
+    report::metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
 };
 
 #[derive(Args, Debug)]
@@ -79,6 +76,9 @@ pub struct ServeOpts {
     /// Entries of the in-kernel stats map (process x phase x class).
     #[arg(long, default_value_t = 4096)]
     pub max_stats: u32,
+    /// How probes on kernel functions attach (see `record --backend`).
+    #[arg(long, value_enum, default_value_t = crate::kernel::probes::BackendChoice::Auto)]
+    pub backend: crate::kernel::probes::BackendChoice,
 }
 
 /// Phases the timeline keeps.
@@ -249,7 +249,8 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let mut rec = Recorder::start(o.max_stats, attrib, &cgroup_ids)?;
+    let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false };
+    let mut rec = Recorder::start(o.max_stats, attrib, &probe, &cgroup_ids)?;
     rec.fork_comms = Some(Vec::new());
     for (pid, comm) in comms {
         rec.add(pid, 0, comm)?;
@@ -260,7 +261,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: kernel::release(),
         arch: std::env::consts::ARCH.to_string(),
-        backend: format!("{:?}", build::mode(&rec.avail)).to_lowercase(),
+        backend: rec.session.fault_path_backend().to_string(),
     };
     let metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
     let prev_phase = rec.timeline.current().id;
