@@ -224,10 +224,12 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
     fs::create_dir_all(&work)?;
     let bin = vm::build_faultscope("amd64")?;
     let linetime = dir.join("linetime");
-    crate::run(Command::new("gcc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&linetime)
-        .arg(root().join("xtask/guest/linetime.c")))?;
+    crate::run(
+        Command::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&linetime)
+            .arg(root().join("xtask/guest/linetime.c")),
+    )?;
     write_scripts(&dir.join("scripts"))?;
     let guest = root().join("xtask/guest");
     let path = |p: &Path| p.display().to_string();
@@ -304,13 +306,6 @@ struct Prog {
     run_time_ns: u64,
     #[serde(default)]
     run_cnt: u64,
-    #[serde(default)]
-    pids: Vec<ProgPid>,
-}
-
-#[derive(Deserialize)]
-struct ProgPid {
-    comm: String,
 }
 
 /// Storm samples of faultscope's /proc: (uptime s, utime + stime ticks, RSS
@@ -330,7 +325,7 @@ struct Results<'a> {
     variants: Vec<&'a Variant>,
     runs: BTreeMap<&'a str, Vec<Run>>,
     progs: BTreeMap<&'a str, Vec<Prog>>,
-    storms: BTreeMap<&'a str, Storm>,
+    storms: BTreeMap<String, Storm>,
     bpftrace: String,
     pages: u64,
 }
@@ -348,7 +343,8 @@ impl<'a> Results<'a> {
                 let case = format!("{}{i}", v.name);
                 let rc = g.marker("RC", &case).unwrap_or_default();
                 if rc != "0" {
-                    let out = g.section(&format!("{case}.bench")).map(|s| vm::tail(s, 20)).unwrap_or_default();
+                    let out =
+                        g.section(&format!("{case}.bench")).map(|s| vm::tail(s, 20)).unwrap_or_default();
                     bail!("{case}: the bench exited with {rc:?}:\n{out}");
                 }
                 let report = check::report(g, &format!("{case}.json"))?;
@@ -379,7 +375,6 @@ impl<'a> Results<'a> {
             }
         }
         let mut progs = BTreeMap::new();
-        let mut storms = BTreeMap::new();
         for v in vs {
             if matches!(v.kind, Kind::Bare) {
                 continue;
@@ -388,43 +383,41 @@ impl<'a> Results<'a> {
             if let Ok(text) = g.section(&format!("{case}.progs")) {
                 let all: Vec<Prog> = serde_json::from_str(text.trim())
                     .with_context(|| format!("{case}: bpftool's output is not its JSON:\n{text}"))?;
-                let comm = if matches!(v.kind, Kind::Bpftrace(_)) { "bpftrace" } else { "faultscope" };
-                let mine: Vec<Prog> = if all.iter().any(|p| !p.pids.is_empty()) {
-                    all.into_iter().filter(|p| p.pids.iter().any(|q| q.comm == comm)).collect()
-                } else {
-                    all
-                };
+                // The tracer's own programs: those its fds hold.
+                let ids: Vec<u64> = g
+                    .marker("PROG-IDS", &case)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|i| i.parse().ok())
+                    .collect();
+                if ids.is_empty() {
+                    bail!("{case}: the tracer holds no BPF program fd");
+                }
+                let mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
                 progs.insert(v.name, mine);
             }
-            if matches!(v.kind, Kind::Faultscope(_)) {
-                let case = format!("{}-storm", v.name);
-                let samples: Vec<(f64, u64, u64, u64)> = g
-                    .markers("STORM-SAMPLE")
-                    .filter_map(|l| {
-                        let w: Vec<&str> = l.split_whitespace().collect();
-                        if w.first() != Some(&case.as_str()) || w.len() < 6 {
-                            return None;
-                        }
-                        let n = |i: usize| w[i].parse::<u64>().ok();
-                        Some((w[1].parse().ok()?, n(2)? + n(3)?, n(4)?, n(5)?))
-                    })
-                    .collect();
-                if samples.is_empty() {
-                    continue;
-                }
-                let faults = check::report(g, &format!("{case}.json"))
-                    .ok()
-                    .and_then(|r| r.processes.iter().map(|p| p.count(Metric::Faults)).sum());
-                storms.insert(
-                    v.name,
-                    Storm {
-                        attach_ns: g.marker("ATTACH", &case).and_then(|s| s.parse().ok()),
-                        samples,
-                        faults,
-                        rc: g.marker("RC", &case).unwrap_or_default(),
-                    },
-                );
-            }
+        }
+        let mut storms = BTreeMap::new();
+        for l in g.markers("STORM-SAMPLE") {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+            let (Some(case), Some(u), Some(ut), Some(st), Some(rss), Some(hwm)) =
+                (w.first(), w.get(1).and_then(|x| x.parse::<f64>().ok()), n(2), n(3), n(4), n(5))
+            else {
+                continue;
+            };
+            storms
+                .entry(case.to_string())
+                .or_insert_with(|| Storm {
+                    attach_ns: g.marker("ATTACH", case).and_then(|s| s.parse().ok()),
+                    samples: Vec::new(),
+                    faults: check::report(g, &format!("{case}.json"))
+                        .ok()
+                        .and_then(|r| r.processes.iter().map(|p| p.count(Metric::Faults)).sum()),
+                    rc: g.marker("RC", case).unwrap_or_default(),
+                })
+                .samples
+                .push((u, ut + st, rss, hwm));
         }
         Ok(Results {
             variants: vs.to_vec(),
@@ -515,11 +508,35 @@ impl<'a> Results<'a> {
             "  (faults in the write step, the workload's getrusage: {}; counted: bpftrace's do_wp_page or\n  write-fault count, faultscope's faults in the step)",
             write[0].faults
         );
+        for v in &self.variants {
+            let Some(r) = self.runs[v.name].first().filter(|_| matches!(v.kind, Kind::Faultscope(_))) else {
+                continue;
+            };
+            let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+            for p in r.report.probes.iter().filter(|p| p.attached) {
+                *by.entry(p.backend.as_deref().unwrap_or("?")).or_default() += 1;
+            }
+            let by: Vec<String> = by.iter().map(|(b, n)| format!("{n} {b}")).collect();
+            let _ = writeln!(
+                t,
+                "  {}: {} mode, probes attached as {}",
+                v.name,
+                check::mode_name(&r.report),
+                by.join(", ")
+            );
+        }
         for step in ["populate", "fork"] {
             if let Ok(st) = self.step_stats(step) {
                 let cells: Vec<String> = st
                     .iter()
-                    .map(|s| format!("{} {:.1} ({:.2}x)", s.name, s.median as f64 / 1e6, s.median as f64 / st[0].median as f64))
+                    .map(|s| {
+                        format!(
+                            "{} {:.1} ({:.2}x)",
+                            s.name,
+                            s.median as f64 / 1e6,
+                            s.median as f64 / st[0].median as f64
+                        )
+                    })
                     .collect();
                 let _ = writeln!(t, "  {step} step medians (ms): {}", cells.join(", "));
             }
@@ -540,7 +557,11 @@ impl<'a> Results<'a> {
         for (name, limit) in [("faultscope-kprobe", 1.5), ("faultscope-fentry", 1.25)] {
             let Some(s) = get(name) else { continue };
             let r = s.median as f64 / base;
-            let _ = writeln!(t, "  {name}: {r:.2}x, goal <= {limit}x: {}", if r <= limit { "met" } else { "NOT met" });
+            let _ = writeln!(
+                t,
+                "  {name}: {r:.2}x, goal <= {limit}x: {}",
+                if r <= limit { "met" } else { "NOT met" }
+            );
             if let Some(b) = bt {
                 let share = added(s) / added(b);
                 let _ = writeln!(
@@ -579,7 +600,11 @@ impl<'a> Results<'a> {
             "\nper program, one bench run with kernel.bpf_stats_enabled=1, read by bpftool while attached\n\
              (the kernel's run time of the program itself, not the probe mechanism around it):\n",
         );
-        let _ = writeln!(t, "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10}", "variant", "program", "type", "runs", "ns/run", "total ms");
+        let _ = writeln!(
+            t,
+            "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10}",
+            "variant", "program", "type", "runs", "ns/run", "total ms"
+        );
         for (v, ps) in &self.progs {
             let mut ps: Vec<&Prog> = ps.iter().collect();
             ps.sort_by_key(|p| (std::cmp::Reverse(p.run_cnt), p.id));
@@ -593,11 +618,24 @@ impl<'a> Results<'a> {
                     p.name,
                     p.kind,
                     p.run_cnt,
-                    if p.run_cnt > 0 { format!("{:.0}", p.run_time_ns as f64 / p.run_cnt as f64) } else { "-".into() },
+                    if p.run_cnt > 0 {
+                        format!("{:.0}", p.run_time_ns as f64 / p.run_cnt as f64)
+                    } else {
+                        "-".into()
+                    },
                     p.run_time_ns as f64 / 1e6
                 );
             }
-            let _ = writeln!(t, "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10.1}", v, "(all)", "", "", "", total as f64 / 1e6);
+            let _ = writeln!(
+                t,
+                "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10.1}",
+                v,
+                "(all)",
+                "",
+                "",
+                "",
+                total as f64 / 1e6
+            );
         }
         t
     }
@@ -607,29 +645,36 @@ impl<'a> Results<'a> {
             return String::new();
         }
         let mut t = String::from(
-            "\nfaultscope record --interval 1 over a storm of fork-and-write rounds (workload --repeat-for),\n\
-             its /proc sampled each second from attach to exit: CPU = (utime + stime) / wall, one core = 100%\n",
+            "\nfaultscope record --interval 1 attached to a storm of faults (workload --repeat-for; -fork: rounds\n\
+             of fork, the child's exit and a write of every page, reuse faults and two phases a round;\n\
+             -dontneed: rounds of MADV_DONTNEED and the writes, first-touch faults only). Its /proc sampled\n\
+             each second from attach to exit: CPU = (utime + stime) / wall, one core = 100%; RSS max = VmHWM\n",
         );
-        let _ =
-            writeln!(t, "  {:<34} {:>8} {:>9} {:>9} {:>10} {:>12} {:>4}", "variant", "attach", "seconds", "CPU", "RSS max", "faults/s", "rc");
+        let _ = writeln!(
+            t,
+            "  {:<40} {:>8} {:>8} {:>8} {:>9} {:>11} {:>4}  goals (CPU <= 0.5%, RSS <= 30 MB)",
+            "storm", "attach", "seconds", "CPU", "RSS max", "faults/s", "rc"
+        );
         for (v, s) in &self.storms {
             let (first, last) = (s.samples[0], s.samples[s.samples.len() - 1]);
             let secs = last.0 - first.0;
             let cpu = if secs > 0.0 { (last.1 - first.1) as f64 / USER_HZ / secs } else { f64::NAN };
-            let hwm = s.samples.iter().map(|x| x.3).max().unwrap_or(0);
+            let hwm = s.samples.iter().map(|x| x.3).max().unwrap_or(0) as f64 / 1024.0;
+            let met = |ok: bool| if ok { "met" } else { "NOT met" };
             let _ = writeln!(
                 t,
-                "  {:<34} {:>8} {:>9.1} {:>8.2}% {:>7.1} MB {:>12} {:>4}",
+                "  {:<40} {:>8} {:>8.1} {:>7.2}% {:>6.1} MB {:>11} {:>4}  CPU {}, RSS {}",
                 v,
                 s.attach_ns.map_or("-".into(), |a| format!("{:.2} s", a as f64 / 1e9)),
                 secs,
                 cpu * 100.0,
-                hwm as f64 / 1024.0,
+                hwm,
                 s.faults.map_or("-".into(), |f| format!("{:.0}", f as f64 / secs.max(1.0))),
-                s.rc
+                s.rc,
+                met(cpu <= 0.005),
+                met(hwm <= 30.0)
             );
         }
-        let _ = writeln!(t, "  goals: RSS <= 30 MB, CPU <= 0.5% of one core");
         t
     }
 }
@@ -645,10 +690,15 @@ struct StepStats {
     counted: Option<u64>,
 }
 
+/// The median; of an even count, the mean of the middle two.
 fn median_u(v: &[u64]) -> u64 {
     let mut v = v.to_vec();
     v.sort_unstable();
-    v.get(v.len() / 2).copied().unwrap_or(0)
+    match v.len() {
+        0 => 0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
 }
 
 fn median_opt(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
@@ -659,7 +709,11 @@ fn median_opt(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
 fn median_f(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn min_f(v: &[f64]) -> f64 {
@@ -690,7 +744,11 @@ mod tests {
         for n in GUEST_DEFAULT.iter().chain(&HOST_DEFAULT) {
             assert!(variant(n).is_ok(), "{n}");
         }
-        let vs = [variant("bare").unwrap(), variant("bpftrace-fentry").unwrap(), variant("faultscope-kprobe").unwrap()];
+        let vs = [
+            variant("bare").unwrap(),
+            variant("bpftrace-fentry").unwrap(),
+            variant("faultscope-kprobe").unwrap(),
+        ];
         assert_eq!(
             variant_lines(&vs),
             "bare none\nbpftrace-fentry bpftrace fentry.bt\nfaultscope-kprobe faultscope --backend kprobe\n"

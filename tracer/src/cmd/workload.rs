@@ -13,12 +13,7 @@
 //! mapped read-only: every write copies), and pages it adds to `[heap]`
 //! with `sbrk`.
 
-use std::{
-    fmt::Write as _,
-    fs,
-    path::PathBuf,
-    time::Instant,
-};
+use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
@@ -100,13 +95,26 @@ pub struct WorkloadOpts {
     /// polls (50 ms) is left unnamed (`unresolved 0x…`).
     #[arg(long, default_value_t = 0.0)]
     pub linger: f64,
-    /// After the measured fork and write, go on forking (the child exits at
-    /// once) and writing one byte per page until this many seconds have
-    /// passed since the first write: a steady storm of write-protect faults,
-    /// one per page per round, for measuring what a tracer costs over time
-    /// (`cargo xtask overhead`). `--out` gets the rounds and their faults.
+    /// After the measured fork and write, go on with rounds of `--repeat-by`
+    /// and a write of one byte per page until this many seconds have passed
+    /// since the first write: a steady storm of faults, one per page per
+    /// round, for measuring what a tracer costs over time (`cargo xtask
+    /// overhead`). `--out` gets the rounds and their faults.
     #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime"])]
     pub repeat_for: Option<f64>,
+    /// What each round of `--repeat-for` does before its writes.
+    #[arg(long, value_enum, default_value = "fork", requires = "repeat_for")]
+    pub repeat_by: RepeatBy,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum RepeatBy {
+    /// Fork (the child exits at once): each write is a write-protect fault
+    /// (COW reuse), and each round a fork and a child's exit.
+    Fork,
+    /// MADV_DONTNEED the memory: each write is a first-touch fault on a
+    /// fresh zeroed page, and nothing else happens.
+    Dontneed,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -583,7 +591,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     }
     let t3 = usage();
     let storm = match repeat_for {
-        Some(d) => Some(repeat_fork_write(base, len, page, t2.at + d)?),
+        Some(d) => Some(repeat_write(o.repeat_by, base, len, page, t2.at + d)?),
         None => None,
     };
     let regions = match &mappings {
@@ -631,7 +639,11 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         "minflt_since_main": end.minflt - start.minflt,
     });
     if let Some((rounds, from, to)) = storm {
-        report["repeat"] = json!({"rounds": rounds, "phase": phase(from, to)});
+        report["repeat"] = json!({
+            "by": format!("{:?}", o.repeat_by).to_lowercase(),
+            "rounds": rounds,
+            "phase": phase(from, to),
+        });
     }
     if let Some((rows, anon_name)) = regions {
         report["regions"] = rows;
@@ -645,21 +657,37 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     Ok(())
 }
 
-/// `--repeat-for`: fork (the child exits at once), wait, write one byte per
-/// page, until `until`. Returns the rounds and the workload's view of them.
-fn repeat_fork_write(base: *mut u8, len: usize, page: usize, until: Instant) -> Result<(u64, Usage, Usage)> {
+/// `--repeat-for`: rounds of `by` and one byte written per page, until
+/// `until`. Returns the rounds and the workload's view of them.
+fn repeat_write(
+    by: RepeatBy,
+    base: *mut u8,
+    len: usize,
+    page: usize,
+    until: Instant,
+) -> Result<(u64, Usage, Usage)> {
     let from = usage();
     let mut rounds = 0u64;
     while Instant::now() < until {
-        // SAFETY: fork; the child only exits.
-        let child = unsafe { libc::fork() };
-        if child < 0 {
-            bail!("fork: {}", std::io::Error::last_os_error());
+        match by {
+            RepeatBy::Fork => {
+                // SAFETY: fork; the child only exits.
+                let child = unsafe { libc::fork() };
+                if child < 0 {
+                    bail!("fork: {}", std::io::Error::last_os_error());
+                }
+                if child == 0 {
+                    unsafe { libc::_exit(0) };
+                }
+                unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+            }
+            // SAFETY: our own mapping; its pages read as zero afterwards.
+            RepeatBy::Dontneed => {
+                if unsafe { libc::madvise(base.cast(), len, libc::MADV_DONTNEED) } != 0 {
+                    bail!("madvise(MADV_DONTNEED): {}", std::io::Error::last_os_error());
+                }
+            }
         }
-        if child == 0 {
-            unsafe { libc::_exit(0) };
-        }
-        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
         // SAFETY: the workload's own mapping of len bytes.
         unsafe { write_pages(base, len, page, 3 + (rounds % 2) as u8) };
         rounds += 1;
