@@ -2,14 +2,14 @@
 # bench` (its own step timing) bare, under bpftrace and under faultscope,
 # the variants interleaved round after round in one boot, so that every
 # ratio is taken under the same conditions. Then, with the kernel's BPF run
-# time accounting on, one more run of each tracer, whose programs bpftool
+# time accounting on, STATS_RUNS more runs of each tracer, whose programs bpftool
 # reads while they are attached; then faultscope `record --interval 1`
 # over a storm of the same faults, its CPU time and RSS sampled.
 #
 # It runs in a guest (its /case.sh) and, with --host, on this machine as
 # it is (paths from the environment, no chroot).
 #
-# Env: BENCH (bench arguments), RUNS, STORM (seconds, 0: none),
+# Env: BENCH (bench arguments), RUNS, STATS_RUNS, STORM (seconds, 0: none),
 # STORM_SIZE, and VARIANTS, one line per variant: NAME KIND ARGS, KIND one
 # of none (bench --no-trace), bpftrace (ARGS: a script in $SCRIPTS, run
 # beside bench --no-trace) or faultscope (ARGS: flags of the traced bench).
@@ -265,7 +265,9 @@ for round in $(seq $RUNS); do
 	up round$round
 done
 echo 1 > /proc/sys/kernel/bpf_stats_enabled
-each stats -stats tracer
+for round in $(seq ${STATS_RUNS:-3}); do
+	each stats -stats$round tracer
+done
 echo $stats0 > /proc/sys/kernel/bpf_stats_enabled
 up stats
 # The storms with the first faultscope variant: its user space, which they

@@ -76,6 +76,14 @@ enum Cmd {
         /// faultscope variant (0: none).
         #[arg(long, default_value_t = 60)]
         storm: u64,
+        /// Bench runs per tracer with the kernel's BPF run time accounting
+        /// on, for the per-program table.
+        #[arg(long, default_value_t = 3)]
+        stats_runs: usize,
+        /// The guest's clock: guest instructions (the timings do not depend
+        /// on this machine's load) or host time.
+        #[arg(long, value_enum, default_value = "instructions")]
+        clock: vm::Clock,
         /// The variants, bare first (default: the guest's or the host's set).
         #[arg(long = "variant", value_parser =
               clap::builder::PossibleValuesParser::new(overhead::variant_names()))]
@@ -137,9 +145,9 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
-        Cmd::Overhead { host, kernel, size, runs, storm, variants } => {
+        Cmd::Overhead { host, kernel, size, runs, storm, stats_runs, clock, variants } => {
             setup::setup()?;
-            overhead::run(&overhead::Opts { host, kernel, size, runs, storm, variants })
+            overhead::run(&overhead::Opts { host, kernel, size, runs, storm, stats_runs, clock, variants })
         }
         Cmd::GuestScript { kernel, script } => {
             let k = kernels::by_name(&kernel)?;

@@ -132,6 +132,10 @@ pub struct Opts {
     /// Seconds of the `record --interval 1` storm per faultscope variant (0:
     /// none).
     pub storm: u64,
+    /// Bench runs per tracer with the kernel's run time accounting on.
+    pub stats_runs: usize,
+    /// The guest's clock.
+    pub clock: vm::Clock,
     pub variants: Vec<String>,
 }
 
@@ -181,6 +185,7 @@ pub fn run(o: &Opts) -> Result<()> {
     let mut env = vec![
         ("BENCH", bench_args(&o.size)),
         ("RUNS", o.runs.to_string()),
+        ("STATS_RUNS", o.stats_runs.to_string()),
         ("STORM", o.storm.to_string()),
         ("STORM_SIZE", o.size.clone()),
         ("VARIANTS", variant_lines(&vs)),
@@ -189,12 +194,16 @@ pub fn run(o: &Opts) -> Result<()> {
         (run_host(&mut env)?, "this host".to_string())
     } else {
         let k = kernels::by_name(&o.kernel)?;
-        (run_guest(k, &env, o)?, format!("guest {} (QEMU TCG, 2 vCPUs)", k.name))
+        let clock = match o.clock {
+            vm::Clock::Host => "host time",
+            vm::Clock::Instructions => "its clock counts instructions, 1 ns each (-icount shift=0)",
+        };
+        (run_guest(k, &env, o)?, format!("guest {} (QEMU TCG, 2 vCPUs; {clock})", k.name))
     };
     if let Some(l) = g.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
         bail!("the benchmark failed: {l}\nconsole tail:\n{}", vm::tail(&g.console, 60));
     }
-    let results = Results::parse(&g, &vs, o.runs)?;
+    let results = Results::parse(&g, &vs, o.runs, o.stats_runs)?;
     print!("{}", results.text(&place, &o.size, g.wall));
     Ok(())
 }
@@ -208,9 +217,9 @@ fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Resul
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, "overhead.sh", env, &extra)?;
     // Under TCG a round of bench runs takes about a minute (bpftrace
     // compiles its script each time), arm64 twice that.
-    let timeout = Duration::from_secs(900 + 240 * o.runs as u64 + 3 * o.storm);
+    let timeout = Duration::from_secs(900 + 240 * (o.runs + o.stats_runs) as u64 + 6 * o.storm);
     eprintln!("overhead: {} rounds in the {} guest, bpftrace image {}", o.runs, k.name, img.display());
-    vm::boot_with(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img))
+    vm::boot_clocked(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img), o.clock)
 }
 
 /// The same script on this machine as it is: the host's bpftrace and
@@ -324,7 +333,8 @@ const USER_HZ: f64 = 100.0;
 struct Results<'a> {
     variants: Vec<&'a Variant>,
     runs: BTreeMap<&'a str, Vec<Run>>,
-    progs: BTreeMap<&'a str, Vec<Prog>>,
+    /// Each stats round's programs of a tracer, in load order.
+    progs: BTreeMap<&'a str, Vec<Vec<Prog>>>,
     storms: BTreeMap<String, Storm>,
     bpftrace: String,
     pages: u64,
@@ -335,7 +345,12 @@ fn counter(output: &str, key: &str) -> Option<u64> {
 }
 
 impl<'a> Results<'a> {
-    fn parse(g: &vm::GuestRun, vs: &[&'a Variant], rounds: usize) -> Result<Results<'a>> {
+    fn parse(
+        g: &vm::GuestRun,
+        vs: &[&'a Variant],
+        rounds: usize,
+        stats_rounds: usize,
+    ) -> Result<Results<'a>> {
         let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
         let mut pages = 0;
         for i in 1..=rounds {
@@ -374,13 +389,14 @@ impl<'a> Results<'a> {
                 runs.entry(v.name).or_default().push(Run { report, attach_ns, counted });
             }
         }
-        let mut progs = BTreeMap::new();
+        let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
         for v in vs {
             if matches!(v.kind, Kind::Bare) {
                 continue;
             }
-            let case = format!("{}-stats", v.name);
-            if let Ok(text) = g.section(&format!("{case}.progs")) {
+            for round in 1..=stats_rounds {
+                let case = format!("{}-stats{round}", v.name);
+                let text = g.section(&format!("{case}.progs"))?;
                 let all: Vec<Prog> = serde_json::from_str(text.trim())
                     .with_context(|| format!("{case}: bpftool's output is not its JSON:\n{text}"))?;
                 // The tracer's own programs: those its fds hold.
@@ -393,8 +409,9 @@ impl<'a> Results<'a> {
                 if ids.is_empty() {
                     bail!("{case}: the tracer holds no BPF program fd");
                 }
-                let mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
-                progs.insert(v.name, mine);
+                let mut mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
+                mine.sort_by_key(|p| p.id);
+                progs.entry(v.name).or_default().push(mine);
             }
         }
         let mut storms = BTreeMap::new();
@@ -596,45 +613,72 @@ impl<'a> Results<'a> {
         if self.progs.is_empty() {
             return String::new();
         }
-        let mut t = String::from(
-            "\nper program, one bench run with kernel.bpf_stats_enabled=1, read by bpftool while attached\n\
-             (the kernel's run time of the program itself, not the probe mechanism around it):\n",
+        let rounds = self.progs.values().next().map_or(0, Vec::len);
+        let mut t = format!(
+            "\nper program: {rounds} more bench runs per tracer with kernel.bpf_stats_enabled=1, read by bpftool\n\
+             while attached; medians (ns/run min-max). The kernel's run time of the program itself, not\n\
+             of the probe mechanism around it (breakpoint, trampoline):\n"
         );
         let _ = writeln!(
             t,
-            "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10}",
-            "variant", "program", "type", "runs", "ns/run", "total ms"
+            "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9}",
+            "variant", "program", "type", "runs", "ns/run", "min-max", "total ms"
         );
-        for (v, ps) in &self.progs {
-            let mut ps: Vec<&Prog> = ps.iter().collect();
-            ps.sort_by_key(|p| (std::cmp::Reverse(p.run_cnt), p.id));
-            let mut total = 0;
-            for p in ps {
-                total += p.run_time_ns;
+        for (v, rounds) in &self.progs {
+            // A program is its name and type, and which of that name it is
+            // in load order (bpftrace names the kprobe and the kretprobe of
+            // one function alike).
+            let mut by: BTreeMap<(String, String, usize), Vec<&Prog>> = BTreeMap::new();
+            let mut order: Vec<(String, String, usize)> = Vec::new();
+            for progs in rounds {
+                let mut seen: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+                for p in progs {
+                    let n = seen.entry((&p.name, &p.kind)).or_default();
+                    let key = (p.name.clone(), p.kind.clone(), *n);
+                    *n += 1;
+                    if !order.contains(&key) {
+                        order.push(key.clone());
+                    }
+                    by.entry(key).or_default().push(p);
+                }
+            }
+            let median_of =
+                |ps: &[&Prog], f: fn(&Prog) -> u64| median_u(&ps.iter().map(|p| f(p)).collect::<Vec<_>>());
+            order.sort_by_key(|k| std::cmp::Reverse(median_of(&by[k], |p| p.run_cnt)));
+            let totals: Vec<u64> = rounds.iter().map(|ps| ps.iter().map(|p| p.run_time_ns).sum()).collect();
+            for key in &order {
+                let ps = &by[key];
+                let per: Vec<f64> = ps
+                    .iter()
+                    .filter(|p| p.run_cnt > 0)
+                    .map(|p| p.run_time_ns as f64 / p.run_cnt as f64)
+                    .collect();
                 let _ = writeln!(
                     t,
-                    "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10.1}",
+                    "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9.1}",
                     v,
-                    p.name,
-                    p.kind,
-                    p.run_cnt,
-                    if p.run_cnt > 0 {
-                        format!("{:.0}", p.run_time_ns as f64 / p.run_cnt as f64)
-                    } else {
+                    key.0,
+                    key.1,
+                    median_of(ps, |p| p.run_cnt),
+                    if per.is_empty() { "-".into() } else { format!("{:.0}", median_f(&per)) },
+                    if per.is_empty() {
                         "-".into()
+                    } else {
+                        format!("{:.0}-{:.0}", min_f(&per), max_f(&per))
                     },
-                    p.run_time_ns as f64 / 1e6
+                    median_of(ps, |p| p.run_time_ns) as f64 / 1e6
                 );
             }
             let _ = writeln!(
                 t,
-                "  {:<34} {:<18} {:<14} {:>10} {:>9} {:>10.1}",
+                "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9.1}",
                 v,
                 "(all)",
                 "",
                 "",
                 "",
-                total as f64 / 1e6
+                "",
+                median_u(&totals) as f64 / 1e6
             );
         }
         t

@@ -200,12 +200,38 @@ pub fn boot_with(
     timeout: Duration,
     extra: &[String],
 ) -> Result<GuestRun> {
+    boot_clocked(k, vmlinuz, cpio, dir, timeout, extra, Clock::Host)
+}
+
+/// What the guest's clock counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// Host time, the vCPUs on threads of their own (multi-threaded TCG).
+    Host,
+    /// Guest instructions (`-icount shift=0`: each one is 1 ns, one host
+    /// thread for all vCPUs, idle time skipped): the guest's timings are the
+    /// same however loaded this machine is, at the price of a slower guest.
+    Instructions,
+}
+
+/// [`boot_with`] with the guest's clock chosen.
+pub fn boot_clocked(
+    k: GuestKernel,
+    vmlinuz: &Path,
+    cpio: &Path,
+    dir: &Path,
+    timeout: Duration,
+    extra: &[String],
+    clock: Clock,
+) -> Result<GuestRun> {
+    let tcg: &[&str] = match clock {
+        Clock::Host => &["-accel", "tcg,thread=multi"],
+        Clock::Instructions => &["-accel", "tcg,thread=single", "-icount", "shift=0,align=off,sleep=off"],
+    };
     let (qemu, args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
             [
-                "-accel",
-                "tcg,thread=multi",
                 "-cpu",
                 "max",
                 "-smp",
@@ -219,7 +245,8 @@ pub fn boot_with(
             .to_vec(),
         ),
         // pauth-impdef: QEMU's default pointer-authentication algorithm
-        // makes the guest about 3x slower.
+        // makes the guest about 3x slower. (QEMU's default there is
+        // multi-threaded TCG too.)
         "arm64" => (
             "qemu-system-aarch64",
             [
@@ -245,6 +272,7 @@ pub fn boot_with(
         .arg("--kill-after=5")
         .arg(timeout.as_secs().to_string())
         .arg(qemu)
+        .args(tcg)
         .args(&args)
         .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
         .arg(vmlinuz)
