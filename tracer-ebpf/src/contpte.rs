@@ -15,8 +15,11 @@ use faultscope_common::{
 
 use crate::{
     attrib::attribute,
-    helpers::{arg, counted_target, current_phase, pid_tgid, record, FnContext, ReadFailed, UNTIMED},
-    maps::THREADS,
+    helpers::{
+        arg, counted_target, current_phase, pid_tgid, record, thread_state_if_any, FnContext, ReadFailed,
+        UNTIMED,
+    },
+    maps::Conf,
 };
 
 /// The classes counted here, for attribution.
@@ -32,12 +35,13 @@ const CONTPTE: [Class; 5] = [
 /// fault of this thread to the fault's mapping and instruction, else (a
 /// syscall) to the address's granule, with no instruction.
 #[inline(always)]
-fn attribute_here<C: FnContext>(ctx: &C, tid: u32, tgid: u32, phase: u32, set: ClassSet, addr: u64) {
-    let (start, ip) = match THREADS.get_ptr(&tid) {
+fn attribute_here<C: FnContext>(ctx: &C, tgid: u32, phase: u32, set: ClassSet, addr: u64) {
+    let (start, ip) = match thread_state_if_any() {
         Some(s) if unsafe { (*s).in_fault() } => unsafe { ((*s).vma_start, (*s).ip) },
         _ => (addr_key(addr), 0),
     };
-    attribute(ctx, tgid, phase, &CONTPTE, set, start, ip, ctx.entry_caller());
+    let conf = Conf::load();
+    attribute(ctx, &conf, tgid, phase, &CONTPTE, set, start, ip, ctx.entry_caller(&conf));
 }
 
 /// arm64 PTE_CONT: the contiguous hint of a PTE.
@@ -46,14 +50,15 @@ const PTE_CONT: u64 = 1 << 52;
 /// `fn(mm, addr, ...)` probes that count one class.
 #[inline(always)]
 fn try_count<C: FnContext>(ctx: &C, class: Class) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
+    let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
     let addr = arg(ctx, 1)?;
     let phase = current_phase();
-    record(tgid, phase, class as u32, UNTIMED);
-    attribute_here(ctx, tid, tgid, phase, ClassSet::default().with(class), addr);
+    let set = ClassSet::default().with(class);
+    record(tgid, phase, set.0, UNTIMED);
+    attribute_here(ctx, tgid, phase, set, addr);
     Ok(0)
 }
 
@@ -61,7 +66,7 @@ fn try_count<C: FnContext>(ctx: &C, class: Class) -> Result<u32, ReadFailed> {
 /// carries PTE_CONT when it is folded, not when it is unfolded.
 #[inline(always)]
 fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
+    let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
@@ -70,10 +75,10 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let pte = arg(ctx, 3)?;
     let addr = arg(ctx, 1)?;
     let phase = current_phase();
-    record(tgid, phase, Class::ContpteConvert as u32, UNTIMED);
     let class = if pte & PTE_CONT != 0 { Class::ContpteFold } else { Class::ContpteUnfold };
-    record(tgid, phase, class as u32, UNTIMED);
-    attribute_here(ctx, tid, tgid, phase, ClassSet::default().with(Class::ContpteConvert).with(class), addr);
+    let set = ClassSet::default().with(Class::ContpteConvert).with(class);
+    record(tgid, phase, set.0, UNTIMED);
+    attribute_here(ctx, tgid, phase, set, addr);
     Ok(0)
 }
 

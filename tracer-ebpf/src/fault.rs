@@ -21,9 +21,9 @@ use crate::{
     attrib::{attribute, user_ip, vma_start},
     helpers::{
         arg, counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
-        FnContext, ReadFailed,
+        thread_state_if_any, FnContext, ReadFailed,
     },
-    maps::THREADS,
+    maps::Conf,
 };
 
 // ---- handle_mm_fault ----------------------------------------------------------
@@ -54,14 +54,17 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     if regs == 0 || (flags as u32) & FAULT_FLAG_USER == 0 {
         return Ok(0);
     }
-    let (tid, tgid) = pid_tgid();
+    let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
+    let conf = Conf::load();
     let addr = arg(ctx, 1)?;
-    let start = vma_start(arg(ctx, 0)?)?;
-    let ip = user_ip(regs)?;
-    if let Some(s) = thread_state(tid) {
+    // Read at entry: at the return the VMA may be gone (a retry drops the
+    // lock that held it).
+    let start = vma_start(ctx, &conf, arg(ctx, 0)?)?;
+    let ip = user_ip(ctx, &conf, regs)?;
+    if let Some(s) = thread_state() {
         let st = unsafe { &mut *s };
         if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags as u32) {
             drop_count(Drop::LostReturn);
@@ -87,8 +90,7 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
     match ctx.ret::<u64>() {
         Ok(ret) => try_fault_return(&ctx, ret).unwrap_or(0),
         Err(_) => {
-            let (tid, _) = pid_tgid();
-            if THREADS.get_ptr(&tid).is_some() {
+            if thread_state_if_any().is_some() {
                 read_failed();
             }
             0
@@ -98,8 +100,7 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
 
 #[inline(always)]
 fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
-    let Some(s) = THREADS.get_ptr_mut(&tid) else {
+    let Some(s) = thread_state_if_any() else {
         return Ok(0);
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -107,12 +108,14 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
+    let (_, tgid) = pid_tgid();
     // The phase is read at return: a fault belongs to the phase it ends in.
-    // Only the classes `on_return` can produce are walked.
+    // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
-    record_set(tgid, phase, &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
+    record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
     // No kernel stacks here (they are for the contpte classes): no caller.
-    attribute(ctx, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
+    let conf = Conf::load();
+    attribute(ctx, &conf, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
     Ok(0)
 }
 
@@ -121,8 +124,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 /// Marks the current thread's fault, if it is in a traced user fault.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
-    let (tid, _) = pid_tgid();
-    if let Some(s) = THREADS.get_ptr_mut(&tid) {
+    if let Some(s) = thread_state_if_any() {
         unsafe { (*s).mark(bit) };
     }
     Ok(0)

@@ -31,7 +31,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::PerCpuHashMap;
 use clap::Args;
-use faultscope_common::{PhaseId, Stat, StatKey};
+use faultscope_common::{maps::ClassSetKey, PhaseId, Stat, StatKey};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -135,8 +135,9 @@ impl Serve {
         let stale = |k: &StatKey| gone.contains(&k.tgid) || (k.phase != cur && k.phase != prev);
         {
             let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
-            let mut stats: PerCpuHashMap<_, StatKey, Stat> = PerCpuHashMap::try_from(m)?;
-            for k in snap.stats.keys().filter(|k| stale(k)) {
+            let mut stats: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;
+            let keys: Vec<ClassSetKey> = stats.keys().filter_map(Result::ok).collect();
+            for k in keys.iter().filter(|k| stale(&StatKey::new(k.tgid, k.phase, 0))) {
                 let _ = stats.remove(k);
             }
         }

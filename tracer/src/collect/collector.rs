@@ -10,7 +10,9 @@ use aya::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    hist, Class, PhaseId, Stat, StatKey,
+    hist,
+    maps::ClassSetKey,
+    Class, PhaseId, Stat, StatKey,
 };
 
 #[derive(Clone, Default)]
@@ -45,10 +47,22 @@ fn per_cpu_sums<K: Pod + Ord, V: Pod>(
     Ok(out)
 }
 
+/// The kernel's entries per set of classes, added to each class of their
+/// set (see `ClassSetKey`).
+pub fn per_class(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, Stat> {
+    let mut out: BTreeMap<StatKey, Stat> = BTreeMap::new();
+    for (k, v) in sets {
+        for sk in k.stat_keys() {
+            out.entry(sk).or_insert(Stat::ZERO).merge(v);
+        }
+    }
+    out
+}
+
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
         Ok(Snapshot {
-            stats: per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?,
+            stats: per_class(&per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?),
             mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,

@@ -12,7 +12,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, Config, Drop, PhaseCounter, PhaseId, TargetInfo},
+    maps::{phase_id, Config, ConfigValues, Drop, PhaseCounter, PhaseId, TargetInfo},
     Program,
 };
 
@@ -198,6 +198,9 @@ fn loader(
     }
     offsets.extend(exit.globals());
     let mut l = EbpfLoader::new();
+    // THREADS is task-local storage, which aya 0.14 creates but has no
+    // user-space type for (user space never reads it).
+    l.allow_unsupported_maps();
     // The object has no CO-RE relocations: aya needs the kernel's BTF only
     // to load fentry programs.
     l.btf(aya_btf);
@@ -416,13 +419,15 @@ impl Session {
     }
 
     /// Tells the kernel side what to record: `(entry, value)` pairs of
-    /// `CONFIG` (entries not given stay 0: off).
+    /// `CONFIG` (entries not given stay as they were: 0, off, at first).
     pub fn configure(&mut self, entries: &[(Config, u32)]) -> Result<()> {
         let m = self.bpf.map_mut("CONFIG").ok_or_else(|| anyhow!("no CONFIG map"))?;
-        let mut a: Array<_, u32> = Array::try_from(m)?;
-        for (c, v) in entries {
-            a.set(c.index(), *v, 0)?;
+        let mut a: Array<_, ConfigValues> = Array::try_from(m)?;
+        let mut v = a.get(&0, 0)?;
+        for (c, x) in entries {
+            v[c.index() as usize] = *x;
         }
+        a.set(0, v, 0)?;
         Ok(())
     }
 
