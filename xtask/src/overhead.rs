@@ -22,7 +22,10 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use faultscope::{kernel::classes::Metric, report::schema::Report};
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{BenchStep, Report},
+};
 use serde::Deserialize;
 
 use crate::{bpftrace, check, kernels, root, vm};
@@ -292,14 +295,37 @@ struct Run {
 }
 
 impl Run {
-    fn step(&self, name: &str) -> Result<(u64, u64)> {
-        let s = self
-            .report
+    fn step(&self, name: &str) -> Result<&BenchStep> {
+        self.report
             .bench
             .as_ref()
             .and_then(|b| b.step(name))
-            .with_context(|| format!("no {name} step in the bench report"))?;
-        Ok((s.wall_ns, s.minflt.max(0) as u64))
+            .with_context(|| format!("no {name} step in the bench report"))
+    }
+}
+
+/// What a step's time is taken as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    /// The workload's wall time.
+    Wall,
+    /// The bench process's CPU time: no time waiting for a CPU.
+    Cpu,
+}
+
+impl Measure {
+    fn of(self, s: &BenchStep) -> u64 {
+        match self {
+            Measure::Wall => s.wall_ns,
+            Measure::Cpu => s.cpu_ns,
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Measure::Wall => "the workload's own wall time",
+            Measure::Cpu => "the bench process's CPU time (CLOCK_PROCESS_CPUTIME_ID)",
+        }
     }
 }
 
@@ -447,24 +473,27 @@ impl<'a> Results<'a> {
     }
 
     /// The medians, ranges and ratios of a step, per variant.
-    fn step_stats(&self, step: &str) -> Result<Vec<StepStats>> {
+    fn step_stats(&self, step: &str, m: Measure) -> Result<Vec<StepStats>> {
         let bare: Vec<u64> = self.runs[self.variants[0].name]
             .iter()
-            .map(|r| r.step(step).map(|s| s.0))
+            .map(|r| r.step(step).map(|s| m.of(s)))
             .collect::<Result<_>>()?;
         self.variants
             .iter()
             .map(|v| {
                 let rs = &self.runs[v.name];
-                let walls: Vec<u64> = rs.iter().map(|r| r.step(step).map(|s| s.0)).collect::<Result<_>>()?;
-                let faults: Vec<u64> = rs.iter().map(|r| r.step(step).map(|s| s.1)).collect::<Result<_>>()?;
+                let times: Vec<u64> =
+                    rs.iter().map(|r| r.step(step).map(|s| m.of(s))).collect::<Result<_>>()?;
+                let faults: Vec<u64> =
+                    rs.iter().map(|r| r.step(step).map(|s| s.minflt.max(0) as u64)).collect::<Result<_>>()?;
                 // Each round's ratio to the bare run of the same round.
-                let ratios: Vec<f64> = walls.iter().zip(&bare).map(|(w, b)| *w as f64 / *b as f64).collect();
+                let ratios: Vec<f64> =
+                    times.iter().zip(&bare).map(|(w, b)| *w as f64 / (*b).max(1) as f64).collect();
                 Ok(StepStats {
                     name: v.name,
-                    median: median_u(&walls),
-                    min: *walls.iter().min().unwrap_or(&0),
-                    max: *walls.iter().max().unwrap_or(&0),
+                    median: median_u(&times),
+                    min: *times.iter().min().unwrap_or(&0),
+                    max: *times.iter().max().unwrap_or(&0),
                     round_ratios: (min_f(&ratios), median_f(&ratios), max_f(&ratios)),
                     faults: median_u(&faults),
                     attach: median_opt(rs.iter().map(|r| r.attach_ns)),
@@ -474,31 +503,19 @@ impl<'a> Results<'a> {
             .collect()
     }
 
-    fn text(&self, place: &str, size: &str, wall: Duration) -> String {
+    /// The write step's table in measure `m`, and the goals judged on it.
+    fn write_table(&self, m: Measure) -> Result<String> {
+        let write = self.step_stats("write", m)?;
         let mut t = String::new();
-        let rounds = self.runs.values().next().map_or(0, Vec::len);
-        let _ = writeln!(
-            t,
-            "{place}: bench {} ({} pages; the child exits, so the write step is one reuse fault per page)\n\
-             {rounds} rounds of {} variants, interleaved; bpftrace: {}; took {:.0} s",
-            bench_args(size),
-            self.pages,
-            self.variants.len(),
-            self.bpftrace,
-            wall.as_secs_f64()
-        );
-        let write = match self.step_stats("write") {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = writeln!(t, "no write step: {e:#}");
-                return t;
-            }
-        };
         let base = write[0].median as f64;
+        if base == 0.0 {
+            bail!("the bare runs have no {}", m.what());
+        }
         let _ = writeln!(
             t,
-            "\nwrite step, the workload's own wall time (ms): median, min-max; ratio of medians to bare and\n\
-             the per-round ratios (min / median / max); added time per fault = (median - bare) / faults"
+            "\nwrite step, {} (ms): median, min-max; ratio of medians to bare,\n\
+             the per-round ratios (min / median / max); added per fault = (median - bare) / faults",
+            m.what()
         );
         let _ = writeln!(
             t,
@@ -520,10 +537,35 @@ impl<'a> Results<'a> {
                 s.counted.map_or("-".into(), |c| c.to_string()),
             );
         }
+        t.push_str(&self.goals(&write, m));
+        Ok(t)
+    }
+
+    fn text(&self, place: &str, size: &str, wall: Duration) -> String {
+        let mut t = String::new();
+        let rounds = self.runs.values().next().map_or(0, Vec::len);
         let _ = writeln!(
             t,
-            "  (faults in the write step, the workload's getrusage: {}; counted: bpftrace's do_wp_page or\n  write-fault count, faultscope's faults in the step)",
-            write[0].faults
+            "{place}: bench {} ({} pages; the child exits, so the write step is one reuse fault per page)\n\
+             {rounds} rounds of {} variants, interleaved; bpftrace: {}; took {:.0} s",
+            bench_args(size),
+            self.pages,
+            self.variants.len(),
+            self.bpftrace,
+            wall.as_secs_f64()
+        );
+        for m in [Measure::Wall, Measure::Cpu] {
+            match self.write_table(m) {
+                Ok(w) => t.push_str(&w),
+                Err(e) => {
+                    let _ = writeln!(t, "\nwrite step, {}: {e:#}", m.what());
+                }
+            }
+        }
+        let _ = writeln!(
+            t,
+            "\n  faults in the write step (the workload's getrusage): {}; counted: what the tracer counted in\n  the run (bpftrace's do_wp_page or write-fault count, system-wide; faultscope's faults in the step)",
+            self.runs[self.variants[0].name].first().and_then(|r| r.step("write").ok()).map_or(0, |s| s.minflt)
         );
         for v in &self.variants {
             let Some(r) = self.runs[v.name].first().filter(|_| matches!(v.kind, Kind::Faultscope(_))) else {
@@ -543,7 +585,7 @@ impl<'a> Results<'a> {
             );
         }
         for step in ["populate", "fork"] {
-            if let Ok(st) = self.step_stats(step) {
+            if let Ok(st) = self.step_stats(step, Measure::Wall) {
                 let cells: Vec<String> = st
                     .iter()
                     .map(|s| {
@@ -555,18 +597,17 @@ impl<'a> Results<'a> {
                         )
                     })
                     .collect();
-                let _ = writeln!(t, "  {step} step medians (ms): {}", cells.join(", "));
+                let _ = writeln!(t, "  {step} step, wall time medians (ms): {}", cells.join(", "));
             }
         }
-        t.push_str(&self.goals(&write));
         t.push_str(&self.prog_table());
         t.push_str(&self.storm_table());
         t
     }
 
     /// The issue's goals, met or the distance left.
-    fn goals(&self, write: &[StepStats]) -> String {
-        let mut t = String::from("\ngoals (write step):\n");
+    fn goals(&self, write: &[StepStats], m: Measure) -> String {
+        let mut t = format!("  goals, on {}:\n", m.what());
         let get = |n: &str| write.iter().find(|s| s.name == n);
         let base = write[0].median as f64;
         let added = |s: &StepStats| s.median as f64 - base;
@@ -576,14 +617,14 @@ impl<'a> Results<'a> {
             let r = s.median as f64 / base;
             let _ = writeln!(
                 t,
-                "  {name}: {r:.2}x, goal <= {limit}x: {}",
+                "    {name}: {r:.2}x, goal <= {limit}x: {}",
                 if r <= limit { "met" } else { "NOT met" }
             );
             if let Some(b) = bt {
                 let share = added(s) / added(b);
                 let _ = writeln!(
                     t,
-                    "  {name}: adds {:.0} ms, {:.0}% of the {:.0} ms bpftrace-kprobe adds; goal <= 50%: {}",
+                    "    {name}: adds {:.0} ms, {:.0}% of the {:.0} ms bpftrace-kprobe adds; goal <= 50%: {}",
                     added(s) / 1e6,
                     share * 100.0,
                     added(b) / 1e6,
@@ -596,14 +637,14 @@ impl<'a> Results<'a> {
             let drop = 1.0 - rate(s) / rate(&write[0]);
             let _ = writeln!(
                 t,
-                "  faultscope: {:.0} k faults/s vs {:.0} k bare: {:.1}% fewer; goal <= 5%: {}",
+                "    faultscope: {:.0} k faults/s vs {:.0} k bare: {:.1}% fewer; goal <= 5%: {}",
                 rate(s) / 1e3,
                 rate(&write[0]) / 1e3,
                 drop * 100.0,
                 if drop <= 0.05 { "met" } else { "NOT met" }
             );
             if let Some(b) = get("bpftrace-tracepoint") {
-                let _ = writeln!(t, "  bpftrace-tracepoint: {:.0} k faults/s", rate(b) / 1e3);
+                let _ = writeln!(t, "    bpftrace-tracepoint: {:.0} k faults/s", rate(b) / 1e3);
             }
         }
         t

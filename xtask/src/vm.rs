@@ -231,18 +231,9 @@ pub fn boot_clocked(
     let (qemu, args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
-            [
-                "-cpu",
-                "max",
-                "-smp",
-                "2",
-                "-m",
-                "2G",
-                "-append",
-                "console=ttyS0 panic=-1 quiet",
-            ]
-            .map(String::from)
-            .to_vec(),
+            ["-cpu", "max", "-smp", "2", "-m", "2G", "-append", "console=ttyS0 panic=-1 quiet"]
+                .map(String::from)
+                .to_vec(),
         ),
         // pauth-impdef: QEMU's default pointer-authentication algorithm
         // makes the guest about 3x slower. (QEMU's default there is

@@ -106,6 +106,7 @@ impl Step {
             minflt: self.to.minflt - self.from.minflt,
             majflt: self.to.majflt - self.from.majflt,
             wall_ns: (self.to.at - self.from.at).as_nanos() as u64,
+            cpu_ns: self.to.cpu_ns.saturating_sub(self.from.cpu_ns),
         }
     }
 }

@@ -142,13 +142,18 @@ pub struct Usage {
     pub minflt: i64,
     pub majflt: i64,
     pub at: Instant,
+    /// The process's CPU time so far (CLOCK_PROCESS_CPUTIME_ID), ns.
+    pub cpu_ns: u64,
 }
 
 pub fn usage() -> Usage {
-    // SAFETY: getrusage fills the struct.
+    // SAFETY: getrusage and clock_gettime fill the structs.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    let cpu_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now(), cpu_ns }
 }
 
 pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
@@ -156,6 +161,7 @@ pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
         "minflt": b.minflt - a.minflt,
         "majflt": b.majflt - a.majflt,
         "wall_ns": (b.at - a.at).as_nanos() as u64,
+        "cpu_ns": b.cpu_ns.saturating_sub(a.cpu_ns),
     })
 }
 

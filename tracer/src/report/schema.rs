@@ -341,7 +341,7 @@ pub struct FolioCheck {
     pub pmd_mapped_bytes: u64,
 }
 
-/// A bench step as the workload saw it (getrusage, wall clock).
+/// A bench step as the workload saw it (getrusage, wall clock, CPU time).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BenchStep {
@@ -349,6 +349,12 @@ pub struct BenchStep {
     pub minflt: i64,
     pub majflt: i64,
     pub wall_ns: u64,
+    /// The bench process's CPU time in the step (CLOCK_PROCESS_CPUTIME_ID):
+    /// its stores and the kernel's work for them, faults and the BPF
+    /// programs they run included, but not time spent waiting for a CPU, so
+    /// it tells a tracer's cost on a busy machine where wall time cannot.
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
