@@ -4,7 +4,9 @@
 //! A program on a kernel function exists twice in the object: as a kprobe
 //! (or kretprobe) and as its fentry (or fexit) twin, named `NAME_fe`, which
 //! runs the same code from a BPF trampoline where the kernel's BTF
-//! describes the function. The probe table chooses one per probe.
+//! describes the function. The hot tracepoint (`page_fault_user`) has a
+//! twin too, a BTF tracepoint (`tp_btf`: the arguments as they are, no
+//! trace record built). The probe table chooses one per probe.
 //!
 //! The eBPF side cannot use this enum (a program's name is its function's
 //! name in tracer-ebpf); a unit test of the tracer checks that the built
@@ -44,12 +46,12 @@ macro_rules! programs {
             /// What the program is attached to.
             pub const fn site(self) -> Site {
                 match self {
-                    $(Program::$variant => Site::$site,)*
+                    $(Program::$variant => programs!(@site $site),)*
                 }
             }
 
-            /// The name of the fentry (fexit) twin of a kernel function's
-            /// program: `NAME_fe`.
+            /// The name of the fentry (fexit, tp_btf) twin of a program:
+            /// `NAME_fe`.
             pub const fn fentry_name(self) -> Option<&'static str> {
                 match self {
                     $(Program::$variant => programs!(@fe $site $name),)*
@@ -58,7 +60,11 @@ macro_rules! programs {
         }
     };
     (@fe Tracepoint $name:literal) => { None };
+    (@fe BtfTracepoint $name:literal) => { Some(concat!($name, "_fe")) };
     (@fe Function $name:literal) => { Some(concat!($name, "_fe")) };
+    (@site Tracepoint) => { Site::Tracepoint };
+    (@site BtfTracepoint) => { Site::Tracepoint };
+    (@site Function) => { Site::Function };
 }
 
 programs! {
@@ -69,7 +75,7 @@ programs! {
     /// Tracepoint `sched:sched_process_exit`.
     ProcessExit = "process_exit", Tracepoint;
     /// Tracepoint `exceptions:page_fault_user` (x86).
-    PageFaultUser = "page_fault_user", Tracepoint;
+    PageFaultUser = "page_fault_user", BtfTracepoint;
     /// `do_mem_abort` (arm64).
     MemAbort = "mem_abort", Function;
     /// `handle_mm_fault` entry.
@@ -134,11 +140,12 @@ mod tests {
     }
 
     #[test]
-    fn kernel_functions_have_a_fentry_twin_and_tracepoints_not() {
+    fn kernel_functions_have_a_fentry_twin_and_rare_tracepoints_not() {
         assert_eq!(Program::WpPage.fentry_name(), Some("wp_page_fe"));
         assert_eq!(Program::TaskNewtask.fentry_name(), None);
+        assert_eq!(Program::PageFaultUser.fentry_name(), Some("page_fault_user_fe"));
         for p in Program::ALL {
-            assert_eq!(p.fentry_name().is_some(), p.site() == Site::Function, "{p}");
+            assert!(p.fentry_name().is_some() || p.site() == Site::Tracepoint, "{p}");
         }
     }
 }

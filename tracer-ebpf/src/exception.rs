@@ -6,8 +6,8 @@
 //! the kretprobe can tell a write to a present page (the spurious rule).
 
 use aya_ebpf::{
-    macros::{fentry, kprobe, tracepoint},
-    programs::{FEntryContext, ProbeContext, TracePointContext},
+    macros::{btf_tracepoint, fentry, kprobe, tracepoint},
+    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
     EbpfContext,
 };
 use faultscope_common::{
@@ -49,12 +49,29 @@ const PF_ERROR_CODE_AT: usize = 24;
 /// tell a write to a present page (spurious rule).
 #[tracepoint]
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
-    try_page_fault_user(ctx).unwrap_or(0)
+    let code = |_: ()| tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
+    let addr = |_: ()| tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
+    on_page_fault_user(code, addr).unwrap_or(0)
 }
 
-fn try_page_fault_user(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+/// The same as a BTF tracepoint, `page_fault_user(address, regs,
+/// error_code)`: the arguments as the kernel passes them, without the trace
+/// record a classic tracepoint builds first.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
+    let code = |_: ()| Ok(ctx.arg::<u64>(2));
+    let addr = |_: ()| Ok(ctx.arg::<u64>(0));
+    on_page_fault_user(code, addr).unwrap_or(0)
+}
+
+/// `code` and `addr` read the error code and the address, when needed.
+#[inline(always)]
+fn on_page_fault_user(
+    code: impl Fn(()) -> Result<u64, ReadFailed>,
+    addr: impl Fn(()) -> Result<u64, ReadFailed>,
+) -> Result<u32, ReadFailed> {
     let conf = Conf::load();
-    let code = tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF))?;
+    let code = code(())?;
     // Only the classes the report takes from here: all of them without the
     // fault path probed, first_touch alone with it (a page not present).
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses));
@@ -72,7 +89,7 @@ fn try_page_fault_user(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     // left without looking the process up (an untraced thread never gets a
     // state, and a record left by one no longer traced is never used: only
     // a traced fault's entry opens a fault). Others are looked up once.
-    let addr = tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF))?;
+    let addr = addr(())?;
     let mut traced = None;
     let st = match thread_state_if_any() {
         Some(s) => Some(s),

@@ -219,13 +219,14 @@ impl Btf {
 }
 
 impl Btf {
-    /// Which of `names` are functions (BTF_KIND_FUNC) here: one pass over
-    /// the types, comparing only the names of functions.
-    pub fn functions_among(&self, names: &BTreeSet<&str>) -> Result<BTreeSet<String>> {
+    /// Which of `names` are functions (BTF_KIND_FUNC) or typedefs (a
+    /// tracepoint's `btf_trace_NAME`) here: one pass over the types,
+    /// comparing only the names of those kinds.
+    pub fn functions_among(&self, names: &BTreeSet<String>) -> Result<BTreeSet<String>> {
         let mut out = BTreeSet::new();
         for id in 1..self.type_offsets.len() as u32 {
             let h = self.type_header(id)?;
-            if h.kind == KIND_FUNC {
+            if h.kind == KIND_FUNC || h.kind == KIND_TYPEDEF {
                 let name = self.name(h.name_off)?;
                 if names.contains(name) {
                     out.insert(name.to_string());
@@ -345,7 +346,7 @@ mod tests {
         assert_eq!(btf.member_offset("s", "d").unwrap(), 8);
         assert!(btf.member_offset("s", "e").is_err());
         // Functions by name; a struct of a wanted name is no function.
-        let want: BTreeSet<&str> = ["f", "s", "h"].into();
+        let want: BTreeSet<String> = ["f", "s", "h"].map(String::from).into();
         assert_eq!(btf.functions_among(&want).unwrap(), ["f".to_string()].into());
     }
 

@@ -136,8 +136,9 @@ impl Serve {
         {
             let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
             let mut stats: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;
-            let keys: Vec<ClassSetKey> = stats.keys().filter_map(Result::ok).collect();
-            for k in keys.iter().filter(|k| stale(&StatKey::new(k.tgid, k.phase, 0))) {
+            // Only what this tick read: an entry made since (a phase user
+            // space does not know yet) is counted at the next tick.
+            for k in snap.stat_sets.iter().filter(|k| stale(&StatKey::new(k.tgid, k.phase, 0))) {
                 let _ = stats.remove(k);
             }
         }

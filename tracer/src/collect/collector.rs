@@ -18,6 +18,9 @@ use faultscope_common::{
 #[derive(Clone, Default)]
 pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
+    /// The kernel's own `STATS` keys that `stats` was read from (a set of
+    /// classes each), for deleting exactly what was read.
+    pub stat_sets: Vec<ClassSetKey>,
     /// Per (process, phase, mapping): a count per kernel class.
     pub mappings: BTreeMap<MappingKey, ClassCounts>,
     /// Per (process, phase, user ip, class).
@@ -61,8 +64,10 @@ pub fn per_class(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, Stat> 
 
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
+        let sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
         Ok(Snapshot {
-            stats: per_class(&per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?),
+            stats: per_class(&sets),
+            stat_sets: sets.into_keys().collect(),
             mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,

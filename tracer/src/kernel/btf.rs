@@ -10,7 +10,8 @@ use crate::{attrib::btf::Btf, kernel::BTF_VMLINUX};
 
 pub struct KernelBtf {
     parsed: Result<Btf, String>,
-    /// The probe table's functions that BTF describes.
+    /// The probe table's functions (and `btf_trace_NAME` of its tracepoints)
+    /// that BTF describes.
     functions: Result<BTreeSet<String>, String>,
     aya: OnceCell<Result<aya::Btf, String>>,
 }

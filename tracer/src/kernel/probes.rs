@@ -242,7 +242,8 @@ pub enum Backend {
     Tracepoint,
     /// kprobe, or kretprobe on a return.
     Kprobe,
-    /// fentry, or fexit on a return: a BPF trampoline, no breakpoint.
+    /// fentry, or fexit on a return: a BPF trampoline, no breakpoint; on a
+    /// tracepoint, tp_btf: its arguments as they are, no trace record.
     Fentry,
 }
 
@@ -252,6 +253,7 @@ impl Backend {
         let ret = matches!(hook, Hook::Kretprobe(_));
         match (self, ret) {
             (Backend::Tracepoint, _) => "tracepoint",
+            (Backend::Fentry, _) if matches!(hook, Hook::Tracepoint(..)) => "tp_btf",
             (Backend::Kprobe, false) => "kprobe",
             (Backend::Kprobe, true) => "kretprobe",
             (Backend::Fentry, false) => "fentry",
@@ -264,9 +266,10 @@ impl Backend {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
     /// Attach to this kernel symbol (or tracepoint), this way, and why this
-    /// way. `kprobe`: whether a kprobe could take it instead, or why not
-    /// (`auto` falls back to it when the kernel refuses the fentry).
-    Attach { symbol: String, backend: Backend, why: String, kprobe: Result<(), String> },
+    /// way. `fallback`: whether a kprobe (a classic tracepoint) could take
+    /// it instead, or why not (`auto` falls back to it when the kernel
+    /// refuses the fentry).
+    Attach { symbol: String, backend: Backend, why: String, fallback: Result<(), String> },
     /// Not attachable here, and why.
     Unavailable(String),
     /// Attachable, but not by the backend asked for (`--backend fentry`),
@@ -288,17 +291,25 @@ pub struct KernelFacts<'a> {
     pub blacklist: &'a [String],
     pub lockdown: Option<String>,
     /// The kernel functions BTF describes, among those of the table (for
-    /// fentry), or why there is no BTF.
+    /// fentry), and `btf_trace_NAME` for the tracepoints it describes (for
+    /// tp_btf), or why there is no BTF.
     pub btf_functions: Result<&'a BTreeSet<String>, String>,
     pub backend: BackendChoice,
 }
 
-/// Every kernel function the table may attach to.
-pub fn functions() -> BTreeSet<&'static str> {
+/// BTF's name of a tracepoint's prototype (what tp_btf attaches by).
+pub fn btf_trace(name: &str) -> String {
+    format!("btf_trace_{name}")
+}
+
+/// Every kernel function the table may attach to, and `btf_trace_NAME`
+/// for each tracepoint that has a tp_btf twin.
+pub fn functions() -> BTreeSet<String> {
     PROBES
         .iter()
         .flat_map(|p| match p.hook {
-            Hook::Kprobe(f) | Hook::Kretprobe(f) => f.to_vec(),
+            Hook::Kprobe(f) | Hook::Kretprobe(f) => f.iter().map(|s| s.to_string()).collect(),
+            Hook::Tracepoint(_, name) if p.program.fentry_name().is_some() => vec![btf_trace(name)],
             Hook::Tracepoint(..) => vec![],
         })
         .collect()
@@ -354,18 +365,24 @@ pub fn choose_backend(
     want: BackendChoice,
     btf_functions: &Result<&BTreeSet<String>, String>,
 ) -> Result<(Backend, String), String> {
-    if let Hook::Tracepoint(..) = spec.hook {
-        return Ok((Backend::Tracepoint, "a tracepoint".into()));
-    }
-    if want == BackendChoice::Kprobe {
-        return Ok((Backend::Kprobe, "--backend kprobe".into()));
-    }
-    match (fentry_possible(symbol, btf_functions), want) {
-        (Ok(()), _) => Ok((Backend::Fentry, format!("BTF describes {symbol}"))),
-        (Err(why), BackendChoice::Fentry) => {
-            Err(format!("--backend fentry: probe {} on {symbol} cannot have fentry: {why}", spec.program))
+    let (classic, btf_name) = match spec.hook {
+        Hook::Tracepoint(..) if spec.program.fentry_name().is_none() => {
+            return Ok((Backend::Tracepoint, "a tracepoint".into()))
         }
-        (Err(why), _) => Ok((Backend::Kprobe, why)),
+        Hook::Tracepoint(_, name) => (Backend::Tracepoint, btf_trace(name)),
+        Hook::Kprobe(_) | Hook::Kretprobe(_) => (Backend::Kprobe, symbol.to_string()),
+    };
+    if want == BackendChoice::Kprobe {
+        return Ok((classic, "--backend kprobe".into()));
+    }
+    match (fentry_possible(&btf_name, btf_functions), want) {
+        (Ok(()), _) => Ok((Backend::Fentry, format!("BTF describes {btf_name}"))),
+        (Err(why), BackendChoice::Fentry) => Err(format!(
+            "--backend fentry: probe {} on {symbol} cannot have {}: {why}",
+            spec.program,
+            Backend::Fentry.attach_kind(spec.hook)
+        )),
+        (Err(why), _) => Ok((classic, why)),
     }
 }
 
@@ -375,15 +392,13 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
     }
     match spec.hook {
         Hook::Tracepoint(cat, name) => {
-            if kernel::tracepoint_exists(facts.tracefs, cat, name) {
-                Resolution::Attach {
-                    symbol: format!("{cat}:{name}"),
-                    backend: Backend::Tracepoint,
-                    why: "a tracepoint".into(),
-                    kprobe: Err("a tracepoint".into()),
-                }
-            } else {
-                Resolution::Unavailable(format!("no tracepoint {cat}:{name} in this kernel"))
+            if !kernel::tracepoint_exists(facts.tracefs, cat, name) {
+                return Resolution::Unavailable(format!("no tracepoint {cat}:{name} in this kernel"));
+            }
+            let symbol = format!("{cat}:{name}");
+            match choose_backend(spec, &symbol, facts.backend, &facts.btf_functions) {
+                Err(why) => Resolution::Refused(why),
+                Ok((backend, why)) => Resolution::Attach { symbol, backend, why, fallback: Ok(()) },
             }
         }
         Hook::Kprobe(funcs) | Hook::Kretprobe(funcs) => {
@@ -407,7 +422,7 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
             if facts.blacklist.iter().any(|b| b == &sym) {
                 return Resolution::Unavailable(format!("{sym} is on the kprobe blacklist"));
             }
-            let kprobe = if facts.backend == BackendChoice::Fentry {
+            let fallback = if facts.backend == BackendChoice::Fentry {
                 Err("--backend fentry".to_string())
             } else if !facts.kprobe_pmu {
                 Err("no kprobe PMU (kernel built without CONFIG_KPROBES)".into())
@@ -416,10 +431,10 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
             };
             match choose_backend(spec, &sym, facts.backend, &facts.btf_functions) {
                 Err(why) => Resolution::Refused(why),
-                Ok((Backend::Kprobe, _)) if kprobe.is_err() => {
-                    Resolution::Unavailable(kprobe.err().unwrap_or_default())
+                Ok((Backend::Kprobe, _)) if fallback.is_err() => {
+                    Resolution::Unavailable(fallback.err().unwrap_or_default())
                 }
-                Ok((backend, why)) => Resolution::Attach { symbol: sym, backend, why, kprobe },
+                Ok((backend, why)) => Resolution::Attach { symbol: sym, backend, why, fallback },
             }
         }
     }
@@ -449,7 +464,7 @@ mod tests {
             Backend::Fentry => format!("BTF describes {symbol}"),
             Backend::Tracepoint => "a tracepoint".into(),
         };
-        Resolution::Attach { symbol: symbol.into(), backend, why, kprobe: Ok(()) }
+        Resolution::Attach { symbol: symbol.into(), backend, why, fallback: Ok(()) }
     }
 
     #[test]
@@ -464,6 +479,9 @@ mod tests {
         assert!(matches!(get(Program::HugePmdWp), Resolution::Unavailable(r) if r.contains("no symbol")));
         assert!(
             matches!(get(Program::TaskNewtask), Resolution::Unavailable(r) if r.contains("no tracepoint"))
+        );
+        assert!(
+            matches!(get(Program::PageFaultUser), Resolution::Unavailable(r) if r.contains("no tracepoint"))
         );
     }
 
@@ -519,7 +537,7 @@ mod tests {
         assert!(matches!(get(&f, Program::FaultEntry), Resolution::Attach { backend: Backend::Fentry, .. }));
         // No kprobe PMU: fentry still attaches; auto's fallback cannot.
         f.kprobe_pmu = false;
-        let Resolution::Attach { backend: Backend::Fentry, kprobe: Err(why), .. } =
+        let Resolution::Attach { backend: Backend::Fentry, fallback: Err(why), .. } =
             get(&f, Program::FaultEntry)
         else {
             panic!()
@@ -529,7 +547,7 @@ mod tests {
         assert!(
             matches!(get(&f, Program::NewAnonRmap), Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES"))
         );
-        let Resolution::Attach { backend: Backend::Fentry, kprobe: Err(why), .. } =
+        let Resolution::Attach { backend: Backend::Fentry, fallback: Err(why), .. } =
             get(&f, Program::FaultEntry)
         else {
             panic!()
@@ -546,19 +564,35 @@ mod tests {
             panic!()
         };
         assert!(why.contains("no kernel BTF (no /sys/kernel/btf/vmlinux)"), "{why}");
-        // The pure function itself, on a tracepoint row.
+        // The pure function itself, on tracepoint rows: a rare one stays a
+        // tracepoint; the hot one is tp_btf where BTF has its prototype.
         let tp = PROBES.iter().find(|p| p.program == Program::TaskNewtask).unwrap();
         assert_eq!(choose_backend(tp, "x", BackendChoice::Fentry, &Ok(&btf)).unwrap().0, Backend::Tracepoint);
+        let pf = PROBES.iter().find(|p| p.program == Program::PageFaultUser).unwrap();
+        let sym = "exceptions:page_fault_user";
+        let (b, why) = choose_backend(pf, sym, BackendChoice::Auto, &Ok(&btf)).unwrap();
+        assert_eq!(b, Backend::Tracepoint);
+        assert!(why.contains("BTF has no function btf_trace_page_fault_user"), "{why}");
+        assert!(choose_backend(pf, sym, BackendChoice::Fentry, &Ok(&btf)).unwrap_err().contains("tp_btf"));
+        let with_tp: BTreeSet<String> = ["btf_trace_page_fault_user".to_string()].into();
+        assert_eq!(choose_backend(pf, sym, BackendChoice::Auto, &Ok(&with_tp)).unwrap().0, Backend::Fentry);
+        assert_eq!(Backend::Fentry.attach_kind(pf.hook), "tp_btf");
+        assert_eq!(
+            choose_backend(pf, sym, BackendChoice::Kprobe, &Ok(&with_tp)).unwrap().0,
+            Backend::Tracepoint
+        );
     }
 
-    /// A kernel function's row has the program's fentry twin; a
-    /// tracepoint's has none.
+    /// A kernel function's row is a function's program (with its fentry
+    /// twin); a tracepoint's row a tracepoint's.
     #[test]
     fn hooks_agree_with_the_catalogue() {
         for p in PROBES {
             let function = !matches!(p.hook, Hook::Tracepoint(..));
             assert_eq!(function, p.program.site() == Site::Function, "{}", p.program);
         }
+        assert!(functions().contains("btf_trace_page_fault_user"));
+        assert!(functions().contains("handle_mm_fault"));
     }
 
     #[test]

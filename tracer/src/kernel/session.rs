@@ -8,7 +8,7 @@ use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{FEntry, FExit, KProbe, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
@@ -273,13 +273,17 @@ impl Session {
                 Resolution::Unavailable(why) | Resolution::Refused(why) => {
                     ProbeStatus::not_attached(spec.program, hook_name(spec.hook), why.clone())
                 }
-                Resolution::Attach { symbol, backend, why, kprobe } => {
+                Resolution::Attach { symbol, backend, why, fallback } => {
                     let mut backend = *backend;
                     let mut why = why.clone();
                     let mut res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, aya_btf);
                     if let (Err(e), Backend::Fentry) = (&res, backend) {
-                        let refused = format!("the kernel refused fentry: {}", attach_reason(e));
-                        match kprobe {
+                        let refused = format!(
+                            "the kernel refused {}: {}",
+                            Backend::Fentry.attach_kind(spec.hook),
+                            attach_reason(e)
+                        );
+                        match fallback {
                             _ if choice == BackendChoice::Fentry => {
                                 anyhow::bail!(
                                     "--backend fentry: probe {} on {symbol}: {refused}",
@@ -288,7 +292,10 @@ impl Session {
                             }
                             Ok(()) => {
                                 why = refused;
-                                backend = Backend::Kprobe;
+                                backend = match spec.hook {
+                                    Hook::Tracepoint(..) => Backend::Tracepoint,
+                                    _ => Backend::Kprobe,
+                                };
                                 res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, None);
                             }
                             Err(no_kprobe) => res = Err(anyhow!("{no_kprobe}; {refused}")),
@@ -340,7 +347,7 @@ impl Session {
         for st in self.status.iter().filter(|s| s.attached) {
             let Some(kind) = st.kind else { continue };
             let name = match kind {
-                "fentry" | "fexit" => st.program.fentry_name().unwrap_or(st.program.name()),
+                "fentry" | "fexit" | "tp_btf" => st.program.fentry_name().unwrap_or(st.program.name()),
                 _ => st.program.name(),
             };
             let prog = self.bpf.program(name).ok_or_else(|| anyhow!("no program {name}"))?;
@@ -517,6 +524,12 @@ fn attach_one(
             p.load(sym, btf).with_context(|| format!("loading {name}"))?;
             p.attach().with_context(|| format!("attaching {name} to {sym}"))?;
         }
+        (Backend::Fentry, Hook::Tracepoint(_, tp)) => {
+            let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for tp_btf"))?;
+            let p: &mut BtfTracePoint = prog.try_into()?;
+            p.load(tp, btf).with_context(|| format!("loading {name}"))?;
+            p.attach().with_context(|| format!("attaching {name} to {sym}"))?;
+        }
         (_, Hook::Kprobe(_) | Hook::Kretprobe(_)) => {
             let p: &mut KProbe = prog.try_into()?;
             p.load().with_context(|| format!("loading {name}"))?;
@@ -597,12 +610,19 @@ pub fn load_all(
         let Resolution::Attach { symbol, backend: Backend::Fentry, .. } = &r.resolution else { continue };
         let res = (|| -> Result<()> {
             let prog = bpf.program_mut(twin).ok_or_else(|| anyhow!("missing from the object"))?;
-            if let Hook::Kretprobe(_) = spec.hook {
-                let p: &mut FExit = prog.try_into()?;
-                p.load(symbol, aya_btf)?;
-            } else {
-                let p: &mut FEntry = prog.try_into()?;
-                p.load(symbol, aya_btf)?;
+            match spec.hook {
+                Hook::Kretprobe(_) => {
+                    let p: &mut FExit = prog.try_into()?;
+                    p.load(symbol, aya_btf)?;
+                }
+                Hook::Kprobe(_) => {
+                    let p: &mut FEntry = prog.try_into()?;
+                    p.load(symbol, aya_btf)?;
+                }
+                Hook::Tracepoint(_, tp) => {
+                    let p: &mut BtfTracePoint = prog.try_into()?;
+                    p.load(tp, aya_btf)?;
+                }
             }
             Ok(())
         })();

@@ -71,7 +71,7 @@ pub struct ProbeStatus {
     pub attached: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// How it is attached: `tracepoint`, `kprobe`, `kretprobe`, `fentry` or
+    /// How it is attached: `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or
     /// `fexit` (absent when it is not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
@@ -90,7 +90,7 @@ pub struct ProgramCost {
     pub name: String,
     /// The probe of the table it serves.
     pub probe: String,
-    /// `tracepoint`, `kprobe`, `kretprobe`, `fentry` or `fexit`.
+    /// `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or `fexit`.
     pub backend: String,
     /// The kernel function or tracepoint.
     pub target: String,
