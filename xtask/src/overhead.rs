@@ -812,6 +812,65 @@ fn max_f(v: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::testing::{bench_json, guest_run};
+
+    /// The test bench (16 pages, 20 faults in the write step) with the write
+    /// step's wall and CPU time set.
+    fn bench(wall_ns: u64, cpu_ns: u64) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(&bench_json()).unwrap();
+        v["bench"]["steps"][2]["wall_ns"] = wall_ns.into();
+        v["bench"]["steps"][2]["cpu_ns"] = cpu_ns.into();
+        v.to_string()
+    }
+
+    /// Two rounds of bare and bpftrace-kprobe, one stats round.
+    fn run(do_wp_page: u64) -> vm::GuestRun {
+        let progs = r#"[{"id":5,"type":"kprobe","name":"handle_mm_fault","run_time_ns":3000,"run_cnt":10},
+            {"id":6,"type":"kprobe","name":"handle_mm_fault","run_time_ns":500,"run_cnt":10},
+            {"id":9,"type":"tracepoint","name":"someone_elses","run_time_ns":7,"run_cnt":1}]"#;
+        let bt = format!("bpftrace: attached\n\n@do_wp_page: {do_wp_page}\n");
+        let (b1, b2, t1, t2) = (bench(5000, 4000), bench(6000, 4000), bench(10000, 8000), bench(15000, 9000));
+        guest_run(
+            "@@FS-BPFTRACE-VERSION bpftrace v0.17.0\n@@FS-RC bare1 0\n@@FS-RC bpftrace-kprobe1 0\n\
+             @@FS-ATTACH bpftrace-kprobe1 700000000\n@@FS-RC bare2 0\n@@FS-RC bpftrace-kprobe2 0\n\
+             @@FS-ATTACH bpftrace-kprobe2 900000000\n@@FS-PROG-IDS bpftrace-kprobe-stats1 5 6 \n",
+            &[
+                ("bare1.json", &b1),
+                ("bpftrace-kprobe1.json", &t1),
+                ("bpftrace-kprobe1.bt", &bt),
+                ("bare2.json", &b2),
+                ("bpftrace-kprobe2.json", &t2),
+                ("bpftrace-kprobe2.bt", &bt),
+                ("bpftrace-kprobe-stats1.progs", progs),
+            ],
+        )
+    }
+
+    #[test]
+    fn medians_ratios_and_the_tracers_own_programs() {
+        let vs = [variant("bare").unwrap(), variant("bpftrace-kprobe").unwrap()];
+        let g = run(16);
+        let r = Results::parse(&g, &vs, 2, 1).unwrap();
+        let w = r.step_stats("write", Measure::Wall).unwrap();
+        assert_eq!((w[0].median, w[1].median), (5500, 12500));
+        assert_eq!(w[1].round_ratios, (2.0, 2.25, 2.5));
+        assert_eq!(w[1].attach, Some(800_000_000));
+        let c = r.step_stats("write", Measure::Cpu).unwrap();
+        assert_eq!((c[0].median, c[1].median), (4000, 8500));
+        let text = r.text("guest", "64K", Duration::ZERO);
+        assert!(text.contains("2.27x"), "{text}");
+        // Its two programs, told apart by load order; not the one it does not hold.
+        assert!(text.contains("handle_mm_fault    kprobe             10      300"), "{text}");
+        assert!(text.contains("handle_mm_fault    kprobe             10       50"), "{text}");
+        assert!(!text.contains("someone_elses"), "{text}");
+    }
+
+    #[test]
+    fn a_tracer_that_missed_the_writes_fails_the_run() {
+        let vs = [variant("bare").unwrap(), variant("bpftrace-kprobe").unwrap()];
+        let e = Results::parse(&run(3), &vs, 2, 1).err().expect("3 do_wp_page for 16 pages");
+        assert!(e.to_string().contains("counted 3 < 16 pages"), "{e}");
+    }
 
     #[test]
     fn bpftrace_counters_are_read() {
