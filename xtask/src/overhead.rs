@@ -215,7 +215,11 @@ fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Resul
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let img = bpftrace::image(k.arch)?;
-    let dir = root().join("target/vm/overhead").join(k.name);
+    let clock = match o.clock {
+        vm::Clock::Host => "host-clock",
+        vm::Clock::Instructions => "icount",
+    };
+    let dir = root().join("target/vm/overhead").join(format!("{}-{clock}", k.name));
     let extra = write_scripts(&dir.join("scripts"))?;
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, "overhead.sh", env, &extra)?;
     // Under TCG a round of bench runs takes about a minute (bpftrace
