@@ -1,10 +1,10 @@
 # The overhead benchmark (`cargo xtask overhead`): the same `faultscope
 # bench` (its own step timing) bare, under bpftrace and under faultscope,
 # the variants interleaved round after round in one boot, so that every
-# ratio is taken under the same conditions. Then, with the kernel's BPF run
-# time accounting on, STATS_RUNS more runs of each tracer, whose programs bpftool
-# reads while they are attached; then faultscope `record --interval 1`
-# over a storm of the same faults, its CPU time and RSS sampled.
+# ratio is taken under the same conditions. Then, with the kernel's BPF
+# run time accounting on, STATS_RUNS more runs of each tracer, whose
+# programs bpftool reads while they are attached; then faultscope `record
+# --interval 1` over two storms of faults, its CPU time and RSS sampled.
 #
 # It runs in a guest (its /case.sh) and, with --host, on this machine as
 # it is (paths from the environment, no chroot).

@@ -3,14 +3,16 @@
 //! variant times the same thing) runs bare, beside bpftrace scripts and
 //! traced by faultscope, the variants interleaved round after round in one
 //! session (these machines are noisy: only ratios taken side by side mean
-//! anything). Then each tracer once more with the kernel's BPF run time
-//! accounting on (`kernel.bpf_stats_enabled`), its programs read by bpftool
-//! while attached, and faultscope `record --interval 1` over a storm of the
-//! same faults, its CPU time and RSS sampled from `/proc`.
+//! anything). Then each tracer a few times more with the kernel's BPF run
+//! time accounting on (`kernel.bpf_stats_enabled`), its programs read by
+//! bpftool while attached, and faultscope `record --interval 1` over two
+//! storms of faults (by fork, by MADV_DONTNEED), its CPU time and RSS
+//! sampled from `/proc`.
 //!
 //! In a guest (QEMU TCG, kprobes and fentry; bpftrace from
-//! [`crate::bpftrace`]'s image) by default, or on this host (`--host`:
-//! tracepoint mode only). `xtask/guest/overhead.sh` runs it in both.
+//! [`crate::bpftrace`]'s image; by default on an instruction clock, see
+//! [`vm::Clock`]) or on this host (`--host`: tracepoint mode only).
+//! `xtask/guest/overhead.sh` runs it in both.
 
 use std::{
     collections::BTreeMap,
