@@ -25,6 +25,36 @@ impl StatKey {
     }
 }
 
+/// Key of the kernel's `STATS` per-CPU hash: one entry per (process, phase,
+/// set of classes). An event is counted once, under the set of all the
+/// classes it falls in (a reuse fault: faults, write_faults, wp_faults,
+/// reuse), so a fault costs one map update and one histogram update, not
+/// one per class. User space adds each entry to every class of its set
+/// ([`ClassSetKey::stat_keys`]): each class's count and histogram are the
+/// sums over the sets that hold it, exactly.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassSetKey {
+    pub tgid: u32,
+    pub phase: PhaseId,
+    /// `ClassSet` bits.
+    pub set: u32,
+}
+
+impl ClassSetKey {
+    /// The per-class keys this entry counts for.
+    pub fn stat_keys(&self) -> impl Iterator<Item = StatKey> + '_ {
+        crate::class::Class::ALL
+            .into_iter()
+            .filter(|c| self.set & c.bit() != 0)
+            .map(|c| StatKey::new(self.tgid, self.phase, c as u16))
+    }
+}
+
+/// The `CONFIG` map's one value: every entry, read by a program once per
+/// run (one lookup, not one per entry).
+pub type ConfigValues = [u32; Config::COUNT];
+
 /// Value of `STATS`: a count and, for classes timed by the kretprobe, the
 /// latency distribution in nanoseconds.
 #[repr(C)]
@@ -157,7 +187,7 @@ pub struct LifeEvent {
     pub comm: [u8; 16],
 }
 
-/// Indices of the `CONFIG` array, written by user space once the probes are
+/// Indices of the `CONFIG` value ([`ConfigValues`]), written by user space once the probes are
 /// attached and before any target is added: what the tracepoint must record,
 /// so that no fault pays for counts the report will not show.
 #[repr(u32)]
@@ -204,9 +234,12 @@ impl Config {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Drop {
-    /// `STATS` was full: an event of a new (process, phase, class) was lost.
+    /// `STATS` was full: an event of a new (process, phase, set of classes)
+    /// was lost.
     StatsFull = 0,
-    /// `THREADS` could not take a new thread: its fault was not followed.
+    /// No `THREADS` state for a thread (the task storage could not be
+    /// allocated, or was busy under a nested program on that CPU): its
+    /// fault was not followed. (The key keeps its first name.)
     ThreadsFull = 1,
     /// `TARGETS` or `CHILDREN` was full: a child was not traced or followed.
     TargetsFull = 2,
@@ -271,7 +304,7 @@ impl Drop {
     pub const fn describe(self) -> &'static str {
         match self {
             Drop::StatsFull => "stats map full",
-            Drop::ThreadsFull => "threads map full",
+            Drop::ThreadsFull => "thread state not created (task storage out of memory or busy)",
             Drop::TargetsFull => "targets map full",
             Drop::EventsFull => "events ring full",
             Drop::LostReturn => "faults whose kretprobe was missed",
@@ -287,6 +320,7 @@ impl Drop {
 #[cfg(feature = "user")]
 mod pod {
     unsafe impl aya::Pod for super::StatKey {}
+    unsafe impl aya::Pod for super::ClassSetKey {}
     unsafe impl aya::Pod for super::Stat {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::LifeEvent {}
@@ -322,6 +356,16 @@ mod tests {
     fn stat_key_layout() {
         assert_eq!(core::mem::size_of::<StatKey>(), 12);
         assert_eq!(core::mem::align_of::<StatKey>(), 4);
+    }
+
+    #[test]
+    fn a_set_counts_for_each_of_its_classes() {
+        use crate::class::{Class, ClassSet};
+        let set = ClassSet::default().with(Class::Faults).with(Class::WriteFaults).with(Class::Reuse);
+        let k = ClassSetKey { tgid: 7, phase: 3, set: set.0 };
+        let want = [Class::Faults, Class::WriteFaults, Class::Reuse].map(|c| StatKey::new(7, 3, c as u16));
+        assert!(k.stat_keys().eq(want));
+        assert_eq!(core::mem::size_of::<ClassSetKey>(), 12);
     }
 
     #[test]

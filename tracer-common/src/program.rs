@@ -1,99 +1,113 @@
 //! The catalogue of faultscope's eBPF programs: one name per program, used
 //! by the probe table, the class sources and the loader in user space.
 //!
+//! A program on a kernel function exists twice in the object: as a kprobe
+//! (or kretprobe) and as its fentry (or fexit) twin, named `NAME_fe`, which
+//! runs the same code from a BPF trampoline where the kernel's BTF
+//! describes the function. The hot tracepoint (`page_fault_user`) has a
+//! twin too, a BTF tracepoint (`tp_btf`: the arguments as they are, no
+//! trace record built). The probe table chooses one per probe.
+//!
 //! The eBPF side cannot use this enum (a program's name is its function's
 //! name in tracer-ebpf); a unit test of the tracer checks that the built
-//! object holds exactly these programs.
+//! object holds exactly these programs, twins included.
 
-/// One eBPF program of tracer-ebpf, named after the function it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Program {
+/// What a program is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    /// A tracepoint: one program.
+    Tracepoint,
+    /// A kernel function: a kprobe program and its fentry twin.
+    Function,
+}
+
+macro_rules! programs {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal, $site:ident;)*) => {
+        /// One eBPF program of tracer-ebpf, named after the function it is.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Program {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Program {
+            pub const COUNT: usize = [$(Program::$variant),*].len();
+
+            pub const ALL: [Program; Program::COUNT] = [$(Program::$variant),*];
+
+            /// The program's name in the eBPF object (its function's name;
+            /// for a kernel function, the kprobe's). The kernel keeps only
+            /// the first 15 bytes (BPF_OBJ_NAME_LEN).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Program::$variant => $name,)*
+                }
+            }
+
+            /// What the program is attached to.
+            pub const fn site(self) -> Site {
+                match self {
+                    $(Program::$variant => programs!(@site $site),)*
+                }
+            }
+
+            /// The name of the fentry (fexit, tp_btf) twin of a program:
+            /// `NAME_fe`.
+            pub const fn fentry_name(self) -> Option<&'static str> {
+                match self {
+                    $(Program::$variant => programs!(@fe $site $name),)*
+                }
+            }
+        }
+    };
+    (@fe Tracepoint $name:literal) => { None };
+    (@fe BtfTracepoint $name:literal) => { Some(concat!($name, "_fe")) };
+    (@fe Function $name:literal) => { Some(concat!($name, "_fe")) };
+    (@site Tracepoint) => { Site::Tracepoint };
+    (@site BtfTracepoint) => { Site::Tracepoint };
+    (@site Function) => { Site::Function };
+}
+
+programs! {
     /// Tracepoint `task:task_newtask`.
-    TaskNewtask,
+    TaskNewtask = "task_newtask", Tracepoint;
     /// Tracepoint `sched:sched_process_exec`.
-    ProcessExec,
+    ProcessExec = "process_exec", Tracepoint;
     /// Tracepoint `sched:sched_process_exit`.
-    ProcessExit,
+    ProcessExit = "process_exit", Tracepoint;
     /// Tracepoint `exceptions:page_fault_user` (x86).
-    PageFaultUser,
-    /// Kprobe `do_mem_abort` (arm64).
-    MemAbort,
-    /// Kprobe `handle_mm_fault`.
-    FaultEntry,
-    /// Kretprobe `handle_mm_fault`.
-    FaultReturn,
-    /// Kprobe `do_wp_page`.
-    WpPage,
-    /// Kprobe `do_huge_pmd_wp_page`.
-    HugePmdWp,
-    /// Kprobe `folio_add_new_anon_rmap` (or `page_add_new_anon_rmap`).
-    NewAnonRmap,
-    /// Kprobe `fault_dirty_shared_page`.
-    DirtyShared,
-    /// Kprobe `ptep_set_access_flags` (or an arm64 variant).
-    AccessFlags,
-    /// Kprobe `contpte_ptep_set_access_flags` (arm64).
-    AccessFlagsCont,
-    /// Kprobe `huge_pmd_set_accessed`.
-    HugeAccessed,
-    /// Kprobe `__contpte_try_unfold` (arm64).
-    ContpteTryUnfold,
-    /// Kprobe `contpte_convert` (arm64).
-    ContpteConvert,
-    /// Kprobe `__contpte_try_fold` (arm64).
-    ContpteTryFold,
+    PageFaultUser = "page_fault_user", BtfTracepoint;
+    /// `do_mem_abort` (arm64).
+    MemAbort = "mem_abort", Function;
+    /// `handle_mm_fault` entry.
+    FaultEntry = "fault_entry", Function;
+    /// `handle_mm_fault` return (kretprobe, or fexit).
+    FaultReturn = "fault_return", Function;
+    /// `do_wp_page`.
+    WpPage = "wp_page", Function;
+    /// `do_huge_pmd_wp_page`.
+    HugePmdWp = "huge_pmd_wp", Function;
+    /// `folio_add_new_anon_rmap` (or `page_add_new_anon_rmap`).
+    NewAnonRmap = "new_anon_rmap", Function;
+    /// `fault_dirty_shared_page`.
+    DirtyShared = "dirty_shared", Function;
+    /// `ptep_set_access_flags` (or an arm64 variant).
+    AccessFlags = "access_flags", Function;
+    /// `contpte_ptep_set_access_flags` (arm64).
+    AccessFlagsCont = "access_flags_cont", Function;
+    /// `huge_pmd_set_accessed`.
+    HugeAccessed = "huge_accessed", Function;
+    /// `__contpte_try_unfold` (arm64).
+    ContpteTryUnfold = "contpte_try_unfold", Function;
+    /// `contpte_convert` (arm64).
+    ContpteConvert = "contpte_convert", Function;
+    /// `__contpte_try_fold` (arm64).
+    ContpteTryFold = "contpte_try_fold", Function;
 }
 
 impl Program {
-    pub const COUNT: usize = 17;
-
-    pub const ALL: [Program; Program::COUNT] = [
-        Program::TaskNewtask,
-        Program::ProcessExec,
-        Program::ProcessExit,
-        Program::PageFaultUser,
-        Program::MemAbort,
-        Program::FaultEntry,
-        Program::FaultReturn,
-        Program::WpPage,
-        Program::HugePmdWp,
-        Program::NewAnonRmap,
-        Program::DirtyShared,
-        Program::AccessFlags,
-        Program::AccessFlagsCont,
-        Program::HugeAccessed,
-        Program::ContpteTryUnfold,
-        Program::ContpteConvert,
-        Program::ContpteTryFold,
-    ];
-
-    /// The program's name in the eBPF object (its function's name). The
-    /// kernel keeps only the first 15 bytes (BPF_OBJ_NAME_LEN).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Program::TaskNewtask => "task_newtask",
-            Program::ProcessExec => "process_exec",
-            Program::ProcessExit => "process_exit",
-            Program::PageFaultUser => "page_fault_user",
-            Program::MemAbort => "mem_abort",
-            Program::FaultEntry => "fault_entry",
-            Program::FaultReturn => "fault_return",
-            Program::WpPage => "wp_page",
-            Program::HugePmdWp => "huge_pmd_wp",
-            Program::NewAnonRmap => "new_anon_rmap",
-            Program::DirtyShared => "dirty_shared",
-            Program::AccessFlags => "access_flags",
-            Program::AccessFlagsCont => "access_flags_cont",
-            Program::HugeAccessed => "huge_accessed",
-            Program::ContpteTryUnfold => "contpte_try_unfold",
-            Program::ContpteConvert => "contpte_convert",
-            Program::ContpteTryFold => "contpte_try_fold",
-        }
-    }
-
-    /// The program of that name.
+    /// The program of that name (either twin of a kernel function's).
     pub fn from_name(name: &str) -> Option<Program> {
-        Program::ALL.iter().copied().find(|p| p.name() == name)
+        Program::ALL.iter().copied().find(|p| p.name() == name || p.fentry_name() == Some(name))
     }
 }
 
@@ -111,16 +125,27 @@ mod tests {
     fn all_lists_every_program_once_with_a_unique_name() {
         for (i, a) in Program::ALL.iter().enumerate() {
             assert_eq!(Program::from_name(a.name()), Some(*a));
+            if let Some(fe) = a.fentry_name() {
+                assert_eq!(Program::from_name(fe), Some(*a));
+            }
             for b in &Program::ALL[i + 1..] {
                 assert_ne!(a, b);
                 assert_ne!(a.name(), b.name());
             }
         }
-        // `ALL` is in declaration order: a variant missing from it would
-        // shift the ones after it.
         for w in Program::ALL.windows(2) {
             assert!(w[0] < w[1]);
         }
         assert_eq!(Program::ALL.last().map(|p| *p as usize), Some(Program::COUNT - 1));
+    }
+
+    #[test]
+    fn kernel_functions_have_a_fentry_twin_and_rare_tracepoints_not() {
+        assert_eq!(Program::WpPage.fentry_name(), Some("wp_page_fe"));
+        assert_eq!(Program::TaskNewtask.fentry_name(), None);
+        assert_eq!(Program::PageFaultUser.fentry_name(), Some("page_fault_user_fe"));
+        for p in Program::ALL {
+            assert!(p.fentry_name().is_some() || p.site() == Site::Tracepoint, "{p}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! per-CPU map update per event, done only for what user space switched on
 //! in `CONFIG`, so attribution off costs a config read.
 
-use aya_ebpf::{helpers::bpf_probe_read_kernel, programs::tracing::StackIdContext};
+use aya_ebpf::programs::tracing::StackIdContext;
 #[cfg(not(bpf_target_arch = "aarch64"))]
 use faultscope_common::attrib::PT_REGS_IP_X86_64;
 #[cfg(bpf_target_arch = "aarch64")]
@@ -15,8 +15,8 @@ use faultscope_common::{
 };
 
 use crate::{
-    helpers::{drop_count, read_failed, ReadFailed, BPF_NOEXIST},
-    maps::{cfg, config, MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS},
+    helpers::{drop_count, FnContext, ReadFailed, BPF_NOEXIST},
+    maps::{cfg, Conf, MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS},
 };
 
 /// `BPF_F_USER_STACK`: the user stack of the current task.
@@ -29,23 +29,21 @@ const PT_REGS_IP: u64 = PT_REGS_IP_X86_64;
 
 /// The VMA start of `handle_mm_fault`'s `vma`, when mappings are counted.
 #[inline(always)]
-pub fn vma_start(vma: u64) -> Result<u64, ReadFailed> {
-    if config(Config::Mappings) == 0 {
+pub fn vma_start<C: FnContext>(ctx: &C, conf: &Conf, vma: u64) -> Result<u64, ReadFailed> {
+    if conf.get(Config::Mappings) == 0 {
         return Ok(0);
     }
-    let p = (vma + cfg(&VMA_START_OFF) as u64) as *const u64;
-    unsafe { bpf_probe_read_kernel(p) }.map_err(|_| read_failed())
+    ctx.read_at(vma, cfg(&VMA_START_OFF) as u64)
 }
 
 /// The faulting user instruction from the fault's `pt_regs`, when sites
 /// are counted.
 #[inline(always)]
-pub fn user_ip(regs: u64) -> Result<u64, ReadFailed> {
-    if config(Config::SiteClasses) == 0 {
+pub fn user_ip<C: FnContext>(ctx: &C, conf: &Conf, regs: u64) -> Result<u64, ReadFailed> {
+    if conf.get(Config::SiteClasses) == 0 {
         return Ok(0);
     }
-    let p = (regs + PT_REGS_IP) as *const u64;
-    unsafe { bpf_probe_read_kernel(p) }.map_err(|_| read_failed())
+    ctx.read_at(regs, PT_REGS_IP)
 }
 
 /// One event in every class of `bits` (a `ClassSet`) for its mapping.
@@ -117,6 +115,7 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 #[inline(always)]
 pub fn attribute<C: StackIdContext>(
     ctx: &C,
+    conf: &Conf,
     tgid: u32,
     phase: PhaseId,
     candidates: &[Class],
@@ -125,10 +124,10 @@ pub fn attribute<C: StackIdContext>(
     ip: u64,
     caller: u64,
 ) {
-    if config(Config::Mappings) != 0 {
+    if conf.get(Config::Mappings) != 0 {
         count_mapping(tgid, phase, start, set.0);
     }
-    let sites = set.0 & config(Config::SiteClasses);
+    let sites = set.0 & conf.get(Config::SiteClasses);
     if sites != 0 {
         for &c in candidates {
             if sites & c.bit() != 0 {
@@ -136,8 +135,8 @@ pub fn attribute<C: StackIdContext>(
             }
         }
     }
-    let user = set.0 & config(Config::UserStackClasses);
-    let kernel = set.0 & config(Config::KernelStackClasses);
+    let user = set.0 & conf.get(Config::UserStackClasses);
+    let kernel = set.0 & conf.get(Config::KernelStackClasses);
     if user | kernel != 0 {
         let u = if user != 0 { stack_id(ctx, BPF_F_USER_STACK) } else { NO_STACK };
         let k = if kernel != 0 { stack_id(ctx, 0) } else { NO_STACK };

@@ -6,50 +6,112 @@
 //! the kretprobe can tell a write to a present page (the spurious rule).
 
 use aya_ebpf::{
-    macros::{kprobe, tracepoint},
-    programs::{ProbeContext, TracePointContext},
+    macros::{btf_tracepoint, fentry, kprobe, tracepoint},
+    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
+    EbpfContext,
 };
 use faultscope_common::{
-    class::{Class, ClassSet},
+    class::ClassSet,
     fault::{classify_x86_error_code, ExcArch},
     maps::Config,
 };
 
 use crate::{
     helpers::{
-        arg, counted_target, current_phase, field, pid_tgid, record_set, thread_state, ReadFailed, UNTIMED,
+        arg, counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
+        FnContext, ReadFailed, UNTIMED,
     },
-    maps::{cfg, config, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF},
+    maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF},
 };
 
-/// x86 `exceptions:page_fault_user`: counts every user fault by error code
-/// (the whole of the tracepoint-only mode), and remembers the error code so
-/// that the kretprobe can tell a write to a present page (spurious rule).
-#[tracepoint]
-pub fn page_fault_user(ctx: TracePointContext) -> u32 {
-    match try_page_fault_user(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
+/// A u64 tracepoint field at `off` (from the kernel's format file), read
+/// straight from the context, with no helper call, when it is at `AT`, the
+/// offset every kernel since 3.13 has: the verifier allows a context load
+/// only at an offset in the instruction itself, and it knows `off` (a
+/// frozen `.rodata` value), so the other branch is dropped at load.
+/// Elsewhere a checked copy.
+#[inline(always)]
+fn tp_u64<const AT: usize>(ctx: &TracePointContext, off: usize) -> Result<u64, ReadFailed> {
+    if off == AT {
+        Ok(unsafe { core::ptr::read_volatile((ctx.as_ptr() as *const u8).wrapping_add(AT) as *const u64) })
+    } else {
+        field(ctx, off)
     }
 }
 
-fn try_page_fault_user(ctx: TracePointContext) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
-    if counted_target(tgid).is_none() {
+/// x86-64's offsets of `page_fault_user`'s `address` and `error_code`.
+const PF_ADDRESS_AT: usize = 8;
+const PF_ERROR_CODE_AT: usize = 24;
+
+/// x86 `exceptions:page_fault_user`: counts every user fault by error code
+/// (the whole of the tracepoint-only mode), and, where the fault path is
+/// probed, leaves the error code in the thread's state for its return to
+/// tell a write to a present page (spurious rule).
+#[tracepoint]
+pub fn page_fault_user(ctx: TracePointContext) -> u32 {
+    let code = |_: ()| tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
+    let addr = |_: ()| tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
+    on_page_fault_user(code, addr).unwrap_or(0)
+}
+
+/// The same as a BTF tracepoint, `page_fault_user(address, regs,
+/// error_code)`: the arguments as the kernel passes them, without the trace
+/// record a classic tracepoint builds first.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
+    let code = |_: ()| Ok(ctx.arg::<u64>(2));
+    let addr = |_: ()| Ok(ctx.arg::<u64>(0));
+    on_page_fault_user(code, addr).unwrap_or(0)
+}
+
+/// `code` and `addr` read the error code and the address, when needed.
+#[inline(always)]
+fn on_page_fault_user(
+    code: impl Fn(()) -> Result<u64, ReadFailed>,
+    addr: impl Fn(()) -> Result<u64, ReadFailed>,
+) -> Result<u32, ReadFailed> {
+    let conf = Conf::load();
+    let code = code(())?;
+    // Only the classes the report takes from here: all of them without the
+    // fault path probed, first_touch alone with it (a page not present).
+    let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses));
+    if conf.get(Config::Exceptions) == 0 {
+        if set.0 != 0 {
+            let (_, tgid) = pid_tgid();
+            if counted_target(tgid).is_some() {
+                record_set(tgid, current_phase(), set, UNTIMED);
+            }
+        }
         return Ok(0);
     }
-    let code: u64 = field(&ctx, cfg(&PF_ERROR_CODE_OFF))?;
-    // Only the classes the report takes from here (all of them without
-    // kprobes, first_touch alone with them).
-    let wanted = config(Config::TpClasses);
-    let set = ClassSet(classify_x86_error_code(code).0 & wanted);
-    if set.0 != 0 {
-        record_set(tgid, current_phase(), &Class::ERROR_CODE, set, UNTIMED);
+    // The kprobes (or fentry) count the fault; this only leaves its error
+    // code. A thread with a state took a traced fault before: the record is
+    // left without looking the process up (an untraced thread never gets a
+    // state, and a record left by one no longer traced is never used: only
+    // a traced fault's entry opens a fault). Others are looked up once.
+    let addr = addr(())?;
+    let mut traced = None;
+    let st = match thread_state_if_any() {
+        Some(s) => Some(s),
+        None => {
+            let (_, tgid) = pid_tgid();
+            traced = Some(counted_target(tgid).is_some());
+            if traced == Some(true) {
+                thread_state()
+            } else {
+                None
+            }
+        }
+    };
+    if let Some(s) = st {
+        unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
     }
-    if config(Config::Exceptions) != 0 {
-        let addr: u64 = field(&ctx, cfg(&PF_ADDRESS_OFF))?;
-        if let Some(s) = thread_state(tid) {
-            unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
+    // first_touch: a page not present.
+    if set.0 != 0 {
+        let (_, tgid) = pid_tgid();
+        let traced = traced.unwrap_or_else(|| counted_target(tgid).is_some());
+        if traced {
+            record_set(tgid, current_phase(), set, UNTIMED);
         }
     }
     Ok(0)
@@ -58,20 +120,23 @@ fn try_page_fault_user(ctx: TracePointContext) -> Result<u32, ReadFailed> {
 /// arm64 `do_mem_abort(far, esr, regs)`: no tracepoint carries the ESR there.
 #[kprobe]
 pub fn mem_abort(ctx: ProbeContext) -> u32 {
-    match try_mem_abort(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    try_mem_abort(&ctx).unwrap_or(0)
 }
 
-fn try_mem_abort(ctx: ProbeContext) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
+#[fentry]
+pub fn mem_abort_fe(ctx: FEntryContext) -> u32 {
+    try_mem_abort(&ctx).unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
+    let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
-    let far = arg(&ctx, 0)?;
-    let esr = arg(&ctx, 1)?;
-    if let Some(s) = thread_state(tid) {
+    let far = arg(ctx, 0)?;
+    let esr = arg(ctx, 1)?;
+    if let Some(s) = thread_state() {
         unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
     }
     Ok(0)

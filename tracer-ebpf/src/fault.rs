@@ -8,8 +8,8 @@
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{kprobe, kretprobe},
-    programs::{ProbeContext, RetProbeContext},
+    macros::{fentry, fexit, kprobe, kretprobe},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
 };
 use faultscope_common::{
     class::Class,
@@ -21,9 +21,9 @@ use crate::{
     attrib::{attribute, user_ip, vma_start},
     helpers::{
         arg, counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
-        ReadFailed,
+        thread_state_if_any, FnContext, ReadFailed,
     },
-    maps::THREADS,
+    maps::Conf,
 };
 
 // ---- handle_mm_fault ----------------------------------------------------------
@@ -32,16 +32,19 @@ use crate::{
 /// (`regs != NULL` and FAULT_FLAG_USER; GUP, KSM and iommu call it too).
 #[kprobe]
 pub fn fault_entry(ctx: ProbeContext) -> u32 {
-    match try_fault_entry(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    try_fault_entry(&ctx).unwrap_or(0)
 }
 
-fn try_fault_entry(ctx: ProbeContext) -> Result<u32, ReadFailed> {
+#[fentry]
+pub fn fault_entry_fe(ctx: FEntryContext) -> u32 {
+    try_fault_entry(&ctx).unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // Read before the (costlier) traced-set lookup: every process's faults
     // come through here. A failed read is counted only for a traced one.
-    let (Some(flags), Some(regs)) = (ctx.arg::<u64>(2), ctx.arg::<u64>(3)) else {
+    let (Ok(flags), Ok(regs)) = (ctx.arg(2), ctx.arg(3)) else {
         let (_, tgid) = pid_tgid();
         return match counted_target(tgid) {
             Some(_) => Err(read_failed()),
@@ -51,14 +54,17 @@ fn try_fault_entry(ctx: ProbeContext) -> Result<u32, ReadFailed> {
     if regs == 0 || (flags as u32) & FAULT_FLAG_USER == 0 {
         return Ok(0);
     }
-    let (tid, tgid) = pid_tgid();
+    let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
-    let addr = arg(&ctx, 1)?;
-    let start = vma_start(arg(&ctx, 0)?)?;
-    let ip = user_ip(regs)?;
-    if let Some(s) = thread_state(tid) {
+    let conf = Conf::load();
+    let addr = arg(ctx, 1)?;
+    // Read at entry: at the return the VMA may be gone (a retry drops the
+    // lock that held it).
+    let start = vma_start(ctx, &conf, arg(ctx, 0)?)?;
+    let ip = user_ip(ctx, &conf, regs)?;
+    if let Some(s) = thread_state() {
         let st = unsafe { &mut *s };
         if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags as u32) {
             drop_count(Drop::LostReturn);
@@ -73,30 +79,43 @@ fn try_fault_entry(ctx: ProbeContext) -> Result<u32, ReadFailed> {
 /// every class it falls in.
 #[kretprobe]
 pub fn fault_return(ctx: RetProbeContext) -> u32 {
-    match try_fault_return(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
+    // The return register is always there (no read that can fail).
+    let ret: u64 = ctx.ret();
+    try_fault_return(&ctx, ret).unwrap_or(0)
+}
+
+/// fexit sees the return value without a kretprobe's trampoline.
+#[fexit]
+pub fn fault_return_fe(ctx: FExitContext) -> u32 {
+    match ctx.ret::<u64>() {
+        Ok(ret) => try_fault_return(&ctx, ret).unwrap_or(0),
+        Err(_) => {
+            if thread_state_if_any().is_some() {
+                read_failed();
+            }
+            0
+        }
     }
 }
 
-fn try_fault_return(ctx: RetProbeContext) -> Result<u32, ReadFailed> {
-    let (tid, tgid) = pid_tgid();
-    let Some(s) = THREADS.get_ptr_mut(&tid) else {
+#[inline(always)]
+fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
+    let Some(s) = thread_state_if_any() else {
         return Ok(0);
     };
-    // The return register is always there (no read that can fail).
-    let ret: u64 = ctx.ret();
     let now = unsafe { bpf_ktime_get_ns() };
     let st = unsafe { &mut *s };
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
+    let (_, tgid) = pid_tgid();
     // The phase is read at return: a fault belongs to the phase it ends in.
-    // Only the classes `on_return` can produce are walked.
+    // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
-    record_set(tgid, phase, &Class::FAULT_RETURN, set, now.saturating_sub(st.start_ns));
+    record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
     // No kernel stacks here (they are for the contpte classes): no caller.
-    attribute(&ctx, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
+    let conf = Conf::load();
+    attribute(ctx, &conf, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
     Ok(0)
 }
 
@@ -105,75 +124,56 @@ fn try_fault_return(ctx: RetProbeContext) -> Result<u32, ReadFailed> {
 /// Marks the current thread's fault, if it is in a traced user fault.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
-    let (tid, _) = pid_tgid();
-    if let Some(s) = THREADS.get_ptr_mut(&tid) {
+    if let Some(s) = thread_state_if_any() {
         unsafe { (*s).mark(bit) };
     }
     Ok(0)
 }
 
-/// `do_wp_page`: a write-protect fault on a present PTE.
-#[kprobe]
-pub fn wp_page(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_WP) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+/// A mark probe on a kernel function, as a kprobe and as its fentry twin.
+macro_rules! mark_probe {
+    ($(#[$doc:meta])* $kprobe:ident, $fentry:ident, $bit:expr) => {
+        $(#[$doc])*
+        #[kprobe]
+        pub fn $kprobe(_ctx: ProbeContext) -> u32 {
+            try_mark($bit).unwrap_or(0)
+        }
+
+        #[fentry]
+        pub fn $fentry(_ctx: FEntryContext) -> u32 {
+            try_mark($bit).unwrap_or(0)
+        }
+    };
 }
 
-/// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
-#[kprobe]
-pub fn huge_pmd_wp(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_HUGE_WP) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
-
-/// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
-/// `do_wp_page` fault that is a COW copy.
-#[kprobe]
-pub fn new_anon_rmap(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_NEW_ANON) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
-
-/// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
-/// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
-#[kprobe]
-pub fn dirty_shared(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_DIRTY_SHARED) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
-
-/// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
-/// present-entry tail of `handle_pte_fault`.
-#[kprobe]
-pub fn access_flags(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_ACCESS) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
-
-/// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
-#[kprobe]
-pub fn access_flags_cont(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_ACCESS) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
-
-/// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
-#[kprobe]
-pub fn huge_accessed(_ctx: ProbeContext) -> u32 {
-    match try_mark(SEEN_ACCESS) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
-}
+mark_probe!(
+    /// `do_wp_page`: a write-protect fault on a present PTE.
+    wp_page, wp_page_fe, SEEN_WP
+);
+mark_probe!(
+    /// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
+    huge_pmd_wp, huge_pmd_wp_fe, SEEN_HUGE_WP
+);
+mark_probe!(
+    /// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
+    /// `do_wp_page` fault that is a COW copy.
+    new_anon_rmap, new_anon_rmap_fe, SEEN_NEW_ANON
+);
+mark_probe!(
+    /// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
+    /// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
+    dirty_shared, dirty_shared_fe, SEEN_DIRTY_SHARED
+);
+mark_probe!(
+    /// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
+    /// present-entry tail of `handle_pte_fault`.
+    access_flags, access_flags_fe, SEEN_ACCESS
+);
+mark_probe!(
+    /// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
+    access_flags_cont, access_flags_cont_fe, SEEN_ACCESS
+);
+mark_probe!(
+    /// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
+    huge_accessed, huge_accessed_fe, SEEN_ACCESS
+);

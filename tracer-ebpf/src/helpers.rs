@@ -6,19 +6,26 @@
 //! verifier's work per program small.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
-    programs::{ProbeContext, TracePointContext},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
+    programs::{
+        tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
+        TracePointContext,
+    },
 };
 use faultscope_common::{
-    class::{Class, ClassSet},
+    class::ClassSet,
     maps::{
-        phase_id, Drop, LifeEvent, LifeKind, PhaseCounter, PhaseId, StatKey, TargetInfo, TARGET_PENDING_EXEC,
+        phase_id, ClassSetKey, Drop, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
+        TARGET_PENDING_EXEC,
     },
     ThreadFault,
 };
 
 use crate::maps::{
-    cfg, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, THREADS, ZERO,
+    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, THREADS, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -42,10 +49,92 @@ pub fn read_failed() -> ReadFailed {
     ReadFailed
 }
 
-/// Probe argument `n`, or a counted failure.
+/// The context of a program on a kernel function, whichever way it is
+/// attached: a kprobe reads the arguments from `pt_regs`, its fentry twin
+/// from the trampoline's argument array. The same code runs on both.
+pub trait FnContext: StackIdContext {
+    /// Argument `n` of the probed function, or a counted failure.
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed>;
+
+    /// The return address into the probed function's caller, where the
+    /// kernel's own stack of this program lacks it (see
+    /// `StackKey::kernel_caller`); 0 where it has it or none is known.
+    #[inline(always)]
+    fn entry_caller(&self, _conf: &Conf) -> u64 {
+        0
+    }
+
+    /// The u64 at `ptr + off` in kernel memory, `ptr` being a pointer
+    /// argument: a checked copy from a kprobe, a plain load from fentry,
+    /// whose BTF-typed arguments the verifier lets it read (a fault there
+    /// reads 0, as a failed copy would be counted).
+    fn read_at(&self, ptr: u64, off: u64) -> Result<u64, ReadFailed> {
+        let p = (ptr + off) as *const u64;
+        unsafe { bpf_probe_read_kernel(p) }.map_err(|_| read_failed())
+    }
+}
+
+impl FnContext for ProbeContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        ProbeContext::arg(self, n).ok_or_else(read_failed)
+    }
+
+    /// The link register at the probed function's entry: arm64's unwinder
+    /// leaves the direct caller out at a kprobe. Read only when kernel
+    /// stacks are asked for; 0 when the read fails (the stack then lacks
+    /// that frame, as the kernel's own does).
+    #[inline(always)]
+    fn entry_caller(&self, conf: &Conf) -> u64 {
+        #[cfg(bpf_target_arch = "aarch64")]
+        {
+            use faultscope_common::{attrib::PT_REGS_LR_AARCH64, maps::Config};
+
+            if conf.get(Config::KernelStackClasses) == 0 {
+                return 0;
+            }
+            let p = (self.regs as u64 + PT_REGS_LR_AARCH64) as *const u64;
+            unsafe { bpf_probe_read_kernel(p) }.unwrap_or(0)
+        }
+        #[cfg(not(bpf_target_arch = "aarch64"))]
+        {
+            let _ = conf;
+            0
+        }
+    }
+}
+
+impl FnContext for RetProbeContext {
+    #[inline(always)]
+    fn arg(&self, _n: usize) -> Result<u64, ReadFailed> {
+        // A kretprobe's registers are those at the return.
+        Err(read_failed())
+    }
+}
+
+impl FnContext for FEntryContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        Ok(FEntryContext::arg(self, n))
+    }
+
+    #[inline(always)]
+    fn read_at(&self, ptr: u64, off: u64) -> Result<u64, ReadFailed> {
+        Ok(unsafe { core::ptr::read_volatile((ptr as *const u8).wrapping_add(off as usize) as *const u64) })
+    }
+}
+
+impl FnContext for FExitContext {
+    #[inline(always)]
+    fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
+        Ok(FExitContext::arg(self, n))
+    }
+}
+
+/// Argument `n` of the probed function, or a counted failure.
 #[inline(always)]
-pub fn arg(ctx: &ProbeContext, n: usize) -> Result<u64, ReadFailed> {
-    ctx.arg(n).ok_or_else(read_failed)
+pub fn arg<C: FnContext>(ctx: &C, n: usize) -> Result<u64, ReadFailed> {
+    ctx.arg(n)
 }
 
 /// A tracepoint field at `off`, or a counted failure.
@@ -152,11 +241,16 @@ pub fn bump_phase() -> PhaseId {
 /// `ns` for classes that are only counted.
 pub const UNTIMED: u64 = u64::MAX;
 
-/// Not inlined: one BPF subprogram (four scalar arguments) instead of a copy
-/// per call site keeps the verifier's work per program small.
+/// Counts one event of every class in `set` (one `STATS` entry per set:
+/// see `ClassSetKey`), with its latency `ns` (or `UNTIMED`). Not inlined:
+/// one BPF subprogram (four scalar arguments) instead of a copy per call
+/// site keeps the verifier's work per program small.
 #[inline(never)]
-pub fn record(tgid: u32, phase: PhaseId, class: u32, ns: u64) {
-    let key = StatKey::new(tgid, phase, class as u16);
+pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64) {
+    if set == 0 {
+        return;
+    }
+    let key = ClassSetKey { tgid, phase, set };
     let mut p = STATS.get_ptr_mut(&key);
     if p.is_none() {
         if let Some(z) = ZERO.get_ptr(0) {
@@ -171,27 +265,25 @@ pub fn record(tgid: u32, phase: PhaseId, class: u32, ns: u64) {
     }
 }
 
-/// Records every class of `set` among `candidates` (walking only the
-/// candidates keeps the verifier's work bounded).
+/// Counts one event of the classes in `set`.
 #[inline(always)]
-pub fn record_set(tgid: u32, phase: PhaseId, candidates: &[Class], set: ClassSet, ns: u64) {
-    for &c in candidates {
-        if set.has(c) {
-            record(tgid, phase, c as u32, ns);
-        }
-    }
+pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64) {
+    record(tgid, phase, set.0, ns);
 }
 
-/// The thread's fault state, created on first use.
+/// The current thread's fault state, created on first use.
 #[inline(always)]
-pub fn thread_state(tid: u32) -> Option<*mut ThreadFault> {
-    if let Some(p) = THREADS.get_ptr_mut(&tid) {
-        return Some(p);
-    }
-    let fresh = ThreadFault::default();
-    if THREADS.insert(&tid, &fresh, BPF_ANY).is_err() {
+pub fn thread_state() -> Option<*mut ThreadFault> {
+    let s = THREADS.current(true);
+    if s.is_none() {
         drop_count(Drop::ThreadsFull);
-        return None;
     }
-    THREADS.get_ptr_mut(&tid)
+    s
+}
+
+/// The current thread's fault state, if it has one (it took a traced user
+/// fault before).
+#[inline(always)]
+pub fn thread_state_if_any() -> Option<*mut ThreadFault> {
+    THREADS.current(false)
 }

@@ -3,13 +3,17 @@
 //! One place for the kernel side's state, so that what user space reads
 //! (by map name) and what the programs write can be checked side by side.
 
+use core::{ffi::c_void, ptr};
+
 use aya_ebpf::{
-    macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    bindings::{bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE},
+    helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+    macros::{btf_map, map},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{Config, Drop, PhaseCounter, Stat, StatKey, TargetInfo},
+    maps::{ClassSetKey, Config, ConfigValues, Drop, PhaseCounter, Stat, TargetInfo},
     ThreadFault,
 };
 
@@ -18,15 +22,63 @@ use faultscope_common::{
 #[map]
 pub static TARGETS: HashMap<u32, TargetInfo> = HashMap::with_max_entries(4096, 0);
 
-/// Per-thread fault state, keyed by tid. LRU so that threads that die in the
-/// middle of a fault cannot leak entries.
-#[map]
-pub static THREADS: LruHashMap<u32, ThreadFault> = LruHashMap::with_max_entries(16384, 0);
+/// A task-local storage map (BPF_MAP_TYPE_TASK_STORAGE, 5.11+): one value
+/// per task, kept in the task itself, freed with it. aya-ebpf 0.2.1 has the
+/// cgroup, inode and socket kinds but not this one; this is its BTF map
+/// definition (the layout aya's `btf_map_def!` gives the others: the loader
+/// reads type, key, value, entries and flags from these members' BTF).
+#[repr(C)]
+pub struct TaskStorage<T> {
+    r#type: *const [i32; BPF_MAP_TYPE_TASK_STORAGE as usize],
+    key: *const i32,
+    value: *const T,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
 
-/// The aggregates: per (tgid, phase, class) count and latency histogram.
-/// User space may resize it before load.
+// SAFETY: placeholders the loader reads from BTF; never dereferenced.
+unsafe impl<T> Sync for TaskStorage<T> {}
+
+impl<T> TaskStorage<T> {
+    pub const fn new() -> Self {
+        TaskStorage {
+            r#type: ptr::null(),
+            key: ptr::null(),
+            value: ptr::null(),
+            max_entries: ptr::null(),
+            map_flags: ptr::null(),
+        }
+    }
+
+    /// The current task's value, zeroed and created first if `create`.
+    /// `None`: none yet (or, with `create`, no memory, or the storage busy
+    /// on this CPU under a nested program).
+    #[inline(always)]
+    pub fn current(&self, create: bool) -> Option<*mut T> {
+        let flags = if create { BPF_LOCAL_STORAGE_GET_F_CREATE as u64 } else { 0 };
+        // SAFETY: the helper takes the map and a trusted task pointer.
+        let p = unsafe {
+            bpf_task_storage_get(
+                self as *const Self as *mut c_void,
+                bpf_get_current_task_btf(),
+                ptr::null_mut(),
+                flags,
+            )
+        };
+        (!p.is_null()).then_some(p as *mut T)
+    }
+}
+
+/// Per-thread fault state, in the task itself: one helper call finds it,
+/// with no hashing and no table to fill (a thread that dies in the middle
+/// of a fault takes its state with it).
+#[btf_map]
+pub static THREADS: TaskStorage<ThreadFault> = TaskStorage::new();
+
+/// The aggregates: per (tgid, phase, set of classes) count and latency
+/// histogram (see `ClassSetKey`). User space may resize it before load.
 #[map]
-pub static STATS: PerCpuHashMap<StatKey, Stat> = PerCpuHashMap::with_max_entries(2048, 0);
+pub static STATS: PerCpuHashMap<ClassSetKey, Stat> = PerCpuHashMap::with_max_entries(2048, 0);
 
 /// A zeroed `Stat` to insert from: a `Stat` does not fit on the BPF stack.
 #[map]
@@ -48,9 +100,9 @@ pub static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1, 0);
 
-/// What the tracepoint records (see `Config`).
+/// What the programs record (see `Config`): one value, read once per run.
 #[map]
-pub static CONFIG: Array<u32> = Array::with_max_entries(Config::COUNT as u32, 0);
+pub static CONFIG: Array<ConfigValues> = Array::with_max_entries(1, 0);
 
 /// Counters of things the kernel side could not record (see `Drop`).
 #[map]
@@ -123,8 +175,19 @@ pub fn cfg(v: &'static u32) -> usize {
     unsafe { core::ptr::read_volatile(v) as usize }
 }
 
-/// A `CONFIG` entry (0 when unset).
-#[inline(always)]
-pub fn config(c: Config) -> u32 {
-    CONFIG.get(c.index()).copied().unwrap_or(0)
+/// `CONFIG`, read once by a program run.
+#[derive(Clone, Copy)]
+pub struct Conf(ConfigValues);
+
+impl Conf {
+    #[inline(always)]
+    pub fn load() -> Conf {
+        Conf(CONFIG.get(0).copied().unwrap_or([0; Config::COUNT]))
+    }
+
+    /// An entry (0 when unset).
+    #[inline(always)]
+    pub fn get(&self, c: Config) -> u32 {
+        self.0[c.index() as usize]
+    }
 }

@@ -24,11 +24,15 @@ struct Cli {
 enum Cmd {
     /// Trace processes (-p PID) or a command (-- CMD ARGS) and report.
     Record(record::RecordOpts),
-    /// Show the probe table resolved against this kernel; --load also loads
-    /// every program through the verifier without attaching it.
+    /// Show the probe table resolved against this kernel, with the backend
+    /// each probe would use and why; --load also loads every program
+    /// through the verifier without attaching it.
     Probes {
         #[arg(long)]
         load: bool,
+        /// The backend asked for (see `record --backend`).
+        #[arg(long, value_enum, default_value_t = faultscope::kernel::probes::BackendChoice::Auto)]
+        backend: faultscope::kernel::probes::BackendChoice,
     },
     /// The fork/COW scenario as a benchmark that traces itself: folios of a
     /// given size, populate, fork (the child exits or stays), a write
@@ -86,7 +90,7 @@ fn main() {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve::run(o))),
-        Cmd::Probes { load } => probes::run(load),
+        Cmd::Probes { load, backend } => probes::run(load, backend),
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Workload(o) => workload::run(&o).map(|()| 0),
         Cmd::Bench(o) => bench::run(&o),

@@ -2,13 +2,14 @@
 . /lib.sh
 oracle_setup
 
-# bench_case NAME ARGS...: one bench run while the oracle traces.
+# bench_case NAME ARGS...: one bench run while the oracle traces, with
+# the probes attached by $BACKEND (NAME is CASE@BACKEND).
 bench_case() {
 	name=$1; shift
 	echo > $T/trace
 	echo 1 > $T/tracing_on
 	up "$name.start"
-	/faultscope bench "$@" --json /tmp/$name.json > /tmp/$name.out 2>&1
+	/faultscope bench "$@" --backend $BACKEND --json /tmp/$name.json > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
 	echo 0 > $T/tracing_on
 	up "$name.recorded"
@@ -20,23 +21,27 @@ bench_case() {
 }
 
 S=${SIZE:-16M}
-for c in $CASES; do
-	case $c in
-	4k-exit) bench_case $c seq --size $S --folio 4K --child exit ;;
-	# With the kernel stacks of unfolds: which kernel path unfolded.
-	64k-exit) bench_case $c seq --size $S --folio 64K --child exit --stacks contpte_unfold ;;
-	2m-pte-exit) bench_case $c seq --size $S --folio 2M --child exit ;;
-	2m-pmd-exit) bench_case $c seq --size $S --folio 2M --pmd --child exit ;;
-	4k-alive) bench_case $c seq --size $S --folio 4K --child alive ;;
-	64k-alive) bench_case $c seq --size $S --folio 64K --child alive ;;
-	spurious-race) bench_case $c threads-same --threads 4 --size $S --folio 4K --child exit ;;
-	esac
+for BACKEND in ${BACKENDS:-kprobe}; do
+	for c in $CASES; do
+		n=$c@$BACKEND
+		case $c in
+		4k-exit) bench_case $n seq --size $S --folio 4K --child exit ;;
+		# With the kernel stacks of unfolds: which kernel path unfolded.
+		64k-exit) bench_case $n seq --size $S --folio 64K --child exit --stacks contpte_unfold ;;
+		2m-pte-exit) bench_case $n seq --size $S --folio 2M --child exit ;;
+		2m-pmd-exit) bench_case $n seq --size $S --folio 2M --pmd --child exit ;;
+		4k-alive) bench_case $n seq --size $S --folio 4K --child alive ;;
+		64k-alive) bench_case $n seq --size $S --folio 64K --child alive ;;
+		spurious-race) bench_case $n threads-same --threads 4 --size $S --folio 4K --child exit ;;
+		esac
+	done
 done
 
 # faultscope verify as CI would use it: no contpte unfold in the write phase.
-for c in 64k-exit 4k-exit; do
-	[ -f /tmp/$c.json ] || continue
-	/faultscope verify --phase mark:write --expect contpte_unfold=0 /tmp/$c.json > /tmp/verify-$c.out 2>&1
-	echo "@@FS-VERIFY $c $?"
-	emit verify-$c /tmp/verify-$c.out
+for n in /tmp/64k-exit@*.json /tmp/4k-exit@*.json; do
+	[ -f $n ] || continue
+	n=${n#/tmp/}; n=${n%.json}
+	/faultscope verify --phase mark:write --expect contpte_unfold=0 /tmp/$n.json > /tmp/verify-$n.out 2>&1
+	echo "@@FS-VERIFY $n $?"
+	emit verify-$n /tmp/verify-$n.out
 done

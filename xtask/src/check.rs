@@ -269,7 +269,9 @@ pub mod testing {
     pub fn bench_json() -> String {
         json!({
             "schema": "faultscope/1", "kernel": "6.12.0", "arch": "x86_64", "mode": "kprobe",
-            "duration_ns": 9, "probes": [], "drops": {"lost_kretprobe_returns": 0},
+            "duration_ns": 9, "drops": {"lost_kretprobe_returns": 0},
+            "probes": [{"program": "fault_return", "target": "handle_mm_fault", "attached": true,
+                        "backend": "kretprobe"}],
             "processes": [{"pid": 7, "comm": "faultscope", "classes": classes(39, 20, 1), "phases": [
                 phase(1, "mark:populate", "mark", classes(16, 0, 0)),
                 phase(2, "mark:fork", "mark", classes(2, 0, 0)),

@@ -1,5 +1,6 @@
 //! xtask (package `xtask`): developer tasks, `cargo xtask setup | test | demo | guest-test`.
 
+mod bpftrace;
 mod check;
 mod cross;
 mod daemon;
@@ -54,18 +55,40 @@ enum Cmd {
         kernel: String,
         script: String,
     },
-    /// Tracer overhead as a ratio: bench with the tracer off and on,
-    /// alternately, in one session (a benchmark, not part of `test`).
+    /// What tracing costs the traced, beside bpftrace: the same bench bare,
+    /// under bpftrace's kprobe and fentry scripts and under faultscope's
+    /// backends, interleaved in one guest; per-program run time; attach
+    /// time; faultscope's CPU and RSS over a storm (a benchmark, not part of
+    /// `test`).
     Overhead {
-        /// On this host instead of a guest.
+        /// On this host (tracepoint mode) instead of a guest.
         #[arg(long)]
         host: bool,
-        #[arg(long, default_value = "6.12-cloud-amd64")]
+        #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
-        #[arg(long, default_value = "64M")]
+        /// The bench's memory (4K pages: one write fault per 4K).
+        #[arg(long, default_value = "256M")]
         size: String,
+        /// Interleaved rounds of every variant.
         #[arg(long, default_value_t = 5)]
         runs: usize,
+        /// Seconds of `record --interval 1` over a fault storm, per
+        /// faultscope variant (0: none).
+        #[arg(long, default_value_t = 60)]
+        storm: u64,
+        /// Bench runs per tracer with the kernel's BPF run time accounting
+        /// on, for the per-program table.
+        #[arg(long, default_value_t = 3)]
+        stats_runs: usize,
+        /// The guest's clock: guest instructions (the timings do not depend
+        /// on this machine's load) or host time.
+        #[arg(long, value_enum, default_value = "instructions")]
+        clock: vm::Clock,
+        /// The variants, bare first (default: the guest's or the host's set).
+        #[arg(long = "variant", value_parser =
+              clap::builder::PossibleValuesParser::new(overhead::variant_names()))]
+        variants: Vec<String>,
     },
     /// The kernel matrix: bench cases against the tracefs oracle, on every
     /// kernel x arch (or those given).
@@ -78,6 +101,10 @@ enum Cmd {
         /// Cases (default: matrix::DEFAULT_CASES).
         #[arg(long = "case")]
         cases: Vec<String>,
+        /// Backends (`bench --backend`; default: kprobe, and fentry too on
+        /// matrix::FENTRY_KERNELS).
+        #[arg(long = "backend", value_parser = ["kprobe", "fentry"])]
+        backends: Vec<String>,
     },
     /// Redis end to end: the host's redis-server 7.0 in a guest of the
     /// generic 6.12 kernel (host userspace over 9p), traced by faultscope
@@ -137,7 +164,10 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
-        Cmd::Overhead { host, kernel, size, runs } => overhead::run(host, &kernel, &size, runs),
+        Cmd::Overhead { host, kernel, size, runs, storm, stats_runs, clock, variants } => {
+            setup::setup()?;
+            overhead::run(&overhead::Opts { host, kernel, size, runs, storm, stats_runs, clock, variants })
+        }
         Cmd::GuestScript { kernel, script } => {
             let k = kernels::by_name(&kernel)?;
             let vmlinuz = kernels::fetch(k)?;
@@ -149,7 +179,7 @@ fn main() -> Result<()> {
             print!("{}", run.console);
             Ok(())
         }
-        Cmd::Matrix { kernels: names, size, cases } => {
+        Cmd::Matrix { kernels: names, size, cases, backends } => {
             let ks = if names.is_empty() {
                 kernels::KERNELS.to_vec()
             } else {
@@ -160,7 +190,7 @@ fn main() -> Result<()> {
             } else {
                 cases
             };
-            matrix::run(&ks, &size, &cases)
+            matrix::run(&ks, &size, &cases, &backends)
         }
         Cmd::Redis { keys, value_size, requests } => redis::run(keys, value_size, requests),
         Cmd::Daemon { keys, value_size, requests } => daemon::run(keys, value_size, requests),
@@ -186,7 +216,7 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let stages: [(&str, &dyn Fn() -> Result<()>); 4] = [
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
-        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases)),
+        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
         ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
     ];

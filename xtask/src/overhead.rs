@@ -1,116 +1,907 @@
-//! `cargo xtask overhead`: what tracing costs the traced, as a ratio. The
-//! same `faultscope bench` runs with the tracer off and on, alternately, in
-//! one session (these machines are noisy: only a ratio taken side by side
-//! means anything). In a guest by default (kprobe mode), or on this host
-//! (`--host`: whatever mode its kernel allows).
+//! `cargo xtask overhead`: what tracing costs the traced, side by side with
+//! bpftrace. The same `faultscope bench` (its own step timing, so every
+//! variant times the same thing) runs bare, beside bpftrace scripts and
+//! traced by faultscope, the variants interleaved round after round in one
+//! session (these machines are noisy: only ratios taken side by side mean
+//! anything). Then each tracer a few times more with the kernel's BPF run
+//! time accounting on (`kernel.bpf_stats_enabled`), its programs read by
+//! bpftool while attached, and faultscope `record --interval 1` over two
+//! storms of faults (by fork, by MADV_DONTNEED), its CPU time and RSS
+//! sampled from `/proc`.
+//!
+//! In a guest (QEMU TCG, kprobes and fentry; bpftrace from
+//! [`crate::bpftrace`]'s image; by default on an instruction clock, see
+//! [`vm::Clock`]) or on this host (`--host`: tracepoint mode only).
+//! `xtask/guest/overhead.sh` runs it in both.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
 
-use anyhow::{bail, Result};
-use faultscope::report::{file, schema::Report};
+use anyhow::{bail, Context as _, Result};
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{BenchStep, Report},
+};
+use serde::Deserialize;
 
-use crate::{check, kernels, root, vm};
+use crate::{bpftrace, check, kernels, root, vm};
 
-fn step_ns(report: &Report, step: &str) -> Option<f64> {
-    Some(report.bench.as_ref()?.step(step)?.wall_ns as f64)
+/// A bpftrace script the benchmark runs beside the bench.
+struct Script {
+    file: &'static str,
+    text: &'static str,
+    /// The map whose count must reach the pages written: bpftrace was
+    /// attached while the bench wrote.
+    counter: &'static str,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// kprobe and kretprobe on `handle_mm_fault`, the latency in a hist(), a
+/// count of `do_wp_page`: what a new user would write. No pid filter, as in
+/// such a one-liner (the guest runs nothing else). BEGIN fires once every
+/// probe is attached: its line times the attach.
+const BT_KPROBE: Script = Script {
+    file: "kprobe.bt",
+    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
+kprobe:handle_mm_fault { @start[tid] = nsecs; }
+kretprobe:handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }
+kprobe:do_wp_page { @do_wp_page = count(); }
+",
+    counter: "@do_wp_page",
+};
+
+/// The same on fentry/fexit (bpftrace's kfunc/kretfunc).
+const BT_FENTRY: Script = Script {
+    file: "fentry.bt",
+    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
+kfunc:handle_mm_fault { @start[tid] = nsecs; }
+kretfunc:handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }
+kfunc:do_wp_page { @do_wp_page = count(); }
+",
+    counter: "@do_wp_page",
+};
+
+/// Where there are no kprobes (this host): the x86 user fault tracepoint,
+/// faults and write faults (error code bit 1) counted.
+const BT_TRACEPOINT: Script = Script {
+    file: "tracepoint.bt",
+    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
+tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }
+",
+    counter: "@write_faults",
+};
+
+const SCRIPTS: [&Script; 3] = [&BT_KPROBE, &BT_FENTRY, &BT_TRACEPOINT];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    /// `bench --no-trace` alone.
+    Bare,
+    /// `bench --no-trace` while bpftrace runs the script.
+    Bpftrace(&'static Script),
+    /// The bench traced by faultscope, with these flags.
+    Faultscope(&'static [&'static str]),
 }
 
-/// The variants of a guest run: the tracer off, on without attribution, on
-/// with per-mapping counts (the default), and with sites and stacks of the
-/// written classes too (`xtask/guest/overhead.sh`).
-const VARIANTS: [&str; 4] = ["off", "bare", "mappings", "all"];
+struct Variant {
+    name: &'static str,
+    kind: Kind,
+}
 
-/// Medians per step of each variant, and their ratios to the first.
-fn summarize(runs: &[(&str, Vec<Report>)], what: &str) -> Result<()> {
-    println!(
-        "{what}: {} runs each, in turn; medians of the workload's own wall time per step (ms), ratio to {}",
-        runs[0].1.len(),
-        runs[0].0
-    );
-    print!("  {:<10}", "step");
-    for (name, _) in runs {
-        print!(" {name:>18}");
+/// Every variant, by name (`--variant`).
+const VARIANTS: &[Variant] = &[
+    Variant { name: "bare", kind: Kind::Bare },
+    Variant { name: "bpftrace-kprobe", kind: Kind::Bpftrace(&BT_KPROBE) },
+    Variant { name: "bpftrace-fentry", kind: Kind::Bpftrace(&BT_FENTRY) },
+    Variant { name: "bpftrace-tracepoint", kind: Kind::Bpftrace(&BT_TRACEPOINT) },
+    Variant { name: "faultscope-kprobe", kind: Kind::Faultscope(&["--backend", "kprobe"]) },
+    Variant { name: "faultscope-fentry", kind: Kind::Faultscope(&["--backend", "fentry"]) },
+    // Whatever the kernel allows (on this host: the tracepoint).
+    Variant { name: "faultscope", kind: Kind::Faultscope(&[]) },
+    // What attribution costs: none at all, and every written page's site
+    // and user stack (per-mapping counts are the default).
+    Variant {
+        name: "faultscope-kprobe-no-attribution",
+        kind: Kind::Faultscope(&["--backend", "kprobe", "--no-mappings", "--sites", "none"]),
+    },
+    Variant {
+        name: "faultscope-kprobe-stacks",
+        kind: Kind::Faultscope(&["--backend", "kprobe", "--sites", "reuse,copy", "--stacks", "reuse,copy"]),
+    },
+];
+
+pub const GUEST_DEFAULT: [&str; 5] =
+    ["bare", "bpftrace-kprobe", "bpftrace-fentry", "faultscope-kprobe", "faultscope-fentry"];
+pub const HOST_DEFAULT: [&str; 3] = ["bare", "bpftrace-tracepoint", "faultscope"];
+
+pub fn variant_names() -> impl Iterator<Item = &'static str> {
+    VARIANTS.iter().map(|v| v.name)
+}
+
+fn variant(name: &str) -> Result<&'static Variant> {
+    VARIANTS.iter().find(|v| v.name == name).with_context(|| {
+        format!("unknown variant {name}; known: {}", variant_names().collect::<Vec<_>>().join(", "))
+    })
+}
+
+pub struct Opts {
+    pub host: bool,
+    pub kernel: String,
+    pub size: String,
+    pub runs: usize,
+    /// Seconds of the `record --interval 1` storm per faultscope variant (0:
+    /// none).
+    pub storm: u64,
+    /// Bench runs per tracer with the kernel's run time accounting on.
+    pub stats_runs: usize,
+    /// The guest's clock.
+    pub clock: vm::Clock,
+    pub variants: Vec<String>,
+}
+
+/// What the guest script runs: `NAME KIND ARGS` per line.
+fn variant_lines(vs: &[&Variant]) -> String {
+    let mut s = String::new();
+    for v in vs {
+        let _ = match v.kind {
+            Kind::Bare => writeln!(s, "{} none", v.name),
+            Kind::Bpftrace(b) => writeln!(s, "{} bpftrace {}", v.name, b.file),
+            Kind::Faultscope(flags) => writeln!(s, "{} faultscope {}", v.name, flags.join(" ")),
+        };
     }
-    println!();
-    for step in ["populate", "fork", "write"] {
-        print!("  {step:<10}");
-        let mut base = None;
-        for (_, reports) in runs {
-            let v: Vec<f64> = reports.iter().filter_map(|r| step_ns(r, step)).collect();
-            if v.is_empty() {
-                bail!("no {step} times in the reports");
-            }
-            let m = median(v) / 1e6;
-            let b = *base.get_or_insert(m);
-            print!(" {:>18}", format!("{m:.2} ({:.3})", m / b));
-        }
-        println!();
+    s
+}
+
+fn write_scripts(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
+    fs::create_dir_all(dir)?;
+    SCRIPTS
+        .iter()
+        .map(|b| {
+            let p = dir.join(b.file);
+            fs::write(&p, b.text)?;
+            Ok((p, format!("/bt-scripts/{}", b.file)))
+        })
+        .collect()
+}
+
+/// The bench every variant runs (4K pages, the child exits: the write step
+/// is one reuse fault per page).
+fn bench_args(size: &str) -> String {
+    format!("seq --size {size} --folio 4K --child exit")
+}
+
+pub fn run(o: &Opts) -> Result<()> {
+    let names: Vec<String> = if !o.variants.is_empty() {
+        o.variants.clone()
+    } else if o.host {
+        HOST_DEFAULT.iter().map(|s| s.to_string()).collect()
+    } else {
+        GUEST_DEFAULT.iter().map(|s| s.to_string()).collect()
+    };
+    let vs: Vec<&Variant> = names.iter().map(|n| variant(n)).collect::<Result<_>>()?;
+    if !matches!(vs.first().map(|v| v.kind), Some(Kind::Bare)) {
+        bail!("the first variant must be bare: the ratios are to it");
     }
+    let mut env = vec![
+        ("BENCH", bench_args(&o.size)),
+        ("RUNS", o.runs.to_string()),
+        ("STATS_RUNS", o.stats_runs.to_string()),
+        ("STORM", o.storm.to_string()),
+        ("STORM_SIZE", o.size.clone()),
+        ("VARIANTS", variant_lines(&vs)),
+    ];
+    let (g, place) = if o.host {
+        (run_host(&mut env)?, "this host".to_string())
+    } else {
+        let k = kernels::by_name(&o.kernel)?;
+        let clock = match o.clock {
+            vm::Clock::Host => "host time",
+            vm::Clock::Instructions => "its clock counts instructions, 1 ns each (-icount shift=0)",
+        };
+        (run_guest(k, &env, o)?, format!("guest {} (QEMU TCG, 2 vCPUs; {clock})", k.name))
+    };
+    if let Some(l) = g.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
+        bail!("the benchmark failed: {l}\nconsole tail:\n{}", vm::tail(&g.console, 60));
+    }
+    let results = Results::parse(&g, &vs, o.runs, o.stats_runs)?;
+    print!("{}", results.text(&place, &o.size, g.wall));
     Ok(())
 }
 
-pub fn run(host: bool, kernel: &str, size: &str, runs: usize) -> Result<()> {
-    if host {
-        let (mut off, mut on) = (Vec::new(), Vec::new());
-        let bin = root().join("target/release/faultscope");
-        crate::run(Command::new("cargo").current_dir(root()).args([
-            "build",
-            "--release",
-            "-p",
-            "faultscope",
-        ]))?;
-        let dir = tempdir()?;
-        for i in 0..runs {
-            for traced in [false, true] {
-                let json = dir.join(format!("{traced}{i}.json"));
-                let mut c = Command::new(&bin);
-                c.args(["bench", "seq", "--size", size, "--folio", "4K", "--json"]).arg(&json);
-                if !traced {
-                    c.arg("--no-trace");
-                }
-                let out = c.output()?;
-                if !out.status.success() {
-                    bail!("bench failed: {}", String::from_utf8_lossy(&out.stderr));
-                }
-                let r = file::load(&json)?.report;
-                if traced {
-                    on.push(r)
-                } else {
-                    off.push(r)
-                }
-            }
-        }
-        let mode = check::mode_name(&on[0]);
-        return summarize(&[("off", off), ("on", on)], &format!("host ({mode} mode), bench seq {size} 4K"));
-    }
-    let k = kernels::by_name(kernel)?;
+fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Result<vm::GuestRun> {
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/overhead").join(k.name);
-    std::fs::create_dir_all(&dir)?;
-    let env = [("SIZE", size.to_string()), ("RUNS", runs.to_string())];
-    let cpio = vm::initramfs(&dir, k.arch, &bin, "overhead.sh", &env)?;
-    let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(1200))?;
-    let mut all: Vec<(&str, Vec<Report>)> = VARIANTS.iter().map(|v| (*v, Vec::new())).collect();
-    for i in 1..=runs {
-        for (t, list) in all.iter_mut() {
-            let case = format!("{t}{i}");
-            if g.marker("RC", &case).as_deref() != Some("0") {
-                bail!("{case} failed");
-            }
-            list.push(check::report(&g, &format!("{case}.json"))?);
-        }
-    }
-    summarize(&all, &format!("guest {} (kprobe mode, QEMU TCG), bench seq {size} 4K", k.name))
+    let img = bpftrace::image(k.arch)?;
+    let clock = match o.clock {
+        vm::Clock::Host => "host-clock",
+        vm::Clock::Instructions => "icount",
+    };
+    let dir = root().join("target/vm/overhead").join(format!("{}-{clock}", k.name));
+    let extra = write_scripts(&dir.join("scripts"))?;
+    let cpio = vm::initramfs_with(&dir, k.arch, &bin, "overhead.sh", env, &extra)?;
+    // Under TCG a round of bench runs takes about a minute (bpftrace
+    // compiles its script each time), arm64 twice that.
+    let timeout = Duration::from_secs(900 + 240 * (o.runs + o.stats_runs) as u64 + 6 * o.storm);
+    eprintln!("overhead: {} rounds in the {} guest, bpftrace image {}", o.runs, k.name, img.display());
+    vm::boot_clocked(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img), o.clock)
 }
 
-fn tempdir() -> Result<std::path::PathBuf> {
-    let d = Path::new(&std::env::temp_dir()).join(format!("faultscope-overhead-{}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
+/// The same script on this machine as it is: the host's bpftrace and
+/// bpftool, faultscope's release build, its own work folder.
+fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
+    let dir = root().join("target/vm/overhead/host");
+    let work = dir.join("work");
+    if work.exists() {
+        fs::remove_dir_all(&work)?;
+    }
+    fs::create_dir_all(&work)?;
+    let bin = vm::build_faultscope("amd64")?;
+    let linetime = dir.join("linetime");
+    crate::run(
+        Command::new("gcc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&linetime)
+            .arg(root().join("xtask/guest/linetime.c")),
+    )?;
+    write_scripts(&dir.join("scripts"))?;
+    let guest = root().join("xtask/guest");
+    let path = |p: &Path| p.display().to_string();
+    env.extend([
+        ("FAULTSCOPE", path(&bin)),
+        ("LINETIME", path(&linetime)),
+        ("LIB", path(&guest.join("lib.sh"))),
+        ("SCRIPTS", path(&dir.join("scripts"))),
+        ("WORK", path(&work)),
+        ("BT_ROOT", String::new()),
+    ]);
+    let stats = "/proc/sys/kernel/bpf_stats_enabled";
+    let stats0 = fs::read_to_string(stats).unwrap_or_default();
+    let log = dir.join("console.log");
+    let started = Instant::now();
+    use std::os::unix::process::CommandExt as _;
+    let status = Command::new("sh")
+        .arg(guest.join("overhead.sh"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&log)?)
+        .stderr(Stdio::inherit())
+        // Its own process group: whatever it leaves running is ended with it.
+        .process_group(0)
+        .spawn()
+        .and_then(|mut c| {
+            let pgid = c.id();
+            let st = c.wait();
+            let _ = Command::new("kill").arg("--").arg(format!("-{pgid}")).stderr(Stdio::null()).status();
+            st
+        })
+        .context("running xtask/guest/overhead.sh")?;
+    if !stats0.is_empty() {
+        let _ = fs::write(stats, stats0.trim());
+    }
+    let console = fs::read_to_string(&log)?;
+    if !status.success() && !console.contains("@@FS-FAIL") {
+        bail!("overhead.sh failed ({status}); output {}:\n{}", log.display(), vm::tail(&console, 40));
+    }
+    Ok(vm::GuestRun { sections: vm::sections(&console), console, wall: started.elapsed() })
+}
+
+/// One timed run of a variant.
+struct Run {
+    report: Report,
+    /// Start to "attached" (bpftrace's BEGIN line, faultscope's "measuring").
+    attach_ns: Option<u64>,
+    /// What the tracer counted during the run: bpftrace's counter map,
+    /// faultscope's faults in the write step.
+    counted: Option<u64>,
+}
+
+impl Run {
+    fn step(&self, name: &str) -> Result<&BenchStep> {
+        self.report
+            .bench
+            .as_ref()
+            .and_then(|b| b.step(name))
+            .with_context(|| format!("no {name} step in the bench report"))
+    }
+}
+
+/// What a step's time is taken as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    /// The workload's wall time.
+    Wall,
+    /// The bench process's CPU time: no time waiting for a CPU.
+    Cpu,
+}
+
+impl Measure {
+    fn of(self, s: &BenchStep) -> u64 {
+        match self {
+            Measure::Wall => s.wall_ns,
+            Measure::Cpu => s.cpu_ns,
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Measure::Wall => "the workload's own wall time",
+            Measure::Cpu => "the bench process's CPU time (CLOCK_PROCESS_CPUTIME_ID)",
+        }
+    }
+}
+
+/// A BPF program as `bpftool -j prog show` prints it.
+#[derive(Deserialize)]
+struct Prog {
+    id: u64,
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    run_time_ns: u64,
+    #[serde(default)]
+    run_cnt: u64,
+}
+
+/// Storm samples of faultscope's /proc: (uptime s, utime + stime ticks, RSS
+/// kB, peak RSS kB).
+struct Storm {
+    attach_ns: Option<u64>,
+    samples: Vec<(f64, u64, u64, u64)>,
+    faults: Option<u64>,
+    rc: String,
+}
+
+/// USER_HZ: the unit of utime and stime in /proc/PID/stat (100 on every
+/// architecture Linux runs these guests on).
+const USER_HZ: f64 = 100.0;
+
+struct Results<'a> {
+    variants: Vec<&'a Variant>,
+    runs: BTreeMap<&'a str, Vec<Run>>,
+    /// Each stats round's programs of a tracer, in load order.
+    progs: BTreeMap<&'a str, Vec<Vec<Prog>>>,
+    storms: BTreeMap<String, Storm>,
+    bpftrace: String,
+    pages: u64,
+}
+
+fn counter(output: &str, key: &str) -> Option<u64> {
+    output.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+impl<'a> Results<'a> {
+    fn parse(
+        g: &vm::GuestRun,
+        vs: &[&'a Variant],
+        rounds: usize,
+        stats_rounds: usize,
+    ) -> Result<Results<'a>> {
+        let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
+        let mut pages = 0;
+        for i in 1..=rounds {
+            for v in vs {
+                let case = format!("{}{i}", v.name);
+                let rc = g.marker("RC", &case).unwrap_or_default();
+                if rc != "0" {
+                    let out =
+                        g.section(&format!("{case}.bench")).map(|s| vm::tail(s, 20)).unwrap_or_default();
+                    bail!("{case}: the bench exited with {rc:?}:\n{out}");
+                }
+                let report = check::report(g, &format!("{case}.json"))?;
+                pages = report.bench.as_ref().map_or(0, |b| b.pages);
+                let counted = match v.kind {
+                    Kind::Bare => None,
+                    Kind::Bpftrace(b) => {
+                        let out = g.section(&format!("{case}.bt"))?;
+                        Some(counter(out, b.counter).with_context(|| {
+                            format!("{case}: bpftrace printed no {}:\n{}", b.counter, vm::tail(out, 20))
+                        })?)
+                    }
+                    Kind::Faultscope(_) => report
+                        .bench_process()
+                        .and_then(|p| p.span("mark:write"))
+                        .and_then(|s| s.count(Metric::Faults)),
+                };
+                // The tracer saw the writes: at least one fault per page.
+                if let Some(n) = counted {
+                    if n < pages {
+                        bail!("{case}: the tracer counted {n} < {pages} pages written: it did not trace the bench");
+                    }
+                } else if !matches!(v.kind, Kind::Bare) {
+                    bail!("{case}: faultscope counted no faults in the write step");
+                }
+                let attach_ns = g.marker("ATTACH", &case).and_then(|s| s.parse().ok());
+                runs.entry(v.name).or_default().push(Run { report, attach_ns, counted });
+            }
+        }
+        let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
+        for v in vs {
+            if matches!(v.kind, Kind::Bare) {
+                continue;
+            }
+            for round in 1..=stats_rounds {
+                let case = format!("{}-stats{round}", v.name);
+                let text = g.section(&format!("{case}.progs"))?;
+                let all: Vec<Prog> = serde_json::from_str(text.trim())
+                    .with_context(|| format!("{case}: bpftool's output is not its JSON:\n{text}"))?;
+                // The tracer's own programs: those its fds hold.
+                let ids: Vec<u64> = g
+                    .marker("PROG-IDS", &case)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|i| i.parse().ok())
+                    .collect();
+                if ids.is_empty() {
+                    bail!("{case}: the tracer holds no BPF program fd");
+                }
+                let mut mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
+                mine.sort_by_key(|p| p.id);
+                progs.entry(v.name).or_default().push(mine);
+            }
+        }
+        let mut storms = BTreeMap::new();
+        for l in g.markers("STORM-SAMPLE") {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+            let (Some(case), Some(u), Some(ut), Some(st), Some(rss), Some(hwm)) =
+                (w.first(), w.get(1).and_then(|x| x.parse::<f64>().ok()), n(2), n(3), n(4), n(5))
+            else {
+                continue;
+            };
+            storms
+                .entry(case.to_string())
+                .or_insert_with(|| Storm {
+                    attach_ns: g.marker("ATTACH", case).and_then(|s| s.parse().ok()),
+                    samples: Vec::new(),
+                    faults: check::report(g, &format!("{case}.json"))
+                        .ok()
+                        .and_then(|r| r.processes.iter().map(|p| p.count(Metric::Faults)).sum()),
+                    rc: g.marker("RC", case).unwrap_or_default(),
+                })
+                .samples
+                .push((u, ut + st, rss, hwm));
+        }
+        Ok(Results {
+            variants: vs.to_vec(),
+            runs,
+            progs,
+            storms,
+            bpftrace: g.markers("BPFTRACE-VERSION").next().unwrap_or("?").trim().to_string(),
+            pages,
+        })
+    }
+
+    /// The medians, ranges and ratios of a step, per variant.
+    fn step_stats(&self, step: &str, m: Measure) -> Result<Vec<StepStats>> {
+        let bare: Vec<u64> = self.runs[self.variants[0].name]
+            .iter()
+            .map(|r| r.step(step).map(|s| m.of(s)))
+            .collect::<Result<_>>()?;
+        self.variants
+            .iter()
+            .map(|v| {
+                let rs = &self.runs[v.name];
+                let times: Vec<u64> =
+                    rs.iter().map(|r| r.step(step).map(|s| m.of(s))).collect::<Result<_>>()?;
+                let faults: Vec<u64> =
+                    rs.iter().map(|r| r.step(step).map(|s| s.minflt.max(0) as u64)).collect::<Result<_>>()?;
+                // Each round's ratio to the bare run of the same round.
+                let ratios: Vec<f64> =
+                    times.iter().zip(&bare).map(|(w, b)| *w as f64 / (*b).max(1) as f64).collect();
+                Ok(StepStats {
+                    name: v.name,
+                    median: median_u(&times),
+                    min: *times.iter().min().unwrap_or(&0),
+                    max: *times.iter().max().unwrap_or(&0),
+                    round_ratios: (min_f(&ratios), median_f(&ratios), max_f(&ratios)),
+                    faults: median_u(&faults),
+                    attach: median_opt(rs.iter().map(|r| r.attach_ns)),
+                    counted: median_opt(rs.iter().map(|r| r.counted)),
+                })
+            })
+            .collect()
+    }
+
+    /// The write step's table in measure `m`, and the goals judged on it.
+    fn write_table(&self, m: Measure) -> Result<String> {
+        let write = self.step_stats("write", m)?;
+        let mut t = String::new();
+        let base = write[0].median as f64;
+        if base == 0.0 {
+            bail!("the bare runs have no {}", m.what());
+        }
+        let _ = writeln!(
+            t,
+            "\nwrite step, {} (ms): median, min-max; ratio of medians to bare,\n\
+             the per-round ratios (min / median / max); added per fault = (median - bare) / faults",
+            m.what()
+        );
+        let _ = writeln!(
+            t,
+            "  {:<34} {:>9} {:>19} {:>6} {:>19} {:>9} {:>9} {:>10}",
+            "variant", "median", "min-max", "ratio", "per round", "added/f", "attach", "counted"
+        );
+        for s in &write {
+            let added = (s.median as f64 - base) / s.faults.max(1) as f64;
+            let _ = writeln!(
+                t,
+                "  {:<34} {:>9.1} {:>19} {:>5.2}x {:>19} {:>9} {:>9} {:>10}",
+                s.name,
+                s.median as f64 / 1e6,
+                format!("{:.1}-{:.1}", s.min as f64 / 1e6, s.max as f64 / 1e6),
+                s.median as f64 / base,
+                format!("{:.2}/{:.2}/{:.2}", s.round_ratios.0, s.round_ratios.1, s.round_ratios.2),
+                if s.name == write[0].name { "-".into() } else { format!("{added:.0} ns") },
+                s.attach.map_or("-".into(), |a| format!("{:.2} s", a as f64 / 1e9)),
+                s.counted.map_or("-".into(), |c| c.to_string()),
+            );
+        }
+        t.push_str(&self.goals(&write, m));
+        Ok(t)
+    }
+
+    fn text(&self, place: &str, size: &str, wall: Duration) -> String {
+        let mut t = String::new();
+        let rounds = self.runs.values().next().map_or(0, Vec::len);
+        let _ = writeln!(
+            t,
+            "{place}: bench {} ({} pages; the child exits, so the write step is one reuse fault per page)\n\
+             {rounds} rounds of {} variants, interleaved; bpftrace: {}; took {:.0} s",
+            bench_args(size),
+            self.pages,
+            self.variants.len(),
+            self.bpftrace,
+            wall.as_secs_f64()
+        );
+        for m in [Measure::Wall, Measure::Cpu] {
+            match self.write_table(m) {
+                Ok(w) => t.push_str(&w),
+                Err(e) => {
+                    let _ = writeln!(t, "\nwrite step, {}: {e:#}", m.what());
+                }
+            }
+        }
+        let _ = writeln!(
+            t,
+            "\n  faults in the write step (the workload's getrusage): {}; counted: what the tracer counted in\n  the run (bpftrace's do_wp_page or write-fault count, system-wide; faultscope's faults in the step)",
+            self.runs[self.variants[0].name].first().and_then(|r| r.step("write").ok()).map_or(0, |s| s.minflt)
+        );
+        for v in &self.variants {
+            let Some(r) = self.runs[v.name].first().filter(|_| matches!(v.kind, Kind::Faultscope(_))) else {
+                continue;
+            };
+            let mut by: BTreeMap<&str, usize> = BTreeMap::new();
+            for p in r.report.probes.iter().filter(|p| p.attached) {
+                *by.entry(p.backend.as_deref().unwrap_or("?")).or_default() += 1;
+            }
+            let by: Vec<String> = by.iter().map(|(b, n)| format!("{n} {b}")).collect();
+            let _ = writeln!(
+                t,
+                "  {}: {} mode, probes attached as {}",
+                v.name,
+                check::mode_name(&r.report),
+                by.join(", ")
+            );
+        }
+        for step in ["populate", "fork"] {
+            if let Ok(st) = self.step_stats(step, Measure::Wall) {
+                let cells: Vec<String> = st
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{} {:.1} ({:.2}x)",
+                            s.name,
+                            s.median as f64 / 1e6,
+                            s.median as f64 / st[0].median as f64
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(t, "  {step} step, wall time medians (ms): {}", cells.join(", "));
+            }
+        }
+        t.push_str(&self.prog_table());
+        t.push_str(&self.storm_table());
+        t
+    }
+
+    /// The issue's goals, met or the distance left.
+    fn goals(&self, write: &[StepStats], m: Measure) -> String {
+        let mut t = format!("  goals, on {}:\n", m.what());
+        let get = |n: &str| write.iter().find(|s| s.name == n);
+        let base = write[0].median as f64;
+        let added = |s: &StepStats| s.median as f64 - base;
+        let bt = get("bpftrace-kprobe");
+        for (name, limit) in [("faultscope-kprobe", 1.5), ("faultscope-fentry", 1.25)] {
+            let Some(s) = get(name) else { continue };
+            let r = s.median as f64 / base;
+            let _ = writeln!(
+                t,
+                "    {name}: {r:.2}x, goal <= {limit}x: {}",
+                if r <= limit { "met" } else { "NOT met" }
+            );
+            if let Some(b) = bt {
+                let share = added(s) / added(b);
+                let _ = writeln!(
+                    t,
+                    "    {name}: adds {:.0} ms, {:.0}% of the {:.0} ms bpftrace-kprobe adds; goal <= 50%: {}",
+                    added(s) / 1e6,
+                    share * 100.0,
+                    added(b) / 1e6,
+                    if share <= 0.5 { "met" } else { "NOT met" }
+                );
+            }
+        }
+        if let Some(s) = get("faultscope") {
+            let rate = |s: &StepStats| s.faults as f64 / (s.median as f64 / 1e9);
+            let drop = 1.0 - rate(s) / rate(&write[0]);
+            let _ = writeln!(
+                t,
+                "    faultscope: {:.0} k faults/s vs {:.0} k bare: {:.1}% fewer; goal <= 5%: {}",
+                rate(s) / 1e3,
+                rate(&write[0]) / 1e3,
+                drop * 100.0,
+                if drop <= 0.05 { "met" } else { "NOT met" }
+            );
+            if let Some(b) = get("bpftrace-tracepoint") {
+                let _ = writeln!(t, "    bpftrace-tracepoint: {:.0} k faults/s", rate(b) / 1e3);
+            }
+        }
+        t
+    }
+
+    fn prog_table(&self) -> String {
+        if self.progs.is_empty() {
+            return String::new();
+        }
+        let rounds = self.progs.values().next().map_or(0, Vec::len);
+        let mut t = format!(
+            "\nper program: {rounds} more bench runs per tracer with kernel.bpf_stats_enabled=1, read by bpftool\n\
+             while attached; medians (ns/run min-max). The kernel's run time of the program itself, not\n\
+             of the probe mechanism around it (breakpoint, trampoline):\n"
+        );
+        let _ = writeln!(
+            t,
+            "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9}",
+            "variant", "program", "type", "runs", "ns/run", "min-max", "total ms"
+        );
+        for (v, rounds) in &self.progs {
+            // A program is its name and type, and which of that name it is
+            // in load order (bpftrace names the kprobe and the kretprobe of
+            // one function alike).
+            let mut by: BTreeMap<(String, String, usize), Vec<&Prog>> = BTreeMap::new();
+            let mut order: Vec<(String, String, usize)> = Vec::new();
+            for progs in rounds {
+                let mut seen: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+                for p in progs {
+                    let n = seen.entry((&p.name, &p.kind)).or_default();
+                    let key = (p.name.clone(), p.kind.clone(), *n);
+                    *n += 1;
+                    if !order.contains(&key) {
+                        order.push(key.clone());
+                    }
+                    by.entry(key).or_default().push(p);
+                }
+            }
+            let median_of =
+                |ps: &[&Prog], f: fn(&Prog) -> u64| median_u(&ps.iter().map(|p| f(p)).collect::<Vec<_>>());
+            order.sort_by_key(|k| std::cmp::Reverse(median_of(&by[k], |p| p.run_cnt)));
+            let totals: Vec<u64> = rounds.iter().map(|ps| ps.iter().map(|p| p.run_time_ns).sum()).collect();
+            for key in &order {
+                let ps = &by[key];
+                let per: Vec<f64> = ps
+                    .iter()
+                    .filter(|p| p.run_cnt > 0)
+                    .map(|p| p.run_time_ns as f64 / p.run_cnt as f64)
+                    .collect();
+                let _ = writeln!(
+                    t,
+                    "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9.1}",
+                    v,
+                    key.0,
+                    key.1,
+                    median_of(ps, |p| p.run_cnt),
+                    if per.is_empty() { "-".into() } else { format!("{:.0}", median_f(&per)) },
+                    if per.is_empty() {
+                        "-".into()
+                    } else {
+                        format!("{:.0}-{:.0}", min_f(&per), max_f(&per))
+                    },
+                    median_of(ps, |p| p.run_time_ns) as f64 / 1e6
+                );
+            }
+            let _ = writeln!(
+                t,
+                "  {:<22} {:<18} {:<11} {:>9} {:>8} {:>15} {:>9.1}",
+                v,
+                "(all)",
+                "",
+                "",
+                "",
+                "",
+                median_u(&totals) as f64 / 1e6
+            );
+        }
+        t
+    }
+
+    fn storm_table(&self) -> String {
+        if self.storms.is_empty() {
+            return String::new();
+        }
+        let mut t = String::from(
+            "\nfaultscope record --interval 1 attached to a storm of faults (workload --repeat-for; -fork: rounds\n\
+             of fork, the child's exit and a write of every page, reuse faults and two phases a round;\n\
+             -dontneed: rounds of MADV_DONTNEED and the writes, first-touch faults only). Its /proc sampled\n\
+             each second from attach to exit: CPU = (utime + stime) / wall, one core = 100%; RSS max = VmHWM\n",
+        );
+        let _ = writeln!(
+            t,
+            "  {:<40} {:>8} {:>8} {:>8} {:>9} {:>11} {:>4}  goals (CPU <= 0.5%, RSS <= 30 MB)",
+            "storm", "attach", "seconds", "CPU", "RSS max", "faults/s", "rc"
+        );
+        for (v, s) in &self.storms {
+            let (first, last) = (s.samples[0], s.samples[s.samples.len() - 1]);
+            let secs = last.0 - first.0;
+            let cpu = if secs > 0.0 { (last.1 - first.1) as f64 / USER_HZ / secs } else { f64::NAN };
+            let hwm = s.samples.iter().map(|x| x.3).max().unwrap_or(0) as f64 / 1024.0;
+            let met = |ok: bool| if ok { "met" } else { "NOT met" };
+            let _ = writeln!(
+                t,
+                "  {:<40} {:>8} {:>8.1} {:>7.2}% {:>6.1} MB {:>11} {:>4}  CPU {}, RSS {}",
+                v,
+                s.attach_ns.map_or("-".into(), |a| format!("{:.2} s", a as f64 / 1e9)),
+                secs,
+                cpu * 100.0,
+                hwm,
+                s.faults.map_or("-".into(), |f| format!("{:.0}", f as f64 / secs.max(1.0))),
+                s.rc,
+                met(cpu <= 0.005),
+                met(hwm <= 30.0)
+            );
+        }
+        t
+    }
+}
+
+struct StepStats {
+    name: &'static str,
+    median: u64,
+    min: u64,
+    max: u64,
+    round_ratios: (f64, f64, f64),
+    faults: u64,
+    attach: Option<u64>,
+    counted: Option<u64>,
+}
+
+/// The median; of an even count, the mean of the middle two.
+fn median_u(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    match v.len() {
+        0 => 0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
+}
+
+fn median_opt(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
+    let v: Vec<u64> = v.flatten().collect();
+    (!v.is_empty()).then(|| median_u(&v))
+}
+
+fn median_f(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn min_f(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max_f(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::testing::{bench_json, guest_run};
+
+    /// The test bench (16 pages, 20 faults in the write step) with the write
+    /// step's wall and CPU time set.
+    fn bench(wall_ns: u64, cpu_ns: u64) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(&bench_json()).unwrap();
+        v["bench"]["steps"][2]["wall_ns"] = wall_ns.into();
+        v["bench"]["steps"][2]["cpu_ns"] = cpu_ns.into();
+        v.to_string()
+    }
+
+    /// Two rounds of bare and bpftrace-kprobe, one stats round.
+    fn run(do_wp_page: u64) -> vm::GuestRun {
+        let progs = r#"[{"id":5,"type":"kprobe","name":"handle_mm_fault","run_time_ns":3000,"run_cnt":10},
+            {"id":6,"type":"kprobe","name":"handle_mm_fault","run_time_ns":500,"run_cnt":10},
+            {"id":9,"type":"tracepoint","name":"someone_elses","run_time_ns":7,"run_cnt":1}]"#;
+        let bt = format!("bpftrace: attached\n\n@do_wp_page: {do_wp_page}\n");
+        let (b1, b2, t1, t2) = (bench(5000, 4000), bench(6000, 4000), bench(10000, 8000), bench(15000, 9000));
+        guest_run(
+            "@@FS-BPFTRACE-VERSION bpftrace v0.17.0\n@@FS-RC bare1 0\n@@FS-RC bpftrace-kprobe1 0\n\
+             @@FS-ATTACH bpftrace-kprobe1 700000000\n@@FS-RC bare2 0\n@@FS-RC bpftrace-kprobe2 0\n\
+             @@FS-ATTACH bpftrace-kprobe2 900000000\n@@FS-PROG-IDS bpftrace-kprobe-stats1 5 6 \n",
+            &[
+                ("bare1.json", &b1),
+                ("bpftrace-kprobe1.json", &t1),
+                ("bpftrace-kprobe1.bt", &bt),
+                ("bare2.json", &b2),
+                ("bpftrace-kprobe2.json", &t2),
+                ("bpftrace-kprobe2.bt", &bt),
+                ("bpftrace-kprobe-stats1.progs", progs),
+            ],
+        )
+    }
+
+    #[test]
+    fn medians_ratios_and_the_tracers_own_programs() {
+        let vs = [variant("bare").unwrap(), variant("bpftrace-kprobe").unwrap()];
+        let g = run(16);
+        let r = Results::parse(&g, &vs, 2, 1).unwrap();
+        let w = r.step_stats("write", Measure::Wall).unwrap();
+        assert_eq!((w[0].median, w[1].median), (5500, 12500));
+        assert_eq!(w[1].round_ratios, (2.0, 2.25, 2.5));
+        assert_eq!(w[1].attach, Some(800_000_000));
+        let c = r.step_stats("write", Measure::Cpu).unwrap();
+        assert_eq!((c[0].median, c[1].median), (4000, 8500));
+        let text = r.text("guest", "64K", Duration::ZERO);
+        assert!(text.contains("2.27x"), "{text}");
+        // Its two programs, told apart by load order; not the one it does not hold.
+        assert!(text.contains("handle_mm_fault    kprobe             10      300"), "{text}");
+        assert!(text.contains("handle_mm_fault    kprobe             10       50"), "{text}");
+        assert!(!text.contains("someone_elses"), "{text}");
+    }
+
+    #[test]
+    fn a_tracer_that_missed_the_writes_fails_the_run() {
+        let vs = [variant("bare").unwrap(), variant("bpftrace-kprobe").unwrap()];
+        let e = Results::parse(&run(3), &vs, 2, 1).err().expect("3 do_wp_page for 16 pages");
+        assert!(e.to_string().contains("counted 3 < 16 pages"), "{e}");
+    }
+
+    #[test]
+    fn bpftrace_counters_are_read() {
+        let out = "bpftrace: attached\n\n\n@do_wp_page: 65612\n\n@latency_ns:\n[1K, 2K) 3 |@|\n";
+        assert_eq!(counter(out, "@do_wp_page"), Some(65612));
+        assert_eq!(counter(out, "@faults"), None);
+    }
+
+    #[test]
+    fn variants_are_named_once_and_lines_name_their_kind() {
+        let mut names: Vec<&str> = variant_names().collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), VARIANTS.len());
+        for n in GUEST_DEFAULT.iter().chain(&HOST_DEFAULT) {
+            assert!(variant(n).is_ok(), "{n}");
+        }
+        let vs = [
+            variant("bare").unwrap(),
+            variant("bpftrace-fentry").unwrap(),
+            variant("faultscope-kprobe").unwrap(),
+        ];
+        assert_eq!(
+            variant_lines(&vs),
+            "bare none\nbpftrace-fentry bpftrace fentry.bt\nfaultscope-kprobe faultscope --backend kprobe\n"
+        );
+    }
 }

@@ -39,6 +39,11 @@ const PACKAGES: &[&str] = &[
     "prometheus",
     "curl",
     "fonts-dejavu-core",
+    // `cargo xtask overhead`: bpftrace beside faultscope, bpftool for the
+    // kernel's per-program run time, mke2fs for the guests' bpftrace image.
+    "bpftrace",
+    "bpftool",
+    "e2fsprogs",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with

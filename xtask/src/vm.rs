@@ -105,6 +105,10 @@ fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
     Ok(())
 }
 
+/// The guest's C helpers, `xtask/guest/NAME.c`, built static into `/NAME`:
+/// the tracefs oracle, and the attach timer of the overhead benchmark.
+const HELPERS: [&str; 2] = ["oracle", "linetime"];
+
 /// Builds `dir/init.cpio.gz` for an `arch` guest, holding the guest scripts
 /// and `case_script`.
 pub fn initramfs(
@@ -146,9 +150,14 @@ pub fn initramfs_with(
         }
     }
     let guest = root().join("xtask/guest");
-    let oracle = dir.join("oracle");
-    run(Command::new(cc).args(["-O2", "-Wall", "-static", "-o"]).arg(&oracle).arg(guest.join("oracle.c")))?;
-    copy_into(&rootfs, &oracle, "/oracle")?;
+    for helper in HELPERS {
+        let bin = dir.join(helper);
+        run(Command::new(cc)
+            .args(["-O2", "-Wall", "-static", "-o"])
+            .arg(&bin)
+            .arg(guest.join(format!("{helper}.c"))))?;
+        copy_into(&rootfs, &bin, &format!("/{helper}"))?;
+    }
     for f in ["init", "lib.sh"] {
         copy_into(&rootfs, &guest.join(f), f)?;
     }
@@ -191,26 +200,44 @@ pub fn boot_with(
     timeout: Duration,
     extra: &[String],
 ) -> Result<GuestRun> {
+    boot_clocked(k, vmlinuz, cpio, dir, timeout, extra, Clock::Host)
+}
+
+/// What the guest's clock counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// Host time, the vCPUs on threads of their own (multi-threaded TCG).
+    Host,
+    /// Guest instructions (`-icount shift=0`: each one is 1 ns, one host
+    /// thread for all vCPUs, idle time skipped): the guest's timings are the
+    /// same however loaded this machine is, at the price of a slower guest.
+    Instructions,
+}
+
+/// [`boot_with`] with the guest's clock chosen.
+pub fn boot_clocked(
+    k: GuestKernel,
+    vmlinuz: &Path,
+    cpio: &Path,
+    dir: &Path,
+    timeout: Duration,
+    extra: &[String],
+    clock: Clock,
+) -> Result<GuestRun> {
+    let tcg: &[&str] = match clock {
+        Clock::Host => &["-accel", "tcg,thread=multi"],
+        Clock::Instructions => &["-accel", "tcg,thread=single", "-icount", "shift=0,align=off,sleep=off"],
+    };
     let (qemu, args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
-            [
-                "-accel",
-                "tcg,thread=multi",
-                "-cpu",
-                "max",
-                "-smp",
-                "2",
-                "-m",
-                "2G",
-                "-append",
-                "console=ttyS0 panic=-1 quiet",
-            ]
-            .map(String::from)
-            .to_vec(),
+            ["-cpu", "max", "-smp", "2", "-m", "2G", "-append", "console=ttyS0 panic=-1 quiet"]
+                .map(String::from)
+                .to_vec(),
         ),
         // pauth-impdef: QEMU's default pointer-authentication algorithm
-        // makes the guest about 3x slower.
+        // makes the guest about 3x slower. (QEMU's default there is
+        // multi-threaded TCG too.)
         "arm64" => (
             "qemu-system-aarch64",
             [
@@ -236,6 +263,7 @@ pub fn boot_with(
         .arg("--kill-after=5")
         .arg(timeout.as_secs().to_string())
         .arg(qemu)
+        .args(tcg)
         .args(&args)
         .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
         .arg(vmlinuz)

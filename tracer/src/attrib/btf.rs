@@ -6,7 +6,7 @@
 //! globals. aya-obj parses BTF but keeps struct members crate-private, so
 //! this is a small reader of its own (types and strings sections only).
 
-use std::path::Path;
+use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 
@@ -20,6 +20,7 @@ pub const PT_REGS_PC_OFFSET_AARCH64: u32 = 256;
 
 const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
+const KIND_FUNC: u32 = 12;
 const KIND_UNION: u32 = 5;
 // Kinds that only qualify another type: followed through to reach the
 // struct/union of an anonymous member.
@@ -217,6 +218,31 @@ impl Btf {
     }
 }
 
+impl Btf {
+    /// Which of `names` are functions (BTF_KIND_FUNC) or typedefs (a
+    /// tracepoint's `btf_trace_NAME`) here: one pass over the types,
+    /// comparing only the names of those kinds.
+    pub fn functions_among(&self, names: &BTreeSet<String>) -> Result<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
+        for id in 1..self.type_offsets.len() as u32 {
+            let h = self.type_header(id)?;
+            if h.kind == KIND_FUNC || h.kind == KIND_TYPEDEF {
+                let name = self.name(h.name_off)?;
+                if names.contains(name) {
+                    out.insert(name.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The raw BTF, for a second reader of the same bytes (aya's, which
+    /// loads fentry programs).
+    pub fn raw(&self) -> &[u8] {
+        &self.data
+    }
+}
+
 /// `btf.member_offset(struct_name, member)`.
 pub fn member_offset(btf: &Btf, struct_name: &str, member: &str) -> Result<u32> {
     btf.member_offset(struct_name, member)
@@ -277,7 +303,7 @@ mod tests {
 
     /// A hand-made BTF: struct s { int a; union { struct { int b; int c; }; long d; }; }.
     fn synthetic() -> Vec<u8> {
-        let strs = b"\0int\0s\0a\0b\0c\0d\0long\0";
+        let strs = b"\0int\0s\0a\0b\0c\0d\0long\0f\0g\0";
         let off = |s: &str| {
             let needle = format!("\0{s}\0");
             strs.windows(needle.len()).position(|w| w == needle.as_bytes()).unwrap() as u32 + 1
@@ -295,6 +321,10 @@ mod tests {
         t.extend([0, 8 << 24, 4]);
         // 6: struct s { int a; <5> at 64 bits; }
         t.extend([off("s"), (4 << 24) | 2, 16, off("a"), 1, 0, 0, 5, 64]);
+        // 7: func_proto void (void); 8: func f, 9: func g
+        t.extend([0, 13 << 24, 0]);
+        t.extend([off("f"), 12 << 24, 7]);
+        t.extend([off("g"), 12 << 24, 7]);
         let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = Vec::new();
         out.extend(BTF_MAGIC.to_le_bytes());
@@ -315,6 +345,9 @@ mod tests {
         assert_eq!(btf.member_offset("s", "c").unwrap(), 12);
         assert_eq!(btf.member_offset("s", "d").unwrap(), 8);
         assert!(btf.member_offset("s", "e").is_err());
+        // Functions by name; a struct of a wanted name is no function.
+        let want: BTreeSet<String> = ["f", "s", "h"].map(String::from).into();
+        assert_eq!(btf.functions_among(&want).unwrap(), ["f".to_string()].into());
     }
 
     #[test]

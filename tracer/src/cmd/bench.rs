@@ -88,6 +88,8 @@ pub struct BenchOpts {
     pub no_trace: bool,
     #[command(flatten)]
     pub attrib: crate::collect::attribution::AttribOpts,
+    #[command(flatten)]
+    pub probe: super::record::ProbeOpts,
 }
 
 /// One workload step as the workload saw it.
@@ -104,6 +106,7 @@ impl Step {
             minflt: self.to.minflt - self.from.minflt,
             majflt: self.to.majflt - self.from.majflt,
             wall_ns: (self.to.at - self.from.at).as_nanos() as u64,
+            cpu_ns: self.to.cpu_ns.saturating_sub(self.from.cpu_ns),
         }
     }
 }
@@ -138,7 +141,7 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &[])?;
+            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
             r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             Some(r)

@@ -1,41 +1,55 @@
-//! `faultscope probes`: the probe table resolved against this kernel;
-//! `--load` also runs every program through the verifier.
+//! `faultscope probes`: the probe table resolved against this kernel, with
+//! the backend each probe would use and why; `--load` also runs every
+//! program through the verifier.
 
 use crate::{
-    kernel::{self, probes, session},
+    kernel::{
+        self,
+        btf::KernelBtf,
+        probes::{self, BackendChoice},
+        session::{self, Verdict},
+    },
     report::text::{safe, safe_lines},
 };
 
-pub fn run(load: bool) -> anyhow::Result<i32> {
+pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     kernel::require_root()?;
     let tracefs = kernel::tracefs()?;
-    println!("{:<16} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
-    for r in probes::resolve_here(&tracefs) {
+    let btf = KernelBtf::load();
+    let resolved = probes::resolve_here(&tracefs, &btf, backend);
+    println!("{:<18} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
+    for r in &resolved {
         let hook = match r.spec.hook {
             probes::Hook::Kprobe(f) => format!("kprobe {}", f.join(" > ")),
             probes::Hook::Kretprobe(f) => format!("kretprobe {}", f.join(" > ")),
             probes::Hook::Tracepoint(c, n) => format!("tp {c}:{n}"),
         };
-        let here = match r.resolution {
-            probes::Resolution::Attach(s) => format!("attach {}", safe(&s)),
-            probes::Resolution::Unavailable(w) => format!("unavailable: {}", safe(&w)),
+        let here = match &r.resolution {
+            probes::Resolution::Attach { symbol, backend, why, .. } => {
+                format!("{} {} ({})", backend.attach_kind(r.spec.hook), safe(symbol), safe(why))
+            }
+            probes::Resolution::Unavailable(w) => format!("unavailable: {}", safe(w)),
+            probes::Resolution::Refused(w) => format!("refused: {}", safe(w)),
         };
         println!(
-            "{:<16} {:<8} {:<10} {:<34} {}",
+            "{:<18} {:<8} {:<10} {:<34} {}",
             r.spec.program,
             format!("{:?}", r.spec.arch).to_lowercase(),
             if r.spec.required { "yes" } else { "no" },
             hook,
             here
         );
-        println!("{:<16} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
+        println!("{:<18} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
     }
     if load {
         let mut failed = 0;
-        for (prog, res) in session::load_all(&tracefs)? {
-            match res {
-                Ok(()) => println!("verifier: {prog}: ok"),
-                Err(e) => {
+        for (prog, verdict) in session::load_all(&tracefs, &resolved, &btf, backend)? {
+            match verdict {
+                Verdict::Ok => println!("verifier: {prog}: ok"),
+                Verdict::NotHere(e) => {
+                    println!("verifier: {prog}: not loadable here (auto uses the kprobe): {}", safe_lines(&e))
+                }
+                Verdict::Rejected(e) => {
                     failed += 1;
                     println!("verifier: {prog}: REJECTED: {}", safe_lines(&e));
                 }

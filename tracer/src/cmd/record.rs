@@ -36,8 +36,9 @@ use crate::{
     error::Refusal,
     kernel::{
         self,
+        btf::KernelBtf,
         classes::{self, Availability, Metric},
-        probes,
+        probes::{self, BackendChoice},
         session::{Session, Sizes},
     },
     report::{attribution::Namer, build, file, findings, live, schema::Report, text},
@@ -73,9 +74,28 @@ pub struct RecordOpts {
     pub max_stats: u32,
     #[command(flatten)]
     pub attrib: AttribOpts,
+    #[command(flatten)]
+    pub probe: ProbeOpts,
     /// Command to start and trace from its exec.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// How the probes attach, and whether their cost is measured.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProbeOpts {
+    /// How probes on kernel functions attach: auto takes fentry/fexit (a
+    /// BPF trampoline) where the kernel's BTF describes the function, else
+    /// a kprobe, per probe; kprobe or fentry take only that way (fentry
+    /// refuses to start where a probe cannot have it).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// Measure each attached program with the kernel's own accounting
+    /// (bpf_stats: run count and run time, on only for this run) and report
+    /// it (`programs[]`). The accounting itself adds two clock reads per
+    /// program run.
+    #[arg(long)]
+    pub prog_stats: bool,
 }
 
 /// A tracing session with its phase timeline and the processes it knows.
@@ -116,17 +136,24 @@ impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
     /// `cgroups`: the kernel's cgroup filter (cgroup v2 ids), none for off.
-    pub fn start(max_stats: u32, attrib: AttribOpts, cgroups: &[u64]) -> Result<Recorder> {
+    pub fn start(max_stats: u32, attrib: AttribOpts, probe: &ProbeOpts, cgroups: &[u64]) -> Result<Recorder> {
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
-        let resolved = probes::resolve_here(&tracefs);
+        // Read and parsed once for the whole start-up.
+        let btf = KernelBtf::load();
+        let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
         let mut session = Session::attach(
             &tracefs,
             &resolved,
             Sizes { stats: max_stats, stacks, cgroups: cgroups.len() as u32 },
+            &btf,
+            probe.backend,
         )?;
+        if probe.prog_stats {
+            session.enable_program_stats()?;
+        }
         for (i, &id) in cgroups.iter().enumerate() {
             session.add_cgroup(id, i as u32)?;
         }
@@ -377,7 +404,9 @@ impl Recorder {
         self.drain_events()?;
         self.snapshot_maps("end");
         self.timeline.end(kernel::monotonic_ns());
-        self.report(snap)
+        let mut report = self.report(snap)?;
+        report.programs = self.session.program_costs()?;
+        Ok(report)
     }
 }
 
@@ -400,7 +429,7 @@ fn write_marker(marker: Option<&fs::File>, line: &str) {
 
 /// A bad number of seconds (negative, NaN, infinite, too large for a
 /// Duration) is refused before anything is attached.
-fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
+pub(crate) fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
     match v {
         None => Ok(None),
         Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(Duration::from_secs_f64(s))),
@@ -463,7 +492,7 @@ impl Recording {
             file::check_writable(p)?;
         }
         o.attrib.check_writable()?;
-        let mut rec = Recorder::start(o.max_stats, o.attrib.clone(), &[])?;
+        let mut rec = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;

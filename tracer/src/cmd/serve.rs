@@ -36,7 +36,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::PerCpuHashMap;
 use clap::Args;
-use faultscope_common::{PhaseId, Stat, StatKey};
+use faultscope_common::{maps::ClassSetKey, PhaseId, Stat, StatKey};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
@@ -48,10 +48,7 @@ use crate::{
     collect::{attribution::AttribOpts, target},
     error::Refusal,
     kernel,
-    report::{
-        build,
-        metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
-    },
+    report::metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
 };
 
 #[derive(Args, Debug)]
@@ -84,6 +81,9 @@ pub struct ServeOpts {
     /// Entries of the in-kernel stats map (process x phase x class).
     #[arg(long, default_value_t = 4096)]
     pub max_stats: u32,
+    /// How probes on kernel functions attach (see `record --backend`).
+    #[arg(long, value_enum, default_value_t = crate::kernel::probes::BackendChoice::Auto)]
+    pub backend: crate::kernel::probes::BackendChoice,
 }
 
 /// Phases the timeline keeps.
@@ -139,8 +139,10 @@ impl Serve {
         let stale = |k: &StatKey| gone.contains(&k.tgid) || (k.phase != cur && k.phase != prev);
         {
             let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
-            let mut stats: PerCpuHashMap<_, StatKey, Stat> = PerCpuHashMap::try_from(m)?;
-            for k in snap.stats.keys().filter(|k| stale(k)) {
+            let mut stats: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;
+            // Only what this tick read: an entry made since (a phase user
+            // space does not know yet) is counted at the next tick.
+            for k in snap.stat_sets.iter().filter(|k| stale(&StatKey::new(k.tgid, k.phase, 0))) {
                 let _ = stats.remove(k);
             }
         }
@@ -261,7 +263,8 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let mut rec = Recorder::start(o.max_stats, attrib, &cgroup_ids)?;
+    let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false };
+    let mut rec = Recorder::start(o.max_stats, attrib, &probe, &cgroup_ids)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());
     for (pid, comm) in comms {
@@ -273,7 +276,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         version: env!("CARGO_PKG_VERSION").to_string(),
         kernel: kernel::release(),
         arch: std::env::consts::ARCH.to_string(),
-        backend: format!("{:?}", build::mode(&rec.avail)).to_lowercase(),
+        backend: rec.session.fault_path_backend().to_string(),
     };
     let mut metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
     for comm in o.comm.iter().chain(rec.comms.values()) {

@@ -19,6 +19,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
+use crate::error::Refusal;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Thp {
     /// MADV_NOHUGEPAGE: 4K pages whatever the system setting.
@@ -93,6 +95,26 @@ pub struct WorkloadOpts {
     /// polls (50 ms) is left unnamed (`unresolved 0x…`).
     #[arg(long, default_value_t = 0.0)]
     pub linger: f64,
+    /// After the measured fork and write, go on with rounds of `--repeat-by`
+    /// and a write of one byte per page until this many seconds have passed
+    /// since the first write: a steady storm of faults, one per page per
+    /// round, for measuring what a tracer costs over time (`cargo xtask
+    /// overhead`). `--out` gets the rounds and their faults.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime"])]
+    pub repeat_for: Option<f64>,
+    /// What each round of `--repeat-for` does before its writes.
+    #[arg(long, value_enum, default_value = "fork", requires = "repeat_for")]
+    pub repeat_by: RepeatBy,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum RepeatBy {
+    /// Fork (the child exits at once): each write is a write-protect fault
+    /// (COW reuse), and each round a fork and a child's exit.
+    Fork,
+    /// MADV_DONTNEED the memory: each write is a first-touch fault on a
+    /// fresh zeroed page, and nothing else happens.
+    Dontneed,
 }
 
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -120,13 +142,18 @@ pub struct Usage {
     pub minflt: i64,
     pub majflt: i64,
     pub at: Instant,
+    /// The process's CPU time so far (CLOCK_PROCESS_CPUTIME_ID), ns.
+    pub cpu_ns: u64,
 }
 
 pub fn usage() -> Usage {
-    // SAFETY: getrusage fills the struct.
+    // SAFETY: getrusage and clock_gettime fill the structs.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now() }
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    let cpu_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now(), cpu_ns }
 }
 
 pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
@@ -134,6 +161,7 @@ pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
         "minflt": b.minflt - a.minflt,
         "majflt": b.majflt - a.majflt,
         "wall_ns": (b.at - a.at).as_nanos() as u64,
+        "cpu_ns": b.cpu_ns.saturating_sub(a.cpu_ns),
     })
 }
 
@@ -494,6 +522,10 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
     }
+    let repeat_for = super::record::seconds("--repeat-for", o.repeat_for)?;
+    if repeat_for.is_some() && o.child == Child::Alive {
+        return Err(Refusal::new("--repeat-for goes with --child exit").into());
+    }
     let start = usage();
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let len = o.size as usize;
@@ -564,6 +596,10 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         None => unsafe { write_pages(base, len, page, 2) },
     }
     let t3 = usage();
+    let storm = match repeat_for {
+        Some(d) => Some(repeat_write(o.repeat_by, base, len, page, t2.at + d)?),
+        None => None,
+    };
     let regions = match &mappings {
         Some(m) => {
             let (rows, anon_name, ranges) = m.describe(page, o.child)?;
@@ -608,6 +644,13 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         "majflt_total": end.majflt,
         "minflt_since_main": end.minflt - start.minflt,
     });
+    if let Some((rounds, from, to)) = storm {
+        report["repeat"] = json!({
+            "by": format!("{:?}", o.repeat_by).to_lowercase(),
+            "rounds": rounds,
+            "phase": phase(from, to),
+        });
+    }
     if let Some((rows, anon_name)) = regions {
         report["regions"] = rows;
         report["anon_name"] = anon_name;
@@ -618,6 +661,44 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// `--repeat-for`: rounds of `by` and one byte written per page, until
+/// `until`. Returns the rounds and the workload's view of them.
+fn repeat_write(
+    by: RepeatBy,
+    base: *mut u8,
+    len: usize,
+    page: usize,
+    until: Instant,
+) -> Result<(u64, Usage, Usage)> {
+    let from = usage();
+    let mut rounds = 0u64;
+    while Instant::now() < until {
+        match by {
+            RepeatBy::Fork => {
+                // SAFETY: fork; the child only exits.
+                let child = unsafe { libc::fork() };
+                if child < 0 {
+                    bail!("fork: {}", std::io::Error::last_os_error());
+                }
+                if child == 0 {
+                    unsafe { libc::_exit(0) };
+                }
+                unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+            }
+            // SAFETY: our own mapping; its pages read as zero afterwards.
+            RepeatBy::Dontneed => {
+                if unsafe { libc::madvise(base.cast(), len, libc::MADV_DONTNEED) } != 0 {
+                    bail!("madvise(MADV_DONTNEED): {}", std::io::Error::last_os_error());
+                }
+            }
+        }
+        // SAFETY: the workload's own mapping of len bytes.
+        unsafe { write_pages(base, len, page, 3 + (rounds % 2) as u8) };
+        rounds += 1;
+    }
+    Ok((rounds, from, usage()))
 }
 
 #[cfg(test)]

@@ -10,12 +10,17 @@ use aya::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    hist, Class, PhaseId, Stat, StatKey,
+    hist,
+    maps::ClassSetKey,
+    Class, PhaseId, Stat, StatKey,
 };
 
 #[derive(Clone, Default)]
 pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
+    /// The kernel's own `STATS` keys that `stats` was read from (a set of
+    /// classes each), for deleting exactly what was read.
+    pub stat_sets: Vec<ClassSetKey>,
     /// Per (process, phase, mapping): a count per kernel class.
     pub mappings: BTreeMap<MappingKey, ClassCounts>,
     /// Per (process, phase, user ip, class).
@@ -45,10 +50,24 @@ fn per_cpu_sums<K: Pod + Ord, V: Pod>(
     Ok(out)
 }
 
+/// The kernel's entries per set of classes, added to each class of their
+/// set (see `ClassSetKey`).
+pub fn per_class(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, Stat> {
+    let mut out: BTreeMap<StatKey, Stat> = BTreeMap::new();
+    for (k, v) in sets {
+        for sk in k.stat_keys() {
+            out.entry(sk).or_insert(Stat::ZERO).merge(v);
+        }
+    }
+    out
+}
+
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
+        let sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
         Ok(Snapshot {
-            stats: per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?,
+            stats: per_class(&sets),
+            stat_sets: sets.into_keys().collect(),
             mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,

@@ -4,6 +4,7 @@
 //! kallsyms, the kprobe PMU, BTF, lockdown. Read once at start-up; nothing
 //! here is on the fault path.
 
+pub mod btf;
 pub mod classes;
 pub mod probes;
 pub mod session;

@@ -4,11 +4,11 @@
 //! the result says, for every reported class, whether it is measured here and
 //! if not, why.
 
-use std::path::Path;
+use std::{collections::BTreeSet, path::Path};
 
 use faultscope_common::Program;
 
-use crate::kernel::{self, Kallsyms};
+use crate::kernel::{self, btf::KernelBtf, Kallsyms};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hook {
@@ -222,13 +222,59 @@ pub const PROBES: &[ProbeSpec] = &[
     },
 ];
 
+/// The backend asked for on the command line (`--backend`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// fentry/fexit where the kernel's BTF describes the function, else
+    /// kprobe, per probe.
+    #[default]
+    Auto,
+    /// kprobes (and kretprobes) only.
+    Kprobe,
+    /// fentry/fexit for every probe on a kernel function; a probe that
+    /// cannot have it is an error.
+    Fentry,
+}
+
+/// How a probe is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Tracepoint,
+    /// kprobe, or kretprobe on a return.
+    Kprobe,
+    /// fentry, or fexit on a return: a BPF trampoline, no breakpoint; on a
+    /// tracepoint, tp_btf: its arguments as they are, no trace record.
+    Fentry,
+}
+
+impl Backend {
+    /// The kernel's name for the attachment of `hook` this way.
+    pub fn attach_kind(self, hook: Hook) -> &'static str {
+        let ret = matches!(hook, Hook::Kretprobe(_));
+        match (self, ret) {
+            (Backend::Tracepoint, _) => "tracepoint",
+            (Backend::Fentry, _) if matches!(hook, Hook::Tracepoint(..)) => "tp_btf",
+            (Backend::Kprobe, false) => "kprobe",
+            (Backend::Kprobe, true) => "kretprobe",
+            (Backend::Fentry, false) => "fentry",
+            (Backend::Fentry, true) => "fexit",
+        }
+    }
+}
+
 /// What resolution found for one probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
-    /// Attach to this kernel symbol (or tracepoint).
-    Attach(String),
+    /// Attach to this kernel symbol (or tracepoint), this way, and why this
+    /// way. `fallback`: whether a kprobe (a classic tracepoint) could take
+    /// it instead, or why not (`auto` falls back to it when the kernel
+    /// refuses the fentry).
+    Attach { symbol: String, backend: Backend, why: String, fallback: Result<(), String> },
     /// Not attachable here, and why.
     Unavailable(String),
+    /// Attachable, but not by the backend asked for (`--backend fentry`),
+    /// and why: the run refuses to start.
+    Refused(String),
 }
 
 pub struct Resolved {
@@ -244,11 +290,35 @@ pub struct KernelFacts<'a> {
     pub kprobe_pmu: bool,
     pub blacklist: &'a [String],
     pub lockdown: Option<String>,
+    /// The kernel functions BTF describes, among those of the table (for
+    /// fentry), and `btf_trace_NAME` for the tracepoints it describes (for
+    /// tp_btf), or why there is no BTF.
+    pub btf_functions: Result<&'a BTreeSet<String>, String>,
+    pub backend: BackendChoice,
+}
+
+/// BTF's name of a tracepoint's prototype (what tp_btf attaches by).
+pub fn btf_trace(name: &str) -> String {
+    format!("btf_trace_{name}")
+}
+
+/// Every kernel function the table may attach to, and `btf_trace_NAME`
+/// for each tracepoint that has a tp_btf twin.
+pub fn functions() -> BTreeSet<String> {
+    PROBES
+        .iter()
+        .flat_map(|p| match p.hook {
+            Hook::Kprobe(f) | Hook::Kretprobe(f) => f.iter().map(|s| s.to_string()).collect(),
+            Hook::Tracepoint(_, name) if p.program.fentry_name().is_some() => vec![btf_trace(name)],
+            Hook::Tracepoint(..) => vec![],
+        })
+        .collect()
 }
 
 /// Resolves the table against the running kernel (reads kallsyms, the
-/// kprobe blacklist, the PMU and lockdown once).
-pub fn resolve_here(tracefs: &Path) -> Vec<Resolved> {
+/// kprobe blacklist, the PMU and lockdown once; BTF is the caller's, read
+/// once per run).
+pub fn resolve_here(tracefs: &Path, btf: &KernelBtf, backend: BackendChoice) -> Vec<Resolved> {
     let kallsyms = Kallsyms::load().ok();
     let blacklist = kernel::kprobe_blacklist();
     resolve(&KernelFacts {
@@ -257,11 +327,63 @@ pub fn resolve_here(tracefs: &Path) -> Vec<Resolved> {
         kprobe_pmu: kernel::has_kprobe_pmu(),
         blacklist: &blacklist,
         lockdown: kernel::lockdown(),
+        btf_functions: btf.functions(),
+        backend,
     })
 }
 
 pub fn resolve(facts: &KernelFacts<'_>) -> Vec<Resolved> {
     PROBES.iter().map(|spec| Resolved { spec, resolution: resolve_one(spec, facts) }).collect()
+}
+
+/// Whether a kernel function can have a fentry/fexit program: its BTF
+/// must describe it by the name kallsyms has. `Err` says why not.
+pub fn fentry_possible(
+    symbol: &str,
+    btf_functions: &Result<&BTreeSet<String>, String>,
+) -> Result<(), String> {
+    let funcs = btf_functions.as_ref().map_err(|why| format!("no kernel BTF ({why})"))?;
+    if let Some((base, _)) = symbol.split_once('.') {
+        return Err(format!(
+            "{symbol} is a compiler-made copy of {base} (its arguments may differ); BTF describes functions by their source name only"
+        ));
+    }
+    if !funcs.contains(symbol) {
+        return Err(format!(
+            "the kernel's BTF has no function {symbol} (not in its DWARF, or left out by pahole)"
+        ));
+    }
+    Ok(())
+}
+
+/// The backend of a probe on kernel function `symbol`: a pure function of
+/// the probe, what BTF offers and what was asked for. `Err` is a refusal
+/// (`--backend fentry` where fentry cannot be had).
+pub fn choose_backend(
+    spec: &ProbeSpec,
+    symbol: &str,
+    want: BackendChoice,
+    btf_functions: &Result<&BTreeSet<String>, String>,
+) -> Result<(Backend, String), String> {
+    let (classic, btf_name) = match spec.hook {
+        Hook::Tracepoint(..) if spec.program.fentry_name().is_none() => {
+            return Ok((Backend::Tracepoint, "a tracepoint".into()))
+        }
+        Hook::Tracepoint(_, name) => (Backend::Tracepoint, btf_trace(name)),
+        Hook::Kprobe(_) | Hook::Kretprobe(_) => (Backend::Kprobe, symbol.to_string()),
+    };
+    if want == BackendChoice::Kprobe {
+        return Ok((classic, "--backend kprobe".into()));
+    }
+    match (fentry_possible(&btf_name, btf_functions), want) {
+        (Ok(()), _) => Ok((Backend::Fentry, format!("BTF describes {btf_name}"))),
+        (Err(why), BackendChoice::Fentry) => Err(format!(
+            "--backend fentry: probe {} on {symbol} cannot have {}: {why}",
+            spec.program,
+            Backend::Fentry.attach_kind(spec.hook)
+        )),
+        (Err(why), _) => Ok((classic, why)),
+    }
 }
 
 fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
@@ -270,46 +392,79 @@ fn resolve_one(spec: &ProbeSpec, facts: &KernelFacts<'_>) -> Resolution {
     }
     match spec.hook {
         Hook::Tracepoint(cat, name) => {
-            if kernel::tracepoint_exists(facts.tracefs, cat, name) {
-                Resolution::Attach(format!("{cat}:{name}"))
-            } else {
-                Resolution::Unavailable(format!("no tracepoint {cat}:{name} in this kernel"))
+            if !kernel::tracepoint_exists(facts.tracefs, cat, name) {
+                return Resolution::Unavailable(format!("no tracepoint {cat}:{name} in this kernel"));
+            }
+            let symbol = format!("{cat}:{name}");
+            match choose_backend(spec, &symbol, facts.backend, &facts.btf_functions) {
+                Err(why) => Resolution::Refused(why),
+                Ok((backend, why)) => Resolution::Attach { symbol, backend, why, fallback: Ok(()) },
             }
         }
         Hook::Kprobe(funcs) | Hook::Kretprobe(funcs) => {
-            if !facts.kprobe_pmu {
-                return Resolution::Unavailable("no kprobe PMU (kernel built without CONFIG_KPROBES)".into());
-            }
             if facts.lockdown.as_deref() == Some("confidentiality") {
                 return Resolution::Unavailable(
-                    "kernel lockdown=confidentiality forbids kprobe programs".into(),
+                    "kernel lockdown=confidentiality forbids kprobe and tracing programs".into(),
                 );
             }
             let Some(k) = facts.kallsyms else {
                 return Resolution::Unavailable("/proc/kallsyms is not readable".into());
             };
-            for f in funcs {
-                if let Some(sym) = k.resolve(f) {
-                    if facts.blacklist.iter().any(|b| b == &sym) {
-                        return Resolution::Unavailable(format!("{sym} is on the kprobe blacklist"));
-                    }
-                    return Resolution::Attach(sym);
-                }
+            // Both backends take the functions kprobes could take, so that
+            // they measure the same classes (and the guest oracle, made of
+            // kprobes, sees what they see).
+            let Some(sym) = funcs.iter().find_map(|f| k.resolve(f)) else {
+                return Resolution::Unavailable(format!(
+                    "no symbol {} in /proc/kallsyms (inlined or absent in this kernel)",
+                    funcs.join(" or ")
+                ));
+            };
+            if facts.blacklist.iter().any(|b| b == &sym) {
+                return Resolution::Unavailable(format!("{sym} is on the kprobe blacklist"));
             }
-            Resolution::Unavailable(format!(
-                "no symbol {} in /proc/kallsyms (inlined or absent in this kernel)",
-                funcs.join(" or ")
-            ))
+            let fallback = if facts.backend == BackendChoice::Fentry {
+                Err("--backend fentry".to_string())
+            } else if !facts.kprobe_pmu {
+                Err("no kprobe PMU (kernel built without CONFIG_KPROBES)".into())
+            } else {
+                Ok(())
+            };
+            match choose_backend(spec, &sym, facts.backend, &facts.btf_functions) {
+                Err(why) => Resolution::Refused(why),
+                Ok((Backend::Kprobe, _)) if fallback.is_err() => {
+                    Resolution::Unavailable(fallback.err().unwrap_or_default())
+                }
+                Ok((backend, why)) => Resolution::Attach { symbol: sym, backend, why, fallback },
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use faultscope_common::program::Site;
+
     use super::*;
 
     fn facts<'a>(k: &'a Kallsyms, pmu: bool, tracefs: &'a Path) -> KernelFacts<'a> {
-        KernelFacts { tracefs, kallsyms: Some(k), kprobe_pmu: pmu, blacklist: &[], lockdown: None }
+        KernelFacts {
+            tracefs,
+            kallsyms: Some(k),
+            kprobe_pmu: pmu,
+            blacklist: &[],
+            lockdown: None,
+            btf_functions: Err("test".into()),
+            backend: BackendChoice::Auto,
+        }
+    }
+
+    fn attach(symbol: &str, backend: Backend) -> Resolution {
+        let why = match backend {
+            Backend::Kprobe => "no kernel BTF (test)".into(),
+            Backend::Fentry => format!("BTF describes {symbol}"),
+            Backend::Tracepoint => "a tracepoint".into(),
+        };
+        Resolution::Attach { symbol: symbol.into(), backend, why, fallback: Ok(()) }
     }
 
     #[test]
@@ -318,12 +473,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, true, dir.path()));
         let get = |p: Program| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
-        assert_eq!(get(Program::FaultEntry), Resolution::Attach("handle_mm_fault".into()));
-        assert_eq!(get(Program::WpPage), Resolution::Attach("do_wp_page.isra.0".into()));
-        assert_eq!(get(Program::NewAnonRmap), Resolution::Attach("page_add_new_anon_rmap".into()));
+        assert_eq!(get(Program::FaultEntry), attach("handle_mm_fault", Backend::Kprobe));
+        assert_eq!(get(Program::WpPage), attach("do_wp_page.isra.0", Backend::Kprobe));
+        assert_eq!(get(Program::NewAnonRmap), attach("page_add_new_anon_rmap", Backend::Kprobe));
         assert!(matches!(get(Program::HugePmdWp), Resolution::Unavailable(r) if r.contains("no symbol")));
         assert!(
             matches!(get(Program::TaskNewtask), Resolution::Unavailable(r) if r.contains("no tracepoint"))
+        );
+        assert!(
+            matches!(get(Program::PageFaultUser), Resolution::Unavailable(r) if r.contains("no tracepoint"))
         );
     }
 
@@ -346,6 +504,95 @@ mod tests {
         let r = resolve(&f);
         let e = r.iter().find(|r| r.spec.program == Program::FaultEntry).unwrap();
         assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("blacklist")));
+    }
+
+    /// The backend choice per probe: fentry where BTF describes the very
+    /// function kallsyms has, else kprobe with the reason; `--backend
+    /// fentry` refuses instead of falling back; `--backend kprobe` never
+    /// asks BTF; tracepoints stay tracepoints.
+    #[test]
+    fn backend_choice_follows_btf() {
+        let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T folio_add_new_anon_rmap\n");
+        let dir = tempfile::tempdir().unwrap();
+        let btf: BTreeSet<String> = ["handle_mm_fault", "do_wp_page"].map(String::from).into();
+        let mut f = facts(&k, true, dir.path());
+        f.btf_functions = Ok(&btf);
+        let get = |f: &KernelFacts<'_>, p: Program| {
+            resolve(f).into_iter().find(|r| r.spec.program == p).unwrap().resolution
+        };
+        assert_eq!(get(&f, Program::FaultEntry), attach("handle_mm_fault", Backend::Fentry));
+        assert_eq!(get(&f, Program::FaultReturn), attach("handle_mm_fault", Backend::Fentry));
+        let Resolution::Attach { backend: Backend::Kprobe, why, .. } = get(&f, Program::WpPage) else {
+            panic!("a compiler-made copy falls back to kprobe")
+        };
+        assert!(why.contains("do_wp_page.isra.0 is a compiler-made copy of do_wp_page"), "{why}");
+        let Resolution::Attach { backend: Backend::Kprobe, why, .. } = get(&f, Program::NewAnonRmap) else {
+            panic!("a function without BTF falls back to kprobe")
+        };
+        assert!(why.contains("BTF has no function folio_add_new_anon_rmap"), "{why}");
+
+        f.backend = BackendChoice::Fentry;
+        let Resolution::Refused(why) = get(&f, Program::WpPage) else { panic!("forced fentry refuses") };
+        assert!(why.contains("probe wp_page on do_wp_page.isra.0"), "{why}");
+        assert!(matches!(get(&f, Program::FaultEntry), Resolution::Attach { backend: Backend::Fentry, .. }));
+        // No kprobe PMU: fentry still attaches; auto's fallback cannot.
+        f.kprobe_pmu = false;
+        let Resolution::Attach { backend: Backend::Fentry, fallback: Err(why), .. } =
+            get(&f, Program::FaultEntry)
+        else {
+            panic!()
+        };
+        assert!(why.contains("--backend fentry"), "{why}");
+        f.backend = BackendChoice::Auto;
+        assert!(
+            matches!(get(&f, Program::NewAnonRmap), Resolution::Unavailable(r) if r.contains("CONFIG_KPROBES"))
+        );
+        let Resolution::Attach { backend: Backend::Fentry, fallback: Err(why), .. } =
+            get(&f, Program::FaultEntry)
+        else {
+            panic!()
+        };
+        assert!(why.contains("CONFIG_KPROBES"), "{why}");
+        f.kprobe_pmu = true;
+
+        f.backend = BackendChoice::Kprobe;
+        assert!(matches!(get(&f, Program::FaultEntry), Resolution::Attach { backend: Backend::Kprobe, .. }));
+        // Without BTF at all, auto is kprobe everywhere, and says why.
+        f.backend = BackendChoice::Auto;
+        f.btf_functions = Err("no /sys/kernel/btf/vmlinux".into());
+        let Resolution::Attach { backend: Backend::Kprobe, why, .. } = get(&f, Program::FaultEntry) else {
+            panic!()
+        };
+        assert!(why.contains("no kernel BTF (no /sys/kernel/btf/vmlinux)"), "{why}");
+        // The pure function itself, on tracepoint rows: a rare one stays a
+        // tracepoint; the hot one is tp_btf where BTF has its prototype.
+        let tp = PROBES.iter().find(|p| p.program == Program::TaskNewtask).unwrap();
+        assert_eq!(choose_backend(tp, "x", BackendChoice::Fentry, &Ok(&btf)).unwrap().0, Backend::Tracepoint);
+        let pf = PROBES.iter().find(|p| p.program == Program::PageFaultUser).unwrap();
+        let sym = "exceptions:page_fault_user";
+        let (b, why) = choose_backend(pf, sym, BackendChoice::Auto, &Ok(&btf)).unwrap();
+        assert_eq!(b, Backend::Tracepoint);
+        assert!(why.contains("BTF has no function btf_trace_page_fault_user"), "{why}");
+        assert!(choose_backend(pf, sym, BackendChoice::Fentry, &Ok(&btf)).unwrap_err().contains("tp_btf"));
+        let with_tp: BTreeSet<String> = ["btf_trace_page_fault_user".to_string()].into();
+        assert_eq!(choose_backend(pf, sym, BackendChoice::Auto, &Ok(&with_tp)).unwrap().0, Backend::Fentry);
+        assert_eq!(Backend::Fentry.attach_kind(pf.hook), "tp_btf");
+        assert_eq!(
+            choose_backend(pf, sym, BackendChoice::Kprobe, &Ok(&with_tp)).unwrap().0,
+            Backend::Tracepoint
+        );
+    }
+
+    /// A kernel function's row is a function's program (with its fentry
+    /// twin); a tracepoint's row a tracepoint's.
+    #[test]
+    fn hooks_agree_with_the_catalogue() {
+        for p in PROBES {
+            let function = !matches!(p.hook, Hook::Tracepoint(..));
+            assert_eq!(function, p.program.site() == Site::Function, "{}", p.program);
+        }
+        assert!(functions().contains("btf_trace_page_fault_user"));
+        assert!(functions().contains("handle_mm_fault"));
     }
 
     #[test]

@@ -8,17 +8,20 @@ use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{KProbe, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, Config, Drop, PhaseCounter, PhaseId, TargetInfo},
+    maps::{phase_id, Config, ConfigValues, Drop, PhaseCounter, PhaseId, TargetInfo},
     Program,
 };
 
+pub use crate::report::schema::ProgramCost;
+
 use crate::kernel::{
     self,
-    probes::{Hook, Resolution, Resolved, PROBES},
+    btf::KernelBtf,
+    probes::{Backend, BackendChoice, Hook, Resolution, Resolved},
 };
 
 /// The eBPF object built by build.rs for this target's architecture.
@@ -35,6 +38,23 @@ pub struct ProbeStatus {
     pub target: String,
     pub attached: bool,
     pub reason: Option<String>,
+    /// How it is attached (`Backend::attach_kind`), when it is.
+    pub kind: Option<&'static str>,
+    /// Why that way (a kprobe where fentry was possible in principle).
+    pub backend_reason: Option<String>,
+}
+
+impl ProbeStatus {
+    fn not_attached(program: Program, target: String, reason: String) -> ProbeStatus {
+        ProbeStatus {
+            program,
+            target,
+            attached: false,
+            reason: Some(reason),
+            kind: None,
+            backend_reason: None,
+        }
+    }
 }
 
 pub struct Session {
@@ -43,6 +63,9 @@ pub struct Session {
     /// The VMA start offset the programs read, or why there is none.
     pub vma_offset: Result<u32, String>,
     _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Held while the kernel accounts each program's runs (bpf_stats);
+    /// closing it ends the accounting.
+    stats: Option<std::os::fd::OwnedFd>,
 }
 
 /// The tracepoint fields the programs read: (category, name, field, the
@@ -96,10 +119,9 @@ pub struct Sizes {
 
 /// `vm_area_struct.vm_start`'s offset from the running kernel's BTF, or why
 /// per-mapping counting is not possible here.
-pub fn vma_start_offset() -> Result<u32, String> {
-    crate::attrib::btf::Btf::vmlinux()
-        .and_then(|b| b.member_offset("vm_area_struct", "vm_start"))
-        .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e:#}"))
+pub fn vma_start_offset(btf: &KernelBtf) -> Result<u32, String> {
+    btf.member_offset("vm_area_struct", "vm_start")
+        .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e}"))
 }
 
 /// How `sched_process_exit` tells that the last thread of a process exits
@@ -131,7 +153,7 @@ impl ExitDetection {
 
 /// The best way this kernel offers. `FAULTSCOPE_EXIT_VIA=signal-live` or
 /// `=leader` skips the better ones (for tests of the fallbacks).
-pub fn exit_detection(tracefs: &Path) -> ExitDetection {
+pub fn exit_detection(tracefs: &Path, btf: &KernelBtf) -> ExitDetection {
     let via = std::env::var("FAULTSCOPE_EXIT_VIA").unwrap_or_default();
     if via.is_empty() {
         if let Some(off) = kernel::tracepoint_fields(tracefs, "sched", "sched_process_exit")
@@ -142,26 +164,33 @@ pub fn exit_detection(tracefs: &Path) -> ExitDetection {
         }
     }
     if via != "leader" {
-        let offsets = crate::attrib::btf::Btf::vmlinux().and_then(|b| {
-            Ok((b.member_offset("task_struct", "signal")?, b.member_offset("signal_struct", "live")?))
-        });
+        let offsets = btf
+            .member_offset("task_struct", "signal")
+            .and_then(|signal| Ok((signal, btf.member_offset("signal_struct", "live")?)));
         return match offsets {
             Ok((signal, live)) if signal != 0 => ExitDetection::SignalLive { signal, live },
             Ok(_) => ExitDetection::Leader("BTF puts task_struct.signal at offset 0".into()),
-            Err(e) => ExitDetection::Leader(format!("{e:#}")),
+            Err(e) => ExitDetection::Leader(e),
         };
     }
     ExitDetection::Leader("FAULTSCOPE_EXIT_VIA=leader".into())
 }
 
 /// Loader with the tracepoint field offsets and the BTF offsets of this
-/// kernel.
-fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf> {
+/// kernel. `aya_btf`: aya's parse of the kernel's BTF, given only when
+/// fentry programs are loaded (aya would otherwise parse it again itself).
+fn loader(
+    tracefs: &Path,
+    sizes: Sizes,
+    vma_offset: Option<u32>,
+    btf: &KernelBtf,
+    aya_btf: Option<&aya::Btf>,
+) -> Result<Ebpf> {
     let (mut offsets, warnings) = tracepoint_offsets(tracefs);
     for w in warnings {
         eprintln!("faultscope: {w}");
     }
-    let exit = exit_detection(tracefs);
+    let exit = exit_detection(tracefs, btf);
     if let ExitDetection::Leader(why) = &exit {
         eprintln!(
             "faultscope: warning: cannot tell the last thread of a process ({why}); a process counts as exited when its main thread exits"
@@ -169,6 +198,12 @@ fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf>
     }
     offsets.extend(exit.globals());
     let mut l = EbpfLoader::new();
+    // THREADS is task-local storage, which aya 0.14 creates but has no
+    // user-space type for (user space never reads it).
+    l.allow_unsupported_maps();
+    // The object has no CO-RE relocations: aya needs the kernel's BTF only
+    // to load fentry programs.
+    l.btf(aya_btf);
     for (name, off) in &offsets {
         l.override_global(name, off, true);
     }
@@ -188,11 +223,37 @@ fn loader(tracefs: &Path, sizes: Sizes, vma_offset: Option<u32>) -> Result<Ebpf>
 
 impl Session {
     /// Loads the object and attaches every probe resolution says is
-    /// attachable. Probes that fail to attach are recorded with the kernel's
-    /// reason; a required probe that fails is an error.
-    pub fn attach(tracefs: &Path, resolved: &[Resolved], sizes: Sizes) -> Result<Session> {
-        let vma_offset = vma_start_offset();
-        let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied())?;
+    /// attachable, the way it says. Probes that fail to attach are recorded
+    /// with the kernel's reason; a required probe that fails is an error,
+    /// and so is a probe `--backend fentry` cannot have. With `--backend
+    /// auto`, a fentry the kernel refuses falls back to the kprobe.
+    pub fn attach(
+        tracefs: &Path,
+        resolved: &[Resolved],
+        sizes: Sizes,
+        btf: &KernelBtf,
+        choice: BackendChoice,
+    ) -> Result<Session> {
+        if let Some(why) = resolved.iter().find_map(|r| match &r.resolution {
+            Resolution::Refused(why) => Some(why),
+            _ => None,
+        }) {
+            return Err(crate::error::Refusal::new(why.clone()).into());
+        }
+        let fentry = resolved
+            .iter()
+            .any(|r| matches!(r.resolution, Resolution::Attach { backend: Backend::Fentry, .. }));
+        let aya_btf = if fentry {
+            match btf.aya() {
+                Ok(b) => Some(b),
+                Err(e) if choice == BackendChoice::Fentry => anyhow::bail!("--backend fentry: {e}"),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        let vma_offset = vma_start_offset(btf);
+        let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied(), btf, aya_btf)?;
         let logger = aya_log::EbpfLogger::init(&mut bpf).ok();
         let mut status = Vec::new();
         for r in resolved {
@@ -201,35 +262,57 @@ impl Session {
                 .redundant_with
                 .filter(|other| status.iter().any(|s: &ProbeStatus| s.program == *other && s.attached));
             let st = match &r.resolution {
-                _ if redundant.is_some() => ProbeStatus {
-                    program: spec.program,
-                    target: hook_name(spec.hook),
-                    attached: false,
-                    reason: Some(format!(
+                _ if redundant.is_some() => ProbeStatus::not_attached(
+                    spec.program,
+                    hook_name(spec.hook),
+                    format!(
                         "not needed: {} tells the same",
                         redundant.map(Program::name).unwrap_or_default()
-                    )),
-                },
-                Resolution::Unavailable(why) => ProbeStatus {
-                    program: spec.program,
-                    target: hook_name(spec.hook),
-                    attached: false,
-                    reason: Some(why.clone()),
-                },
-                Resolution::Attach(sym) => match attach_one(&mut bpf, spec.program, spec.hook, sym) {
-                    Ok(()) => ProbeStatus {
-                        program: spec.program,
-                        target: sym.clone(),
-                        attached: true,
-                        reason: None,
-                    },
-                    Err(e) => ProbeStatus {
-                        program: spec.program,
-                        target: sym.clone(),
-                        attached: false,
-                        reason: Some(attach_reason(&e)),
-                    },
-                },
+                    ),
+                ),
+                Resolution::Unavailable(why) | Resolution::Refused(why) => {
+                    ProbeStatus::not_attached(spec.program, hook_name(spec.hook), why.clone())
+                }
+                Resolution::Attach { symbol, backend, why, fallback } => {
+                    let mut backend = *backend;
+                    let mut why = why.clone();
+                    let mut res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, aya_btf);
+                    if let (Err(e), Backend::Fentry) = (&res, backend) {
+                        let refused = format!(
+                            "the kernel refused {}: {}",
+                            Backend::Fentry.attach_kind(spec.hook),
+                            attach_reason(e)
+                        );
+                        match fallback {
+                            _ if choice == BackendChoice::Fentry => {
+                                anyhow::bail!(
+                                    "--backend fentry: probe {} on {symbol}: {refused}",
+                                    spec.program
+                                )
+                            }
+                            Ok(()) => {
+                                why = refused;
+                                backend = match spec.hook {
+                                    Hook::Tracepoint(..) => Backend::Tracepoint,
+                                    _ => Backend::Kprobe,
+                                };
+                                res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, None);
+                            }
+                            Err(no_kprobe) => res = Err(anyhow!("{no_kprobe}; {refused}")),
+                        }
+                    }
+                    match res {
+                        Ok(()) => ProbeStatus {
+                            program: spec.program,
+                            target: symbol.clone(),
+                            attached: true,
+                            reason: None,
+                            kind: Some(backend.attach_kind(spec.hook)),
+                            backend_reason: Some(why),
+                        },
+                        Err(e) => ProbeStatus::not_attached(spec.program, symbol.clone(), attach_reason(&e)),
+                    }
+                }
             };
             if spec.required && !st.attached {
                 return Err(anyhow!(
@@ -241,7 +324,55 @@ impl Session {
             }
             status.push(st);
         }
-        Ok(Session { bpf, status, vma_offset, _logger: logger })
+        Ok(Session { bpf, status, vma_offset, _logger: logger, stats: None })
+    }
+
+    /// Turns on the kernel's accounting of program run time and count
+    /// (BPF_ENABLE_STATS, 5.8+; `kernel.bpf_stats_enabled` stays as it is
+    /// and the accounting ends with this run).
+    pub fn enable_program_stats(&mut self) -> Result<()> {
+        let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("turning on the kernel's BPF run-time accounting (BPF_ENABLE_STATS, kernel 5.8+)")?;
+        self.stats = Some(fd);
+        Ok(())
+    }
+
+    /// Each attached program's runs and run time so far, from the kernel's
+    /// accounting; `None` unless it was turned on.
+    pub fn program_costs(&self) -> Result<Option<Vec<ProgramCost>>> {
+        if self.stats.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for st in self.status.iter().filter(|s| s.attached) {
+            let Some(kind) = st.kind else { continue };
+            let name = match kind {
+                "fentry" | "fexit" | "tp_btf" => st.program.fentry_name().unwrap_or(st.program.name()),
+                _ => st.program.name(),
+            };
+            let prog = self.bpf.program(name).ok_or_else(|| anyhow!("no program {name}"))?;
+            let info = prog.info().with_context(|| format!("reading {name}'s info"))?;
+            let runs = info.run_count();
+            let run_time_ns = info.run_time().as_nanos() as u64;
+            out.push(ProgramCost {
+                name: name.to_string(),
+                probe: st.program.to_string(),
+                backend: kind.to_string(),
+                target: st.target.clone(),
+                runs,
+                run_time_ns,
+                ns_per_run: (runs > 0).then(|| run_time_ns as f64 / runs as f64),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// How the fault path is probed: the attach kind of the
+    /// `handle_mm_fault` entry, else the x86 tracepoint, else none.
+    pub fn fault_path_backend(&self) -> &'static str {
+        let kind =
+            |p: Program| self.status.iter().find(|s| s.program == p && s.attached).and_then(|s| s.kind);
+        kind(Program::FaultEntry).or(kind(Program::PageFaultUser)).unwrap_or("none")
     }
 
     pub fn attached(&self, program: Program) -> bool {
@@ -295,13 +426,15 @@ impl Session {
     }
 
     /// Tells the kernel side what to record: `(entry, value)` pairs of
-    /// `CONFIG` (entries not given stay 0: off).
+    /// `CONFIG` (entries not given stay as they were: 0, off, at first).
     pub fn configure(&mut self, entries: &[(Config, u32)]) -> Result<()> {
         let m = self.bpf.map_mut("CONFIG").ok_or_else(|| anyhow!("no CONFIG map"))?;
-        let mut a: Array<_, u32> = Array::try_from(m)?;
-        for (c, v) in entries {
-            a.set(c.index(), *v, 0)?;
+        let mut a: Array<_, ConfigValues> = Array::try_from(m)?;
+        let mut v = a.get(&0, 0)?;
+        for (c, x) in entries {
+            v[c.index() as usize] = *x;
         }
+        a.set(0, v, 0)?;
         Ok(())
     }
 
@@ -365,20 +498,47 @@ fn hook_name(h: Hook) -> String {
     }
 }
 
-fn attach_one(bpf: &mut Ebpf, program: Program, hook: Hook, sym: &str) -> Result<()> {
-    let prog = bpf
-        .program_mut(program.name())
-        .ok_or_else(|| anyhow!("program {program} missing from the eBPF object"))?;
-    match hook {
-        Hook::Kprobe(_) | Hook::Kretprobe(_) => {
-            let p: &mut KProbe = prog.try_into()?;
-            p.load().with_context(|| format!("loading {program}"))?;
-            p.attach(sym, 0).with_context(|| format!("attaching {program} to {sym}"))?;
+fn attach_one(
+    bpf: &mut Ebpf,
+    program: Program,
+    hook: Hook,
+    sym: &str,
+    backend: Backend,
+    btf: Option<&aya::Btf>,
+) -> Result<()> {
+    let name = match backend {
+        Backend::Fentry => program.fentry_name().ok_or_else(|| anyhow!("{program} has no fentry twin"))?,
+        _ => program.name(),
+    };
+    let prog = bpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?;
+    match (backend, hook) {
+        (Backend::Fentry, Hook::Kprobe(_)) => {
+            let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for fentry"))?;
+            let p: &mut FEntry = prog.try_into()?;
+            p.load(sym, btf).with_context(|| format!("loading {name}"))?;
+            p.attach().with_context(|| format!("attaching {name} to {sym}"))?;
         }
-        Hook::Tracepoint(cat, name) => {
+        (Backend::Fentry, Hook::Kretprobe(_)) => {
+            let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for fexit"))?;
+            let p: &mut FExit = prog.try_into()?;
+            p.load(sym, btf).with_context(|| format!("loading {name}"))?;
+            p.attach().with_context(|| format!("attaching {name} to {sym}"))?;
+        }
+        (Backend::Fentry, Hook::Tracepoint(_, tp)) => {
+            let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for tp_btf"))?;
+            let p: &mut BtfTracePoint = prog.try_into()?;
+            p.load(tp, btf).with_context(|| format!("loading {name}"))?;
+            p.attach().with_context(|| format!("attaching {name} to {sym}"))?;
+        }
+        (_, Hook::Kprobe(_) | Hook::Kretprobe(_)) => {
+            let p: &mut KProbe = prog.try_into()?;
+            p.load().with_context(|| format!("loading {name}"))?;
+            p.attach(sym, 0).with_context(|| format!("attaching {name} to {sym}"))?;
+        }
+        (_, Hook::Tracepoint(cat, tp)) => {
             let p: &mut TracePoint = prog.try_into()?;
-            p.load().with_context(|| format!("loading {program}"))?;
-            p.attach(cat, name).with_context(|| format!("attaching {program} to {cat}:{name}"))?;
+            p.load().with_context(|| format!("loading {name}"))?;
+            p.attach(cat, tp).with_context(|| format!("attaching {name} to {cat}:{tp}"))?;
         }
     }
     Ok(())
@@ -389,6 +549,10 @@ fn attach_one(bpf: &mut Ebpf, program: Program, hook: Hook, sym: &str) -> Result
 fn attach_reason(e: &anyhow::Error) -> String {
     let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     let mut s = chain.join(": ");
+    // aya's load error with an empty verifier log repeats the errno after it.
+    if let Some(i) = s.find(". Verifier output: : ") {
+        s.truncate(i);
+    }
     if s.contains("Operation not permitted") {
         if let Some(l) = kernel::lockdown().filter(|l| l != "none") {
             s.push_str(&format!(" (kernel lockdown={l})"));
@@ -397,12 +561,32 @@ fn attach_reason(e: &anyhow::Error) -> String {
     s
 }
 
+/// One program's verdict in `probes --load`.
+pub enum Verdict {
+    Ok,
+    /// The verifier (or the loader) rejected it.
+    Rejected(String),
+    /// Not loaded: the kernel refuses this kind of program here (a fentry
+    /// twin where the kernel forbids tracing programs; `auto` then uses
+    /// the kprobe).
+    NotHere(String),
+}
+
 /// Loads every program of the object into the kernel without attaching any:
-/// the verifier's verdict on each, for `faultscope probes --load`.
-pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), String>>> {
-    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0, cgroups: 1 }, Some(0))?;
-    let mut out = BTreeMap::new();
-    for spec in PROBES {
+/// the verifier's verdict on each, for `faultscope probes --load`. A
+/// kernel function's fentry twin is loaded against its function where BTF
+/// describes it (not with `--backend kprobe`).
+pub fn load_all(
+    tracefs: &Path,
+    resolved: &[Resolved],
+    btf: &KernelBtf,
+    choice: BackendChoice,
+) -> Result<Vec<(&'static str, Verdict)>> {
+    let aya_btf = if choice == BackendChoice::Kprobe { None } else { btf.aya().ok() };
+    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0, cgroups: 1 }, Some(0), btf, aya_btf)?;
+    let mut out = Vec::new();
+    for r in resolved {
+        let spec = r.spec;
         let res = (|| -> Result<()> {
             let prog =
                 bpf.program_mut(spec.program.name()).ok_or_else(|| anyhow!("missing from the object"))?;
@@ -418,7 +602,44 @@ pub fn load_all(tracefs: &Path) -> Result<BTreeMap<&'static str, Result<(), Stri
             }
             Ok(())
         })();
-        out.insert(spec.program.name(), res.map_err(|e| format!("{e:#}")));
+        out.push((
+            spec.program.name(),
+            res.map_or_else(|e| Verdict::Rejected(format!("{e:#}")), |()| Verdict::Ok),
+        ));
+        let (Some(twin), Some(aya_btf)) = (spec.program.fentry_name(), aya_btf) else { continue };
+        let Resolution::Attach { symbol, backend: Backend::Fentry, .. } = &r.resolution else { continue };
+        let res = (|| -> Result<()> {
+            let prog = bpf.program_mut(twin).ok_or_else(|| anyhow!("missing from the object"))?;
+            match spec.hook {
+                Hook::Kretprobe(_) => {
+                    let p: &mut FExit = prog.try_into()?;
+                    p.load(symbol, aya_btf)?;
+                }
+                Hook::Kprobe(_) => {
+                    let p: &mut FEntry = prog.try_into()?;
+                    p.load(symbol, aya_btf)?;
+                }
+                Hook::Tracepoint(_, tp) => {
+                    let p: &mut BtfTracePoint = prog.try_into()?;
+                    p.load(tp, aya_btf)?;
+                }
+            }
+            Ok(())
+        })();
+        out.push((
+            twin,
+            match res {
+                Ok(()) => Verdict::Ok,
+                Err(e) => {
+                    let e = attach_reason(&e);
+                    if e.contains("Operation not permitted") && choice == BackendChoice::Auto {
+                        Verdict::NotHere(e)
+                    } else {
+                        Verdict::Rejected(e)
+                    }
+                }
+            },
+        ));
     }
     Ok(out)
 }
@@ -428,6 +649,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::kernel::probes::PROBES;
 
     /// The program names of an eBPF object, parsed without a kernel.
     fn object_programs(object: &[u8]) -> BTreeSet<String> {
@@ -437,7 +659,11 @@ mod tests {
 
     /// What differs between an object's programs and the catalogue.
     fn mismatch(in_object: &BTreeSet<String>, catalogue: &[Program]) -> Vec<String> {
-        let names: BTreeSet<String> = catalogue.iter().map(|p| p.name().to_string()).collect();
+        let names: BTreeSet<String> = catalogue
+            .iter()
+            .flat_map(|p| std::iter::once(p.name()).chain(p.fentry_name()))
+            .map(String::from)
+            .collect();
         let mut out: Vec<String> = in_object
             .difference(&names)
             .map(|n| format!("{n}: in the object, not in Program::ALL"))
@@ -454,7 +680,12 @@ mod tests {
         let mut more = progs.clone();
         more.insert("extra_program".into());
         assert_eq!(mismatch(&more, &Program::ALL).len(), 1);
+        // The first program is a tracepoint (one name); the fault entry has
+        // a fentry twin (two).
         assert_eq!(mismatch(&progs, &Program::ALL[1..]).len(), 1);
+        let without_entry: Vec<Program> =
+            Program::ALL.into_iter().filter(|p| *p != Program::FaultEntry).collect();
+        assert_eq!(mismatch(&progs, &without_entry).len(), 2);
     }
 
     #[test]

@@ -130,7 +130,7 @@ pub fn attribution(
     for ((m, u, k, caller), count) in stacks {
         let mut user: Vec<String> =
             name_ips(n, history, at, &(n.frames)(u)).into_iter().map(|(s, _)| s).collect();
-        let mut kernel = kernel_frames(&with_caller((n.frames)(k), caller));
+        let mut kernel = without_trampolines(kernel_frames(&with_caller((n.frames)(k), caller)));
         // Leaf first from the kernel; the report has outermost first.
         user.reverse();
         kernel.reverse();
@@ -148,6 +148,31 @@ fn with_caller(mut frames: Vec<u64>, caller: u64) -> Vec<u64> {
         frames.insert(1, caller);
     }
     frames
+}
+
+/// A kernel stack (named, leaf first) as the kernel ran it, without what
+/// fentry/fexit put in it: the program's own frames and its trampoline at
+/// the leaf (the probed function's frame, `f+0x8` at its patched entry,
+/// stays: it is the leaf), and, further out, each fexit trampoline with the
+/// patched entry of the function it wraps (`f+0xc4 <- bpf_trampoline_N <-
+/// f+0x8` is one call of `f`). A kprobe's stack has none of these.
+fn without_trampolines(frames: Vec<String>) -> Vec<String> {
+    let func = |f: &str| f.split('+').next().unwrap_or(f).to_string();
+    let is_bpf = |f: &str| f.starts_with("bpf_prog_") || f.starts_with("bpf_trampoline_");
+    let mut out: Vec<String> = Vec::new();
+    let mut it = frames.into_iter().skip_while(|f| is_bpf(f)).peekable();
+    while let Some(f) = it.next() {
+        if f.starts_with("bpf_trampoline_") {
+            if let (Some(last), Some(next)) = (out.last(), it.peek()) {
+                if func(last) == func(next) {
+                    it.next();
+                }
+            }
+            continue;
+        }
+        out.push(f);
+    }
+    out
 }
 
 fn mapping_row(
@@ -286,6 +311,25 @@ mod tests {
         collect::attribution::{AttribOpts, Attribution as Attrib},
     };
     use faultscope_common::attrib::{addr_key, MappingKey, SiteKey};
+
+    /// A 7.3 arm64 stack of `contpte_convert`'s fentry program, inside an
+    /// fexit-wrapped `handle_mm_fault`, as the kernel took it (leaf first).
+    #[test]
+    fn fentry_stacks_lose_their_trampolines() {
+        let taken = "bpf_prog_3d46b06297f0d4c6_contpte_convert_fe+0x414 bpf_prog_3d46b06297f0d4c6_contpte_convert_fe+0x414 \
+                     bpf_trampoline_6442527990+0x70 contpte_convert+0x8 contpte_ptep_set_access_flags+0x140 \
+                     wp_page_reuse+0x120 do_wp_page+0x25c __handle_mm_fault+0xa08 handle_mm_fault+0xc4 \
+                     bpf_trampoline_6442540524+0xc4 handle_mm_fault+0x8 do_page_fault+0x220 do_mem_abort+0x48";
+        let frames: Vec<String> = taken.split_whitespace().map(String::from).collect();
+        assert_eq!(
+            without_trampolines(frames).join(" "),
+            "contpte_convert+0x8 contpte_ptep_set_access_flags+0x140 wp_page_reuse+0x120 do_wp_page+0x25c \
+             __handle_mm_fault+0xa08 handle_mm_fault+0xc4 do_page_fault+0x220 do_mem_abort+0x48"
+        );
+        // A kprobe's stack is left as it is.
+        let kprobe: Vec<String> = ["contpte_convert+0x0", "wp_page_reuse+0x120"].map(String::from).into();
+        assert_eq!(without_trampolines(kprobe.clone()), kprobe);
+    }
 
     const MAPS: &str = "\
 555d3e04e000-555d3e06f000 rw-p 00000000 00:00 0                          [heap]

@@ -172,6 +172,8 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
                 target: p.target.clone(),
                 attached: p.attached,
                 reason: p.reason.clone(),
+                backend: p.kind.map(String::from),
+                backend_reason: p.backend_reason.clone(),
             })
             .collect(),
         drops: ctx.drops.clone(),

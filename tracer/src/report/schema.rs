@@ -40,6 +40,10 @@ pub struct Report {
     /// The time series of `record --interval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intervals: Option<Vec<Interval>>,
+    /// Each attached program's own cost from the kernel's accounting
+    /// (`--prog-stats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub programs: Option<Vec<ProgramCost>>,
     /// The workload's own numbers, when the run is a `bench`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bench: Option<Bench>,
@@ -67,6 +71,34 @@ pub struct ProbeStatus {
     pub attached: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How it is attached: `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or
+    /// `fexit` (absent when it is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Why that way: fentry where BTF describes the function, else why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_reason: Option<String>,
+}
+
+/// One attached program's cost, as the kernel accounts it (bpf_stats): the
+/// program's own run time, without what attaching costs around it (a
+/// kprobe's breakpoint, a kretprobe's return trampoline).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramCost {
+    /// The program's name in the object (a fentry twin ends in `_fe`).
+    pub name: String,
+    /// The probe of the table it serves.
+    pub probe: String,
+    /// `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or `fexit`.
+    pub backend: String,
+    /// The kernel function or tracepoint.
+    pub target: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
+    /// `run_time_ns / runs`; absent when it never ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_per_run: Option<f64>,
 }
 
 /// The classes of one process over a span; every class of the catalogue is
@@ -309,7 +341,7 @@ pub struct FolioCheck {
     pub pmd_mapped_bytes: u64,
 }
 
-/// A bench step as the workload saw it (getrusage, wall clock).
+/// A bench step as the workload saw it (getrusage, wall clock, CPU time).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BenchStep {
@@ -317,6 +349,12 @@ pub struct BenchStep {
     pub minflt: i64,
     pub majflt: i64,
     pub wall_ns: u64,
+    /// The bench process's CPU time in the step (CLOCK_PROCESS_CPUTIME_ID):
+    /// its stores and the kernel's work for them, faults and the BPF
+    /// programs they run included, but not time spent waiting for a CPU, so
+    /// it tells a tracer's cost on a busy machine where wall time cannot.
+    #[serde(default)]
+    pub cpu_ns: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -100,6 +100,26 @@ pub fn to_text(r: &Report) -> String {
             dropped.join(", ")
         );
     }
+    if let Some(progs) = &r.programs {
+        let _ = writeln!(out, "PROGRAMS (the kernel's accounting, bpf_stats)");
+        let _ = writeln!(
+            out,
+            "  {:<22} {:<10} {:<28} {:>12} {:>10}",
+            "PROGRAM", "BACKEND", "TARGET", "RUNS", "NS/RUN"
+        );
+        for p in progs {
+            let per = p.ns_per_run.map_or("-".to_string(), |n| format!("{n:.1}"));
+            let _ = writeln!(
+                out,
+                "  {:<22} {:<10} {:<28} {:>12} {:>10}",
+                safe(&p.name),
+                safe(&p.backend),
+                safe(&p.target),
+                p.runs,
+                per
+            );
+        }
+    }
     let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
     out
 }
