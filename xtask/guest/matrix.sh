@@ -40,3 +40,14 @@ for c in 64k-exit 4k-exit; do
 	echo "@@FS-VERIFY $c $?"
 	emit verify-$c /tmp/verify-$c.out
 done
+
+# The whole-folio reuse gate, as CI would run it on a patched kernel: at
+# most 1.05 reuse faults per folio in the write step.
+if [ "$GATES" = 1 ]; then
+	for c in 64k-exit 2m-pte-exit; do
+		[ -f /tmp/$c.json ] || continue
+		/faultscope verify --phase mark:write --expect 'reuse/folio<=1.05' /tmp/$c.json > /tmp/gate-$c.out 2>&1
+		echo "@@FS-GATE $c $?"
+		emit gate-$c /tmp/gate-$c.out
+	done
+fi

@@ -12,6 +12,7 @@ use faultscope::{
 
 use crate::{
     check::{self, Oracle},
+    kernels::{FolioReuse, GuestKernel},
     vm::GuestRun,
 };
 
@@ -28,9 +29,10 @@ pub struct CaseResult {
     pub failures: Vec<String>,
 }
 
-/// Checks one bench case of a guest run. An error is the harness's (the
-/// guest printed no results for the case); wrong counts are `failures`.
-pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult> {
+/// Checks one bench case of a guest run of a kernel that reuses large
+/// folios as `reuse` says. An error is the harness's (the guest printed no
+/// results for the case); wrong counts are `failures`.
+pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, case: &str) -> Result<CaseResult> {
     let mut fails = Vec::new();
     let rc = run
         .marker("RC", case)
@@ -102,6 +104,15 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
             let r = get(Metric::Reuse);
             expect(within(r, pages), format!("reuse {r} = pages {pages} (+{SLACK})"))
         }
+        "64k-exit" | "2m-pte-exit" if reuse == FolioReuse::WholeFolio => {
+            let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
+            expect(
+                within(r, folios) && c == 0,
+                format!(
+                    "reuse {r} = folios {folios}, copy {c} = 0: this kernel reuses a {folio} folio whole"
+                ),
+            );
+        }
         "64k-exit" | "2m-pte-exit" => {
             let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
             expect(
@@ -135,7 +146,14 @@ pub fn check_case(run: &GuestRun, kernel: &str, case: &str) -> Result<CaseResult
         && case == "64k-exit"
     {
         let u = get(Metric::ContpteUnfold);
-        expect(u == folios, format!("contpte_unfold {u} = 64K blocks written {folios}"));
+        match reuse {
+            FolioReuse::PageByPage => {
+                expect(u == folios, format!("contpte_unfold {u} = 64K blocks written {folios}"))
+            }
+            FolioReuse::WholeFolio => {
+                expect(u == 0, format!("contpte_unfold {u} = 0: whole 64K blocks reused, none unfolded"))
+            }
+        }
         let try_unfold = oracle
             .line(pid, "mark:write")
             .and_then(|l| l.get(Metric::ContpteTryUnfold.name()).copied().flatten());
@@ -238,7 +256,8 @@ fn unfold_stacks(
 /// `faultscope verify --expect contpte_unfold=0` over the write step of the
 /// 64K and 4K runs: on arm64 exit 1 (count printed) where the kernel
 /// unfolded, 0 where not; on x86 the class is not measurable (exit 3).
-fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
+/// With `gates`, also [`check_gates`].
+fn check_verify(run: &GuestRun, k: GuestKernel, gates: bool) -> Vec<String> {
     let mut fails = Vec::new();
     for case in ["64k-exit", "4k-exit"] {
         let Some(rc) = run.marker("VERIFY", case) else { continue };
@@ -258,6 +277,86 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
         if want == "1" && !out.contains(&format!("contpte_unfold is {}", unfolds.unwrap_or(0))) {
             fails.push(format!("{} verify on {case} does not print the count: {out}", k.name));
         }
+        // The gate CI would run on a kernel that must not unfold.
+        if gates && case == "64k-exit" && k.arch == "arm64" {
+            let must = if k.reuse() == FolioReuse::WholeFolio { "0" } else { "1" };
+            println!("{} GATE contpte_unfold=0 on {case}: exit {rc}, must be {must}", k.name);
+            if rc != must {
+                fails.push(format!(
+                    "{} gate contpte_unfold=0 on {case}: exit {rc}, must be {must}: {out}",
+                    k.name
+                ));
+            }
+        }
+    }
+    if gates {
+        fails.extend(check_gates(run, k));
+    }
+    fails
+}
+
+/// The bound of the whole-folio reuse gate: one reuse fault per folio, and
+/// the bench's own few faults (its stack and heap pages after the fork).
+pub const GATE: &str = "reuse/folio<=1.05";
+
+/// `faultscope verify --phase mark:write --expect 'reuse/folio<=1.05'` over
+/// the 64K and PTE-mapped 2M runs, as CI would gate a patch on it: its exit
+/// must follow the oracle's reuse count (0 within the bound, 1 above it,
+/// printing that count over the folios), and it must pass on a kernel that
+/// reuses whole folios and fail on one that reuses them page by page.
+fn check_gates(run: &GuestRun, k: GuestKernel) -> Vec<String> {
+    let mut fails = Vec::new();
+    for case in ["64k-exit", "2m-pte-exit"] {
+        let Some(rc) = run.marker("GATE", case) else {
+            fails.push(format!("{} gate on {case}: the guest printed no exit status", k.name));
+            continue;
+        };
+        let out = run.section(&format!("gate-{case}")).unwrap_or("").trim().to_string();
+        let counts = (|| -> Option<(u64, u64, u64)> {
+            let report = check::report(run, &format!("{case}.json")).ok()?;
+            let b = report.bench.as_ref()?;
+            let oracle = Oracle::from_run(run, &format!("{case}.oracle")).ok()?;
+            let reuse = oracle.line(b.pid, "mark:write")?.get(Metric::Reuse.name()).copied().flatten()?;
+            let copy = oracle.line(b.pid, "mark:write")?.get(Metric::Copy.name()).copied().flatten()?;
+            Some((reuse, copy, b.folios))
+        })();
+        let Some((reuse, copy, folios)) = counts else {
+            fails.push(format!("{} gate on {case}: no oracle reuse count for the write step", k.name));
+            continue;
+        };
+        let within = reuse as f64 / folios.max(1) as f64 <= 1.05;
+        let want = if within { "0" } else { "1" };
+        // What the kernel must do: the series' whole folio, or 7.3's page
+        // by page (16 per 64K folio); a kernel that copies reuses nothing.
+        let must = match k.reuse() {
+            FolioReuse::WholeFolio => Some("0"),
+            FolioReuse::PageByPage if copy == 0 => Some("1"),
+            FolioReuse::PageByPage => None,
+        };
+        println!(
+            "{} GATE {GATE} on {case}: exit {rc}; the oracle's reuse {reuse} / {folios} folios wants {want}{}: {out}",
+            k.name,
+            must.map_or(String::new(), |m| format!(", the kernel must give {m}"))
+        );
+        if rc != want {
+            fails.push(format!(
+                "{} gate on {case}: exit {rc}, the oracle's count wants {want}: {out}",
+                k.name
+            ));
+        }
+        if let Some(m) = must.filter(|m| *m != want) {
+            fails.push(format!(
+                "{} gate on {case}: reuse {reuse} for {folios} folios; this kernel must {}",
+                k.name,
+                if m == "0" { "pass the gate" } else { "fail the gate" }
+            ));
+        }
+        if !out.contains(&format!("({reuse} / {folios})")) {
+            fails.push(format!(
+                "{} gate on {case} does not print reuse {reuse} / {folios} folios: {out}",
+                k.name
+            ));
+        }
     }
     fails
 }
@@ -267,13 +366,13 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
 /// left no results.
 fn check_cases(
     run: &GuestRun,
-    kernel: &str,
+    k: GuestKernel,
     cases: &[String],
     failures: &mut Vec<String>,
 ) -> Vec<(String, String)> {
     let mut harness_errors = Vec::new();
     for case in cases {
-        match check_case(run, kernel, case) {
+        match check_case(run, k.name, k.reuse(), case) {
             Ok(r) => {
                 print!("{}", r.table);
                 failures.extend(r.failures);
@@ -297,22 +396,60 @@ pub const DEFAULT_CASES: &[&str] =
     &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
 
 /// Boots each kernel once and runs `cases` in it.
-pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]) -> Result<()> {
+pub fn run(kernels: &[GuestKernel], size: &str, cases: &[String]) -> Result<()> {
+    run_with(kernels, size, cases, false)
+}
+
+/// The cases of the whole-folio reuse gates, at the size the issue's
+/// figures are for (256M: the bench's own faults weigh under 5% there).
+pub const GATE_CASES: &[&str] = &["64k-exit", "2m-pte-exit"];
+pub const GATE_SIZE: &str = "256M";
+/// The gates' kernels: stock 7.3 (must fail) and 7.3 with the series (must
+/// pass), each arch.
+pub const GATE_KERNELS: &[&str] =
+    &["7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-cloud-arm64", "7.3-folio-reuse-arm64"];
+
+/// The gates on `kernels`: [`GATE_CASES`] at [`GATE_SIZE`] against the
+/// oracle, then `verify` as CI runs it ([`check_gates`]): pass on the
+/// patched kernels, fail with the count on stock 7.3.
+pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
+    let cases: Vec<String> = GATE_CASES.iter().map(|c| c.to_string()).collect();
+    run_with(kernels, GATE_SIZE, &cases, true)
+}
+
+fn run_with(kernels: &[GuestKernel], size: &str, cases: &[String], gates: bool) -> Result<()> {
     use crate::{kernels, root, vm};
     let mut failures = Vec::new();
     for &k in kernels {
-        let vmlinuz = kernels::fetch(k)?;
+        if k.skipped(&format!("matrix {}", cases.join(" "))) {
+            continue;
+        }
+        // A kernel that cannot be had (a build that failed) fails the run;
+        // the other kernels still run.
+        let vmlinuz = match kernels::fetch(k) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{}: no kernel: {e:#}", k.name));
+                continue;
+            }
+        };
         let bin = vm::build_faultscope(k.arch)?;
-        let dir = root().join("target/vm/matrix").join(k.name);
+        let sub = if gates { "gates" } else { "matrix" };
+        let dir = root().join("target/vm").join(sub).join(k.name);
         std::fs::create_dir_all(&dir)?;
         let boot = |cases: &[String]| -> Result<GuestRun> {
-            let env = [("SIZE", size.to_string()), ("CASES", cases.join(" "))];
+            let mut env = vec![("SIZE", size.to_string()), ("CASES", cases.join(" "))];
+            if gates {
+                // 256M of 64K folios reused page by page on arm64 is ~6
+                // events per fault in one CPU's buffer.
+                env.extend([("GATES", "1".to_string()), ("TRACE_KB", "98304".to_string())]);
+            }
             let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
             vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))
         };
         let run = boot(cases)?;
-        let harness_errors = check_cases(&run, k.name, cases, &mut failures);
-        failures.extend(check_verify(&run, k));
+        let harness_errors = check_cases(&run, k, cases, &mut failures);
+        failures.extend(check_verify(&run, k, gates));
         println!("guest {} ran {} cases in {:.1}s", k.name, cases.len(), run.wall.as_secs_f64());
         print_complaints(&run);
         // A case without results (no bench output, no oracle counts for it)
@@ -325,7 +462,7 @@ pub fn run(kernels: &[crate::kernels::GuestKernel], size: &str, cases: &[String]
                 println!("HARNESS ERROR (the case runs again in a new guest): {e}");
             }
             let rerun = boot(&again)?;
-            for (_, e) in check_cases(&rerun, k.name, &again, &mut failures) {
+            for (_, e) in check_cases(&rerun, k, &again, &mut failures) {
                 failures.push(format!("{e} (twice)"));
             }
             println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
@@ -411,7 +548,10 @@ mod tests {
             sections: crate::vm::sections(console),
             wall: std::time::Duration::ZERO,
         };
-        let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
+        let e = check_case(&run, "k", FolioReuse::PageByPage, "c")
+            .err()
+            .expect("no JSON: a harness error")
+            .to_string();
         assert!(e.contains("no section c.json"), "{e}");
         let gap = check::oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
         assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
@@ -427,7 +567,7 @@ mod tests {
             + &oracle_line("mark:write", 20, 21, 0).replace(" wp_faults=21 ", " wp_faults=20 ");
         let markers = format!("@@FS-RC 4k-exit 0\n@@FS-OVERRUN 4k-exit 0\n{X86_REFUSED}");
         let run = guest_run(&markers, &[("4k-exit.json", &bench_json()), ("4k-exit.oracle", &oracle)]);
-        let r = check_case(&run, "k", "4k-exit").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, "4k-exit").unwrap();
         assert_eq!(r.failures, ["k 4k-exit mark:write: reuse: faultscope 20 != oracle 21"]);
         assert!(r.table.contains("write-phase getrusage minflt 20"), "{}", r.table);
         assert!(r.table.contains("\n  copy                                   0/0                   1/1                   0/0\n"), "{}", r.table);
@@ -436,7 +576,7 @@ mod tests {
         assert!(r.table.contains("oracle cannot count: contpte is arm64 only"), "{}", r.table);
         // A step the oracle did not see is the harness's error.
         let run = guest_run(&markers, &[("4k-exit.json", &bench_json()), ("4k-exit.oracle", "")]);
-        let e = format!("{:#}", check_case(&run, "k", "4k-exit").err().unwrap());
+        let e = format!("{:#}", check_case(&run, "k", FolioReuse::PageByPage, "4k-exit").err().unwrap());
         assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }
