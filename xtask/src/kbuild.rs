@@ -165,7 +165,22 @@ pub const ARM64: Recipe = Recipe {
     target: "Image",
     image: "arch/arm64/boot/Image",
     on: &["ARM64_CONTPTE", "SERIAL_AMBA_PL011", "SERIAL_AMBA_PL011_CONSOLE", "PCI_HOST_GENERIC"],
-    off: &["VIRTUALIZATION", "MEDIA_SUPPORT", "MMC", "BT", "MTD", "CAN", "SCSI_UFSHCD", "REMOTEPROC"],
+    off: &[
+        "VIRTUALIZATION",
+        "XEN",
+        "ACPI",
+        "CPU_FREQ",
+        "PM_DEVFREQ",
+        "STAGING",
+        "CRYPTO_HW",
+        "SCSI",
+        "MEDIA_SUPPORT",
+        "MMC",
+        "BT",
+        "MTD",
+        "CAN",
+        "REMOTEPROC",
+    ],
     no_platforms: true,
 };
 
