@@ -558,6 +558,73 @@ mod tests {
         assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
     }
 
+    /// The gate's exit must follow the oracle's reuse count and the kernel:
+    /// stock 7.3 fails it with the count, the patched kernel passes.
+    #[test]
+    fn gates_follow_the_oracle_and_the_kernel() {
+        use check::testing::*;
+        let stock = crate::kernels::by_name("7.3-cloud-amd64").unwrap();
+        let patched = crate::kernels::by_name("7.3-folio-reuse-amd64").unwrap();
+        // bench_json: 16 folios; the oracle's write step reuse decides.
+        let run = |reuse: u64, rc: &str| {
+            let oracle = X86_UNKNOWN.to_string() + &oracle_line("mark:write", reuse, reuse, 0);
+            let out = format!("reuse/folio<=1.05: reuse is {} ({reuse} / 16)", reuse as f64 / 16.0);
+            let mut markers = String::new();
+            let mut sections = Vec::new();
+            for c in GATE_CASES {
+                markers += &format!("@@FS-GATE {c} {rc}\n");
+                sections.push((format!("{c}.json"), bench_json()));
+                sections.push((format!("{c}.oracle"), oracle.clone()));
+                sections.push((format!("gate-{c}"), out.clone()));
+            }
+            let s: Vec<(&str, &str)> = sections.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            guest_run(&markers, &s)
+        };
+        // 7.3 reuses page by page: 256 for 16 folios, the gate fails (1).
+        assert_eq!(check_gates(&run(256, "1"), stock), Vec::<String>::new());
+        let f = check_gates(&run(256, "0"), stock);
+        assert!(f[0].contains("exit 0, the oracle's count wants 1"), "{f:?}");
+        // The patched kernel: 16 for 16, the gate passes (0).
+        assert_eq!(check_gates(&run(16, "0"), patched), Vec::<String>::new());
+        // A patched kernel that still reuses page by page must pass, and fails.
+        let f = check_gates(&run(256, "1"), patched);
+        assert!(
+            f.iter().any(|x| x.contains("reuse 256 for 16 folios; this kernel must pass the gate")),
+            "{f:?}"
+        );
+        // verify must print the count it judged.
+        let mut r = run(16, "0");
+        for c in GATE_CASES {
+            r.sections.insert(format!("gate-{c}"), "reuse/folio<=1.05: reuse is 1".into());
+        }
+        let f = check_gates(&r, patched);
+        assert!(f[0].contains("does not print reuse 16 / 16 folios"), "{f:?}");
+    }
+
+    /// On a whole-folio kernel the 64K case wants one reuse per folio.
+    #[test]
+    fn a_whole_folio_kernel_reuses_once_per_folio() {
+        use check::testing::*;
+        let json = bench_json()
+            .replace("\"folio\":\"4K\"", "\"folio\":\"64K\"")
+            .replace("\"folios\":16", "\"folios\":1");
+        assert!(json.contains("\"folios\":1,"), "{json}");
+        let oracle = X86_UNKNOWN.to_string()
+            + &oracle_line("mark:populate", 16, 0, 0)
+            + &oracle_line("mark:fork", 3, 0, 1)
+            + &oracle_line("mark:write", 20, 20, 0);
+        let markers = format!("@@FS-RC 64k-exit 0\n@@FS-OVERRUN 64k-exit 0\n{X86_REFUSED}");
+        let run = guest_run(&markers, &[("64k-exit.json", &json), ("64k-exit.oracle", &oracle)]);
+        // 20 reuse faults for 1 folio (+16 slack is 17): not whole-folio.
+        let r = check_case(&run, "k", FolioReuse::WholeFolio, "64k-exit").unwrap();
+        assert_eq!(
+            r.failures,
+            ["k 64k-exit: reuse 20 = folios 1, copy 0 = 0: this kernel reuses a 64K folio whole"]
+        );
+        let r = check_case(&run, "k", FolioReuse::PageByPage, "64k-exit").unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
+    }
+
     #[test]
     fn a_case_against_its_oracle_steps_and_arithmetic() {
         use check::testing::*;
