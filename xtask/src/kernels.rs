@@ -130,7 +130,6 @@ impl GuestKernel {
     pub fn skipped(&self, what: &str) -> bool {
         match self.missing() {
             Some(why) => {
-                eprintln!("SKIPPED: {what} on {}: {why}", self.name);
                 println!("SKIPPED: {what} on {}: {why}", self.name);
                 true
             }
