@@ -498,16 +498,28 @@ pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
     let key = format!("{}-{arch}", key(&version, diffs, &recipe_text));
     let local = root().join("target/kernels/built").join(&key);
     let machine = Path::new(MACHINE_CACHE).join(&key);
-    for dir in [&local, &machine] {
-        if let Some(b) = Built::at(dir.clone()) {
+    let cached = || {
+        [&local, &machine].into_iter().find_map(|d| Built::at(d.clone())).inspect(|b| {
             eprintln!("xtask kernel: {name} {arch} is cached: {}", b.dir.display());
-            return Ok(b);
-        }
+        })
+    };
+    if let Some(b) = cached() {
+        return Ok(b);
+    }
+    let parent = local.parent().context("no parent")?;
+    fs::create_dir_all(parent)?;
+    // One build of a key at a time: a second xtask waits for the first's
+    // result instead of building it again.
+    let lock = fs::File::create(parent.join(format!(".{key}.lock")))?;
+    if lock.try_lock().is_err() {
+        eprintln!("xtask kernel: waiting for another build of {key}");
+        lock.lock()?;
+    }
+    if let Some(b) = cached() {
+        return Ok(b);
     }
     let t0 = Instant::now();
     let tar = fetch_source(&version, apt)?;
-    let parent = local.parent().context("no parent")?;
-    fs::create_dir_all(parent)?;
     let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
     if scratch.exists() {
         fs::remove_dir_all(&scratch)?;
@@ -673,7 +685,11 @@ fn build_in(
         writeln!(about, "patch {:04}.diff: {}", n + 1, d.subject)?;
     }
     let cpu = cpu_s.map_or(String::new(), |c| format!(", {c:.0}s of CPU"));
-    let said = format!("make -j{jobs} {} took {build_s:.0}s{cpu} ({:.0}s in all)", recipe.target, t0.elapsed().as_secs_f64());
+    let said = format!(
+        "make -j{jobs} {} took {build_s:.0}s{cpu} ({:.0}s in all)",
+        recipe.target,
+        t0.elapsed().as_secs_f64()
+    );
     eprintln!("xtask kernel: {said}");
     writeln!(about, "{said}\n{recipe_text}")?;
     Ok(())
