@@ -108,7 +108,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -170,7 +170,7 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
     for (what, cell) in &blocks {
         let _ = writeln!(t, "  {what}");
         for (f, label) in ROWS {
-            row(&mut t, label, cols, |c| c.report(f).and_then(|r| cell(r)));
+            row(&mut t, label, cols, |c| c.report(f).and_then(cell));
         }
     }
     t

@@ -198,7 +198,8 @@ fn mthp_table(rows: &[MthpRow], keys: u64, value_size: u64, requests: u64) -> St
         let _ = write!(t, " {:>26}", r.release);
     }
     t.push('\n');
-    let cells: [(&str, fn(&MthpRow) -> u64); 5] = [
+    type Cell = (&'static str, fn(&MthpRow) -> u64);
+    let cells: [Cell; 5] = [
         ("faults", |r| r.faults),
         ("write faults", |r| r.write_faults),
         ("reuse", |r| r.reuse),
