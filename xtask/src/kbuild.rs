@@ -531,12 +531,15 @@ pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
     match result {
         Ok(()) => {}
         Err(e) => {
-            // Keep the tree's log for a look; the objects go.
+            // Keep the build's log for a look; the tree goes.
             let log = scratch.join("build.log");
             let kept = parent.join(format!("failed-{key}.log"));
-            let _ = fs::rename(&log, &kept);
+            let where_ = match fs::rename(&log, &kept) {
+                Ok(()) => format!(" (log: {})", kept.display()),
+                Err(_) => String::new(),
+            };
             let _ = fs::remove_dir_all(&scratch);
-            return Err(e.context(format!("building {name} for {arch} (log: {})", kept.display())));
+            return Err(e.context(format!("building {name} for {arch}{where_}")));
         }
     }
     fs::remove_dir_all(&tree)?;
