@@ -7,8 +7,8 @@
 # tools run inside it. PIDs are global, so faultscope -p works across.
 #
 # Env: MODULES (kernel modules in load order, /modules/NAME.ko; none where
-# the kernel has 9p built in), KEYS, VALUE_SIZE, REQUESTS, RUNS (of run1,
-# run2, mthp; default run1 run2).
+# the kernel has 9p built in), KEYS, VALUE_SIZE, REQUESTS (MTHP_REQUESTS for
+# mthp), RUNS (of run1, run2, mthp; default run1 run2).
 . /lib.sh
 H=/host
 SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
@@ -114,9 +114,10 @@ record_start() {
 	sleep 0.3
 }
 
-# bench RUN: redis-benchmark SETs over the populated key range.
+# bench RUN [N]: redis-benchmark SETs (N, default REQUESTS) over the
+# populated key range.
 bench() {
-	in_host /usr/bin/redis-benchmark -s $SOCK -t set -n $REQUESTS -d $VALUE_SIZE -r $KEYS -q 2>&1 |
+	in_host /usr/bin/redis-benchmark -s $SOCK -t set -n ${2:-$REQUESTS} -d $VALUE_SIZE -r $KEYS -q 2>&1 |
 		tr '\r' '\n' | grep . | tail -n 1 > /tmp/$1.bench
 	echo "@@FS-BENCH $1 $(cat /tmp/$1.bench)"
 	up "$1.bench"
@@ -202,7 +203,7 @@ for r in ${RUNS:-run1 run2}; do
 		bgsave mthp
 		info mthp after-bgsave
 		record_start mthp
-		bench mthp
+		bench mthp ${MTHP_REQUESTS:-$REQUESTS}
 		record_stop mthp
 		info mthp end
 		stop_redis mthp
