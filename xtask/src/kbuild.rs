@@ -169,7 +169,13 @@ pub const ARM64: Recipe = Recipe {
     // populate and write often enough that the folios still in the other
     // CPU's LRU-add batch (each holding a reference) are copied, not
     // reused: 13-20 copies of 4K pages in a third of the runs.
-    on: &["ARM64_CONTPTE", "SERIAL_AMBA_PL011", "SERIAL_AMBA_PL011_CONSOLE", "PCI_HOST_GENERIC", "PREEMPT_LAZY"],
+    on: &[
+        "ARM64_CONTPTE",
+        "SERIAL_AMBA_PL011",
+        "SERIAL_AMBA_PL011_CONSOLE",
+        "PCI_HOST_GENERIC",
+        "PREEMPT_LAZY",
+    ],
     off: &[
         "PREEMPT",
         "VIRTUALIZATION",
@@ -526,10 +532,15 @@ pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
     }
     let t0 = Instant::now();
     let tar = fetch_source(&version, apt)?;
-    let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
-    if scratch.exists() {
-        fs::remove_dir_all(&scratch)?;
+    // A build of this key that was killed left its scratch folder; with
+    // the lock held, none is running.
+    for e in fs::read_dir(parent)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!(".{key}.build-")) {
+            eprintln!("xtask kernel: removing {}, left by a build that did not finish", e.path().display());
+            fs::remove_dir_all(e.path())?;
+        }
     }
+    let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
     let tree = scratch.join("linux");
     fs::create_dir_all(&tree)?;
     let result = build_in(recipe, &lv, &recipe_text, &version, &tar, diffs, &scratch, &tree, t0);
