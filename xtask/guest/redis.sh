@@ -8,7 +8,9 @@
 #
 # Env: MODULES (kernel modules in load order, /modules/NAME.ko; none where
 # the kernel has 9p built in), KEYS, VALUE_SIZE, REQUESTS (MTHP_REQUESTS for
-# mthp), RUNS (of run1, run2, mthp; default run1 run2).
+# mthp), RUNS (of run1, run2, mthp; default run1 run2); RECORD_ARGS (more
+# options for faultscope record). With REDIS_FUNCTIONS_ONLY set, it only
+# defines its functions (daemon.sh sources it).
 . /lib.sh
 H=/host
 SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
@@ -92,7 +94,7 @@ info() {
 # listens for marks, which it does after writing "faultscope phase attach".
 record_start() {
 	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
-	/faultscope record -p $pid --json /tmp/$1.fs.json > /tmp/$1.out 2>&1 &
+	/faultscope record -p $pid --json /tmp/$1.fs.json $RECORD_ARGS > /tmp/$1.out 2>&1 &
 	fs=$!
 	i=0
 	until [ -S /run/faultscope/record-$fs.sock ]; do
@@ -153,6 +155,8 @@ stop_redis() {
 	done
 	emit $1.redis.log $H/tmp/$1/redis.log
 }
+
+[ -n "$REDIS_FUNCTIONS_ONLY" ] && return 0
 
 up boot
 host_root

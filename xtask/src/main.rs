@@ -2,6 +2,7 @@
 
 mod check;
 mod cross;
+mod daemon;
 mod demo;
 mod foundation;
 mod kbuild;
@@ -117,7 +118,25 @@ enum Cmd {
         #[arg(long, default_value_t = 100_000)]
         requests: u64,
     },
+    /// `faultscope serve` under Debian's Prometheus, in a guest of the
+    /// generic 6.12 kernel (host userspace over 9p): PromQL against `record`
+    /// and the tracefs oracle across a BGSAVE and a restart of Redis, and
+    /// the plot of the run rendered to PNG.
+    Daemon {
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 512)]
+        value_size: u64,
+        /// SETs redis-benchmark sends in each window.
+        #[arg(long, default_value_t = DAEMON_SETS)]
+        requests: u64,
+    },
 }
+
+/// SETs per window of the daemon test: enough to outlast the BGSAVE (about
+/// 1 s of them under TCG) and show the reuse after it, few enough to keep
+/// the suite short.
+const DAEMON_SETS: u64 = 40_000;
 
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -191,6 +210,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Redis { keys, value_size, requests } => redis::run(keys, value_size, requests),
+        Cmd::Daemon { keys, value_size, requests } => daemon::run(keys, value_size, requests),
     }
 }
 
@@ -213,11 +233,12 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 4] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 5] = [
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases)),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
+        ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
     ];
     let mut failed = Vec::new();
     let mut times = Vec::new();

@@ -124,31 +124,15 @@ fn guest(
     requests: u64,
     mthp_requests: u64,
 ) -> Result<(MthpRow, Vec<String>)> {
-    let vmlinuz = kernels::fetch(k)?;
-    let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/redis").join(k.name);
-    std::fs::create_dir_all(&dir)?;
-    let mods = match k.source {
-        Source::Package { .. } => vm::kernel_modules(&kernels::modules_dir(k)?, MODULES, &dir)?,
-        Source::Built(_) => Vec::new(),
-    };
-    let names: Vec<&str> = mods
-        .iter()
-        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
-        .collect();
     let env = [
-        ("MODULES", names.join(" ")),
         ("KEYS", keys.to_string()),
         ("VALUE_SIZE", value_size.to_string()),
         ("REQUESTS", requests.to_string()),
         ("MTHP_REQUESTS", mthp_requests.to_string()),
         ("RUNS", runs.join(" ")),
     ];
-    let cpio = vm::initramfs_with(&dir, k.arch, &bin, "redis.sh", &env, &mods)?;
-    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
-    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-        bail!("the redis guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
-    }
+    let name = format!("redis/{}", k.name);
+    let HostRootRun { run, modules: names, .. } = boot_host_root_on(k, &name, "redis.sh", &env, &[])?;
     println!(
         "{} on {} ({}), {keys} keys of {value_size} bytes, {requests} SETs per run ({mthp_requests} on mTHP)",
         run.marker("REDIS-VERSION", "Redis").map(|v| format!("Redis {v}")).unwrap_or("Redis ?".into()),
@@ -268,13 +252,83 @@ fn mthp_shape(rows: &[MthpRow]) -> Vec<String> {
     f
 }
 
+/// Files for an initramfs: (file on this machine, path in the guest).
+pub type GuestFiles = Vec<(std::path::PathBuf, String)>;
+
+/// A guest that runs `script` (of xtask/guest) on this machine's root over
+/// 9p, the 9p modules loaded first where the kernel has them as modules
+/// (`MODULES`), with `env` and the `extra` files; the guest's `@@FS-FAIL`
+/// line fails it. `name` names its folder under target/vm and the error.
+pub struct HostRootRun {
+    pub run: vm::GuestRun,
+    pub kernel: kernels::GuestKernel,
+    pub modules: Vec<String>,
+    /// Its folder, for what the checks write beside it.
+    pub dir: std::path::PathBuf,
+}
+
+/// [`boot_host_root_on`] the generic 6.12 amd64 kernel.
+pub fn boot_host_root(
+    name: &str,
+    script: &str,
+    env: &[(&str, String)],
+    extra: &[(std::path::PathBuf, String)],
+) -> Result<HostRootRun> {
+    boot_host_root_on(kernels::GENERIC_6_12_AMD64, name, script, env, extra)
+}
+
+/// [`HostRootRun`] on kernel `k`: a Debian package's 9p modules, or none
+/// for a kernel built here (9p built in).
+pub fn boot_host_root_on(
+    k: GuestKernel,
+    name: &str,
+    script: &str,
+    env: &[(&str, String)],
+    extra: &[(std::path::PathBuf, String)],
+) -> Result<HostRootRun> {
+    setup::setup()?;
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm").join(name);
+    std::fs::create_dir_all(&dir)?;
+    let (mut files, names) = match k.source {
+        Source::Package { .. } => host_root_modules(&kernels::modules_dir(k)?, &dir)?,
+        Source::Built(_) => (Vec::new(), Vec::new()),
+    };
+    files.extend(extra.iter().cloned());
+    let mut env = env.to_vec();
+    env.push(("MODULES", names.join(" ")));
+    let cpio = vm::initramfs_with(&dir, k.arch, &bin, script, &env, &files)?;
+    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
+    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
+        bail!("the {name} guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
+    }
+    Ok(HostRootRun { run, kernel: k, modules: names, dir })
+}
+
+/// The 9p modules of an unpacked kernel package (`modules`), decompressed
+/// under `dir`: the initramfs files (dependencies first) and their names in
+/// the order the guest's `host_root` (redis.sh) loads them (its `MODULES`).
+pub fn host_root_modules(
+    modules: &std::path::Path,
+    dir: &std::path::Path,
+) -> Result<(GuestFiles, Vec<String>)> {
+    let mods = vm::kernel_modules(modules, MODULES, dir)?;
+    let names = mods
+        .iter()
+        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
+        .map(str::to_string)
+        .collect();
+    Ok((mods, names))
+}
+
 struct RunResult {
     table: String,
     failures: Vec<String>,
 }
 
 /// `key:value` lines of an INFO reply.
-fn parse_info(text: &str) -> BTreeMap<String, String> {
+pub fn parse_info(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split_once(':'))

@@ -43,6 +43,12 @@ const PACKAGES: &[&str] = &[
     // (its service is never started here: see `NoServiceStart`).
     "redis-server",
     "redis-tools",
+    // `cargo xtask daemon`: the guest runs the host's Prometheus (its
+    // service is never started here either), queried with curl, and the
+    // plot's PNG is rendered with these fonts.
+    "prometheus",
+    "curl",
+    "fonts-dejavu-core",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with

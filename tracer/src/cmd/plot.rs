@@ -148,8 +148,10 @@ type Chart<'a, DB> = ChartContext<
 >;
 
 /// The automatic phases as shaded bands named at the top; marks as dashed
-/// lines with their label.
+/// lines with their label. The names go on after every band, so that no
+/// band covers the end of the name before it.
 fn shade<'a, DB: DrawingBackend + 'a>(c: &mut Chart<'a, DB>, s: &Series, y_max: f64) -> Result<()> {
+    let mut labels = Vec::new();
     let mut n = 0;
     for p in &s.phases {
         if p.kind == PhaseKind::Mark {
@@ -158,16 +160,21 @@ fn shade<'a, DB: DrawingBackend + 'a>(c: &mut Chart<'a, DB>, s: &Series, y_max: 
                 ShapeStyle::from(&BLACK).stroke_width(1),
             )))
             .map_err(err)?;
+            labels.push((p, y_max * 0.86));
         } else {
             let fill = PHASE_FILL[n % PHASE_FILL.len()];
-            n += 1;
             c.draw_series(std::iter::once(Rectangle::new(
                 [(p.start_s, 0.0), (p.end_s.max(p.start_s), y_max)],
                 fill.filled(),
             )))
             .map_err(err)?;
+            // Two alternating rows: a short phase's name does not run into
+            // the next one's.
+            labels.push((p, y_max * if n % 2 == 0 { 0.97 } else { 0.92 }));
+            n += 1;
         }
-        let y = if p.kind == PhaseKind::Mark { y_max * 0.90 } else { y_max * 0.97 };
+    }
+    for (p, y) in labels {
         c.draw_series(std::iter::once(Text::new(
             p.name.clone(),
             (p.start_s, y),
@@ -305,6 +312,8 @@ mod tests {
         // Rendered to PNG: a picture, not a blank page.
         let mut opt = resvg::usvg::Options::default();
         opt.fontdb_mut().load_system_fonts();
+        // plotters' "sans-serif" is Arial to resvg unless told.
+        opt.fontdb_mut().set_sans_serif_family("DejaVu Sans");
         let tree = resvg::usvg::Tree::from_str(&svg, &opt).unwrap();
         let size = tree.size().to_int_size();
         assert_eq!((size.width(), size.height()), (1100, 720));

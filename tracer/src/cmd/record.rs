@@ -30,7 +30,7 @@ use crate::{
         attribution::{mappings_availability, AttribOpts, Attribution},
         children,
         collector::{stack_frames, Snapshot},
-        phases::{Lifetime, Timeline},
+        phases::{Lifetime, ProcessKinds, Timeline},
         target,
     },
     error::Refusal,
@@ -101,6 +101,9 @@ pub struct Recorder {
     /// The comm of each fork seen since the caller last took them (serve's
     /// `faultscope_forks_total`); record leaves it empty.
     pub fork_comms: Option<Vec<String>>,
+    /// Each process's own phase kinds (serve's `phase_kind`); record has
+    /// none: its phases are the run's.
+    pub kinds: Option<ProcessKinds>,
     /// Processes the kernel's cgroup filter added (pid, the cgroup's
     /// index), taken by `serve`.
     pub adopted: Vec<(u32, u32)>,
@@ -157,6 +160,7 @@ impl Recorder {
             attrib,
             self_traced: false,
             fork_comms: None,
+            kinds: None,
             adopted: Vec::new(),
         })
     }
@@ -207,6 +211,17 @@ impl Recorder {
             }
         }
         self.timeline.attached_children(&alive);
+        if let Some(k) = self.kinds.as_mut() {
+            let id = self.timeline.current().id;
+            for &parent in targets {
+                let mine: Vec<u32> = found
+                    .iter()
+                    .filter(|(c, p)| *p == parent && alive.contains(c))
+                    .map(|(c, _)| *c)
+                    .collect();
+                k.attached(parent, id, &mine);
+            }
+        }
         for (child, parent) in found.iter().filter(|(c, _)| alive.contains(c)) {
             eprintln!(
                 "faultscope: pid {child}, forked by {parent} before attach, still shares its memory; its exit or exec starts a phase"
@@ -262,6 +277,9 @@ impl Recorder {
             match e.kind {
                 k if k == LifeKind::Fork as u32 => {
                     self.timeline.fork(e.phase, e.ts_ns, e.pid);
+                    if let Some(k) = self.kinds.as_mut() {
+                        k.fork(e.tgid, e.phase, e.pid);
+                    }
                     if let Some(f) = self.fork_comms.as_mut() {
                         f.push(comm.clone());
                     }
@@ -277,6 +295,9 @@ impl Recorder {
                 k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
                     let exec = k == LifeKind::ChildExec as u32;
                     self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
+                    if let Some(k) = self.kinds.as_mut() {
+                        k.child_gone(e.tgid, e.phase, e.pid, exec);
+                    }
                     // A followed child's own life goes on after an exec, as
                     // another program.
                     if !exec {
@@ -536,7 +557,8 @@ impl Recording {
         let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
         let shown = if self.live_view {
-            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed))
+            let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
+            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed, &footer))
         } else {
             super::out(&format!(
                 "--- interval {} ({elapsed:.1}s), phase {} ---\n{}",

@@ -12,12 +12,17 @@
 //! `cgroup.procs` are added at start (and each tick, for one that has not
 //! had an event yet).
 //!
+//! A process's `phase_kind` is its own (`ProcessKinds`): the kernel's phase
+//! ids are one sequence for all traced processes, but another process's
+//! BGSAVE does not make this one's faults `child-alive`, and a restarted
+//! Redis starts `before-fork`.
+//!
 //! Memory is bounded over days: the metric series by classes x phase kinds x
 //! comms; per process, the kernel's entries and the last counts of the
 //! current and the previous phase only (older phases' entries are folded
-//! into the counters and deleted from the kernel's stats map), and nothing
-//! at all once the process has exited; the timeline keeps its last 16
-//! phases.
+//! into the counters and deleted from the kernel's stats map) and its last
+//! 16 phase kind changes, and nothing at all once the process has exited;
+//! the timeline keeps its last 16 phases.
 
 use std::{
     collections::BTreeSet,
@@ -34,7 +39,7 @@ use clap::Args;
 use faultscope_common::{PhaseId, Stat, StatKey};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::{TcpSocket, TcpStream},
     signal::unix::{signal, SignalKind},
 };
 
@@ -118,13 +123,12 @@ impl Serve {
             .filter(|p| !self.rec.live.contains(p) || target::is_gone(*p))
             .collect();
         let snap = self.rec.snapshot()?;
-        let kinds: std::collections::BTreeMap<PhaseId, _> =
-            self.rec.timeline.phases().iter().map(|p| (p.id, p.kind)).collect();
         let rec = &self.rec;
+        let kinds = rec.kinds.as_ref().expect("serve keeps each process's phase kinds");
         let cg = &self.cgroups;
         self.metrics.update(
             &snap,
-            |ph| kinds.get(&ph).copied(),
+            |pid, ph| kinds.kind(pid, ph),
             |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
         );
         self.metrics.update_drops(&self.rec.session.drops()?);
@@ -146,6 +150,9 @@ impl Serve {
             self.rec.comms.remove(pid);
             self.rec.lifetimes.remove(pid);
             self.cgroups.remove(pid);
+            if let Some(k) = self.rec.kinds.as_mut() {
+                k.forget(*pid);
+            }
             self.rec.session.remove_target(*pid);
         }
         self.rec.timeline.keep_last(KEEP_PHASES);
@@ -241,8 +248,13 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         comms.push((pid, target::check_pid(pid)?));
     }
     let addr = o.listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], o.port)));
-    let listener =
-        TcpListener::bind(addr).await.map_err(|e| Refusal::new(format!("cannot listen on {addr}: {e}")))?;
+    // Bound now, so that a taken port fails before the slow attach; listening
+    // only once measuring, so that a client that can connect (a test, a
+    // readiness probe) knows that what runs from then on is counted.
+    let cannot = |e: std::io::Error| Refusal::new(format!("cannot listen on {addr}: {e}"));
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(cannot)?;
+    socket.set_reuseaddr(true).map_err(cannot)?;
+    socket.bind(addr).map_err(cannot)?;
     let attrib = AttribOpts {
         sites: Default::default(),
         stacks: Default::default(),
@@ -251,6 +263,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     };
     let mut rec = Recorder::start(o.max_stats, attrib, &cgroup_ids)?;
     rec.fork_comms = Some(Vec::new());
+    rec.kinds = Some(Default::default());
     for (pid, comm) in comms {
         rec.add(pid, 0, comm)?;
     }
@@ -262,11 +275,15 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         arch: std::env::consts::ARCH.to_string(),
         backend: format!("{:?}", build::mode(&rec.avail)).to_lowercase(),
     };
-    let metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
+    let mut metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
+    for comm in o.comm.iter().chain(rec.comms.values()) {
+        metrics.declare(comm);
+    }
     let prev_phase = rec.timeline.current().id;
     let tick = Duration::from_secs_f64(o.tick);
     let mut s = Serve { rec, metrics, opts: o, prev_phase, cgroups: Default::default() };
     s.tick()?;
+    let listener = socket.listen(1024).map_err(cannot)?;
     let text = Arc::new(Mutex::new(s.metrics.encode()));
     super::say(&format!("faultscope: serving OpenMetrics on http://{addr}/metrics"));
     let mut sigterm = signal(SignalKind::terminate())?;

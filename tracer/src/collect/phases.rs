@@ -10,7 +10,7 @@
 //! that attaches while a child forked earlier still shares a target's
 //! memory starts with `attached: child-alive (pid N, forked before attach)`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use faultscope_common::PhaseId;
 
@@ -27,6 +27,16 @@ pub enum PhaseKind {
     AfterChildExit,
     AfterChildExec,
     Mark,
+}
+
+impl PhaseKind {
+    pub const ALL: [PhaseKind; 5] = [
+        PhaseKind::BeforeFork,
+        PhaseKind::ChildAlive,
+        PhaseKind::AfterChildExit,
+        PhaseKind::AfterChildExec,
+        PhaseKind::Mark,
+    ];
 }
 
 /// Within this time of its fork, a child's exec is "at once" (system(),
@@ -230,6 +240,82 @@ impl Timeline {
     }
 }
 
+/// Each process's own phase kinds, for `serve`. The kernel's phase ids are
+/// one sequence for every traced process, so any process's fork starts a
+/// phase for all of them; in a daemon that traces many processes (two
+/// Redis, or one restarted), a process's faults belong to the kind its own
+/// forks and children made: before its first fork, while its own child
+/// lives, after its own child's exit or exec. Keeps the last
+/// [`ProcessKinds::KEEP`] changes of each process, and nothing once it is
+/// forgotten.
+#[derive(Debug, Default)]
+pub struct ProcessKinds {
+    procs: HashMap<u32, OwnPhases>,
+}
+
+#[derive(Debug, Default)]
+struct OwnPhases {
+    /// Its children that still share its memory.
+    children: BTreeSet<u32>,
+    /// (phase id the change started, the kind from there on), oldest first.
+    changes: VecDeque<(PhaseId, PhaseKind)>,
+}
+
+impl ProcessKinds {
+    /// Changes kept per process: enough for every phase whose kernel
+    /// entries serve still reads (the current and the previous one).
+    pub const KEEP: usize = 16;
+
+    fn change(&mut self, tgid: u32, id: PhaseId, f: impl FnOnce(&mut BTreeSet<u32>) -> PhaseKind) {
+        let own = self.procs.entry(tgid).or_default();
+        let kind = f(&mut own.children);
+        own.changes.push_back((id, kind));
+        if own.changes.len() > Self::KEEP {
+            own.changes.pop_front();
+        }
+    }
+
+    /// `children` of `tgid`, forked before attach, still share its memory
+    /// at phase `id`.
+    pub fn attached(&mut self, tgid: u32, id: PhaseId, children: &[u32]) {
+        if !children.is_empty() {
+            self.change(tgid, id, |c| {
+                c.extend(children);
+                PhaseKind::ChildAlive
+            });
+        }
+    }
+
+    /// `tgid` forked `child`, starting phase `id`.
+    pub fn fork(&mut self, tgid: u32, id: PhaseId, child: u32) {
+        self.change(tgid, id, |c| {
+            c.insert(child);
+            PhaseKind::ChildAlive
+        });
+    }
+
+    /// `tgid`'s `child` exited or exec'd, starting phase `id`.
+    pub fn child_gone(&mut self, tgid: u32, id: PhaseId, child: u32, exec: bool) {
+        self.change(tgid, id, |c| {
+            c.remove(&child);
+            gone_kind(exec, c.len())
+        });
+    }
+
+    /// The kind of `tgid`'s faults in phase `id`.
+    pub fn kind(&self, tgid: u32, id: PhaseId) -> PhaseKind {
+        self.procs
+            .get(&tgid)
+            .and_then(|o| o.changes.iter().rev().find(|(start, _)| *start <= id))
+            .map_or(PhaseKind::BeforeFork, |(_, k)| *k)
+    }
+
+    /// `tgid` is gone.
+    pub fn forget(&mut self, tgid: u32) {
+        self.procs.remove(&tgid);
+    }
+}
+
 /// A child left: while others still share the memory, the phase is still
 /// one of a child alive.
 fn gone_kind(exec: bool, still_alive: usize) -> PhaseKind {
@@ -246,6 +332,46 @@ mod tests {
 
     fn names(t: &Timeline) -> Vec<String> {
         t.phases().iter().map(|p| p.name.clone()).collect()
+    }
+
+    #[test]
+    fn each_process_has_its_own_kinds() {
+        let mut k = ProcessKinds::default();
+        // Redis A forks (phase 1); B, traced beside it, is still before
+        // its first fork, in phase 1 too.
+        k.fork(10, 1, 11);
+        assert_eq!(k.kind(10, 0), PhaseKind::BeforeFork);
+        assert_eq!(k.kind(10, 1), PhaseKind::ChildAlive);
+        assert_eq!(k.kind(20, 1), PhaseKind::BeforeFork);
+        // B forks (2) and A's child exits (3): A after its child's exit,
+        // B's child still alive.
+        k.fork(20, 2, 21);
+        k.child_gone(10, 3, 11, false);
+        assert_eq!(k.kind(10, 2), PhaseKind::ChildAlive);
+        assert_eq!(k.kind(10, 3), PhaseKind::AfterChildExit);
+        assert_eq!(k.kind(20, 3), PhaseKind::ChildAlive);
+        // Two children of B, one exec'd: still a child alive; then none.
+        k.fork(20, 4, 22);
+        k.child_gone(20, 5, 21, true);
+        assert_eq!(k.kind(20, 5), PhaseKind::ChildAlive);
+        k.child_gone(20, 6, 22, true);
+        assert_eq!(k.kind(20, 6), PhaseKind::AfterChildExec);
+        // A restarted under a new pid starts before its first fork.
+        k.forget(10);
+        assert_eq!(k.kind(10, 6), PhaseKind::BeforeFork);
+        // Children forked before attach.
+        k.attached(30, 6, &[31]);
+        assert_eq!(k.kind(30, 6), PhaseKind::ChildAlive);
+        k.child_gone(30, 7, 31, false);
+        assert_eq!(k.kind(30, 7), PhaseKind::AfterChildExit);
+        // Bounded: the last KEEP changes of a process.
+        for i in 0..100 {
+            k.fork(40, 100 + 2 * i, 41);
+            k.child_gone(40, 101 + 2 * i, 41, false);
+        }
+        assert_eq!(k.procs[&40].changes.len(), ProcessKinds::KEEP);
+        assert_eq!(k.kind(40, 298), PhaseKind::ChildAlive);
+        assert_eq!(k.kind(40, 299), PhaseKind::AfterChildExit);
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //!   log-linear buckets, cumulative, as `le` buckets (no resampling). A
 //!   kernel bucket holds the integer nanoseconds `[lo, hi)`, so its `le` is
 //!   `(hi - 1) ns`; the buckets add up to `_count` exactly, `_sum` is the
-//!   kernel's sum. Buckets above the highest one ever used are left out
-//!   (they would all equal `+Inf`).
+//!   kernel's sum. Every series has all of the kernel's buckets from its
+//!   first scrape on: a bucket that appeared only once a slow fault used
+//!   it would start with a count that `rate()` never sees grow, and
+//!   `histogram_quantile` would put the p99 at the top bucket.
 //! - `faultscope_class_measurable{class, reason}`: 1, or 0 with the reason:
 //!   a class that cannot be measured here never shows as a 0 count.
 //! - `faultscope_drops_total{map}`, `faultscope_forks_total{comm}`,
@@ -72,10 +74,7 @@ impl KernelHistogram {
     pub fn add(&self, hist: &[u64], sum_ns: u64) {
         let mut s = self.0.lock().unwrap();
         s.sum_ns += sum_ns;
-        let used = hist.iter().rposition(|c| *c > 0).map_or(0, |i| i + 1);
-        if s.buckets.len() < used {
-            s.buckets.resize(used, 0);
-        }
+        s.buckets.resize(hist::NBUCKETS, 0);
         for (a, b) in s.buckets.iter_mut().zip(hist) {
             *a += b;
         }
@@ -88,9 +87,9 @@ impl KernelHistogram {
         // The kernel's last bucket also holds everything above 2^40 ns:
         // it is +Inf's alone.
         let last = hist::NBUCKETS - 1;
-        let mut out: Vec<(f64, u64)> =
-            s.buckets.iter().enumerate().take(last).map(|(i, c)| (le_seconds(i), *c)).collect();
-        out.push((f64::MAX, s.buckets.get(last).copied().unwrap_or(0)));
+        let at = |i: usize| s.buckets.get(i).copied().unwrap_or(0);
+        let mut out: Vec<(f64, u64)> = (0..last).map(|i| (le_seconds(i), at(i))).collect();
+        out.push((f64::MAX, at(last)));
         (out, s.sum_ns as f64 / 1e9, s.buckets.iter().sum())
     }
 }
@@ -210,12 +209,37 @@ impl Metrics {
         }
     }
 
-    /// Adds what happened since the last update. `kind` gives a phase's
-    /// kind, `proc` a process's names (None: not traced, skipped).
+    /// Creates the counters of a process name known before its processes
+    /// fault (`serve --comm NAME`, `-p PID`) at 0: every measured class x
+    /// phase kind, and the forks. A series that first appears with a count
+    /// already in it loses that count to `rate()` and `increase()` (the
+    /// first BGSAVE's copies, the first fork). Histograms are not declared:
+    /// all of the kernel's buckets each, for classes that may never happen,
+    /// to save a quantile one tick. With the pid or cgroup labels the
+    /// series are not known in advance.
+    pub fn declare(&mut self, comm: &str) {
+        if self.opts.pid || self.opts.cgroup {
+            return;
+        }
+        for &(metric, _, _) in &self.classes {
+            for kind in PhaseKind::ALL {
+                let _ = self.faults.get_or_create(&vec![
+                    ("class", metric.name().to_string()),
+                    ("phase_kind", kind_name(kind).to_string()),
+                    ("comm", comm.to_string()),
+                ]);
+            }
+        }
+        let _ = self.forks.get_or_create(&vec![("comm", comm.to_string())]);
+    }
+
+    /// Adds what happened since the last update. `kind` gives the kind of
+    /// a process's phase, `proc` a process's names (None: not traced,
+    /// skipped).
     pub fn update(
         &mut self,
         snap: &Snapshot,
-        kind: impl Fn(PhaseId) -> Option<PhaseKind>,
+        kind: impl Fn(u32, PhaseId) -> PhaseKind,
         proc: impl Fn(u32) -> Option<ProcLabels>,
     ) {
         for (k, v) in &snap.stats {
@@ -231,7 +255,7 @@ impl Metrics {
             if d_count == 0 {
                 continue;
             }
-            let kind = kind(k.phase).map_or("unknown", kind_name);
+            let kind = kind_name(kind(k.tgid, k.phase));
             let mut labels: Labels = vec![
                 ("class", metric.name().to_string()),
                 ("phase_kind", kind.to_string()),
@@ -365,8 +389,12 @@ mod tests {
         snap
     }
 
-    fn kind(ph: PhaseId) -> Option<PhaseKind> {
-        Some(if ph == 0 { PhaseKind::BeforeFork } else { PhaseKind::ChildAlive })
+    fn kind(_: u32, ph: PhaseId) -> PhaseKind {
+        if ph == 0 {
+            PhaseKind::BeforeFork
+        } else {
+            PhaseKind::ChildAlive
+        }
     }
 
     fn redis(_: u32) -> Option<ProcLabels> {
@@ -411,6 +439,29 @@ mod tests {
         assert!(m.encode().contains(
             "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
+    }
+
+    #[test]
+    fn declared_series_start_at_zero() {
+        let mut m = metrics();
+        m.declare("redis-server");
+        let t = m.encode();
+        for line in [
+            "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"} 0",
+            "faultscope_faults_total{class=\"faults\",phase_kind=\"mark\",comm=\"redis-server\"} 0",
+            "faultscope_forks_total{comm=\"redis-server\"} 0",
+        ] {
+            assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
+        }
+        let n = t.lines().filter(|l| l.starts_with("faultscope_faults_total{")).count();
+        assert_eq!(n, 2 * PhaseKind::ALL.len(), "measured classes x phase kinds");
+        // Not measurable: no series, not even a 0.
+        assert!(!t.contains("class=\"reuse\",phase_kind"));
+        assert!(!t.contains("faultscope_fault_duration_seconds_count{"));
+        // The first counts go into the declared series.
+        m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2]))]), kind, redis);
+        let key = "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
+        assert_eq!(sample(&m.encode(), key), Some(2.0));
     }
 
     #[test]
@@ -460,6 +511,13 @@ mod tests {
             assert_eq!(at, below, "le {le}");
         }
         assert_eq!(le_seconds(hist::bucket_of(400)), 447e-9);
+        // A histogram of fast faults only has every bucket too, from its
+        // first scrape: none appears later.
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        let t = m.encode();
+        let n = t.lines().filter(|l| l.starts_with(&format!("{pre}_bucket{{le="))).count();
+        assert_eq!(n, hist::NBUCKETS, "{t}");
     }
 
     #[test]
