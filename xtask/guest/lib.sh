@@ -43,7 +43,7 @@ oracle_setup() {
 		for e in unfold conv fold accc; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
 	fi
 	echo 1 > $T/options/record-tgid
-	echo 32768 > $T/buffer_size_kb
+	echo ${TRACE_KB:-32768} > $T/buffer_size_kb
 	echo 0 > $T/tracing_on
 	echo 1 > $T/events/fso/enable
 	echo 1 > $T/events/sched/sched_process_exec/enable

@@ -45,3 +45,15 @@ for n in /tmp/64k-exit@*.json /tmp/4k-exit@*.json; do
 	echo "@@FS-VERIFY $n $?"
 	emit verify-$n /tmp/verify-$n.out
 done
+
+# The whole-folio reuse gate, as CI would run it on a patched kernel: at
+# most 1.05 reuse faults per folio in the write step.
+if [ "$GATES" = 1 ]; then
+	for c in /tmp/64k-exit@*.json /tmp/2m-pte-exit@*.json; do
+		[ -f $c ] || continue
+		c=${c#/tmp/}; c=${c%.json}
+		/faultscope verify --phase mark:write --expect 'reuse/folio<=1.05' /tmp/$c.json > /tmp/gate-$c.out 2>&1
+		echo "@@FS-GATE $c $?"
+		emit gate-$c /tmp/gate-$c.out
+	done
+fi

@@ -6,10 +6,11 @@
 # initramfs) and the oracle stay outside the chroot; only Redis and its
 # tools run inside it. PIDs are global, so faultscope -p works across.
 #
-# Env: MODULES (kernel modules in load order, /modules/NAME.ko), KEYS,
-# VALUE_SIZE, REQUESTS; RECORD_ARGS (more options for faultscope record).
-# With REDIS_FUNCTIONS_ONLY set, it only defines its functions (daemon.sh
-# sources it).
+# Env: MODULES (kernel modules in load order, /modules/NAME.ko; none where
+# the kernel has 9p built in), KEYS, VALUE_SIZE, REQUESTS (MTHP_REQUESTS for
+# mthp), RUNS (of run1, run2, mthp; default run1 run2); RECORD_ARGS (more
+# options for faultscope record). With REDIS_FUNCTIONS_ONLY set, it only
+# defines its functions (daemon.sh sources it).
 . /lib.sh
 H=/host
 SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
@@ -52,7 +53,7 @@ start_redis() {
 	echo > $T/trace
 	echo 1 > $T/tracing_on
 	in_host /usr/bin/redis-server --port 0 --unixsocket $SOCK --save '' --appendonly no \
-		--dir $dir --logfile $dir/redis.log &
+		--dir $dir --logfile $dir/redis.log $REDIS_ARGS &
 	i=0
 	until [ "$(cli PING 2>/dev/null)" = PONG ]; do
 		i=$((i + 1))
@@ -115,9 +116,10 @@ record_start() {
 	sleep 0.3
 }
 
-# bench RUN: redis-benchmark SETs over the populated key range.
+# bench RUN [N]: redis-benchmark SETs (N, default REQUESTS) over the
+# populated key range.
 bench() {
-	in_host /usr/bin/redis-benchmark -s $SOCK -t set -n $REQUESTS -d $VALUE_SIZE -r $KEYS -q 2>&1 |
+	in_host /usr/bin/redis-benchmark -s $SOCK -t set -n ${2:-$REQUESTS} -d $VALUE_SIZE -r $KEYS -q 2>&1 |
 		tr '\r' '\n' | grep . | tail -n 1 > /tmp/$1.bench
 	echo "@@FS-BENCH $1 $(cat /tmp/$1.bench)"
 	up "$1.bench"
@@ -167,26 +169,52 @@ oracle_setup
 # traced beside it too.
 thp_mode 4K
 
-# Run 1: BGSAVE first (the child has exited when faultscope attaches), then
-# SETs: the pages the fork write-protected are reused, one by one.
-start_redis run1
-bgsave run1
-info run1 after-bgsave
-record_start run1
-bench run1
-record_stop run1
-info run1 end
-stop_redis run1
-
-# Run 2: faultscope attached across the BGSAVE: its automatic phases must
-# show the fork and the child's exit. INFO before attaching and after
-# detaching brackets the window for total_forks.
-start_redis run2
-info run2 before
-record_start run2
-bgsave run2
-bench run2
-record_stop run2
-info run2 end
-stop_redis run2
+for r in ${RUNS:-run1 run2}; do
+	case $r in
+	# Run 1: BGSAVE first (the child has exited when faultscope attaches),
+	# then SETs: the pages the fork write-protected are reused, one by one.
+	run1)
+		start_redis run1
+		bgsave run1
+		info run1 after-bgsave
+		record_start run1
+		bench run1
+		record_stop run1
+		info run1 end
+		stop_redis run1
+		;;
+	# Run 2: faultscope attached across the BGSAVE: its automatic phases
+	# must show the fork and the child's exit. INFO before attaching and
+	# after detaching brackets the window for total_forks.
+	run2)
+		start_redis run2
+		info run2 before
+		record_start run2
+		bgsave run2
+		bench run2
+		record_stop run2
+		info run2 end
+		stop_redis run2
+		;;
+	# Run 1 on 64K mTHP: Redis keeps THP on for itself (disable-thp no), so
+	# its heap gets 64K folios, which the kernel reuses after the BGSAVE
+	# page by page or whole. @@FS-MTHP-ALLOC: 64K folios allocated in all.
+	mthp)
+		thp_mode 64K
+		a0=$(stat64k)
+		REDIS_ARGS="--disable-thp no"
+		start_redis mthp
+		bgsave mthp
+		info mthp after-bgsave
+		record_start mthp
+		bench mthp ${MTHP_REQUESTS:-$REQUESTS}
+		record_stop mthp
+		info mthp end
+		stop_redis mthp
+		echo "@@FS-MTHP-ALLOC mthp $(($(stat64k) - a0))"
+		REDIS_ARGS=
+		thp_mode 4K
+		;;
+	esac
+done
 up done

@@ -1,87 +1,240 @@
-//! The demo: `faultscope bench` in guests of the oldest and newest kernel
-//! (x86-64), reuse after the child exited, for 4K, 64K and 2M PTE-mapped,
-//! printed in the shape of the whole-folio reuse patch's "write faults /
-//! time" table (README, the demo) from faultscope's own counts, then
-//! `faultscope diff` of the 64K runs.
+//! The demo: `faultscope bench` in guests of stock 6.12, stock 7.3 and 7.3
+//! with the whole-folio reuse series (x86-64): the write pass after fork
+//! with the child exited, for 4K, 64K and 2M PTE-mapped, printed in the
+//! shape of the series' own tables from faultscope's counts; an arm64 block
+//! with the contpte unfolds per 64K block; `faultscope diff` of stock 7.3
+//! against the patched kernel's 64K run; and the Redis row.
 
-use std::{fmt::Write as _, fs, time::Duration};
+use std::{fmt::Write as _, fs, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Result};
-use faultscope::{kernel::classes::Metric, report::schema::Report};
+use faultscope::{
+    kernel::classes::Metric,
+    report::schema::{ClassValue, Report},
+};
 
-use crate::{check, kernels, root, run, vm};
+use crate::{
+    check,
+    kernels::{self, GuestKernel},
+    redis, root, run, vm,
+};
 
 const ROWS: [(&str, &str); 3] = [("4K", "4K pages"), ("64K", "64K mTHP"), ("2M", "2M THP, PTE-mapped")];
+
+/// The columns: stock 6.12, stock 7.3, 7.3 with the series.
+const AMD64: [&str; 3] = ["6.12-cloud-amd64", "7.3-cloud-amd64", "7.3-folio-reuse-amd64"];
+const ARM64: [&str; 3] = ["6.12-cloud-arm64", "7.3-cloud-arm64", "7.3-folio-reuse-arm64"];
+const HEADS: [&str; 3] = ["stock 6.12", "stock 7.3", "7.3 + folio-reuse"];
+
+/// One kernel's bench reports by folio size, or why it has none.
+struct Column {
+    kernel: GuestKernel,
+    release: String,
+    reports: Vec<(String, Report, PathBuf)>,
+    missing: Option<String>,
+}
+
+impl Column {
+    fn report(&self, folio: &str) -> Option<&Report> {
+        self.reports.iter().find(|(f, _, _)| f == folio).map(|(_, r, _)| r)
+    }
+
+    fn json(&self, folio: &str) -> Option<&PathBuf> {
+        self.reports.iter().find(|(f, _, _)| f == folio).map(|(_, _, p)| p)
+    }
+}
 
 /// faultscope's count of a class in the bench's write step.
 fn write_step(report: &Report, m: Metric) -> Option<u64> {
     report.bench_process()?.span("mark:write")?.count(m)
 }
 
-fn step_ms(report: &Report, step: &str) -> f64 {
-    report.bench.as_ref().and_then(|b| b.step(step)).map_or(0, |s| s.wall_ns) as f64 / 1e6
+/// The write step's per-fault latency of `m` (the `mark:write` phase: the
+/// child has exited before it, so the step is that one phase).
+fn write_latency(report: &Report, m: Metric) -> Option<(u64, u64)> {
+    let phase = report.bench_process()?.phases.iter().find(|p| p.name == "mark:write")?;
+    match phase.classes.get(&m)? {
+        ClassValue::Measured(x) => x.latency.as_ref().map(|l| (l.p50_ns, l.p99_ns)),
+        ClassValue::NotMeasurable(_) => None,
+    }
+}
+
+fn step_ms(report: &Report, step: &str) -> Option<f64> {
+    report.bench.as_ref().and_then(|b| b.step(step)).map(|s| s.wall_ns as f64 / 1e6)
+}
+
+fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
+    let k = kernels::by_name(name)?;
+    if let Some(why) = k.missing() {
+        println!("=== {name}: not shown: {why} ===");
+        return Ok(Column { kernel: k, release: name.into(), reports: vec![], missing: Some(why) });
+    }
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm/demo").join(k.name);
+    fs::create_dir_all(&dir)?;
+    let env = [("SIZE", size.to_string()), ("FOLIOS", folios.join(" "))];
+    let cpio = vm::initramfs(&dir, k.arch, &bin, "demo.sh", &env)?;
+    let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(900))?;
+    let mut reports = Vec::new();
+    for f in folios {
+        let case = format!("demo{f}");
+        if g.marker("RC", &case).as_deref() != Some("0") {
+            bail!("{name}: bench {f} failed:\n{}", g.section(&format!("{case}.out")).unwrap_or(""));
+        }
+        println!("=== {name}: faultscope bench seq --size {size} --folio {f} --child exit --time-stores ===");
+        print!("{}", g.section(&format!("{case}.out"))?);
+        let section = format!("{case}.json");
+        let j = check::report(&g, &section)?;
+        let path = dir.join(format!("bench-{f}.json"));
+        fs::write(&path, g.section(&section)?)?;
+        reports.push((f.to_string(), j, path));
+    }
+    let release = reports.first().map_or(name.to_string(), |(_, r, _)| r.kernel.clone());
+    Ok(Column { kernel: k, release, reports, missing: None })
+}
+
+/// The cells of one row across the columns, right-aligned.
+fn row(t: &mut String, label: &str, cols: &[Column], cell: impl Fn(&Column) -> Option<String>) {
+    let _ = write!(t, "      {label:<22}");
+    for c in cols {
+        let v = if c.missing.is_some() { "-".to_string() } else { cell(c).unwrap_or("n/m".into()) };
+        let _ = write!(t, " {v:>27}");
+    }
+    t.push('\n');
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, ch) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+fn header(t: &mut String, cols: &[Column]) {
+    let _ = write!(t, "{:<28}", "");
+    for h in HEADS.iter().take(cols.len()) {
+        let _ = write!(t, " {h:>27}");
+    }
+    t.push('\n');
+    let _ = write!(t, "{:<28}", "");
+    for c in cols {
+        let _ = write!(t, " {:>27}", c.release);
+    }
+    t.push('\n');
+}
+
+/// The amd64 table: per folio size, write faults, reuse per folio, the
+/// pass's time, per-fault latency and store latency.
+fn amd64_table(size: &str, cols: &[Column]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\n{size} of anonymous memory, fork(), the child exits, then one byte per page (x86-64 QEMU TCG guests; faultscope's counts)"
+    );
+    header(&mut t, cols);
+    let per_folio = |r: &Report, m: Metric| {
+        let folios = r.bench.as_ref()?.folios.max(1);
+        Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
+    };
+    type Cell<'a> = Box<dyn Fn(&Report) -> Option<String> + 'a>;
+    let blocks: [(&str, Cell); 7] = [
+        ("write faults", Box::new(|r: &Report| write_step(r, Metric::WriteFaults).map(thousands))),
+        ("reuse per folio", Box::new(move |r: &Report| per_folio(r, Metric::Reuse))),
+        ("copy per folio", Box::new(move |r: &Report| per_folio(r, Metric::Copy))),
+        ("time of the pass (ms)", Box::new(|r: &Report| step_ms(r, "write").map(|v| format!("{v:.1}")))),
+        (
+            "write fault p50/p99 (us)",
+            Box::new(|r: &Report| {
+                write_latency(r, Metric::WriteFaults).map(|(a, b)| format!("{} / {}", us(a), us(b)))
+            }),
+        ),
+        (
+            "store p50/p99 (us)",
+            Box::new(|r: &Report| {
+                let s = r.bench.as_ref()?.store_latency?;
+                Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
+            }),
+        ),
+        ("spurious", Box::new(|r: &Report| write_step(r, Metric::Spurious).map(thousands))),
+    ];
+    for (what, cell) in &blocks {
+        let _ = writeln!(t, "  {what}");
+        for (f, label) in ROWS {
+            row(&mut t, label, cols, |c| c.report(f).and_then(cell));
+        }
+    }
+    t
+}
+
+/// The arm64 block: contpte unfolds per 64K block written, and the write
+/// faults, per kernel.
+fn arm64_table(size: &str, cols: &[Column]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\n{size} of 64K mTHP, fork(), the child exits, one byte per page (arm64 QEMU TCG guests)"
+    );
+    header(&mut t, cols);
+    let _ = writeln!(t, "  64K mTHP");
+    row(&mut t, "contpte unfolds", cols, |c| {
+        write_step(c.report("64K")?, Metric::ContpteUnfold).map(thousands)
+    });
+    row(&mut t, "  per 64K block", cols, |c| {
+        let r = c.report("64K")?;
+        let blocks = r.bench.as_ref()?.folios.max(1);
+        Some(format!("{:.2}", write_step(r, Metric::ContpteUnfold)? as f64 / blocks as f64))
+    });
+    row(&mut t, "write faults", cols, |c| write_step(c.report("64K")?, Metric::WriteFaults).map(thousands));
+    row(&mut t, "reuse per folio", cols, |c| {
+        let r = c.report("64K")?;
+        Some(format!("{:.2}", write_step(r, Metric::Reuse)? as f64 / r.bench.as_ref()?.folios.max(1) as f64))
+    });
+    row(&mut t, "time of the pass (ms)", cols, |c| {
+        step_ms(c.report("64K")?, "write").map(|v| format!("{v:.1}"))
+    });
+    t
 }
 
 pub fn run_demo(size: &str) -> Result<()> {
-    let names = ["6.12-cloud-amd64", "7.3-cloud-amd64"];
-    let mut reports: Vec<Vec<Report>> = Vec::new();
-    let mut releases = Vec::new();
-    for name in names {
-        let k = kernels::by_name(name)?;
-        let vmlinuz = kernels::fetch(k)?;
-        let bin = vm::build_faultscope(k.arch)?;
-        let dir = root().join("target/vm/demo").join(k.name);
-        fs::create_dir_all(&dir)?;
-        let cpio = vm::initramfs(&dir, k.arch, &bin, "demo.sh", &[("SIZE", size.to_string())])?;
-        let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(900))?;
-        let mut per = Vec::new();
-        for (f, _) in ROWS {
-            let case = format!("demo{f}");
-            if g.marker("RC", &case).as_deref() != Some("0") {
-                bail!("{name}: bench {f} failed:\n{}", g.section(&format!("{case}.out")).unwrap_or(""));
-            }
-            println!(
-                "=== {name}: faultscope bench seq --size {size} --folio {f} --child exit --time-stores ==="
-            );
-            print!("{}", g.section(&format!("{case}.out"))?);
-            let section = format!("{case}.json");
-            let j = check::report(&g, &section)?;
-            fs::write(dir.join(format!("bench-{f}.json")), g.section(&section)?)?;
-            per.push(j);
-        }
-        releases.push(per[0].kernel.clone());
-        reports.push(per);
-    }
-    let mut t = String::new();
-    let _ = writeln!(t, "\n{size} of anonymous memory, fork(), the child exits, then the parent stores to the memory (QEMU TCG guests)");
-    let _ = writeln!(t, "{:<28} {:>24} {:>24}", "", releases[0], releases[1]);
-    let _ = writeln!(t, "  one byte per page, a clock_gettime() between the stores");
-    for (what, class) in [
-        ("write faults", Metric::WriteFaults),
-        ("  of which reuse", Metric::Reuse),
-        ("  of which copy", Metric::Copy),
-        ("  spurious", Metric::Spurious),
-    ] {
-        let _ = writeln!(t, "    {what}");
-        for (i, (_, row)) in ROWS.iter().enumerate() {
-            let cell =
-                |k: usize| write_step(&reports[k][i], class).map(|v| v.to_string()).unwrap_or("n/m".into());
-            let _ = writeln!(t, "      {row:<22} {:>24} {:>24}", cell(0), cell(1));
+    let folios: Vec<&str> = ROWS.iter().map(|(f, _)| *f).collect();
+    let amd: Vec<Column> = AMD64.iter().map(|n| boot_column(n, size, &folios)).collect::<Result<_>>()?;
+    let arm: Vec<Column> = ARM64.iter().map(|n| boot_column(n, size, &["64K"])).collect::<Result<_>>()?;
+    print!("{}", amd64_table(size, &amd));
+    print!("{}", arm64_table(size, &arm));
+    for c in amd.iter().chain(&arm) {
+        if let Some(why) = &c.missing {
+            println!("  ({} is not shown: {why}; the stock columns are.)", c.kernel.name);
         }
     }
-    let _ = writeln!(t, "    time (ms)");
-    for (i, (_, row)) in ROWS.iter().enumerate() {
-        let _ = writeln!(
-            t,
-            "      {row:<22} {:>24.1} {:>24.1}",
-            step_ms(&reports[0][i], "write"),
-            step_ms(&reports[1][i], "write")
+    // For the arm64 patched kernel: the gate CI would run, on its report.
+    let fs_bin = root().join("target/release/faultscope");
+    if let Some(j) = arm[2].json("64K") {
+        println!(
+            "\n=== faultscope verify --phase mark:write --expect contpte_unfold=0 ({}) ===",
+            arm[2].kernel.name
         );
+        let st = std::process::Command::new(&fs_bin)
+            .args(["verify", "--phase", "mark:write", "--expect", "contpte_unfold=0"])
+            .arg(j)
+            .status()?;
+        println!("exit {}", st.code().unwrap_or(-1));
     }
-    print!("{t}");
-    // The two kernels' 64K runs side by side, by faultscope itself.
-    let a = root().join("target/vm/demo").join(names[0]).join("bench-64K.json");
-    let b = root().join("target/vm/demo").join(names[1]).join("bench-64K.json");
-    println!("\n=== faultscope diff (64K mTHP: {} vs {}) ===", names[0], names[1]);
-    run(std::process::Command::new(root().join("target/release/faultscope")).arg("diff").arg(&a).arg(&b))
+    // The 64K runs side by side, by faultscope itself: stock 7.3 against
+    // the patched kernel (6.12 against 7.3 without the series).
+    let (a, b) = if amd[2].missing.is_none() { (&amd[1], &amd[2]) } else { (&amd[0], &amd[1]) };
+    if let (Some(x), Some(y)) = (a.json("64K"), b.json("64K")) {
+        println!("\n=== faultscope diff (64K mTHP: {} vs {}) ===", a.kernel.name, b.kernel.name);
+        run(std::process::Command::new(&fs_bin).arg("diff").arg(x).arg(y))?;
+    }
+    redis::demo_row()
 }

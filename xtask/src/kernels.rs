@@ -11,46 +11,81 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{root, run, setup};
+use crate::{kbuild, root, run, setup};
 
 /// A guest kernel of the matrix.
 #[derive(Clone, Copy, Debug)]
 pub struct GuestKernel {
-    /// `<version>-<flavour>`; the version must prefix the resolved package's.
+    /// `<version>-<flavour or change>-<arch>`; for a Debian package the
+    /// version must prefix the resolved package's.
     pub name: &'static str,
-    /// Debian meta-package that names the current version.
-    pub meta: &'static str,
     /// Debian architecture: amd64 or arm64.
     pub arch: &'static str,
-    /// The suite that carries `meta`.
-    pub suite: &'static str,
+    pub source: Source,
 }
 
+/// Where a guest kernel comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source {
+    /// A Debian kernel package: `meta` is the meta-package that names the
+    /// current version, in `suite`.
+    Package { meta: &'static str, suite: &'static str },
+    /// Built here ([`kbuild`]) from Debian's kernel source with a patch
+    /// series, everything built in.
+    Built(Patched),
+}
+
+/// A kernel built with a patch series, and what the series changes.
+#[derive(Clone, Copy, Debug)]
+pub struct Patched {
+    /// The change, as the kernel's release names it (`7.3.4-<change>`).
+    pub change: &'static str,
+    pub series: kbuild::Fixture,
+    /// How the kernel reuses an exclusive large folio after fork on a
+    /// write fault.
+    pub reuse: FolioReuse,
+}
+
+/// How a kernel reuses an exclusive anonymous large folio (PTE-mapped) that
+/// a write faults on, once the forked child is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FolioReuse {
+    /// One page per fault (Debian's 7.3), or copied page by page (6.12).
+    PageByPage,
+    /// The whole folio in one fault: one reuse fault per folio, and arm64
+    /// does not unfold its contpte blocks.
+    WholeFolio,
+}
+
+const fn package(
+    name: &'static str,
+    meta: &'static str,
+    arch: &'static str,
+    suite: &'static str,
+) -> GuestKernel {
+    GuestKernel { name, arch, source: Source::Package { meta, suite } }
+}
+
+/// The reuse-the-whole-folio series (`mm/memory: reuse the whole exclusive
+/// large folio on a write fault`, v2, two patches) from the thread given by
+/// FAULTSCOPE_PATCH_SERIES: a test fixture, not part of the repo.
+const FOLIO_REUSE: Patched = Patched {
+    change: "folio-reuse",
+    series: kbuild::Fixture {
+        env: "FAULTSCOPE_PATCH_SERIES",
+        default: "../shared/seeds/000_74eb611a1f9c5ac7.txt",
+        subject: "[PATCH v2 ",
+    },
+    reuse: FolioReuse::WholeFolio,
+};
+
 pub const KERNELS: &[GuestKernel] = &[
-    GuestKernel {
-        name: "6.12-cloud-amd64",
-        meta: "linux-image-6.12-cloud-amd64",
-        arch: "amd64",
-        suite: "bookworm-security",
-    },
-    GuestKernel {
-        name: "6.12-cloud-arm64",
-        meta: "linux-image-6.12-cloud-arm64",
-        arch: "arm64",
-        suite: "bookworm-security",
-    },
-    GuestKernel {
-        name: "7.3-cloud-amd64",
-        meta: "linux-image-cloud-amd64",
-        arch: "amd64",
-        suite: "trixie-backports",
-    },
-    GuestKernel {
-        name: "7.3-cloud-arm64",
-        meta: "linux-image-cloud-arm64",
-        arch: "arm64",
-        suite: "trixie-backports",
-    },
+    package("6.12-cloud-amd64", "linux-image-6.12-cloud-amd64", "amd64", "bookworm-security"),
+    package("6.12-cloud-arm64", "linux-image-6.12-cloud-arm64", "arm64", "bookworm-security"),
+    package("7.3-cloud-amd64", "linux-image-cloud-amd64", "amd64", "trixie-backports"),
+    package("7.3-cloud-arm64", "linux-image-cloud-arm64", "arm64", "trixie-backports"),
+    GuestKernel { name: "7.3-folio-reuse-amd64", arch: "amd64", source: Source::Built(FOLIO_REUSE) },
+    GuestKernel { name: "7.3-folio-reuse-arm64", arch: "arm64", source: Source::Built(FOLIO_REUSE) },
 ];
 
 /// The generic (not -cloud) 6.12 amd64 kernel: it has 9p and virtio as
@@ -58,18 +93,49 @@ pub const KERNELS: &[GuestKernel] = &[
 /// host's own userspace over virtio-9p (`cargo xtask redis`). Kept out of
 /// [`KERNELS`], the matrix's default list: it is a 100 MB download only the
 /// Redis test needs.
-pub const GENERIC_6_12_AMD64: GuestKernel = GuestKernel {
-    name: "6.12-amd64",
-    meta: "linux-image-6.12-amd64",
-    arch: "amd64",
-    suite: "bookworm-security",
-};
+pub const GENERIC_6_12_AMD64: GuestKernel =
+    package("6.12-amd64", "linux-image-6.12-amd64", "amd64", "bookworm-security");
+
+/// The generic 7.3 amd64 kernel, with 9p as modules, for the Redis test.
+pub const GENERIC_7_3_AMD64: GuestKernel =
+    package("7.3-amd64", "linux-image-amd64", "amd64", "trixie-backports");
+
+const EXTRA: &[GuestKernel] = &[GENERIC_6_12_AMD64, GENERIC_7_3_AMD64];
 
 pub fn by_name(name: &str) -> Result<GuestKernel> {
-    KERNELS.iter().chain([&GENERIC_6_12_AMD64]).copied().find(|k| k.name == name).with_context(|| {
-        let names: Vec<&str> = KERNELS.iter().chain([&GENERIC_6_12_AMD64]).map(|k| k.name).collect();
+    KERNELS.iter().chain(EXTRA).copied().find(|k| k.name == name).with_context(|| {
+        let names: Vec<&str> = KERNELS.iter().chain(EXTRA).map(|k| k.name).collect();
         format!("unknown kernel {name}; known: {}", names.join(", "))
     })
+}
+
+impl GuestKernel {
+    pub fn reuse(&self) -> FolioReuse {
+        match self.source {
+            Source::Package { .. } => FolioReuse::PageByPage,
+            Source::Built(p) => p.reuse,
+        }
+    }
+
+    /// Why this kernel cannot be had here: a built kernel whose patch
+    /// series fixture is absent. Callers skip it, loudly.
+    pub fn missing(&self) -> Option<String> {
+        match self.source {
+            Source::Package { .. } => None,
+            Source::Built(p) => p.series.path().err(),
+        }
+    }
+
+    /// Prints the loud line of a skipped kernel; true when `self` is skipped.
+    pub fn skipped(&self, what: &str) -> bool {
+        match self.missing() {
+            Some(why) => {
+                println!("SKIPPED: {what} on {}: {why}", self.name);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// A private apt configuration for one suite and architecture: its own
@@ -152,7 +218,7 @@ pub fn download_unpack(mut apt: Command, pkg: &str, dir: &Path) -> Result<()> {
     let cache = dir.parent().context("no parent folder")?;
     fs::create_dir_all(cache)?;
     run(apt.current_dir(cache).args(["download", pkg]))?;
-    let name = pkg.split(':').next().unwrap_or(pkg);
+    let name = pkg.split([':', '=']).next().unwrap_or(pkg);
     let deb = fs::read_dir(cache)?
         .flatten()
         .map(|e| e.path())
@@ -172,14 +238,28 @@ pub fn download_unpack(mut apt: Command, pkg: &str, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Returns the path of the unpacked vmlinuz, downloading on first use.
+/// Returns the path of the kernel image: a package's unpacked vmlinuz,
+/// downloaded on first use, or a built kernel's image, built on first use.
 pub fn fetch(k: GuestKernel) -> Result<PathBuf> {
-    vmlinuz(&package_dir(k)?)
+    match k.source {
+        Source::Package { .. } => vmlinuz(&package_dir(k)?),
+        Source::Built(p) => Ok(built(k, p)?.image),
+    }
+}
+
+/// The build of a [`Source::Built`] kernel (cached, or built now).
+fn built(k: GuestKernel, p: Patched) -> Result<kbuild::Built> {
+    let file = p.series.path().map_err(anyhow::Error::msg)?;
+    let diffs = kbuild::read_series(&[file], Some(p.series.subject))?;
+    kbuild::build(k.arch, p.change, &diffs)
 }
 
 /// The folder `k`'s image package is unpacked in, downloading it on first
 /// use.
 fn package_dir(k: GuestKernel) -> Result<PathBuf> {
+    let Source::Package { meta, suite } = k.source else {
+        bail!("{} is built here, not a package", k.name);
+    };
     let cache = root().join("target/kernels");
     fs::create_dir_all(&cache)?;
     let marker = cache.join(format!("{}.pkg", k.name));
@@ -189,11 +269,11 @@ fn package_dir(k: GuestKernel) -> Result<PathBuf> {
             return Ok(dir);
         }
     }
-    let apt = PrivateApt::new(k.suite, k.arch)?;
-    let pkg = apt.resolve_image(k.meta)?;
+    let apt = PrivateApt::new(suite, k.arch)?;
+    let pkg = apt.resolve_image(meta)?;
     let version = k.name.split('-').next().unwrap_or_default();
     if !pkg.contains(&format!("-{version}.")) {
-        bail!("{} in {} is now {pkg}, not {version}: update the kernel matrix", k.meta, k.suite);
+        bail!("{meta} in {suite} is now {pkg}, not {version}: update the kernel matrix");
     }
     let dir = cache.join(&pkg);
     if !dir.is_dir() {
@@ -206,24 +286,55 @@ fn package_dir(k: GuestKernel) -> Result<PathBuf> {
 
 /// The modules folder (`lib/modules/<release>` or
 /// `usr/lib/modules/<release>`, holding `kernel/`) of `k`'s unpacked
-/// package, downloading it on first use. A .deb has no modules.dep (depmod
-/// writes it when the package is installed): whoever loads modules from here
-/// must know their order.
+/// package, downloading it on first use: in the image package (6.12), or
+/// from 7.x on in the `linux-modules-<release>` package the versioned image
+/// package depends on. A .deb has no modules.dep (depmod writes it when the
+/// package is installed): whoever loads modules from here must know their
+/// order.
 pub fn modules_dir(k: GuestKernel) -> Result<PathBuf> {
+    let find = |dir: &Path| {
+        ["lib/modules", "usr/lib/modules"]
+            .iter()
+            .flat_map(|m| fs::read_dir(dir.join(m)).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .find(|p| p.join("kernel").is_dir())
+    };
     let dir = package_dir(k)?;
-    ["lib/modules", "usr/lib/modules"]
-        .iter()
-        .flat_map(|m| fs::read_dir(dir.join(m)).into_iter().flatten().flatten())
-        .map(|e| e.path())
-        .find(|p| p.join("kernel").is_dir())
-        .with_context(|| format!("no lib/modules/*/kernel in {}", dir.display()))
+    if let Some(m) = find(&dir) {
+        return Ok(m);
+    }
+    let Source::Package { meta, suite } = k.source else {
+        bail!("{} is built with everything built in: it has no modules", k.name);
+    };
+    let cache = root().join("target/kernels");
+    let marker = cache.join(format!("{}.modules", k.name));
+    if let Some(m) = fs::read_to_string(&marker).ok().and_then(|p| find(&cache.join(p.trim()))) {
+        return Ok(m);
+    }
+    let apt = PrivateApt::new(suite, k.arch)?;
+    let image = apt.dep(meta, "linux-image-")?;
+    let pkg = apt.dep(&image, "linux-modules-")?;
+    let mdir = cache.join(&pkg);
+    if !mdir.is_dir() {
+        download_unpack(apt.cmd("apt-get"), &pkg, &mdir)?;
+    }
+    let m = find(&mdir)
+        .with_context(|| format!("no lib/modules/*/kernel in {} or {}", dir.display(), mdir.display()))?;
+    fs::write(&marker, &pkg)?;
+    Ok(m)
 }
 
 /// A kernel's build option, from the config its package ships
-/// (`boot/config-*`; 6.12's have it, 7.x's linux-binary packages do not):
+/// (`boot/config-*`; 6.12's have it, 7.x's linux-binary packages do not) or
+/// the one it was built with:
 /// `Some(true)` for `=y` or `=m`, `Some(false)` when not set, `None` without
 /// a config.
 pub fn config_option(k: GuestKernel, option: &str) -> Result<Option<bool>> {
+    if let Source::Built(p) = k.source {
+        let config = built(k, p)?.config;
+        let text = fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+        return Ok(Some(parse_config_option(&text, option)));
+    }
     let dir = package_dir(k)?;
     let config = fs::read_dir(dir.join("boot"))
         .into_iter()

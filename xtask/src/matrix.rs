@@ -12,6 +12,7 @@ use faultscope::{
 
 use crate::{
     check::{self, Oracle},
+    kernels::{FolioReuse, GuestKernel},
     vm::GuestRun,
 };
 
@@ -41,10 +42,11 @@ pub fn label(case: &str, backend: &str) -> String {
     format!("{case}@{backend}")
 }
 
-/// Checks one bench case of a guest run, `label` being its `CASE@BACKEND`.
-/// An error is the harness's (the guest printed no results for the case);
-/// wrong counts are `failures`.
-pub fn check_case(run: &GuestRun, kernel: &str, label: &str) -> Result<CaseResult> {
+/// Checks one bench case of a guest run of a kernel that reuses large
+/// folios as `reuse` says, `label` being its `CASE@BACKEND`. An error is
+/// the harness's (the guest printed no results for the case); wrong counts
+/// are `failures`.
+pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) -> Result<CaseResult> {
     let (case, backend) = label.split_once('@').unwrap_or((label, "kprobe"));
     let kernel = &format!("{kernel} {backend}");
     let mut fails = Vec::new();
@@ -127,6 +129,15 @@ pub fn check_case(run: &GuestRun, kernel: &str, label: &str) -> Result<CaseResul
             let r = get(Metric::Reuse);
             expect(within(r, pages), format!("reuse {r} = pages {pages} (+{SLACK})"))
         }
+        "64k-exit" | "2m-pte-exit" if reuse == FolioReuse::WholeFolio => {
+            let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
+            expect(
+                within(r, folios) && c == 0,
+                format!(
+                    "reuse {r} = folios {folios}, copy {c} = 0: this kernel reuses a {folio} folio whole"
+                ),
+            );
+        }
         "64k-exit" | "2m-pte-exit" => {
             let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
             expect(
@@ -163,10 +174,15 @@ pub fn check_case(run: &GuestRun, kernel: &str, label: &str) -> Result<CaseResul
         // With 64K mTHP on, the bench's own stack and heap are 64K blocks
         // too: a write to one in the write step unfolds it (seen once: 257,
         // the oracle 257 as well). The comparison with the oracle is exact.
-        expect(
-            (folios..=folios + SLACK / 4).contains(&u),
-            format!("contpte_unfold {u} = 64K blocks written {folios} (+{})", SLACK / 4),
-        );
+        match reuse {
+            FolioReuse::PageByPage => expect(
+                (folios..=folios + SLACK / 4).contains(&u),
+                format!("contpte_unfold {u} = 64K blocks written {folios} (+{})", SLACK / 4),
+            ),
+            FolioReuse::WholeFolio => {
+                expect(u == 0, format!("contpte_unfold {u} = 0: whole 64K blocks reused, none unfolded"))
+            }
+        }
         let try_unfold = oracle
             .line(pid, "mark:write")
             .and_then(|l| l.get(Metric::ContpteTryUnfold.name()).copied().flatten());
@@ -269,7 +285,8 @@ fn unfold_stacks(
 /// `faultscope verify --expect contpte_unfold=0` over the write step of the
 /// 64K and 4K runs: on arm64 exit 1 (count printed) where the kernel
 /// unfolded, 0 where not; on x86 the class is not measurable (exit 3).
-fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
+/// With `gates`, also [`check_gates`].
+fn check_verify(run: &GuestRun, k: GuestKernel, gates: bool) -> Vec<String> {
     let mut fails = Vec::new();
     for case in ["64k-exit", "4k-exit"].iter().flat_map(|c| BACKENDS.map(|b| label(c, b))) {
         let Some(rc) = run.marker("VERIFY", &case) else { continue };
@@ -289,6 +306,86 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
         if want == "1" && !out.contains(&format!("contpte_unfold is {}", unfolds.unwrap_or(0))) {
             fails.push(format!("{} verify on {case} does not print the count: {out}", k.name));
         }
+        // The gate CI would run on a kernel that must not unfold.
+        if gates && case.starts_with("64k-exit@") && k.arch == "arm64" {
+            let must = if k.reuse() == FolioReuse::WholeFolio { "0" } else { "1" };
+            println!("{} GATE contpte_unfold=0 on {case}: exit {rc}, must be {must}", k.name);
+            if rc != must {
+                fails.push(format!(
+                    "{} gate contpte_unfold=0 on {case}: exit {rc}, must be {must}: {out}",
+                    k.name
+                ));
+            }
+        }
+    }
+    if gates {
+        fails.extend(check_gates(run, k));
+    }
+    fails
+}
+
+/// The bound of the whole-folio reuse gate: one reuse fault per folio, and
+/// the bench's own few faults (its stack and heap pages after the fork).
+pub const GATE: &str = "reuse/folio<=1.05";
+
+/// `faultscope verify --phase mark:write --expect 'reuse/folio<=1.05'` over
+/// the 64K and PTE-mapped 2M runs, as CI would gate a patch on it: its exit
+/// must follow the oracle's reuse count (0 within the bound, 1 above it,
+/// printing that count over the folios), and it must pass on a kernel that
+/// reuses whole folios and fail on one that reuses them page by page.
+fn check_gates(run: &GuestRun, k: GuestKernel) -> Vec<String> {
+    let mut fails = Vec::new();
+    for case in GATE_CASES.iter().map(|c| label(c, GATE_BACKEND)) {
+        let Some(rc) = run.marker("GATE", &case) else {
+            fails.push(format!("{} gate on {case}: the guest printed no exit status", k.name));
+            continue;
+        };
+        let out = run.section(&format!("gate-{case}")).unwrap_or("").trim().to_string();
+        let counts = (|| -> Option<(u64, u64, u64)> {
+            let report = check::report(run, &format!("{case}.json")).ok()?;
+            let b = report.bench.as_ref()?;
+            let oracle = Oracle::from_run(run, &format!("{case}.oracle")).ok()?;
+            let reuse = oracle.line(b.pid, "mark:write")?.get(Metric::Reuse.name()).copied().flatten()?;
+            let copy = oracle.line(b.pid, "mark:write")?.get(Metric::Copy.name()).copied().flatten()?;
+            Some((reuse, copy, b.folios))
+        })();
+        let Some((reuse, copy, folios)) = counts else {
+            fails.push(format!("{} gate on {case}: no oracle reuse count for the write step", k.name));
+            continue;
+        };
+        let within = reuse as f64 / folios.max(1) as f64 <= 1.05;
+        let want = if within { "0" } else { "1" };
+        // What the kernel must do: the series' whole folio, or 7.3's page
+        // by page (16 per 64K folio); a kernel that copies reuses nothing.
+        let must = match k.reuse() {
+            FolioReuse::WholeFolio => Some("0"),
+            FolioReuse::PageByPage if copy == 0 => Some("1"),
+            FolioReuse::PageByPage => None,
+        };
+        println!(
+            "{} GATE {GATE} on {case}: exit {rc}; the oracle's reuse {reuse} / {folios} folios wants {want}{}: {out}",
+            k.name,
+            must.map_or(String::new(), |m| format!(", the kernel must give {m}"))
+        );
+        if rc != want {
+            fails.push(format!(
+                "{} gate on {case}: exit {rc}, the oracle's count wants {want}: {out}",
+                k.name
+            ));
+        }
+        if let Some(m) = must.filter(|m| *m != want) {
+            fails.push(format!(
+                "{} gate on {case}: reuse {reuse} for {folios} folios; this kernel must {}",
+                k.name,
+                if m == "0" { "pass the gate" } else { "fail the gate" }
+            ));
+        }
+        if !out.contains(&format!("({reuse} / {folios})")) {
+            fails.push(format!(
+                "{} gate on {case} does not print reuse {reuse} / {folios} folios: {out}",
+                k.name
+            ));
+        }
     }
     fails
 }
@@ -298,13 +395,13 @@ fn check_verify(run: &GuestRun, k: crate::kernels::GuestKernel) -> Vec<String> {
 /// left no results.
 fn check_cases(
     run: &GuestRun,
-    kernel: &str,
+    k: GuestKernel,
     cases: &[String],
     failures: &mut Vec<String>,
 ) -> Vec<(String, String)> {
     let mut harness_errors = Vec::new();
     for case in cases {
-        match check_case(run, kernel, case) {
+        match check_case(run, k.name, k.reuse(), case) {
             Ok(r) => {
                 print!("{}", r.table);
                 failures.extend(r.failures);
@@ -339,31 +436,66 @@ pub fn backends_for(kernel: &str, asked: &[String]) -> Vec<String> {
 
 /// Boots each kernel once and runs `cases` in it, under each of its
 /// backends (`backends_for`).
-pub fn run(
-    kernels: &[crate::kernels::GuestKernel],
-    size: &str,
-    cases: &[String],
-    backends: &[String],
-) -> Result<()> {
+pub fn run(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[String]) -> Result<()> {
+    run_with(kernels, size, cases, backends, false)
+}
+
+/// The cases of the whole-folio reuse gates, at the size the issue's
+/// figures are for (256M: the bench's own faults weigh under 5% there).
+pub const GATE_CASES: &[&str] = &["64k-exit", "2m-pte-exit"];
+pub const GATE_SIZE: &str = "256M";
+/// The gates' kernels: stock 7.3 (must fail) and 7.3 with the series (must
+/// pass), each arch.
+pub const GATE_KERNELS: &[&str] =
+    &["7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-cloud-arm64", "7.3-folio-reuse-arm64"];
+/// The gates' backend: what CI on a stock distribution kernel would get.
+pub const GATE_BACKEND: &str = "kprobe";
+
+/// The gates on `kernels`: [`GATE_CASES`] at [`GATE_SIZE`] against the
+/// oracle, then `verify` as CI runs it ([`check_gates`]): pass on the
+/// patched kernels, fail with the count on stock 7.3.
+pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
+    let cases: Vec<String> = GATE_CASES.iter().map(|c| c.to_string()).collect();
+    run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true)
+}
+
+fn run_with(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[String], gates: bool) -> Result<()> {
     use crate::{kernels, root, vm};
     let mut failures = Vec::new();
     for &k in kernels {
-        let vmlinuz = kernels::fetch(k)?;
+        if k.skipped(&format!("matrix {}", cases.join(" "))) {
+            continue;
+        }
+        // A kernel that cannot be had (a build that failed) fails the run;
+        // the other kernels still run.
+        let vmlinuz = match kernels::fetch(k) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{}: no kernel: {e:#}", k.name));
+                continue;
+            }
+        };
         let bin = vm::build_faultscope(k.arch)?;
-        let dir = root().join("target/vm/matrix").join(k.name);
+        let sub = if gates { "gates" } else { "matrix" };
+        let dir = root().join("target/vm").join(sub).join(k.name);
         std::fs::create_dir_all(&dir)?;
         let bs = backends_for(k.name, backends);
         // A rerun names its cases as labels (CASE@BACKEND): each boot runs
         // the cases it is given under the backends it is given.
         let boot = |cases: &[String], bs: &[String]| -> Result<GuestRun> {
-            let env = [("SIZE", size.to_string()), ("CASES", cases.join(" ")), ("BACKENDS", bs.join(" "))];
+            let mut env = vec![("SIZE", size.to_string()), ("CASES", cases.join(" ")), ("BACKENDS", bs.join(" "))];
+            if gates {
+                // 256M of 64K folios reused page by page on arm64 is ~6
+                // events per fault in one CPU's buffer.
+                env.extend([("GATES", "1".to_string()), ("TRACE_KB", "98304".to_string())]);
+            }
             let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
             vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))
         };
         let run = boot(cases, &bs)?;
         let labels: Vec<String> = bs.iter().flat_map(|b| cases.iter().map(move |c| label(c, b))).collect();
-        let harness_errors = check_cases(&run, k.name, &labels, &mut failures);
-        failures.extend(check_verify(&run, k));
+        let harness_errors = check_cases(&run, k, &labels, &mut failures);
+        failures.extend(check_verify(&run, k, gates));
         println!(
             "guest {} ran {} cases ({}) in {:.1}s",
             k.name,
@@ -391,7 +523,7 @@ pub fn run(
                 v
             };
             let rerun = boot(&split(0), &split(1))?;
-            for (_, e) in check_cases(&rerun, k.name, &again, &mut failures) {
+            for (_, e) in check_cases(&rerun, k, &again, &mut failures) {
                 failures.push(format!("{e} (twice)"));
             }
             println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
@@ -488,11 +620,81 @@ mod tests {
             sections: crate::vm::sections(console),
             wall: std::time::Duration::ZERO,
         };
-        let e = check_case(&run, "k", "c").err().expect("no JSON: a harness error").to_string();
+        let e = check_case(&run, "k", FolioReuse::PageByPage, "c")
+            .err()
+            .expect("no JSON: a harness error")
+            .to_string();
         assert!(e.contains("no section c.json"), "{e}");
         let gap = check::oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
         assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
         assert!(gap.contains("1 processes exec'd: 7; phases: x; trace buffer overrun 0"), "{gap}");
+    }
+
+    /// The gate's exit must follow the oracle's reuse count and the kernel:
+    /// stock 7.3 fails it with the count, the patched kernel passes.
+    #[test]
+    fn gates_follow_the_oracle_and_the_kernel() {
+        use check::testing::*;
+        let stock = crate::kernels::by_name("7.3-cloud-amd64").unwrap();
+        let patched = crate::kernels::by_name("7.3-folio-reuse-amd64").unwrap();
+        // bench_json: 16 folios; the oracle's write step reuse decides.
+        let run = |reuse: u64, rc: &str| {
+            let oracle = X86_UNKNOWN.to_string() + &oracle_line("mark:write", reuse, reuse, 0);
+            let out = format!("reuse/folio<=1.05: reuse is {} ({reuse} / 16)", reuse as f64 / 16.0);
+            let mut markers = String::new();
+            let mut sections = Vec::new();
+            for c in GATE_CASES.iter().map(|c| label(c, GATE_BACKEND)) {
+                markers += &format!("@@FS-GATE {c} {rc}\n");
+                sections.push((format!("{c}.json"), bench_json()));
+                sections.push((format!("{c}.oracle"), oracle.clone()));
+                sections.push((format!("gate-{c}"), out.clone()));
+            }
+            let s: Vec<(&str, &str)> = sections.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+            guest_run(&markers, &s)
+        };
+        // 7.3 reuses page by page: 256 for 16 folios, the gate fails (1).
+        assert_eq!(check_gates(&run(256, "1"), stock), Vec::<String>::new());
+        let f = check_gates(&run(256, "0"), stock);
+        assert!(f[0].contains("exit 0, the oracle's count wants 1"), "{f:?}");
+        // The patched kernel: 16 for 16, the gate passes (0).
+        assert_eq!(check_gates(&run(16, "0"), patched), Vec::<String>::new());
+        // A patched kernel that still reuses page by page must pass, and fails.
+        let f = check_gates(&run(256, "1"), patched);
+        assert!(
+            f.iter().any(|x| x.contains("reuse 256 for 16 folios; this kernel must pass the gate")),
+            "{f:?}"
+        );
+        // verify must print the count it judged.
+        let mut r = run(16, "0");
+        for c in GATE_CASES.iter().map(|c| label(c, GATE_BACKEND)) {
+            r.sections.insert(format!("gate-{c}"), "reuse/folio<=1.05: reuse is 1".into());
+        }
+        let f = check_gates(&r, patched);
+        assert!(f[0].contains("does not print reuse 16 / 16 folios"), "{f:?}");
+    }
+
+    /// On a whole-folio kernel the 64K case wants one reuse per folio.
+    #[test]
+    fn a_whole_folio_kernel_reuses_once_per_folio() {
+        use check::testing::*;
+        let json = bench_json()
+            .replace("\"folio\":\"4K\"", "\"folio\":\"64K\"")
+            .replace("\"folios\":16", "\"folios\":1");
+        assert!(json.contains("\"folios\":1,"), "{json}");
+        let oracle = X86_UNKNOWN.to_string()
+            + &oracle_line("mark:populate", 16, 0, 0)
+            + &oracle_line("mark:fork", 3, 0, 1)
+            + &oracle_line("mark:write", 20, 20, 0);
+        let markers = format!("@@FS-RC 64k-exit 0\n@@FS-OVERRUN 64k-exit 0\n{X86_REFUSED}");
+        let run = guest_run(&markers, &[("64k-exit.json", &json), ("64k-exit.oracle", &oracle)]);
+        // 20 reuse faults for 1 folio (+16 slack is 17): not whole-folio.
+        let r = check_case(&run, "k", FolioReuse::WholeFolio, "64k-exit").unwrap();
+        assert_eq!(
+            r.failures,
+            ["k kprobe 64k-exit: reuse 20 = folios 1, copy 0 = 0: this kernel reuses a 64K folio whole"]
+        );
+        let r = check_case(&run, "k", FolioReuse::PageByPage, "64k-exit").unwrap();
+        assert!(r.failures.is_empty(), "{:?}", r.failures);
     }
 
     #[test]
@@ -507,7 +709,7 @@ mod tests {
             &markers,
             &[("4k-exit@kprobe.json", &bench_json()), ("4k-exit@kprobe.oracle", &oracle)],
         );
-        let r = check_case(&run, "k", "4k-exit@kprobe").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").unwrap();
         assert_eq!(r.failures, ["k kprobe 4k-exit mark:write: reuse: faultscope 20 != oracle 21"]);
         // The same run checked as a fentry case: its probes were kprobes.
         let markers = markers.replace("@kprobe", "@fentry");
@@ -515,7 +717,7 @@ mod tests {
             &markers,
             &[("4k-exit@fentry.json", &bench_json()), ("4k-exit@fentry.oracle", &oracle)],
         );
-        let r = check_case(&run, "k", "4k-exit@fentry").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@fentry").unwrap();
         assert!(
             r.failures[0].contains("--backend fentry, but the probes attached as [\"kretprobe\"]"),
             "{:?}",
@@ -530,7 +732,7 @@ mod tests {
         let markers = markers.replace("@fentry", "@kprobe");
         let run =
             guest_run(&markers, &[("4k-exit@kprobe.json", &bench_json()), ("4k-exit@kprobe.oracle", "")]);
-        let e = format!("{:#}", check_case(&run, "k", "4k-exit@kprobe").err().unwrap());
+        let e = format!("{:#}", check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").err().unwrap());
         assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }

@@ -29,6 +29,16 @@ const PACKAGES: &[&str] = &[
     "gcc-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     "libstd-rust-web-dev:arm64",
+    // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
+    // build dependencies, pahole (dwarves) for BTF, patch for the series.
+    "build-essential",
+    "flex",
+    "bison",
+    "bc",
+    "libelf-dev",
+    "libssl-dev",
+    "dwarves",
+    "patch",
     // `cargo xtask redis`: the guest runs the host's redis-server over 9p
     // (its service is never started here: see `NoServiceStart`).
     "redis-server",

@@ -80,6 +80,22 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                         numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
                     );
                 }
+                // The shape a kernel that reuses the whole exclusive folio
+                // gives: one reuse fault per folio (plus the bench's own few).
+                let ratio = reuse as f64 / folios as f64;
+                if reuse >= folios && ratio < 2.0 && copy < folios {
+                    let contpte = match c(Metric::ContpteUnfold) {
+                        Some(0) => "; no contpte block was unfolded",
+                        _ => "",
+                    };
+                    add(
+                        "large-folio-reuse-whole",
+                        format!(
+                            "whole-folio reuse: {ratio:.1} reuse fault per {label} folio ({reuse} for {folios} folios of {per} pages): one fault made the whole exclusive folio writable{contpte}"
+                        ),
+                        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
+                    );
+                }
                 if child_exited && copy as f64 / folios as f64 >= 2.0 {
                     add(
                         "large-folio-copy-after-exit",
@@ -233,6 +249,40 @@ mod tests {
         // 4K pages: nothing to say about reuse.
         let r = report("4K", "exit", &[(Metric::Reuse, 16384)]);
         assert!(!rules(&r).contains(&"large-folio-reuse-per-page".into()));
+    }
+
+    #[test]
+    fn whole_folio_reuse() {
+        // 64K: 1,030 reuse faults for 1,024 folios (the bench's own few on top).
+        let r =
+            report("64K", "exit", &[(Metric::Reuse, 1030), (Metric::Copy, 2), (Metric::ContpteUnfold, 0)]);
+        let f = findings(&r);
+        let x = f.iter().find(|f| f.rule == "large-folio-reuse-whole").unwrap();
+        assert_eq!(x.phase, "mark:write");
+        assert_eq!(
+            x.text,
+            "whole-folio reuse: 1.0 reuse fault per 64K folio (1030 for 1024 folios of 16 pages): one fault made the whole exclusive folio writable; no contpte block was unfolded"
+        );
+        assert_eq!(x.numbers["reuse"], Number::Int(1030));
+        assert!(!rules(&r).contains(&"large-folio-reuse-per-page".into()));
+        // x86: contpte not measurable, nothing said of it.
+        let r = report("2M", "exit", &[(Metric::Reuse, 1036)]);
+        let x = findings(&r).into_iter().find(|f| f.rule == "large-folio-reuse-whole").unwrap();
+        assert!(
+            x.text.ends_with("folios of 512 pages): one fault made the whole exclusive folio writable"),
+            "{}",
+            x.text
+        );
+        // Page by page, copied, or 4K pages: not this shape.
+        for (folio, w) in [
+            ("64K", [(Metric::Reuse, 16384), (Metric::Copy, 0)]),
+            ("64K", [(Metric::Reuse, 10), (Metric::Copy, 16390)]),
+            ("64K", [(Metric::Reuse, 1030), (Metric::Copy, 15360)]),
+            ("4K", [(Metric::Reuse, 1030), (Metric::Copy, 0)]),
+        ] {
+            let r = report(folio, "exit", &w);
+            assert!(!rules(&r).contains(&"large-folio-reuse-whole".into()), "{folio} {w:?}");
+        }
     }
 
     #[test]

@@ -1,0 +1,942 @@
+//! Kernels built here: Debian's kernel source package (fetched like the
+//! guest kernels: a private apt configuration, `apt-get download`, never
+//! installed) with a patch series applied, configured for the guest harness
+//! and built for amd64 or arm64 (cross), with everything the guests need
+//! built in (no modules). `cargo xtask kernel --patch FILE...` builds one for
+//! any series; the matrix builds its patched kernels on demand.
+//!
+//! Each build is cached by (source package version, the series' diffs, the
+//! config recipe and arch) under `target/kernels/built/<key>/` and, where it
+//! can be written, in the machine-wide [`MACHINE_CACHE`], so a fresh checkout
+//! on the same machine (CI) does not build again.
+
+use std::{
+    fs,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+use anyhow::{bail, Context as _, Result};
+use sha2::{Digest as _, Sha256};
+
+use crate::{kernels, root, run};
+
+/// The kernel source: Debian's `linux-source-7.3` (a tarball under
+/// /usr/src), from the suite the 7.3 guest kernels come from.
+pub const SOURCE_PACKAGE: &str = "linux-source-7.3";
+const SOURCE_SUITE: &str = "trixie-backports";
+
+/// Built kernels shared by every checkout on this machine, when writable.
+pub const MACHINE_CACHE: &str = "/var/cache/faultscope/kernels";
+
+/// A patch series given by a file of this machine that is a test fixture,
+/// not part of the repo: where it is absent, its kernels are skipped.
+#[derive(Clone, Copy, Debug)]
+pub struct Fixture {
+    /// The environment variable that names the file.
+    pub env: &'static str,
+    /// The file when the variable is not set, relative to the repo root.
+    pub default: &'static str,
+    /// Only the messages whose subject contains this (a thread holds
+    /// several versions of a series).
+    pub subject: &'static str,
+}
+
+impl Fixture {
+    /// The fixture's file, or why there is none.
+    pub fn path(&self) -> Result<PathBuf, String> {
+        let p = match std::env::var_os(self.env) {
+            Some(v) => PathBuf::from(v),
+            None => root().join(self.default),
+        };
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "the patch series fixture {} is missing (set {} to the series' mbox)",
+                p.display(),
+                self.env
+            ))
+        }
+    }
+}
+
+/// How a build is configured, per architecture: the kernel's defconfig plus
+/// `kvm_guest.config` (virtio and 9p built in, so the host's root mounts
+/// with no modules), then `on` options set to y and `off` ones unset, then
+/// `olddefconfig`; every option of `on` and `off` is checked in the final
+/// .config. `off` trims what a QEMU guest with an initramfs never uses,
+/// which is most of the build time. Only the image is built: an option left
+/// at `m` builds nothing.
+pub struct Recipe {
+    pub arch: &'static str,
+    make_arch: &'static str,
+    cross_compile: Option<&'static str>,
+    target: &'static str,
+    image: &'static str,
+    on: &'static [&'static str],
+    off: &'static [&'static str],
+    /// Unset every `ARCH_*` platform of `arch/arm64/Kconfig.platforms`
+    /// (SoC support the `virt` machine does not need).
+    no_platforms: bool,
+}
+
+/// What faultscope and the guest harness need, on both architectures:
+/// kprobes and kprobe events (the oracle), BPF with BTF (pahole), tracing,
+/// THP and mTHP, anonymous VMA names, the 9p root, /proc/config.gz.
+const ON_COMMON: &[&str] = &[
+    "KPROBES",
+    "KPROBE_EVENTS",
+    "BPF",
+    "BPF_SYSCALL",
+    "BPF_JIT",
+    "BPF_EVENTS",
+    "FTRACE",
+    "FUNCTION_TRACER",
+    "DYNAMIC_FTRACE",
+    "DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT",
+    "DEBUG_INFO_BTF",
+    "TRANSPARENT_HUGEPAGE",
+    "TRANSPARENT_HUGEPAGE_MADVISE",
+    "ANON_VMA_NAME",
+    "PROC_PAGE_MONITOR",
+    "CHECKPOINT_RESTORE",
+    "NET_9P",
+    "NET_9P_VIRTIO",
+    "9P_FS",
+    "VIRTIO_PCI",
+    "TMPFS",
+    "DEBUG_FS",
+    "KALLSYMS_ALL",
+    "IKCONFIG",
+    "IKCONFIG_PROC",
+];
+
+/// Unused by a QEMU guest that boots an initramfs; BTF needs full DWARF
+/// (not reduced, not split).
+const OFF_COMMON: &[&str] = &[
+    "DEBUG_INFO_NONE",
+    "DEBUG_INFO_REDUCED",
+    "DEBUG_INFO_SPLIT",
+    "DRM",
+    "SOUND",
+    "USB_SUPPORT",
+    "HID",
+    "WLAN",
+    "WIRELESS",
+    "CFG80211",
+    "RFKILL",
+    "ETHERNET",
+    "NETFILTER",
+    "NET_SCHED",
+    "ATA",
+    "MD",
+    "NFS_FS",
+    "NFSD",
+    "INPUT_MOUSE",
+    "INPUT_JOYSTICK",
+    "INPUT_TABLET",
+    "INPUT_TOUCHSCREEN",
+    "SECURITY_SELINUX",
+    "AUDIT",
+    "HIBERNATION",
+    "WATCHDOG",
+    "I2C",
+    "SPI",
+];
+
+pub const AMD64: Recipe = Recipe {
+    arch: "amd64",
+    make_arch: "x86",
+    cross_compile: None,
+    target: "bzImage",
+    image: "arch/x86/boot/bzImage",
+    on: &["MEM_SOFT_DIRTY"],
+    off: &["AGP", "PCCARD", "MACINTOSH_DRIVERS"],
+    no_platforms: false,
+};
+
+pub const ARM64: Recipe = Recipe {
+    arch: "arm64",
+    make_arch: "arm64",
+    cross_compile: Some("aarch64-linux-gnu-"),
+    target: "Image",
+    image: "arch/arm64/boot/Image",
+    // Lazy preemption, as Debian's arm64 kernels and x86's defconfig have
+    // it: with arm64 defconfig's full preemption the bench migrates between
+    // populate and write often enough that the folios still in the other
+    // CPU's LRU-add batch (each holding a reference) are copied, not
+    // reused: 13-20 copies of 4K pages in a third of the runs.
+    on: &[
+        "ARM64_CONTPTE",
+        "SERIAL_AMBA_PL011",
+        "SERIAL_AMBA_PL011_CONSOLE",
+        "PCI_HOST_GENERIC",
+        "PREEMPT_LAZY",
+    ],
+    off: &[
+        "PREEMPT",
+        "VIRTUALIZATION",
+        "XEN",
+        "ACPI",
+        "CPU_FREQ",
+        "PM_DEVFREQ",
+        "STAGING",
+        "CRYPTO_HW",
+        "SCSI",
+        "MEDIA_SUPPORT",
+        "MMC",
+        "BT",
+        "MTD",
+        "CAN",
+        "REMOTEPROC",
+    ],
+    no_platforms: true,
+};
+
+pub fn recipe(arch: &str) -> Result<&'static Recipe> {
+    match arch {
+        "amd64" => Ok(&AMD64),
+        "arm64" => Ok(&ARM64),
+        other => bail!("no kernel build for arch {other:?} (amd64 or arm64)"),
+    }
+}
+
+impl Recipe {
+    fn on(&self) -> impl Iterator<Item = &'static str> + '_ {
+        ON_COMMON.iter().chain(self.on).copied()
+    }
+
+    fn off(&self) -> impl Iterator<Item = &'static str> + '_ {
+        OFF_COMMON.iter().chain(self.off).copied()
+    }
+
+    /// Everything that decides the configuration, as text: hashed into the
+    /// cache key, and kept beside the build.
+    fn describe(&self, localversion: &str) -> String {
+        let mut s = format!(
+            "arch {} (make ARCH={} {})\nbase defconfig kvm_guest.config\nLOCALVERSION={localversion}\n",
+            self.arch, self.make_arch, self.target
+        );
+        for o in self.on() {
+            s.push_str(&format!("+{o}\n"));
+        }
+        for o in self.off() {
+            s.push_str(&format!("-{o}\n"));
+        }
+        if self.no_platforms {
+            s.push_str("-ARCH_* of arch/arm64/Kconfig.platforms\n");
+        }
+        s
+    }
+
+    fn make(&self, tree: &Path) -> Command {
+        let mut c = Command::new("make");
+        c.current_dir(tree).arg(format!("ARCH={}", self.make_arch));
+        if let Some(cc) = self.cross_compile {
+            c.arg(format!("CROSS_COMPILE={cc}"));
+        }
+        c
+    }
+}
+
+/// One message's diff of a patch series.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Diff {
+    /// The message's subject, or "" where the file has none (a plain diff).
+    pub subject: String,
+    /// The diff, from its first header line to its last hunk line.
+    pub text: String,
+}
+
+/// A mail header or a rendered thread's title line: the subject of the
+/// diffs that follow it.
+fn subject_line(line: &str) -> Option<&str> {
+    line.strip_prefix("Subject: ").or_else(|| {
+        (line.starts_with("[PATCH") || line.starts_with("[RFC PATCH") || line.starts_with("Re: ["))
+            .then_some(line)
+    })
+}
+
+/// An mbox's message separator, `From <sha> Mon Sep 17 00:00:00 2001`
+/// (not a line of prose that starts with "From ").
+fn mbox_separator(line: &str) -> bool {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    w.len() >= 7 && w[0] == "From" && w[5].matches(':').count() == 2
+}
+
+/// `@@ -a[,b] +c[,d] @@`: the old and new line counts of a hunk.
+fn hunk_counts(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("@@ -")?;
+    let (old, rest) = rest.split_once(" +")?;
+    let (new, _) = rest.split_once(" @@")?;
+    let n = |r: &str| -> Option<u64> {
+        match r.split_once(',') {
+            Some((_, n)) => n.parse().ok(),
+            None => r.parse::<u64>().ok().map(|_| 1),
+        }
+    };
+    Some((n(old)?, n(new)?))
+}
+
+/// Header lines of a file's diff in git's format, between `diff --git` and
+/// the first hunk.
+const GIT_HEADERS: &[&str] = &[
+    "index ",
+    "--- ",
+    "+++ ",
+    "old mode ",
+    "new mode ",
+    "deleted file mode ",
+    "new file mode ",
+    "similarity index ",
+    "dissimilarity index ",
+    "rename from ",
+    "rename to ",
+    "copy from ",
+    "copy to ",
+];
+
+/// Cuts the diffs out of a patch file: a `git format-patch` mbox (several
+/// messages, each with a diff), a rendered mail thread, or a plain unified
+/// diff. A message's diff runs from its first `diff --git` (or `---`/`+++`
+/// pair) over every file's hunks, counted by their headers, so the
+/// signature, trailers and the next message's text are never part of it.
+/// Quoted diffs (`> ...` in replies) are not diffs.
+pub fn cut_diffs(text: &str) -> Result<Vec<Diff>> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out: Vec<Diff> = Vec::new();
+    let mut subject = String::new();
+    let mut i = 0;
+    let starts_diff = |i: usize| {
+        lines[i].starts_with("diff --git ")
+            || (lines[i].starts_with("--- ")
+                && lines.get(i + 1).is_some_and(|l| l.starts_with("+++ "))
+                && lines.get(i + 2).is_some_and(|l| l.starts_with("@@ -")))
+    };
+    while i < lines.len() {
+        if mbox_separator(lines[i]) {
+            subject.clear();
+        }
+        if let Some(s) = subject_line(lines[i]) {
+            subject = s.trim().to_string();
+            i += 1;
+            continue;
+        }
+        if !starts_diff(i) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        // One file after another, as long as they follow without a gap.
+        loop {
+            if lines[i].starts_with("diff --git ") {
+                i += 1;
+                while i < lines.len() && GIT_HEADERS.iter().any(|h| lines[i].starts_with(h)) {
+                    i += 1;
+                }
+                if lines.get(i).is_some_and(|l| l.starts_with("Binary files ")) {
+                    bail!("line {}: binary diffs cannot be applied with patch", i + 1);
+                }
+            } else {
+                i += 2;
+            }
+            while let Some((mut old, mut new)) = lines.get(i).and_then(|l| hunk_counts(l)) {
+                let header = i;
+                i += 1;
+                while old > 0 || new > 0 {
+                    let Some(l) = lines.get(i) else {
+                        bail!(
+                            "the diff's hunk at line {} ends before its {old} old and {new} new lines",
+                            header + 1
+                        );
+                    };
+                    match l.as_bytes().first() {
+                        // Some mailers strip a context line's one space.
+                        Some(b' ') | None => {
+                            old = old.checked_sub(1).context("hunk overrun")?;
+                            new = new.checked_sub(1).context("hunk overrun")?;
+                        }
+                        Some(b'-') => old = old.checked_sub(1).context("hunk overrun")?,
+                        Some(b'+') => new = new.checked_sub(1).context("hunk overrun")?,
+                        Some(b'\\') => {}
+                        _ => bail!(
+                            "line {}: {l:?} inside the hunk of line {} (a mangled diff?)",
+                            i + 1,
+                            header + 1
+                        ),
+                    }
+                    i += 1;
+                }
+                if lines.get(i).is_some_and(|l| l.starts_with('\\')) {
+                    i += 1;
+                }
+            }
+            if i >= lines.len() || !starts_diff(i) {
+                break;
+            }
+        }
+        let mut diff = lines[start..i].join("\n");
+        diff.push('\n');
+        out.push(Diff { subject: subject.clone(), text: diff });
+    }
+    Ok(out)
+}
+
+/// The diffs of `files`, in order, keeping only the messages whose subject
+/// contains `subject` when one is given. Fails on a file without any.
+pub fn read_series(files: &[PathBuf], subject: Option<&str>) -> Result<Vec<Diff>> {
+    let mut all = Vec::new();
+    for f in files {
+        let text =
+            fs::read_to_string(f).with_context(|| format!("reading the patch file {}", f.display()))?;
+        let diffs = cut_diffs(&text).with_context(|| format!("cutting the diffs of {}", f.display()))?;
+        let n = diffs.len();
+        let kept: Vec<Diff> =
+            diffs.into_iter().filter(|d| subject.is_none_or(|s| d.subject.contains(s))).collect();
+        if kept.is_empty() {
+            match subject {
+                Some(s) => {
+                    bail!("{}: none of its {n} diffs is in a message whose subject has {s:?}", f.display())
+                }
+                None => bail!("{}: no diff in it (a `diff --git` or `---`/`+++`/`@@` block)", f.display()),
+            }
+        }
+        all.extend(kept);
+    }
+    Ok(all)
+}
+
+/// A kernel built by [`build`].
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub dir: PathBuf,
+    /// bzImage or Image, for QEMU's `-kernel`.
+    pub image: PathBuf,
+    /// The final .config.
+    pub config: PathBuf,
+}
+
+impl Built {
+    fn at(dir: PathBuf) -> Option<Built> {
+        let b = Built { image: dir.join("vmlinuz"), config: dir.join("config"), dir };
+        (b.image.is_file() && b.config.is_file()).then_some(b)
+    }
+}
+
+/// The version of [`SOURCE_PACKAGE`] to build from: the one unpacked under
+/// target/kernels (no network), else the suite's current one.
+fn source_version() -> Result<(String, Option<kernels::PrivateApt>)> {
+    let marker = root().join(format!("target/kernels/{SOURCE_PACKAGE}.version"));
+    if let Ok(v) = fs::read_to_string(&marker) {
+        if tarball(v.trim()).is_ok() {
+            return Ok((v.trim().to_string(), None));
+        }
+    }
+    let apt = kernels::PrivateApt::new(SOURCE_SUITE, "amd64")?;
+    let out = apt.cmd("apt-cache").args(["show", "--no-all-versions", SOURCE_PACKAGE]).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.lines().find_map(|l| l.strip_prefix("Version: ")).with_context(|| {
+        format!("{SOURCE_PACKAGE} is not in {SOURCE_SUITE}: {}", String::from_utf8_lossy(&out.stderr))
+    })?;
+    Ok((v.trim().to_string(), Some(apt)))
+}
+
+fn source_dir(version: &str) -> PathBuf {
+    root().join(format!("target/kernels/source/{SOURCE_PACKAGE}_{version}"))
+}
+
+/// The source tarball of an unpacked package.
+fn tarball(version: &str) -> Result<PathBuf> {
+    let usr_src = source_dir(version).join("usr/src");
+    fs::read_dir(&usr_src)
+        .with_context(|| format!("reading {}", usr_src.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".tar.xz")))
+        .with_context(|| format!("no .tar.xz in {}", usr_src.display()))
+}
+
+/// Downloads and unpacks the source package (once).
+fn fetch_source(version: &str, apt: Option<kernels::PrivateApt>) -> Result<PathBuf> {
+    let t = match tarball(version) {
+        Ok(t) => t,
+        Err(_) => {
+            let apt = match apt {
+                Some(a) => a,
+                None => kernels::PrivateApt::new(SOURCE_SUITE, "amd64")?,
+            };
+            let pkg = format!("{SOURCE_PACKAGE}={version}");
+            kernels::download_unpack(apt.cmd("apt-get"), &pkg, &source_dir(version))?;
+            tarball(version)?
+        }
+    };
+    fs::write(root().join(format!("target/kernels/{SOURCE_PACKAGE}.version")), version)?;
+    Ok(t)
+}
+
+/// The cache key of a build: the source version, the diffs in order, the
+/// recipe (with the arch and the local version).
+fn key(version: &str, diffs: &[Diff], recipe_text: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("{SOURCE_PACKAGE} {version}\n"));
+    for d in diffs {
+        h.update(Sha256::digest(d.text.as_bytes()));
+    }
+    h.update(recipe_text.as_bytes());
+    let hex: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let upstream = version.split('-').next().unwrap_or(version);
+    format!("{upstream}-{hex}")
+}
+
+/// `name` as a kernel local version (`uname -r` = `7.3.4-NAME`): letters,
+/// digits, `-`, `.` and `_` only.
+fn localversion(name: &str) -> Result<String> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) {
+        bail!("--name {name:?}: use letters, digits, '-', '.' or '_'");
+    }
+    Ok(format!("-{name}"))
+}
+
+/// Builds (or finds cached) the kernel of `diffs` for `arch`, named `name`
+/// in its release string.
+pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
+    let recipe = recipe(arch)?;
+    let lv = localversion(name)?;
+    let (version, apt) = source_version()?;
+    let recipe_text = recipe.describe(&lv);
+    let key = format!("{}-{arch}", key(&version, diffs, &recipe_text));
+    let local = root().join("target/kernels/built").join(&key);
+    let machine = Path::new(MACHINE_CACHE).join(&key);
+    let cached = || {
+        [&local, &machine].into_iter().find_map(|d| Built::at(d.clone())).inspect(|b| {
+            eprintln!("xtask kernel: {name} {arch} is cached: {}", b.dir.display());
+        })
+    };
+    if let Some(b) = cached() {
+        return Ok(b);
+    }
+    let parent = local.parent().context("no parent")?;
+    fs::create_dir_all(parent)?;
+    // One build of a key at a time: a second xtask waits for the first's
+    // result instead of building it again.
+    let lock = fs::File::create(parent.join(format!(".{key}.lock")))?;
+    if lock.try_lock().is_err() {
+        eprintln!("xtask kernel: waiting for another build of {key}");
+        lock.lock()?;
+    }
+    if let Some(b) = cached() {
+        return Ok(b);
+    }
+    let t0 = Instant::now();
+    let tar = fetch_source(&version, apt)?;
+    // A build of this key that was killed left its scratch folder; with
+    // the lock held, none is running.
+    for e in fs::read_dir(parent)?.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&format!(".{key}.build-")) {
+            eprintln!("xtask kernel: removing {}, left by a build that did not finish", e.path().display());
+            fs::remove_dir_all(e.path())?;
+        }
+    }
+    let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
+    let tree = scratch.join("linux");
+    fs::create_dir_all(&tree)?;
+    let result = build_in(recipe, &lv, &recipe_text, &version, &tar, diffs, &scratch, &tree, t0);
+    let out = scratch.join("out");
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            // Keep the build's log for a look; the tree goes.
+            let log = scratch.join("build.log");
+            let kept = parent.join(format!("failed-{key}.log"));
+            let where_ = match fs::rename(&log, &kept) {
+                Ok(()) => format!(" (log: {})", kept.display()),
+                Err(_) => String::new(),
+            };
+            let _ = fs::remove_dir_all(&scratch);
+            return Err(e.context(format!("building {name} for {arch}{where_}")));
+        }
+    }
+    fs::remove_dir_all(&tree)?;
+    install(&out, &local)?;
+    fs::remove_dir_all(&scratch)?;
+    let built = Built::at(local.clone()).context("the installed build is incomplete")?;
+    if let Err(e) = install_copy(&local, &machine) {
+        eprintln!("xtask kernel: not shared in {MACHINE_CACHE} ({e:#})");
+    }
+    eprintln!(
+        "xtask kernel: built {name} for {arch} in {:.0}s: {}",
+        t0.elapsed().as_secs_f64(),
+        built.image.display()
+    );
+    Ok(built)
+}
+
+/// Renames `from` to `to`; if another build got there first, keeps that.
+fn install(from: &Path, to: &Path) -> Result<()> {
+    if let Err(e) = fs::rename(from, to) {
+        if Built::at(to.to_path_buf()).is_none() {
+            return Err(e).with_context(|| format!("moving the build to {}", to.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Copies a finished build into the machine-wide cache, atomically.
+fn install_copy(from: &Path, to: &Path) -> Result<()> {
+    if Built::at(to.to_path_buf()).is_some() {
+        return Ok(());
+    }
+    let parent = to.parent().context("no parent")?;
+    fs::create_dir_all(parent)?;
+    let tmp =
+        parent.join(format!(".{}.tmp-{}", to.file_name().unwrap().to_string_lossy(), std::process::id()));
+    fs::create_dir_all(&tmp)?;
+    for e in fs::read_dir(from)?.flatten() {
+        fs::copy(e.path(), tmp.join(e.file_name()))?;
+    }
+    install(&tmp, to).inspect_err(|_| {
+        let _ = fs::remove_dir_all(&tmp);
+    })?;
+    let _ = fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Runs a build step with its output to `log`; on failure, its last lines.
+fn logged(c: &mut Command, log: &Path, what: &str) -> Result<()> {
+    let f = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    eprintln!("+ {c:?}  (output: {})", log.display());
+    let st = c
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("starting {c:?}"))?;
+    if !st.success() {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        bail!("{what} failed ({st}); the log's end:\n{}", crate::vm::tail(&text, 30));
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_in(
+    recipe: &Recipe,
+    lv: &str,
+    recipe_text: &str,
+    version: &str,
+    tar: &Path,
+    diffs: &[Diff],
+    scratch: &Path,
+    tree: &Path,
+    t0: Instant,
+) -> Result<()> {
+    let log = scratch.join("build.log");
+    run(Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(tree).arg("--strip-components=1"))?;
+    let patches = scratch.join("out");
+    fs::create_dir_all(&patches)?;
+    for (n, d) in diffs.iter().enumerate() {
+        let file = patches.join(format!("{:04}.diff", n + 1));
+        fs::write(&file, &d.text)?;
+        let out = Command::new("patch")
+            .current_dir(tree)
+            .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
+            .arg(&file)
+            .output()
+            .context("running patch")?;
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let subject = if d.subject.is_empty() { "(no subject)" } else { &d.subject };
+        if !out.status.success() {
+            bail!(
+                "patch {} of {}, {subject}, does not apply to {SOURCE_PACKAGE} {version}:\n{}",
+                n + 1,
+                diffs.len(),
+                said.trim_end()
+            );
+        }
+        eprintln!(
+            "xtask kernel: applied {}/{}: {subject}\n  {}",
+            n + 1,
+            diffs.len(),
+            said.trim_end().replace('\n', "\n  ")
+        );
+    }
+    logged(recipe.make(tree).args(["defconfig", "kvm_guest.config"]), &log, "make defconfig")?;
+    let mut off: Vec<String> = recipe.off().map(String::from).collect();
+    if recipe.no_platforms {
+        off.extend(platforms(tree)?);
+    }
+    let mut sc = Command::new("scripts/config");
+    sc.current_dir(tree).args([
+        "--file",
+        ".config",
+        "--set-str",
+        "LOCALVERSION",
+        lv,
+        "--disable",
+        "LOCALVERSION_AUTO",
+    ]);
+    for o in recipe.on() {
+        sc.args(["--enable", o]);
+    }
+    for o in &off {
+        sc.args(["--disable", o]);
+    }
+    logged(&mut sc, &log, "scripts/config")?;
+    logged(recipe.make(tree).arg("olddefconfig"), &log, "make olddefconfig")?;
+    let config = fs::read_to_string(tree.join(".config"))?;
+    check_config(&config, recipe.on(), recipe.off())?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let tb = Instant::now();
+    let cpu0 = children_cpu_s();
+    logged(recipe.make(tree).arg(format!("-j{jobs}")).arg(recipe.target), &log, "the kernel build")?;
+    let build_s = tb.elapsed().as_secs_f64();
+    let cpu_s = children_cpu_s().zip(cpu0).map(|(a, b)| a - b);
+    let out = scratch.join("out");
+    fs::copy(tree.join(recipe.image), out.join("vmlinuz"))?;
+    fs::write(out.join("config"), &config)?;
+    let release = fs::read_to_string(tree.join("include/config/kernel.release")).unwrap_or_default();
+    let mut about = fs::File::create(out.join("about.txt"))?;
+    writeln!(about, "{SOURCE_PACKAGE} {version}, release {}", release.trim())?;
+    for (n, d) in diffs.iter().enumerate() {
+        writeln!(about, "patch {:04}.diff: {}", n + 1, d.subject)?;
+    }
+    let cpu = cpu_s.map_or(String::new(), |c| format!(", {c:.0}s of CPU"));
+    let said = format!(
+        "make -j{jobs} {} took {build_s:.0}s{cpu} ({:.0}s in all)",
+        recipe.target,
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("xtask kernel: {said}");
+    writeln!(about, "{said}\n{recipe_text}")?;
+    Ok(())
+}
+
+/// User + system CPU seconds of this process's waited-for children
+/// (`/proc/self/stat` cutime and cstime): a build's time on a machine that
+/// others share says little; its CPU time says what it costs.
+fn children_cpu_s() -> Option<f64> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // cutime and cstime are fields 16 and 17 of stat(5); `rest` starts at 3.
+    let ticks = f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// The `ARCH_*` platform options of arm64's `Kconfig.platforms`.
+fn platforms(tree: &Path) -> Result<Vec<String>> {
+    let f = tree.join("arch/arm64/Kconfig.platforms");
+    let text = fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("config "))
+        .map(str::trim)
+        .filter(|o| o.starts_with("ARCH_"))
+        .map(String::from)
+        .collect())
+}
+
+/// Fails unless every `on` option is `=y` and no `off` option is set in
+/// `config`: a dependency that Kconfig turned down silently would otherwise
+/// give a kernel without kprobes or BTF, found out only in a guest.
+fn check_config<'a>(
+    config: &str,
+    on: impl Iterator<Item = &'a str>,
+    off: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    let value = |o: &str| {
+        let p = format!("CONFIG_{o}=");
+        config.lines().find_map(|l| l.strip_prefix(p.as_str())).map(str::to_string)
+    };
+    let mut wrong = Vec::new();
+    for o in on {
+        match value(o) {
+            Some(v) if v == "y" => {}
+            Some(v) => wrong.push(format!("CONFIG_{o}={v} (want y)")),
+            None => wrong.push(format!("CONFIG_{o} is not set (want y)")),
+        }
+    }
+    for o in off {
+        if let Some(v) = value(o) {
+            wrong.push(format!("CONFIG_{o}={v} (want it unset: something selects it)"));
+        }
+    }
+    if !wrong.is_empty() {
+        bail!("the kernel's .config does not have what was asked for:\n  {}", wrong.join("\n  "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::Source;
+
+    /// A two-message `git format-patch` mbox: cover letter without a diff,
+    /// then two patches, the first touching two files.
+    const MBOX: &str = "From 1111 Mon Sep 17 00:00:00 2001
+From: A <a@b>
+Subject: [PATCH 0/2] mm: things
+
+cover letter, no diff
+
+From 2222 Mon Sep 17 00:00:00 2001
+From: A <a@b>
+Subject: [PATCH 1/2] mm: one
+
+why
+---
+ mm/a.c | 2 +-
+ mm/b.c | 1 +
+
+diff --git a/mm/a.c b/mm/a.c
+index 1..2 100644
+--- a/mm/a.c
++++ b/mm/a.c
+@@ -1,3 +1,3 @@
+ a
+-b
++B
+ c
+diff --git a/mm/b.c b/mm/b.c
+--- a/mm/b.c
++++ b/mm/b.c
+@@ -1 +1,2 @@
+ x
++y
+-- 
+2.43.0
+
+From 3333 Mon Sep 17 00:00:00 2001
+Subject: [PATCH 2/2] mm: two
+
+> diff --git a/quoted b/quoted
+diff --git a/mm/a.c b/mm/a.c
+--- a/mm/a.c
++++ b/mm/a.c
+@@ -5,2 +5,2 @@ static int f(void)
+-d
++D
+
+\\ No newline at end of file
+base-commit: 1234
+";
+
+    #[test]
+    fn an_mbox_gives_one_diff_per_message_in_order() {
+        let d = cut_diffs(MBOX).unwrap();
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert_eq!(d[0].subject, "[PATCH 1/2] mm: one");
+        assert!(d[0].text.starts_with("diff --git a/mm/a.c b/mm/a.c\n"), "{}", d[0].text);
+        assert!(d[0].text.contains("diff --git a/mm/b.c"), "both files are one message's diff");
+        assert!(d[0].text.ends_with(" x\n+y\n"), "{:?}", d[0].text);
+        assert_eq!(d[1].subject, "[PATCH 2/2] mm: two");
+        // The blank context line is the hunk's; the signature is not.
+        assert!(d[1].text.ends_with("+D\n\n\\ No newline at end of file\n"), "{:?}", d[1].text);
+        // Selecting by subject.
+        let f = std::env::temp_dir().join(format!("xtask-kbuild-test-{}.mbox", std::process::id()));
+        fs::write(&f, MBOX).unwrap();
+        let only = read_series(std::slice::from_ref(&f), Some("2/2")).unwrap();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0], d[1]);
+        let e = read_series(std::slice::from_ref(&f), Some("v3")).unwrap_err().to_string();
+        assert!(e.contains("none of its 2 diffs"), "{e}");
+        fs::remove_file(&f).unwrap();
+    }
+
+    #[test]
+    fn a_rendered_thread_and_a_plain_diff() {
+        let thread = "[PATCH v2 1/2] mm: x\n\n[Someone]\n\ntext\n---\n diffstat\n\n\
+                      diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1,1 +1,1 @@\n-a\n+b\n-- \n2.43.0\n\n\
+                      Re: [PATCH v2 1/2] mm: x\n\n> diff --git a/f b/f\n> @@ -1 +1 @@\nlooks fine\n";
+        let d = cut_diffs(thread).unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].subject, "[PATCH v2 1/2] mm: x");
+        assert_eq!(d[0].text, "diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1,1 +1,1 @@\n-a\n+b\n");
+        let plain = "--- f.orig\n+++ f\n@@ -1 +1 @@\n-a\n+b\n";
+        let d = cut_diffs(plain).unwrap();
+        assert_eq!(d, [Diff { subject: String::new(), text: plain.to_string() }]);
+    }
+
+    #[test]
+    fn a_truncated_or_mangled_diff_is_an_error() {
+        let e = cut_diffs("diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\n-b\n").unwrap_err();
+        assert!(e.to_string().contains("ends before its"), "{e}");
+        let e = cut_diffs("diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\nwrapped line\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("inside the hunk"), "{e}");
+    }
+
+    #[test]
+    fn hunk_headers() {
+        assert_eq!(hunk_counts("@@ -4355,6 +4355,71 @@ static bool f(struct folio *folio,"), Some((6, 71)));
+        assert_eq!(hunk_counts("@@ -1 +1,2 @@"), Some((1, 2)));
+        assert_eq!(hunk_counts("@@ -0,0 +1 @@"), Some((0, 1)));
+        assert_eq!(hunk_counts("@@ bad"), None);
+    }
+
+    #[test]
+    fn the_config_check_names_what_is_missing() {
+        let c = "CONFIG_KPROBES=y\nCONFIG_BPF=m\n# CONFIG_DRM is not set\nCONFIG_SOUND=y\n";
+        assert!(check_config(c, ["KPROBES"].into_iter(), ["DRM"].into_iter()).is_ok());
+        let e =
+            check_config(c, ["KPROBES", "BPF", "DEBUG_INFO_BTF"].into_iter(), ["DRM", "SOUND"].into_iter())
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("CONFIG_BPF=m (want y)"), "{e}");
+        assert!(e.contains("CONFIG_DEBUG_INFO_BTF is not set (want y)"), "{e}");
+        assert!(e.contains("CONFIG_SOUND=y (want it unset"), "{e}");
+        assert!(!e.contains("KPROBES") && !e.contains("DRM"), "{e}");
+    }
+
+    #[test]
+    fn the_key_follows_each_input() {
+        let d = |t: &str| Diff { subject: "s".into(), text: t.into() };
+        let k = key("7.3.4-1~bpo13+1", &[d("a"), d("b")], "r");
+        assert!(k.starts_with("7.3.4-"), "{k}");
+        assert_eq!(k, key("7.3.4-1~bpo13+1", &[d("a"), d("b")], "r"));
+        for other in [
+            key("7.3.4-1~bpo13+2", &[d("a"), d("b")], "r"),
+            key("7.3.4-1~bpo13+1", &[d("b"), d("a")], "r"),
+            key("7.3.4-1~bpo13+1", &[d("a")], "r"),
+            key("7.3.4-1~bpo13+1", &[d("a"), d("b")], "r2"),
+        ] {
+            assert_ne!(k, other);
+        }
+        assert_ne!(AMD64.describe("-x"), ARM64.describe("-x"));
+        assert_ne!(AMD64.describe("-x"), AMD64.describe("-y"));
+        assert!(localversion("folio-reuse").is_ok());
+        assert!(localversion("a b").is_err() && localversion("").is_err() && localversion("../x").is_err());
+    }
+
+    /// The matrix's series, cut from its fixture: the v2 thread holds v1
+    /// too, and replies; only v2's two diffs are kept, in order.
+    #[test]
+    fn the_folio_reuse_fixture_gives_its_two_v2_diffs() {
+        let Source::Built(p) = crate::kernels::by_name("7.3-folio-reuse-amd64").unwrap().source else {
+            panic!("not a built kernel")
+        };
+        let file = match p.series.path() {
+            Ok(f) => f,
+            Err(why) => {
+                eprintln!("SKIPPED: the folio-reuse series' cut: {why}");
+                return;
+            }
+        };
+        let all = read_series(std::slice::from_ref(&file), None).unwrap();
+        let d = read_series(&[file], Some(p.series.subject)).unwrap();
+        assert!(all.len() > d.len(), "{all:?}");
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].subject.starts_with("[PATCH v2 1/2] "), "{}", d[0].subject);
+        assert!(d[1].subject.starts_with("[PATCH v2 2/2] "), "{}", d[1].subject);
+        for x in &d {
+            assert!(x.text.starts_with("diff --git a/mm/memory.c b/mm/memory.c\n"), "{}", x.text);
+            assert!(!x.text.contains("\n-- \n"), "the signature is not the diff's: {}", x.text);
+        }
+    }
+}
