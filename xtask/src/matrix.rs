@@ -459,7 +459,13 @@ pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true)
 }
 
-fn run_with(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[String], gates: bool) -> Result<()> {
+fn run_with(
+    kernels: &[GuestKernel],
+    size: &str,
+    cases: &[String],
+    backends: &[String],
+    gates: bool,
+) -> Result<()> {
     use crate::{kernels, root, vm};
     let mut failures = Vec::new();
     for &k in kernels {
@@ -483,7 +489,8 @@ fn run_with(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[S
         // A rerun names its cases as labels (CASE@BACKEND): each boot runs
         // the cases it is given under the backends it is given.
         let boot = |cases: &[String], bs: &[String]| -> Result<GuestRun> {
-            let mut env = vec![("SIZE", size.to_string()), ("CASES", cases.join(" ")), ("BACKENDS", bs.join(" "))];
+            let mut env =
+                vec![("SIZE", size.to_string()), ("CASES", cases.join(" ")), ("BACKENDS", bs.join(" "))];
             if gates {
                 // 256M of 64K folios reused page by page on arm64 is ~6
                 // events per fault in one CPU's buffer.
@@ -732,7 +739,8 @@ mod tests {
         let markers = markers.replace("@fentry", "@kprobe");
         let run =
             guest_run(&markers, &[("4k-exit@kprobe.json", &bench_json()), ("4k-exit@kprobe.oracle", "")]);
-        let e = format!("{:#}", check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").err().unwrap());
+        let e =
+            format!("{:#}", check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").err().unwrap());
         assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }
