@@ -20,6 +20,10 @@ use crate::{
 /// 4-9 with the child alive. The oracle comparison stays exact.
 pub const SLACK: u64 = 16;
 
+/// Copies of the bench's own pages in the write step on a kernel that
+/// reuses whole folios (see `check_case`).
+const OWN_COPIES: u64 = 4;
+
 /// The bench steps, each compared with the oracle between the same trace
 /// markers.
 const STEPS: [&str; 3] = ["mark:populate", "mark:fork", "mark:write"];
@@ -130,11 +134,15 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
             expect(within(r, pages), format!("reuse {r} = pages {pages} (+{SLACK})"))
         }
         "64k-exit" | "2m-pte-exit" if reuse == FolioReuse::WholeFolio => {
+            // A copy or two of the bench's own 4K pages (stack, heap) is
+            // the kernel's: a folio still held by another CPU's LRU-add
+            // batch has an extra reference and is copied, not reused (1 was
+            // seen on arm64). The measured memory's folios are reused whole.
             let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
             expect(
-                within(r, folios) && c == 0,
+                within(r + c, folios) && c <= OWN_COPIES,
                 format!(
-                    "reuse {r} = folios {folios}, copy {c} = 0: this kernel reuses a {folio} folio whole"
+                    "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {OWN_COPIES}: this kernel reuses a {folio} folio whole"
                 ),
             );
         }
@@ -698,7 +706,7 @@ mod tests {
         let r = check_case(&run, "k", FolioReuse::WholeFolio, "64k-exit").unwrap();
         assert_eq!(
             r.failures,
-            ["k kprobe 64k-exit: reuse 20 = folios 1, copy 0 = 0: this kernel reuses a 64K folio whole"]
+            ["k kprobe 64k-exit: reuse 20 + copy 0 = folios 1 (+16), copy <= 4: this kernel reuses a 64K folio whole"]
         );
         let r = check_case(&run, "k", FolioReuse::PageByPage, "64k-exit").unwrap();
         assert!(r.failures.is_empty(), "{:?}", r.failures);
