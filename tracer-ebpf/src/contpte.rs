@@ -4,10 +4,6 @@
 //! Not tied to a fault: a block is unfolded by mprotect, munmap or a COW
 //! inside it as well, so these count for the current task whatever it does.
 
-use aya_ebpf::{
-    macros::{fentry, kprobe},
-    programs::{FEntryContext, ProbeContext},
-};
 use faultscope_common::{
     attrib::addr_key,
     class::{Class, ClassSet},
@@ -16,8 +12,7 @@ use faultscope_common::{
 use crate::{
     attrib::attribute,
     helpers::{
-        arg, counted_target, current_phase, pid_tgid, record, thread_state_if_any, FnContext, ReadFailed,
-        UNTIMED,
+        counted_target, current_phase, pid_tgid, record, thread_state_if_any, FnContext, ReadFailed, UNTIMED,
     },
     maps::Conf,
 };
@@ -54,7 +49,7 @@ fn try_count<C: FnContext>(ctx: &C, class: Class) -> Result<u32, ReadFailed> {
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
-    let addr = arg(ctx, 1)?;
+    let addr = ctx.arg(1)?;
     let phase = current_phase();
     let set = ClassSet::default().with(class);
     record(tgid, phase, set.0, UNTIMED);
@@ -72,8 +67,8 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     }
     // The direction comes from the new PTE: without it the conversion is
     // not classified (counted in DROPS), never guessed to be an unfold.
-    let pte = arg(ctx, 3)?;
-    let addr = arg(ctx, 1)?;
+    let pte = ctx.arg(3)?;
+    let addr = ctx.arg(1)?;
     let phase = current_phase();
     let class = if pte & PTE_CONT != 0 { Class::ContpteFold } else { Class::ContpteUnfold };
     let set = ClassSet::default().with(Class::ContpteConvert).with(class);
@@ -82,36 +77,17 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     Ok(0)
 }
 
-/// `__contpte_try_unfold(mm, addr, ptep, pte)` (6.12 unfolds through it to
-/// change one PTE).
-#[kprobe]
-pub fn contpte_try_unfold(ctx: ProbeContext) -> u32 {
-    try_count(&ctx, Class::ContpteTryUnfold).unwrap_or(0)
-}
-
-#[fentry]
-pub fn contpte_try_unfold_fe(ctx: FEntryContext) -> u32 {
-    try_count(&ctx, Class::ContpteTryUnfold).unwrap_or(0)
-}
-
-#[kprobe]
-pub fn contpte_convert(ctx: ProbeContext) -> u32 {
-    try_contpte_convert(&ctx).unwrap_or(0)
-}
-
-#[fentry]
-pub fn contpte_convert_fe(ctx: FEntryContext) -> u32 {
-    try_contpte_convert(&ctx).unwrap_or(0)
-}
-
-/// `__contpte_try_fold(mm, addr, ptep, pte)`: an attempt to fold a block
-/// (most fail).
-#[kprobe]
-pub fn contpte_try_fold(ctx: ProbeContext) -> u32 {
-    try_count(&ctx, Class::ContpteFoldAttempt).unwrap_or(0)
-}
-
-#[fentry]
-pub fn contpte_try_fold_fe(ctx: FEntryContext) -> u32 {
-    try_count(&ctx, Class::ContpteFoldAttempt).unwrap_or(0)
-}
+kprobe_and_fentry!(
+    /// `__contpte_try_unfold(mm, addr, ptep, pte)` (6.12 unfolds through it
+    /// to change one PTE).
+    contpte_try_unfold, contpte_try_unfold_fe, |ctx| try_count(ctx, Class::ContpteTryUnfold).unwrap_or(0)
+);
+kprobe_and_fentry!(
+    /// `contpte_convert(mm, addr, ptep, pte)`: see `try_contpte_convert`.
+    contpte_convert, contpte_convert_fe, |ctx| try_contpte_convert(ctx).unwrap_or(0)
+);
+kprobe_and_fentry!(
+    /// `__contpte_try_fold(mm, addr, ptep, pte)`: an attempt to fold a block
+    /// (most fail).
+    contpte_try_fold, contpte_try_fold_fe, |ctx| try_count(ctx, Class::ContpteFoldAttempt).unwrap_or(0)
+);

@@ -6,8 +6,8 @@
 //! the kretprobe can tell a write to a present page (the spurious rule).
 
 use aya_ebpf::{
-    macros::{btf_tracepoint, fentry, kprobe, tracepoint},
-    programs::{BtfTracePointContext, FEntryContext, ProbeContext, TracePointContext},
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 use faultscope_common::{
@@ -18,7 +18,7 @@ use faultscope_common::{
 
 use crate::{
     helpers::{
-        arg, counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
+        counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
         FnContext, ReadFailed, UNTIMED,
     },
     maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF},
@@ -49,8 +49,8 @@ const PF_ERROR_CODE_AT: usize = 24;
 /// tell a write to a present page (spurious rule).
 #[tracepoint]
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
-    let code = |_: ()| tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
-    let addr = |_: ()| tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
+    let code = || tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
+    let addr = || tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
     on_page_fault_user(code, addr).unwrap_or(0)
 }
 
@@ -59,19 +59,19 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
 /// record a classic tracepoint builds first.
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
-    let code = |_: ()| Ok(ctx.arg::<u64>(2));
-    let addr = |_: ()| Ok(ctx.arg::<u64>(0));
+    let code = || Ok(ctx.arg::<u64>(2));
+    let addr = || Ok(ctx.arg::<u64>(0));
     on_page_fault_user(code, addr).unwrap_or(0)
 }
 
 /// `code` and `addr` read the error code and the address, when needed.
 #[inline(always)]
 fn on_page_fault_user(
-    code: impl Fn(()) -> Result<u64, ReadFailed>,
-    addr: impl Fn(()) -> Result<u64, ReadFailed>,
+    code: impl FnOnce() -> Result<u64, ReadFailed>,
+    addr: impl FnOnce() -> Result<u64, ReadFailed>,
 ) -> Result<u32, ReadFailed> {
     let conf = Conf::load();
-    let code = code(())?;
+    let code = code()?;
     // Only the classes the report takes from here: all of them without the
     // fault path probed, first_touch alone with it (a page not present).
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses));
@@ -89,7 +89,7 @@ fn on_page_fault_user(
     // left without looking the process up (an untraced thread never gets a
     // state, and a record left by one no longer traced is never used: only
     // a traced fault's entry opens a fault). Others are looked up once.
-    let addr = addr(())?;
+    let addr = addr()?;
     let mut traced = None;
     let st = match thread_state_if_any() {
         Some(s) => Some(s),
@@ -117,16 +117,11 @@ fn on_page_fault_user(
     Ok(0)
 }
 
-/// arm64 `do_mem_abort(far, esr, regs)`: no tracepoint carries the ESR there.
-#[kprobe]
-pub fn mem_abort(ctx: ProbeContext) -> u32 {
-    try_mem_abort(&ctx).unwrap_or(0)
-}
-
-#[fentry]
-pub fn mem_abort_fe(ctx: FEntryContext) -> u32 {
-    try_mem_abort(&ctx).unwrap_or(0)
-}
+kprobe_and_fentry!(
+    /// arm64 `do_mem_abort(far, esr, regs)`: no tracepoint carries the ESR
+    /// there.
+    mem_abort, mem_abort_fe, |ctx| try_mem_abort(ctx).unwrap_or(0)
+);
 
 #[inline(always)]
 fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
@@ -134,8 +129,8 @@ fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
-    let far = arg(ctx, 0)?;
-    let esr = arg(ctx, 1)?;
+    let far = ctx.arg(0)?;
+    let esr = ctx.arg(1)?;
     if let Some(s) = thread_state() {
         unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
     }

@@ -8,8 +8,8 @@
 
 use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
-    macros::{fentry, fexit, kprobe, kretprobe},
-    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
+    macros::{fexit, kretprobe},
+    programs::{FExitContext, RetProbeContext},
 };
 use faultscope_common::{
     class::Class,
@@ -20,7 +20,7 @@ use faultscope_common::{
 use crate::{
     attrib::{attribute, user_ip, vma_start},
     helpers::{
-        arg, counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
+        counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
         thread_state_if_any, FnContext, ReadFailed,
     },
     maps::Conf,
@@ -28,17 +28,11 @@ use crate::{
 
 // ---- handle_mm_fault ----------------------------------------------------------
 
-/// `handle_mm_fault(vma, address, flags, regs)` entry: user faults only
-/// (`regs != NULL` and FAULT_FLAG_USER; GUP, KSM and iommu call it too).
-#[kprobe]
-pub fn fault_entry(ctx: ProbeContext) -> u32 {
-    try_fault_entry(&ctx).unwrap_or(0)
-}
-
-#[fentry]
-pub fn fault_entry_fe(ctx: FEntryContext) -> u32 {
-    try_fault_entry(&ctx).unwrap_or(0)
-}
+kprobe_and_fentry!(
+    /// `handle_mm_fault(vma, address, flags, regs)` entry: user faults only
+    /// (`regs != NULL` and FAULT_FLAG_USER; GUP, KSM and iommu call it too).
+    fault_entry, fault_entry_fe, |ctx| try_fault_entry(ctx).unwrap_or(0)
+);
 
 #[inline(always)]
 fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
@@ -59,10 +53,10 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
         return Ok(0);
     }
     let conf = Conf::load();
-    let addr = arg(ctx, 1)?;
+    let addr = ctx.arg(1)?;
     // Read at entry: at the return the VMA may be gone (a retry drops the
     // lock that held it).
-    let start = vma_start(ctx, &conf, arg(ctx, 0)?)?;
+    let start = vma_start(ctx, &conf, ctx.arg(0)?)?;
     let ip = user_ip(ctx, &conf, regs)?;
     if let Some(s) = thread_state() {
         let st = unsafe { &mut *s };
@@ -130,50 +124,34 @@ fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
     Ok(0)
 }
 
-/// A mark probe on a kernel function, as a kprobe and as its fentry twin.
-macro_rules! mark_probe {
-    ($(#[$doc:meta])* $kprobe:ident, $fentry:ident, $bit:expr) => {
-        $(#[$doc])*
-        #[kprobe]
-        pub fn $kprobe(_ctx: ProbeContext) -> u32 {
-            try_mark($bit).unwrap_or(0)
-        }
-
-        #[fentry]
-        pub fn $fentry(_ctx: FEntryContext) -> u32 {
-            try_mark($bit).unwrap_or(0)
-        }
-    };
-}
-
-mark_probe!(
+kprobe_and_fentry!(
     /// `do_wp_page`: a write-protect fault on a present PTE.
-    wp_page, wp_page_fe, SEEN_WP
+    wp_page, wp_page_fe, |_ctx| try_mark(SEEN_WP).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
-    huge_pmd_wp, huge_pmd_wp_fe, SEEN_HUGE_WP
+    huge_pmd_wp, huge_pmd_wp_fe, |_ctx| try_mark(SEEN_HUGE_WP).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
     /// `do_wp_page` fault that is a COW copy.
-    new_anon_rmap, new_anon_rmap_fe, SEEN_NEW_ANON
+    new_anon_rmap, new_anon_rmap_fe, |_ctx| try_mark(SEEN_NEW_ANON).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
     /// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
-    dirty_shared, dirty_shared_fe, SEEN_DIRTY_SHARED
+    dirty_shared, dirty_shared_fe, |_ctx| try_mark(SEEN_DIRTY_SHARED).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
     /// present-entry tail of `handle_pte_fault`.
-    access_flags, access_flags_fe, SEEN_ACCESS
+    access_flags, access_flags_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
-    access_flags_cont, access_flags_cont_fe, SEEN_ACCESS
+    access_flags_cont, access_flags_cont_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
 );
-mark_probe!(
+kprobe_and_fentry!(
     /// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
-    huge_accessed, huge_accessed_fe, SEEN_ACCESS
+    huge_accessed, huge_accessed_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
 );

@@ -131,12 +131,6 @@ impl FnContext for FExitContext {
     }
 }
 
-/// Argument `n` of the probed function, or a counted failure.
-#[inline(always)]
-pub fn arg<C: FnContext>(ctx: &C, n: usize) -> Result<u64, ReadFailed> {
-    ctx.arg(n)
-}
-
 /// A tracepoint field at `off`, or a counted failure.
 #[inline(always)]
 pub fn field<T>(ctx: &TracePointContext, off: usize) -> Result<T, ReadFailed> {

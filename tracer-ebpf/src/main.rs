@@ -9,8 +9,9 @@
 //! or, inside a fault, on the thread state that only traced user faults
 //! create, so untraced processes pay one hash lookup.
 //!
-//! Each program is `fn x(ctx) -> u32 { match try_x(ctx) { .. } }`: a context
-//! read that fails is counted in `DROPS` (`Drop::ReadFailed`) and the event
+//! Each program is `fn x(ctx) -> u32 { try_x(&ctx).unwrap_or(0) }`, a
+//! program on a kernel function declared with its fentry twin by
+//! `kprobe_and_fentry!`: a context read that fails is counted in `DROPS` (`Drop::ReadFailed`) and the event
 //! is left unclassified, never taken as a zero.
 //!
 //! The program names are a contract with user space
@@ -19,6 +20,26 @@
 #![no_main]
 // Inline asm on BPF, for the one atomic add (core has no atomic RMW there).
 #![feature(asm_experimental_arch)]
+
+/// A program on a kernel function, as a kprobe and as its fentry twin
+/// (`NAME_fe`, chosen per probe by user space): one body, run with the
+/// kprobe's or the fentry's context bound to `ctx` (an `FnContext`).
+macro_rules! kprobe_and_fentry {
+    ($(#[$doc:meta])* $kprobe:ident, $fentry:ident, |$ctx:ident| $body:expr) => {
+        $(#[$doc])*
+        #[aya_ebpf::macros::kprobe]
+        pub fn $kprobe(ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+            let $ctx = &ctx;
+            $body
+        }
+
+        #[aya_ebpf::macros::fentry]
+        pub fn $fentry(ctx: aya_ebpf::programs::FEntryContext) -> u32 {
+            let $ctx = &ctx;
+            $body
+        }
+    };
+}
 
 mod attrib;
 mod contpte;

@@ -36,7 +36,7 @@ use serde_json::Value;
 
 use crate::{
     check::{self, Oracle},
-    redis, root, vm,
+    kernels, redis, root, vm,
 };
 
 /// serve's port in the guest, and how often it reads the kernel's counts.
@@ -44,7 +44,6 @@ const PORT: u16 = 9853;
 const TICK_S: &str = "0.5";
 /// record's interval, for the plot's time series.
 const INTERVAL_S: &str = "0.25";
-/// The classes shown in the table (all measured classes are compared).
 /// Two tracers each start their own phase at the same fork or exit, one
 /// program after the other (serve's, attached first, runs first). A fault
 /// that ends between the two programs is already in serve's next phase and
@@ -59,6 +58,7 @@ const FORK_EXIT_ORDER_SLACK: u64 = 32;
 /// The phase kinds of a window with one fork, in order of time.
 const WINDOW_KINDS: [&str; 3] = ["before-fork", "child-alive", "after-child-exit"];
 
+/// The classes shown in the table (all measured classes are compared).
 const SHOWN: [Metric; 4] = [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy];
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
@@ -71,8 +71,9 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
         ("RECORD_ARGS", format!("--interval {INTERVAL_S}")),
     ];
     let extra = [(root().join("xtask/guest/redis.sh"), "/redis.sh".to_string())];
-    let redis::HostRootRun { run, kernel: k, dir, .. } =
-        redis::boot_host_root("daemon", "daemon.sh", &env, &extra)?;
+    let k = kernels::GENERIC_6_12_AMD64;
+    let redis::HostRootRun { run, dir, .. } =
+        redis::boot_host_root_on(k, "daemon", "daemon.sh", &env, &extra)?;
     println!(
         "{}, {} on {}, {keys} keys of {value_size} bytes, {requests} SETs per window",
         run.marker("PROMETHEUS-VERSION", "main").unwrap_or_else(|| "prometheus ?".into()),
@@ -133,9 +134,12 @@ fn parse_vector(section: &str, text: &str) -> Result<Vector> {
     Ok(out)
 }
 
-/// The counters of one query, by (metric name, class, phase_kind) (empty
-/// strings where a metric has no such label).
-fn counters(v: &Vector) -> Result<BTreeMap<(String, String, String), u64>> {
+/// Counter values by (metric name, class, phase_kind) (empty strings where
+/// a metric has no such label).
+type Counters = BTreeMap<(String, String, String), u64>;
+
+/// The counters of one query.
+fn counters(v: &Vector) -> Result<Counters> {
     let mut out = BTreeMap::new();
     for (labels, value) in v {
         let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
@@ -147,6 +151,13 @@ fn counters(v: &Vector) -> Result<BTreeMap<(String, String, String), u64>> {
     Ok(out)
 }
 
+/// How much counter (`metric`, `class`, `kind`) grew from `c0` to `c1`;
+/// `None` if it went down.
+fn delta(c0: &Counters, c1: &Counters, metric: &str, class: &str, kind: &str) -> Option<u64> {
+    let key = (metric.to_string(), class.to_string(), kind.to_string());
+    c1.get(&key).copied().unwrap_or(0).checked_sub(c0.get(&key).copied().unwrap_or(0))
+}
+
 fn query(run: &vm::GuestRun, section: &str) -> Result<Vector> {
     parse_vector(section, run.section(section)?)
 }
@@ -156,8 +167,9 @@ pub struct Window {
     pid: u32,
     table: String,
     failures: Vec<String>,
-    before: Vector,
-    after: Vector,
+    /// The counters queried before and after the window.
+    before: Counters,
+    after: Counters,
 }
 
 /// What the record report counted, per (class, phase kind), the way serve
@@ -177,20 +189,13 @@ fn report_by_kind(p: &Process) -> BTreeMap<(Metric, &'static str), u64> {
 fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Result<Window> {
     let mut fails = Vec::new();
     let mut t = String::new();
-    let rc = run.marker("RC", name).unwrap_or_default();
-    if rc != "0" {
-        bail!("faultscope record exited with {rc:?}:\n{}", run.section(&format!("{name}.out")).unwrap_or(""));
-    }
-    let pid: u32 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
-    let report = check::report(run, &format!("{name}.fs.json"))?;
+    let (pid, report) = redis::recorded(run, name)?;
     let p = check::process(&report, pid)?;
-    let before = query(run, &format!("{name}.before.prom"))?;
-    let after = query(run, &format!("{name}.after.prom"))?;
-    let (c0, c1) = (counters(&before)?, counters(&after)?);
-    let delta = |metric: &str, class: &str, kind: &str| {
-        let key = (metric.to_string(), class.to_string(), kind.to_string());
-        c1.get(&key).copied().unwrap_or(0).checked_sub(c0.get(&key).copied().unwrap_or(0))
-    };
+    let (c0, c1) = (
+        counters(&query(run, &format!("{name}.before.prom"))?)?,
+        counters(&query(run, &format!("{name}.after.prom"))?)?,
+    );
+    let delta = |metric: &str, class: &str, kind: &str| delta(&c0, &c1, metric, class, kind);
     let sec = format!("{name}.oracle");
     let oracle = Oracle::from_run(run, &sec)?;
     let cmp = oracle
@@ -319,14 +324,11 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         fork_phases == ["fork#1 child-alive", "fork#1 after-child-exit"],
         format!("record's fork phases {fork_phases:?}"),
     );
-    let lost = report.drop_count("lost_kretprobe_returns");
-    expect(&mut t, lost == 0, format!("kretprobe returns lost: {lost}"));
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, name).unwrap_or_default();
-        expect(&mut t, v == want, format!("{tag} = {v}"));
+    for (ok, what) in redis::health(run, name, &report) {
+        expect(&mut t, ok, what);
     }
     check_plot(&report, name, dir, &mut t, &mut expect);
-    Ok(Window { name: name.into(), pid, table: t, failures: fails, before, after })
+    Ok(Window { name: name.into(), pid, table: t, failures: fails, before: c0, after: c1 })
 }
 
 /// The window's record report as `faultscope plot` draws it, rendered to
@@ -411,7 +413,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
         // Every series of the first window's end is still there at the
         // second's start, not lower: counters keep going across the exit
         // of one process and the start of the next.
-        let (end1, start2) = (counters(&a.after)?, counters(&b.before)?);
+        let (end1, start2) = (&a.after, &b.before);
         let lower: Vec<String> = end1
             .iter()
             .filter(|(k, v)| start2.get(*k).is_none_or(|n| n < *v))
@@ -421,13 +423,12 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
             lower.is_empty(),
             format!("{} series kept going across the restart (lower: {lower:?})", end1.len()),
         );
-        let grew = |v: &BTreeMap<(String, String, String), u64>| -> u64 {
+        let grew = |v: &Counters| -> u64 {
             v.iter().filter(|(k, _)| k.0 == "faultscope_faults_total" && k.1 == "copy").map(|(_, v)| v).sum()
         };
-        let c2 = counters(&b.after)?;
         expect(
-            grew(&c2) > grew(&start2),
-            format!("the new pid's copies counted on: copy {} -> {}", grew(&start2), grew(&c2)),
+            grew(&b.after) > grew(start2),
+            format!("the new pid's copies counted on: copy {} -> {}", grew(start2), grew(&b.after)),
         );
     }
     let resets = query(run, "end.resets")?;
@@ -451,13 +452,9 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
     // counters; the windows' exact increases give the true ratio.
     let mut exact = (0u64, 0u64);
     for x in w {
-        let (a, b) = (counters(&x.before)?, counters(&x.after)?);
-        let d = |k: (&str, &str, &str)| {
-            let k = (k.0.to_string(), k.1.to_string(), k.2.to_string());
-            b.get(&k).copied().unwrap_or(0).saturating_sub(a.get(&k).copied().unwrap_or(0))
-        };
-        exact.0 += d(("faultscope_faults_total", "copy", "child-alive"));
-        exact.1 += d(("faultscope_forks_total", "", ""));
+        let d = |metric: &str, class: &str, kind: &str| delta(&x.before, &x.after, metric, class, kind);
+        exact.0 += d("faultscope_faults_total", "copy", "child-alive").unwrap_or(0);
+        exact.1 += d("faultscope_forks_total", "", "").unwrap_or(0);
     }
     let exact = exact.0 as f64 / exact.1.max(1) as f64;
     let got = per_bgsave.values().next().copied().unwrap_or(f64::NAN);

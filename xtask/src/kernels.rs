@@ -67,8 +67,10 @@ const fn package(
 }
 
 /// The reuse-the-whole-folio series (`mm/memory: reuse the whole exclusive
-/// large folio on a write fault`, v2, two patches) from the thread given by
-/// FAULTSCOPE_PATCH_SERIES: a test fixture, not part of the repo.
+/// large folio on a write fault`, v2, two patches; the README says which)
+/// from the thread in the file FAULTSCOPE_PATCH_SERIES names: a test
+/// fixture, not part of the repo. The default is where this project's
+/// build machines keep it; anyone else sets the variable.
 const FOLIO_REUSE: Patched = Patched {
     change: "folio-reuse",
     series: kbuild::Fixture {

@@ -104,7 +104,7 @@ enum Cmd {
         cases: Vec<String>,
         /// Backends (`bench --backend`; default: kprobe, and fentry too on
         /// matrix::FENTRY_KERNELS).
-        #[arg(long = "backend", value_parser = ["kprobe", "fentry"])]
+        #[arg(long = "backend", value_parser = matrix::BACKENDS)]
         backends: Vec<String>,
     },
     /// The whole-folio reuse gates: 64K and PTE-mapped 2M at 256M against

@@ -41,38 +41,50 @@ struct Script {
     counter: &'static str,
 }
 
-/// kprobe and kretprobe on `handle_mm_fault`, the latency in a hist(), a
-/// count of `do_wp_page`: what a new user would write. No pid filter, as in
-/// such a one-liner (the guest runs nothing else). BEGIN fires once every
-/// probe is attached: its line times the attach.
-const BT_KPROBE: Script = Script {
-    file: "kprobe.bt",
-    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
-kprobe:handle_mm_fault { @start[tid] = nsecs; }
-kretprobe:handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }
-kprobe:do_wp_page { @do_wp_page = count(); }
-",
-    counter: "@do_wp_page",
-};
+/// Every script's first line: BEGIN fires once every probe is attached, so
+/// its line times the attach.
+macro_rules! bt_begin {
+    () => {
+        "BEGIN { printf(\"bpftrace: attached\\n\"); }\n"
+    };
+}
+
+/// Entry and return probes on `handle_mm_fault`, the latency in a hist(), a
+/// count of `do_wp_page`, attached as `$entry`/`$exit`: what a new user
+/// would write. No pid filter, as in such a one-liner (the guest runs
+/// nothing else).
+macro_rules! bt_fault_script {
+    ($file:literal, $entry:literal, $exit:literal) => {
+        Script {
+            file: $file,
+            text: concat!(
+                bt_begin!(),
+                $entry,
+                ":handle_mm_fault { @start[tid] = nsecs; }\n",
+                $exit,
+                ":handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }\n",
+                $entry,
+                ":do_wp_page { @do_wp_page = count(); }\n"
+            ),
+            counter: "@do_wp_page",
+        }
+    };
+}
+
+/// On kprobe and kretprobe.
+const BT_KPROBE: Script = bt_fault_script!("kprobe.bt", "kprobe", "kretprobe");
 
 /// The same on fentry/fexit (bpftrace's kfunc/kretfunc).
-const BT_FENTRY: Script = Script {
-    file: "fentry.bt",
-    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
-kfunc:handle_mm_fault { @start[tid] = nsecs; }
-kretfunc:handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }
-kfunc:do_wp_page { @do_wp_page = count(); }
-",
-    counter: "@do_wp_page",
-};
+const BT_FENTRY: Script = bt_fault_script!("fentry.bt", "kfunc", "kretfunc");
 
 /// Where there are no kprobes (this host): the x86 user fault tracepoint,
 /// faults and write faults (error code bit 1) counted.
 const BT_TRACEPOINT: Script = Script {
     file: "tracepoint.bt",
-    text: "BEGIN { printf(\"bpftrace: attached\\n\"); }
-tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }
-",
+    text: concat!(
+        bt_begin!(),
+        "tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }\n"
+    ),
     counter: "@write_faults",
 };
 
@@ -205,9 +217,7 @@ pub fn run(o: &Opts) -> Result<()> {
         };
         (run_guest(k, &env, o)?, format!("guest {} (QEMU TCG, 2 vCPUs; {clock})", k.name))
     };
-    if let Some(l) = g.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-        bail!("the benchmark failed: {l}\nconsole tail:\n{}", vm::tail(&g.console, 60));
-    }
+    g.failed("the benchmark")?;
     let results = Results::parse(&g, &vs, o.runs, o.stats_runs)?;
     print!("{}", results.text(&place, &o.size, g.wall));
     Ok(())
@@ -228,7 +238,7 @@ fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Resul
     // compiles its script each time), arm64 twice that.
     let timeout = Duration::from_secs(900 + 240 * (o.runs + o.stats_runs) as u64 + 6 * o.storm);
     eprintln!("overhead: {} rounds in the {} guest, bpftrace image {}", o.runs, k.name, img.display());
-    vm::boot_clocked(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img), o.clock)
+    vm::boot_with(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img), o.clock)
 }
 
 /// The same script on this machine as it is: the host's bpftrace and

@@ -53,7 +53,6 @@ const RUNS: [(&str, &str); 3] = [
 const TEST_MTHP_REQUESTS: u64 = 30_000;
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
-    setup::setup()?;
     let mthp_requests = requests.min(TEST_MTHP_REQUESTS);
     let mut failures = Vec::new();
     let mut rows = Vec::new();
@@ -261,20 +260,9 @@ pub type GuestFiles = Vec<(std::path::PathBuf, String)>;
 /// line fails it. `name` names its folder under target/vm and the error.
 pub struct HostRootRun {
     pub run: vm::GuestRun,
-    pub kernel: kernels::GuestKernel,
     pub modules: Vec<String>,
     /// Its folder, for what the checks write beside it.
     pub dir: std::path::PathBuf,
-}
-
-/// [`boot_host_root_on`] the generic 6.12 amd64 kernel.
-pub fn boot_host_root(
-    name: &str,
-    script: &str,
-    env: &[(&str, String)],
-    extra: &[(std::path::PathBuf, String)],
-) -> Result<HostRootRun> {
-    boot_host_root_on(kernels::GENERIC_6_12_AMD64, name, script, env, extra)
 }
 
 /// [`HostRootRun`] on kernel `k`: a Debian package's 9p modules, or none
@@ -299,11 +287,17 @@ pub fn boot_host_root_on(
     let mut env = env.to_vec();
     env.push(("MODULES", names.join(" ")));
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, script, &env, &files)?;
-    let run = vm::boot_with(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600), &vm::virtfs_host_root())?;
-    if let Some(l) = run.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-        bail!("the {name} guest failed: {l}\nconsole tail:\n{}", vm::tail(&run.console, 60));
-    }
-    Ok(HostRootRun { run, kernel: k, modules: names, dir })
+    let run = vm::boot_with(
+        k,
+        &vmlinuz,
+        &cpio,
+        &dir,
+        Duration::from_secs(600),
+        &vm::virtfs_host_root(),
+        vm::Clock::Host,
+    )?;
+    run.failed(&format!("the {name} guest"))?;
+    Ok(HostRootRun { run, modules: names, dir })
 }
 
 /// The 9p modules of an unpacked kernel package (`modules`), decompressed
@@ -347,14 +341,36 @@ fn ms(ns: u64) -> String {
     format!("{:.1} ms", ns as f64 / 1e6)
 }
 
-fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
-    let mut fails = Vec::new();
+/// Run `name`'s `faultscope record` of redis-server: its pid and report
+/// (an error when record failed: its output).
+pub fn recorded(run: &vm::GuestRun, name: &str) -> Result<(u32, faultscope::report::schema::Report)> {
     let rc = run.marker("RC", name).unwrap_or_default();
     if rc != "0" {
-        bail!("faultscope exited with {rc:?}:\n{}", run.section(&format!("{name}.out")).unwrap_or(""));
+        bail!("faultscope record exited with {rc:?}:\n{}", run.section(&format!("{name}.out")).unwrap_or(""));
     }
     let pid: u32 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
-    let report = check::report(run, &format!("{name}.fs.json"))?;
+    Ok((pid, check::report(run, &format!("{name}.fs.json"))?))
+}
+
+/// What every traced run of `name` must show: no kretprobe return lost, no
+/// kprobe left after detaching, no oracle trace overrun (ok, what).
+pub fn health(
+    run: &vm::GuestRun,
+    name: &str,
+    report: &faultscope::report::schema::Report,
+) -> Vec<(bool, String)> {
+    let lost = report.drop_count("lost_kretprobe_returns");
+    let mut out = vec![(lost == 0, format!("kretprobe returns lost: {lost}"))];
+    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
+        let v = run.marker(tag, name).unwrap_or_default();
+        out.push((v == want, format!("{tag} = {v}")));
+    }
+    out
+}
+
+fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
+    let mut fails = Vec::new();
+    let (pid, report) = recorded(run, name)?;
     let p = check::process(&report, pid)?;
     if report.mode != Mode::Kprobe {
         fails.push(format!("{name}: mode is {}, not kprobe", check::mode_name(&report)));
@@ -393,11 +409,8 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         reuse + copy > 0,
         format!("the SETs' write-protect faults show: reuse {reuse} + copy {copy} > 0"),
     );
-    let lost = report.drop_count("lost_kretprobe_returns");
-    expect(&mut t, lost == 0, format!("kretprobe returns lost: {lost}"));
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, name).unwrap_or_default();
-        expect(&mut t, v == want, format!("{tag} = {v}"));
+    for (ok, what) in health(run, name, &report) {
+        expect(&mut t, ok, what);
     }
 
     let phases = &p.phases;

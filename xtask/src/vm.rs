@@ -60,6 +60,15 @@ impl GuestRun {
         let prefix = format!("@@FS-{tag} ");
         self.console.lines().filter_map(move |l| l.trim_end_matches('\r').strip_prefix(prefix.as_str()))
     }
+
+    /// An error if the guest script gave up (its `fail`: an `@@FS-FAIL`
+    /// line), naming `what` ran, with the console's tail.
+    pub fn failed(&self, what: &str) -> Result<()> {
+        if let Some(l) = self.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
+            anyhow::bail!("{what} failed: {l}\nconsole tail:\n{}", tail(&self.console, 60));
+        }
+        Ok(())
+    }
 }
 
 pub fn tail(s: &str, n: usize) -> String {
@@ -188,19 +197,7 @@ pub fn initramfs_with(
 
 /// Boots `kernel` with the initramfs under QEMU TCG and returns the console.
 pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Duration) -> Result<GuestRun> {
-    boot_with(k, vmlinuz, cpio, dir, timeout, &[])
-}
-
-/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]).
-pub fn boot_with(
-    k: GuestKernel,
-    vmlinuz: &Path,
-    cpio: &Path,
-    dir: &Path,
-    timeout: Duration,
-    extra: &[String],
-) -> Result<GuestRun> {
-    boot_clocked(k, vmlinuz, cpio, dir, timeout, extra, Clock::Host)
+    boot_with(k, vmlinuz, cpio, dir, timeout, &[], Clock::Host)
 }
 
 /// What the guest's clock counts.
@@ -214,8 +211,9 @@ pub enum Clock {
     Instructions,
 }
 
-/// [`boot_with`] with the guest's clock chosen.
-pub fn boot_clocked(
+/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]) and the
+/// guest's clock chosen.
+pub fn boot_with(
     k: GuestKernel,
     vmlinuz: &Path,
     cpio: &Path,
@@ -236,8 +234,7 @@ pub fn boot_clocked(
                 .to_vec(),
         ),
         // pauth-impdef: QEMU's default pointer-authentication algorithm
-        // makes the guest about 3x slower. (QEMU's default there is
-        // multi-threaded TCG too.)
+        // makes the guest about 3x slower.
         "arm64" => (
             "qemu-system-aarch64",
             [
