@@ -56,12 +56,32 @@ impl ClassCounts {
 pub struct SiteKey {
     pub tgid: u32,
     pub phase: PhaseId,
-    /// The faulting user instruction (`pt_regs` ip/pc); 0 when the event
-    /// was not a fault (a syscall unfolding a contpte block).
+    /// The faulting user instruction (`pt_regs` ip/pc); for a fault the
+    /// kernel took for the task (kernel or GUP origin), the user
+    /// instruction that entered the kernel (the task's user `pt_regs`); 0
+    /// when the event was not a fault (a syscall unfolding a contpte
+    /// block).
     pub ip: u64,
     pub class: u32,
-    pub _pad: u32,
+    /// For a fault the kernel took for the task: the system call it was
+    /// in, plus 1 ([`syscall_key`]); 0 for a user-mode fault.
+    pub syscall: u32,
 }
+
+/// `SiteKey::syscall` of a fault taken inside system call `nr` (the user
+/// `pt_regs`' `orig_ax`/`syscallno`; negative outside one).
+#[inline(always)]
+pub const fn syscall_key(nr: i64) -> u32 {
+    if nr < 0 || nr >= u32::MAX as i64 {
+        NOT_IN_SYSCALL
+    } else {
+        nr as u32 + 1
+    }
+}
+
+/// `SiteKey::syscall` of a kernel-side fault outside any system call
+/// (signal delivery, an io_uring worker).
+pub const NOT_IN_SYSCALL: u32 = u32::MAX;
 
 /// A stack that was not asked for, or could not be taken.
 pub const NO_STACK: i32 = -1;
@@ -93,6 +113,11 @@ pub const PT_REGS_IP_X86_64: u64 = 128;
 pub const PT_REGS_PC_AARCH64: u64 = 256;
 /// arm64 `pt_regs` offset of x30, the link register.
 pub const PT_REGS_LR_AARCH64: u64 = 240;
+/// `pt_regs` offset of the system call number: x86-64 `orig_ax` (checked
+/// against BTF by a tracer unit test), arm64 `syscallno` (after
+/// `user_regs` and `orig_x0`).
+pub const PT_REGS_SYSCALL_X86_64: u64 = 120;
+pub const PT_REGS_SYSCALL_AARCH64: u64 = 280;
 
 #[cfg(feature = "user")]
 mod pod {
@@ -114,5 +139,12 @@ mod tests {
         assert_eq!(core::mem::size_of::<MappingKey>(), 16);
         assert_eq!(core::mem::size_of::<SiteKey>(), 24);
         assert_eq!(core::mem::size_of::<StackKey>(), 32);
+    }
+
+    #[test]
+    fn syscall_keys() {
+        assert_eq!(syscall_key(0), 1);
+        assert_eq!(syscall_key(-1), NOT_IN_SYSCALL);
+        assert_eq!(syscall_key(63), 64);
     }
 }

@@ -1,6 +1,8 @@
 //! Fault classes: what the kernel did with a fault, named after the kernel
 //! path that did it.
 
+use crate::fault::Origin;
+
 /// One counter (and, where it applies, one latency histogram) per process.
 ///
 /// The numeric values are the `class` field of [`crate::StatKey`]; they are an
@@ -113,9 +115,16 @@ impl Class {
 }
 
 /// A set of classes, as a bit mask: one fault can fall in several classes
-/// (a reuse is also a wp fault, a write fault and a fault).
+/// (a reuse is also a wp fault, a write fault and a fault). Bits
+/// [`ORIGIN_SHIFT`].. hold the event's [`Origin`] (0: user), so that one
+/// entry of the kernel's `STATS` counts one (classes, origin) pair.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassSet(pub u32);
+
+/// Where a [`ClassSet`] keeps its origin: above every class bit.
+pub const ORIGIN_SHIFT: u32 = 29;
+pub const ORIGIN_MASK: u32 = 0b11 << ORIGIN_SHIFT;
+const _: () = assert!(Class::COUNT <= ORIGIN_SHIFT as usize);
 
 impl ClassSet {
     pub const fn with(self, c: Class) -> ClassSet {
@@ -123,5 +132,16 @@ impl ClassSet {
     }
     pub const fn has(self, c: Class) -> bool {
         self.0 & c.bit() != 0
+    }
+    /// The same classes, of origin `o`.
+    pub const fn with_origin(self, o: Origin) -> ClassSet {
+        ClassSet((self.0 & !ORIGIN_MASK) | ((o as u32) << ORIGIN_SHIFT))
+    }
+    pub const fn origin(self) -> Origin {
+        Origin::from_u32((self.0 & ORIGIN_MASK) >> ORIGIN_SHIFT)
+    }
+    /// The class bits alone.
+    pub const fn classes(self) -> u32 {
+        self.0 & !ORIGIN_MASK
     }
 }

@@ -1,14 +1,20 @@
 //! Per-thread fault state machine and the classification rule.
 //!
-//! One [`ThreadFault`] per traced thread lives in an LRU hash map keyed by tid.
-//! The probes feed it in the order the kernel runs them:
+//! One [`ThreadFault`] per traced thread lives in the thread's task-local
+//! storage. The probes feed it in the order the kernel runs them:
 //!
 //! ```text
-//! exception (x86 tracepoint page_fault_user / arm64 do_mem_abort)
-//!   -> handle_mm_fault entry        (user faults only: regs != NULL, FAULT_FLAG_USER)
+//! exception (x86 tracepoints page_fault_user/page_fault_kernel, arm64 do_mem_abort)
+//!   -> handle_mm_fault entry        (every call by a traced task: its Origin)
 //!      -> do_wp_page | do_huge_pmd_wp_page | folio_add_new_anon_rmap  (marks)
 //!   <- handle_mm_fault return       (classify, account, clear)
 //! ```
+//!
+//! Every fault the kernel accounts to the task (`mm_account_fault()`: the
+//! task's `min_flt`/`maj_flt`) goes through `handle_mm_fault` with the task
+//! as `current`, whatever its origin: a user-mode fault, a fault the kernel
+//! takes on user memory inside a system call (`copy_to_user`), or
+//! get_user_pages on the task's behalf.
 //!
 //! A fault retried after `VM_FAULT_RETRY` enters `handle_mm_fault` again and is
 //! classified again, exactly as the kernel (and tracefs' kprobe_profile) sees it.
@@ -17,7 +23,61 @@ use crate::class::{Class, ClassSet};
 
 /// `enum fault_flag` (include/linux/mm_types.h), stable since 5.x.
 pub const FAULT_FLAG_WRITE: u32 = 1 << 0;
+/// The fault was retried after `VM_FAULT_RETRY`: `mm_account_fault()`
+/// then counts it as major.
+pub const FAULT_FLAG_TRIED: u32 = 1 << 5;
 pub const FAULT_FLAG_USER: u32 = 1 << 6;
+
+/// Who asked `handle_mm_fault` for a fault of the current task.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Origin {
+    /// The CPU faulted in user mode (`regs` set, `FAULT_FLAG_USER`).
+    User = 0,
+    /// The kernel faulted on user memory while it ran a system call for the
+    /// task (`copy_to_user`, `copy_from_user`, futex): `regs` set, no
+    /// `FAULT_FLAG_USER`.
+    Kernel = 1,
+    /// get_user_pages for the task (`/proc/PID/mem`, `process_vm_writev`,
+    /// O_DIRECT, io_uring, ptrace, exec's argument copy): `regs == NULL`.
+    Gup = 2,
+}
+
+impl Origin {
+    pub const COUNT: usize = 3;
+    pub const ALL: [Origin; Origin::COUNT] = [Origin::User, Origin::Kernel, Origin::Gup];
+
+    /// The origin of `handle_mm_fault(vma, address, flags, regs)`.
+    #[inline(always)]
+    pub const fn of(flags: u32, regs: u64) -> Origin {
+        if regs == 0 {
+            Origin::Gup
+        } else if flags & FAULT_FLAG_USER != 0 {
+            Origin::User
+        } else {
+            Origin::Kernel
+        }
+    }
+
+    /// From its number (`ClassSet::origin`); an unknown number is `User`.
+    #[inline(always)]
+    pub const fn from_u32(v: u32) -> Origin {
+        match v {
+            1 => Origin::Kernel,
+            2 => Origin::Gup,
+            _ => Origin::User,
+        }
+    }
+
+    /// The report's name (JSON key, `serve`'s `origin` label).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Origin::User => "user",
+            Origin::Kernel => "kernel",
+            Origin::Gup => "gup",
+        }
+    }
+}
 
 /// `vm_fault_t` bits (include/linux/mm_types.h).
 pub const VM_FAULT_OOM: u32 = 0x0001;
@@ -85,11 +145,16 @@ pub struct ThreadFault {
     pub exc_arch: u32,
     pub flags: u32,
     pub seen: u32,
-    pub _pad: u32,
+    /// The fault's [`Origin`].
+    pub origin: u32,
     /// The faulting VMA's start (attribution by mapping; 0 when off).
     pub vma_start: u64,
-    /// The faulting user instruction (attribution by site; 0 when off).
+    /// The faulting user instruction (attribution by site; 0 when off);
+    /// for a kernel or GUP fault, where user mode entered the kernel.
     pub ip: u64,
+    /// `SiteKey::syscall` of the fault (0 for a user-mode fault).
+    pub syscall: u32,
+    pub _pad: u32,
 }
 
 impl ThreadFault {
@@ -102,29 +167,30 @@ impl ThreadFault {
         self.seen |= SEEN_EXC;
     }
 
-    /// `handle_mm_fault` entered for a user fault. Returns true when the
-    /// thread's previous user fault never returned (its kretprobe was
+    /// `handle_mm_fault` entered for a fault of this thread. Returns true
+    /// when the thread's previous fault never returned (its kretprobe was
     /// missed): that one was not classified.
     #[inline(always)]
-    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32) -> bool {
+    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32, origin: Origin) -> bool {
         let lost = self.seen & SEEN_IN_FAULT != 0;
         self.start_ns = now_ns;
         self.fault_addr = addr;
         self.flags = flags;
+        self.origin = origin as u32;
         // Keep the exception record; forget the marks of the previous fault.
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
         lost
     }
 
-    /// Whether a user fault of this thread is in progress.
+    /// Whether a fault of this thread is in progress.
     #[inline(always)]
     pub fn in_fault(&self) -> bool {
         self.seen & SEEN_IN_FAULT != 0
     }
 
     /// A probe inside the fault fired (do_wp_page, ...): remember it, but only
-    /// while a user fault of this thread is in progress (GUP and kernel
-    /// threads call the same functions with no user fault around them).
+    /// while a fault of this thread is in progress (the same functions run
+    /// outside faults too: mprotect, KSM, khugepaged).
     #[inline(always)]
     pub fn mark(&mut self, bit: u32) {
         if self.seen & SEEN_IN_FAULT != 0 {
@@ -142,7 +208,9 @@ impl ThreadFault {
 
     #[inline(always)]
     fn present_with(&self, seen: u32) -> Option<bool> {
-        if seen & SEEN_EXC == 0 || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
+        // get_user_pages takes no exception: a record is another fault's.
+        let own_exception = seen & SEEN_EXC != 0 && self.origin != Origin::Gup as u32;
+        if !own_exception || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
             return if seen & SEEN_ACCESS != 0 { Some(true) } else { None };
         }
         if self.exc_arch == ExcArch::X86 as u32 {
@@ -154,8 +222,9 @@ impl ThreadFault {
         }
     }
 
-    /// `handle_mm_fault` returned `ret`: the classes this call falls in.
-    /// Returns `None` when no user fault of this thread was in progress.
+    /// `handle_mm_fault` returned `ret`: the classes this call falls in,
+    /// with the fault's origin. Returns `None` when no fault of this
+    /// thread was in progress.
     ///
     /// The rules:
     /// - `faults`: every return; `write_faults`: FAULT_FLAG_WRITE.
@@ -179,7 +248,7 @@ impl ThreadFault {
         }
         let seen = self.seen;
         self.seen &= SEEN_EXC;
-        let mut set = ClassSet::default().with(Class::Faults);
+        let mut set = ClassSet::default().with(Class::Faults).with_origin(Origin::from_u32(self.origin));
         let write = self.flags & FAULT_FLAG_WRITE != 0;
         if write {
             set = set.with(Class::WriteFaults);
@@ -251,7 +320,7 @@ mod tests {
         if let Some((arch, code)) = exc {
             t.on_exception(arch, A + 0x10, code);
         }
-        assert!(!t.on_entry(1_000, A + 0x20, flags), "no fault left open");
+        assert!(!t.on_entry(1_000, A + 0x20, flags, Origin::of(flags, 1)), "no fault left open");
         for m in marks {
             t.mark(*m);
         }
@@ -340,7 +409,7 @@ mod tests {
     fn exception_of_another_page_is_not_used() {
         let mut t = ThreadFault::default();
         t.on_exception(ExcArch::X86, A + 0x5000, 3);
-        t.on_entry(0, A, W);
+        t.on_entry(0, A, W, Origin::User);
         assert_eq!(t.present(), None);
         let s = t.on_return(0).unwrap();
         assert!(!s.has(Class::Spurious), "unknown presence is not spurious");
@@ -349,10 +418,10 @@ mod tests {
     #[test]
     fn a_missed_return_is_seen_at_the_next_entry() {
         let mut t = ThreadFault::default();
-        assert!(!t.on_entry(0, A, W));
-        assert!(t.on_entry(1, A, W), "the first fault never returned");
+        assert!(!t.on_entry(0, A, W, Origin::User));
+        assert!(t.on_entry(1, A, W, Origin::User), "the first fault never returned");
         assert!(t.on_return(0).is_some());
-        assert!(!t.on_entry(2, A, W));
+        assert!(!t.on_entry(2, A, W, Origin::User));
     }
 
     #[test]
@@ -362,12 +431,50 @@ mod tests {
         t.mark(SEEN_WP);
         assert_eq!(t.on_return(0), None);
         // A retry enters again: each call is one fault, as kprobe_profile counts.
-        t.on_entry(0, A, W);
+        t.on_entry(0, A, W, Origin::User);
         assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(Class::Retry));
-        t.on_entry(0, A, W);
+        t.on_entry(0, A, W, Origin::User);
         t.mark(SEEN_WP);
         assert!(t.on_return(0).unwrap().has(Class::Reuse));
         assert_eq!(t.on_return(0), None, "a return without an entry");
+    }
+
+    #[test]
+    fn origin_of_a_fault() {
+        assert_eq!(Origin::of(W, 0xffff_8000_0000_0000), Origin::User);
+        assert_eq!(Origin::of(FAULT_FLAG_WRITE, 0xffff_8000_0000_0000), Origin::Kernel);
+        assert_eq!(Origin::of(FAULT_FLAG_WRITE, 0), Origin::Gup);
+        // GUP passes no regs even with FAULT_FLAG_USER in flags.
+        assert_eq!(Origin::of(W, 0), Origin::Gup);
+        for o in Origin::ALL {
+            assert_eq!(Origin::from_u32(o as u32), o);
+        }
+    }
+
+    #[test]
+    fn the_set_carries_the_origin() {
+        let mut t = ThreadFault::default();
+        for o in Origin::ALL {
+            t.on_entry(0, A, FAULT_FLAG_WRITE, o);
+            t.mark(SEEN_WP);
+            let s = t.on_return(0).unwrap();
+            assert_eq!(s.origin(), o);
+            assert!(s.has(Class::Reuse) && s.has(Class::Faults));
+        }
+    }
+
+    #[test]
+    fn a_gup_fault_ignores_the_last_exception_record() {
+        let mut t = ThreadFault::default();
+        // A user fault on A left a PROT|WRITE record; GUP then faults on A.
+        t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
+        t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Gup);
+        assert_eq!(t.present(), None);
+        assert!(!t.on_return(0).unwrap().has(Class::Spurious));
+        // A kernel-mode fault has its own exception (page_fault_kernel).
+        t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE);
+        t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Kernel);
+        assert!(t.on_return(0).unwrap().has(Class::Spurious));
     }
 
     #[test]
@@ -396,7 +503,7 @@ mod candidate_tests {
         {
             for ret in [0, VM_FAULT_RETRY, VM_FAULT_SIGSEGV, VM_FAULT_MAJOR] {
                 t.on_exception(ExcArch::X86, 0, X86_PF_PROT | X86_PF_WRITE);
-                t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER);
+                t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER, Origin::User);
                 t.mark(marks);
                 let set = t.on_return(ret).unwrap();
                 for c in Class::ALL {

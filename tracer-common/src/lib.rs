@@ -15,7 +15,7 @@ pub mod maps;
 pub mod program;
 
 pub use class::Class;
-pub use fault::{ExcArch, ThreadFault};
+pub use fault::{ExcArch, Origin, ThreadFault};
 pub use hist::{bucket_of, NBUCKETS};
-pub use maps::{LifeEvent, LifeKind, PhaseId, Stat, StatKey, TargetInfo};
+pub use maps::{FltCount, LifeEvent, LifeKind, PhaseId, Stat, StatKey, TargetInfo};
 pub use program::Program;

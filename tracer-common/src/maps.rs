@@ -185,6 +185,26 @@ pub struct LifeEvent {
     pub phase: PhaseId,
     pub _pad: u32,
     pub comm: [u8; 16],
+    /// `Exec`, `Adopt`: the faults the kernel had accounted to the current
+    /// thread by then (its `min_flt`/`maj_flt`): where the kernel's own
+    /// count of a process that starts to count there starts from.
+    pub flt: FltCount,
+}
+
+/// The kernel's own fault count of a task (`task_struct.min_flt` and
+/// `maj_flt`, which `mm_account_fault()` keeps): what getrusage and
+/// `/proc/PID/stat` add up.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FltCount {
+    pub min: u64,
+    pub maj: u64,
+}
+
+impl FltCount {
+    pub const fn total(&self) -> u64 {
+        self.min + self.maj
+    }
 }
 
 /// Indices of the `CONFIG` value ([`ConfigValues`]), written by user space once the probes are
@@ -261,10 +281,13 @@ pub enum Drop {
     /// `bpf_get_stackid` failed (a hash collision in `STACK_TRACES`, or it
     /// was full): the event's stack is missing.
     StackLost = 9,
+    /// `EXITED` was full: an exiting thread's own fault count was not kept,
+    /// so its process's kernel check cannot be exact.
+    ExitedFull = 10,
 }
 
 impl Drop {
-    pub const COUNT: usize = 10;
+    pub const COUNT: usize = 11;
     pub const ALL: [Drop; Drop::COUNT] = [
         Drop::StatsFull,
         Drop::ThreadsFull,
@@ -276,6 +299,7 @@ impl Drop {
         Drop::SitesFull,
         Drop::StacksFull,
         Drop::StackLost,
+        Drop::ExitedFull,
     ];
 
     /// The array index.
@@ -297,6 +321,7 @@ impl Drop {
             Drop::SitesFull => "sites_map_full",
             Drop::StacksFull => "stacks_map_full",
             Drop::StackLost => "stack_ids_lost",
+            Drop::ExitedFull => "exited_map_full",
         }
     }
 
@@ -313,6 +338,7 @@ impl Drop {
             Drop::SitesFull => "sites map full",
             Drop::StacksFull => "stack counts map full",
             Drop::StackLost => "stacks lost (collision or full stack map)",
+            Drop::ExitedFull => "exited threads whose fault count was not kept",
         }
     }
 }
@@ -324,6 +350,7 @@ mod pod {
     unsafe impl aya::Pod for super::Stat {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::LifeEvent {}
+    unsafe impl aya::Pod for super::FltCount {}
 }
 
 #[cfg(test)]

@@ -76,6 +76,8 @@ programs! {
     ProcessExit = "process_exit", Tracepoint;
     /// Tracepoint `exceptions:page_fault_user` (x86).
     PageFaultUser = "page_fault_user", BtfTracepoint;
+    /// Tracepoint `exceptions:page_fault_kernel` (x86), on user addresses.
+    PageFaultKernel = "page_fault_kernel", BtfTracepoint;
     /// `do_mem_abort` (arm64).
     MemAbort = "mem_abort", Function;
     /// `handle_mm_fault` entry.

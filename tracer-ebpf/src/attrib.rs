@@ -3,14 +3,21 @@
 //! per-CPU map update per event, done only for what user space switched on
 //! in `CONFIG`, so attribution off costs a config read.
 
-use aya_ebpf::programs::tracing::StackIdContext;
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+    },
+    programs::tracing::StackIdContext,
+};
 #[cfg(not(bpf_target_arch = "aarch64"))]
-use faultscope_common::attrib::PT_REGS_IP_X86_64;
+use faultscope_common::attrib::{PT_REGS_IP_X86_64, PT_REGS_SYSCALL_X86_64};
 #[cfg(bpf_target_arch = "aarch64")]
-use faultscope_common::attrib::PT_REGS_PC_AARCH64;
+use faultscope_common::attrib::{PT_REGS_PC_AARCH64, PT_REGS_SYSCALL_AARCH64};
 use faultscope_common::{
-    attrib::{MappingKey, SiteKey, StackKey, NO_STACK},
+    attrib::{syscall_key, MappingKey, SiteKey, StackKey, NO_STACK},
     class::{Class, ClassSet},
+    fault::Origin,
     maps::{Config, Drop, PhaseId},
 };
 
@@ -27,6 +34,19 @@ const PT_REGS_IP: u64 = PT_REGS_PC_AARCH64;
 #[cfg(not(bpf_target_arch = "aarch64"))]
 const PT_REGS_IP: u64 = PT_REGS_IP_X86_64;
 
+/// The system call number in the user `pt_regs` (x86-64 `orig_ax`, a
+/// long; arm64 `syscallno`, an int): -1 outside a system call.
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn syscall_nr(regs: u64) -> i64 {
+    unsafe { bpf_probe_read_kernel((regs + PT_REGS_SYSCALL_AARCH64) as *const i32) }.map_or(-1, |v| v as i64)
+}
+#[cfg(not(bpf_target_arch = "aarch64"))]
+#[inline(always)]
+fn syscall_nr(regs: u64) -> i64 {
+    unsafe { bpf_probe_read_kernel((regs + PT_REGS_SYSCALL_X86_64) as *const i64) }.unwrap_or(-1)
+}
+
 /// The VMA start of `handle_mm_fault`'s `vma`, when mappings are counted.
 #[inline(always)]
 pub fn vma_start<C: FnContext>(ctx: &C, conf: &Conf, vma: u64) -> Result<u64, ReadFailed> {
@@ -36,14 +56,31 @@ pub fn vma_start<C: FnContext>(ctx: &C, conf: &Conf, vma: u64) -> Result<u64, Re
     ctx.read_at(vma, cfg(&VMA_START_OFF) as u64)
 }
 
-/// The faulting user instruction from the fault's `pt_regs`, when sites
-/// are counted.
+/// The site of a fault, when sites are counted: the faulting user
+/// instruction from the fault's `pt_regs`; for a fault the kernel took for
+/// the task (kernel or GUP origin), the user instruction that entered the
+/// kernel and the system call it made (`SiteKey::syscall`), from the
+/// task's user `pt_regs`.
 #[inline(always)]
-pub fn user_ip<C: FnContext>(ctx: &C, conf: &Conf, regs: u64) -> Result<u64, ReadFailed> {
+pub fn fault_site<C: FnContext>(
+    ctx: &C,
+    conf: &Conf,
+    origin: Origin,
+    regs: u64,
+) -> Result<(u64, u32), ReadFailed> {
     if conf.get(Config::SiteClasses) == 0 {
-        return Ok(0);
+        return Ok((0, 0));
     }
-    ctx.read_at(regs, PT_REGS_IP)
+    if origin == Origin::User {
+        return Ok((ctx.read_at(regs, PT_REGS_IP)?, 0));
+    }
+    // SAFETY: the helper takes the current task's trusted pointer.
+    let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
+    if user == 0 {
+        return Ok((0, syscall_key(-1)));
+    }
+    let ip = unsafe { bpf_probe_read_kernel((user + PT_REGS_IP) as *const u64) }.unwrap_or(0);
+    Ok((ip, syscall_key(syscall_nr(user))))
 }
 
 /// One event in every class of `bits` (a `ClassSet`) for its mapping.
@@ -72,8 +109,8 @@ pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32) {
 }
 
 #[inline(never)]
-fn count_site(tgid: u32, phase: PhaseId, ip: u64, class: u32) {
-    let key = SiteKey { tgid, phase, ip, class, _pad: 0 };
+fn count_site(tgid: u32, phase: PhaseId, ip: u64, class: u32, syscall: u32) {
+    let key = SiteKey { tgid, phase, ip, class, syscall };
     if let Some(n) = SITES.get_ptr_mut(&key) {
         unsafe { *n += 1 };
     } else if SITES.insert(&key, &1, BPF_NOEXIST).is_err() {
@@ -109,8 +146,9 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 }
 
 /// Attributes an event of the classes in `set` (among `candidates`): to its
-/// mapping, and, for the classes switched on, to its site and stacks.
-/// `caller`: see `StackKey::kernel_caller` (0 where there is none).
+/// mapping, and, for the classes switched on, to its site (`ip`, and
+/// `syscall`: see `SiteKey::syscall`) and stacks. `caller`: see
+/// `StackKey::kernel_caller` (0 where there is none).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn attribute<C: StackIdContext>(
@@ -122,16 +160,17 @@ pub fn attribute<C: StackIdContext>(
     set: ClassSet,
     start: u64,
     ip: u64,
+    syscall: u32,
     caller: u64,
 ) {
     if conf.get(Config::Mappings) != 0 {
-        count_mapping(tgid, phase, start, set.0);
+        count_mapping(tgid, phase, start, set.classes());
     }
     let sites = set.0 & conf.get(Config::SiteClasses);
     if sites != 0 {
         for &c in candidates {
             if sites & c.bit() != 0 {
-                count_site(tgid, phase, ip, c as u32);
+                count_site(tgid, phase, ip, c as u32, syscall);
             }
         }
     }

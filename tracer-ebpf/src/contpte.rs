@@ -7,6 +7,7 @@
 use faultscope_common::{
     attrib::addr_key,
     class::{Class, ClassSet},
+    fault::Origin,
 };
 
 use crate::{
@@ -26,17 +27,23 @@ const CONTPTE: [Class; 5] = [
     Class::ContpteFoldAttempt,
 ];
 
-/// Attributes a contpte event at user address `addr`: inside a traced
-/// fault of this thread to the fault's mapping and instruction, else (a
-/// syscall) to the address's granule, with no instruction.
+/// Counts and attributes a contpte event of `set` at user address `addr`:
+/// inside a traced fault of this thread with the fault's origin, mapping
+/// and instruction, else (the kernel inside a syscall: mprotect, munmap)
+/// as the kernel's, at the address's granule, with no instruction.
 #[inline(always)]
-fn attribute_here<C: FnContext>(ctx: &C, tgid: u32, phase: u32, set: ClassSet, addr: u64) {
-    let (start, ip) = match thread_state_if_any() {
-        Some(s) if unsafe { (*s).in_fault() } => unsafe { ((*s).vma_start, (*s).ip) },
-        _ => (addr_key(addr), 0),
+fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
+    let (start, ip, syscall, origin) = match thread_state_if_any() {
+        Some(s) if unsafe { (*s).in_fault() } => unsafe {
+            ((*s).vma_start, (*s).ip, (*s).syscall, Origin::from_u32((*s).origin))
+        },
+        _ => (addr_key(addr), 0, 0, Origin::Kernel),
     };
+    let phase = current_phase();
+    let set = set.with_origin(origin);
+    record(tgid, phase, set.0, UNTIMED);
     let conf = Conf::load();
-    attribute(ctx, &conf, tgid, phase, &CONTPTE, set, start, ip, ctx.entry_caller(&conf));
+    attribute(ctx, &conf, tgid, phase, &CONTPTE, set, start, ip, syscall, ctx.entry_caller(&conf));
 }
 
 /// arm64 PTE_CONT: the contiguous hint of a PTE.
@@ -50,10 +57,7 @@ fn try_count<C: FnContext>(ctx: &C, class: Class) -> Result<u32, ReadFailed> {
         return Ok(0);
     }
     let addr = ctx.arg(1)?;
-    let phase = current_phase();
-    let set = ClassSet::default().with(class);
-    record(tgid, phase, set.0, UNTIMED);
-    attribute_here(ctx, tgid, phase, set, addr);
+    count_here(ctx, tgid, ClassSet::default().with(class), addr);
     Ok(0)
 }
 
@@ -69,11 +73,8 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // not classified (counted in DROPS), never guessed to be an unfold.
     let pte = ctx.arg(3)?;
     let addr = ctx.arg(1)?;
-    let phase = current_phase();
     let class = if pte & PTE_CONT != 0 { Class::ContpteFold } else { Class::ContpteUnfold };
-    let set = ClassSet::default().with(Class::ContpteConvert).with(class);
-    record(tgid, phase, set.0, UNTIMED);
-    attribute_here(ctx, tgid, phase, set, addr);
+    count_here(ctx, tgid, ClassSet::default().with(Class::ContpteConvert).with(class), addr);
     Ok(0)
 }
 

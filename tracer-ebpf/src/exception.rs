@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::ClassSet,
-    fault::{classify_x86_error_code, ExcArch},
+    fault::{classify_x86_error_code, ExcArch, Origin},
     maps::Config,
 };
 
@@ -51,7 +51,7 @@ const PF_ERROR_CODE_AT: usize = 24;
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     let code = || tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
     let addr = || tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
-    on_page_fault_user(code, addr).unwrap_or(0)
+    on_page_fault(Origin::User, code, addr).unwrap_or(0)
 }
 
 /// The same as a BTF tracepoint, `page_fault_user(address, regs,
@@ -61,22 +61,59 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
 pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
     let code = || Ok(ctx.arg::<u64>(2));
     let addr = || Ok(ctx.arg::<u64>(0));
-    on_page_fault_user(code, addr).unwrap_or(0)
+    on_page_fault(Origin::User, code, addr).unwrap_or(0)
+}
+
+/// x86 `exceptions:page_fault_kernel` (the same event class and fields):
+/// a fault the CPU took in kernel mode. On a user address, while a traced
+/// task runs a system call (`copy_to_user` in read, recv, futex), it is a
+/// kernel-origin fault of that task; kernel addresses are left out.
+#[tracepoint]
+pub fn page_fault_kernel(ctx: TracePointContext) -> u32 {
+    let code = || tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
+    let addr = || tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
+    on_page_fault(Origin::Kernel, code, addr).unwrap_or(0)
+}
+
+/// `page_fault_kernel` as a BTF tracepoint.
+#[btf_tracepoint(function = "page_fault_kernel")]
+pub fn page_fault_kernel_fe(ctx: BtfTracePointContext) -> u32 {
+    let code = || Ok(ctx.arg::<u64>(2));
+    let addr = || Ok(ctx.arg::<u64>(0));
+    on_page_fault(Origin::Kernel, code, addr).unwrap_or(0)
+}
+
+/// x86-64 user addresses have bit 63 clear (kernel ones set: canonical
+/// high half), with 4- and 5-level page tables alike.
+#[inline(always)]
+fn user_address(addr: u64) -> bool {
+    (addr as i64) >= 0
 }
 
 /// `code` and `addr` read the error code and the address, when needed.
 #[inline(always)]
-fn on_page_fault_user(
+fn on_page_fault(
+    origin: Origin,
     code: impl FnOnce() -> Result<u64, ReadFailed>,
-    addr: impl FnOnce() -> Result<u64, ReadFailed>,
+    addr: impl Fn() -> Result<u64, ReadFailed>,
 ) -> Result<u32, ReadFailed> {
     let conf = Conf::load();
     let code = code()?;
+    // A kernel-mode fault counts only on a user address (read first: most
+    // kernel-mode faults of untraced tasks stop here).
+    let mut addr_read = None;
+    if origin == Origin::Kernel {
+        let a = addr()?;
+        if !user_address(a) {
+            return Ok(0);
+        }
+        addr_read = Some(a);
+    }
     // Only the classes the report takes from here: all of them without the
     // fault path probed, first_touch alone with it (a page not present).
-    let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses));
+    let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses)).with_origin(origin);
     if conf.get(Config::Exceptions) == 0 {
-        if set.0 != 0 {
+        if set.classes() != 0 {
             let (_, tgid) = pid_tgid();
             if counted_target(tgid).is_some() {
                 record_set(tgid, current_phase(), set, UNTIMED);
@@ -89,7 +126,10 @@ fn on_page_fault_user(
     // left without looking the process up (an untraced thread never gets a
     // state, and a record left by one no longer traced is never used: only
     // a traced fault's entry opens a fault). Others are looked up once.
-    let addr = addr()?;
+    let addr = match addr_read {
+        Some(a) => a,
+        None => addr()?,
+    };
     let mut traced = None;
     let st = match thread_state_if_any() {
         Some(s) => Some(s),
@@ -107,7 +147,7 @@ fn on_page_fault_user(
         unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
     }
     // first_touch: a page not present.
-    if set.0 != 0 {
+    if set.classes() != 0 {
         let (_, tgid) = pid_tgid();
         let traced = traced.unwrap_or_else(|| counted_target(tgid).is_some());
         if traced {

@@ -13,12 +13,12 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::Class,
-    fault::{FAULT_FLAG_USER, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP},
+    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP},
     maps::Drop,
 };
 
 use crate::{
-    attrib::{attribute, user_ip, vma_start},
+    attrib::{attribute, fault_site, vma_start},
     helpers::{
         counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
         thread_state_if_any, FnContext, ReadFailed,
@@ -29,42 +29,37 @@ use crate::{
 // ---- handle_mm_fault ----------------------------------------------------------
 
 kprobe_and_fentry!(
-    /// `handle_mm_fault(vma, address, flags, regs)` entry: user faults only
-    /// (`regs != NULL` and FAULT_FLAG_USER; GUP, KSM and iommu call it too).
+    /// `handle_mm_fault(vma, address, flags, regs)` entry: every call made
+    /// with a traced task as `current`, whatever its origin (user mode,
+    /// the kernel inside a system call, get_user_pages): the faults
+    /// `mm_account_fault()` counts for the task. KSM, khugepaged, iommu
+    /// and another process writing this one's memory run as other tasks.
     fault_entry, fault_entry_fe, |ctx| try_fault_entry(ctx).unwrap_or(0)
 );
 
 #[inline(always)]
 fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
-    // Read before the (costlier) traced-set lookup: every process's faults
-    // come through here. A failed read is counted only for a traced one.
-    let (Ok(flags), Ok(regs)) = (ctx.arg(2), ctx.arg(3)) else {
-        let (_, tgid) = pid_tgid();
-        return match counted_target(tgid) {
-            Some(_) => Err(read_failed()),
-            None => Ok(0),
-        };
-    };
-    if regs == 0 || (flags as u32) & FAULT_FLAG_USER == 0 {
-        return Ok(0);
-    }
     let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
+    let flags = ctx.arg(2)? as u32;
+    let regs = ctx.arg(3)?;
+    let origin = Origin::of(flags, regs);
     let conf = Conf::load();
     let addr = ctx.arg(1)?;
     // Read at entry: at the return the VMA may be gone (a retry drops the
     // lock that held it).
     let start = vma_start(ctx, &conf, ctx.arg(0)?)?;
-    let ip = user_ip(ctx, &conf, regs)?;
+    let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
     if let Some(s) = thread_state() {
         let st = unsafe { &mut *s };
-        if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags as u32) {
+        if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags, origin) {
             drop_count(Drop::LostReturn);
         }
         st.vma_start = start;
         st.ip = ip;
+        st.syscall = syscall;
     }
     Ok(0)
 }
@@ -109,13 +104,13 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
     // No kernel stacks here (they are for the contpte classes): no caller.
     let conf = Conf::load();
-    attribute(ctx, &conf, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, 0);
+    attribute(ctx, &conf, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, st.syscall, 0);
     Ok(0)
 }
 
 // ---- marks inside a fault -----------------------------------------------------
 
-/// Marks the current thread's fault, if it is in a traced user fault.
+/// Marks the current thread's fault, if it is in a traced fault.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
     if let Some(s) = thread_state_if_any() {

@@ -8,7 +8,7 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_probe_read_kernel, generated::bpf_get_current_task_btf,
     },
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
@@ -18,14 +18,15 @@ use aya_ebpf::{
 use faultscope_common::{
     class::ClassSet,
     maps::{
-        phase_id, ClassSetKey, Drop, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
+        phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
         TARGET_PENDING_EXEC,
     },
     ThreadFault,
 };
 
 use crate::maps::{
-    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, THREADS, ZERO,
+    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, TASK_MAJ_FLT_OFF,
+    TASK_MIN_FLT_OFF, THREADS, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -143,8 +144,36 @@ pub fn pid_tgid() -> (u32, u32) {
     (v as u32, (v >> 32) as u32)
 }
 
-/// Sends a lifecycle event to user space (counted in `DROPS` when the ring
-/// is full).
+/// The current thread's own fault count, read from its `task_struct`
+/// (BTF offsets from user space; zero when they are unknown). A direct
+/// load through the task's BTF pointer, not a probe-read helper, so that
+/// it also runs where lockdown refuses those.
+#[inline(always)]
+pub fn current_flt() -> FltCount {
+    let (min, maj) = (cfg(&TASK_MIN_FLT_OFF), cfg(&TASK_MAJ_FLT_OFF));
+    if min == 0 || maj == 0 {
+        return FltCount::default();
+    }
+    // SAFETY: the helper returns the current task, which BTF types; the
+    // verifier checks the offsets against task_struct.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    unsafe {
+        FltCount {
+            min: core::ptr::read_volatile(task.wrapping_add(min) as *const u64),
+            maj: core::ptr::read_volatile(task.wrapping_add(maj) as *const u64),
+        }
+    }
+}
+
+/// `*p += v`, atomically (BPF_XADD): core offers no atomic read-modify-write
+/// on BPF.
+#[inline(always)]
+pub fn atomic_add(p: *mut u64, v: u64) {
+    unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {v}", p = in(reg) p, v = in(reg) v) };
+}
+
+/// Sends a lifecycle event to user space, with the current thread's fault
+/// count (counted in `DROPS` when the ring is full).
 #[inline(always)]
 pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
     match EVENTS.reserve::<LifeEvent>(0) {
@@ -159,6 +188,7 @@ pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
                 phase,
                 _pad: 0,
                 comm,
+                flt: current_flt(),
             });
             e.submit(0);
         }
@@ -223,10 +253,9 @@ pub fn current_phase() -> PhaseId {
 #[inline(always)]
 pub fn bump_phase() -> PhaseId {
     if let Some(p) = PHASE.get_ptr_mut(PhaseCounter::Lifecycle.index()) {
-        // BPF_XADD: core offers no atomic read-modify-write on BPF. Two
-        // changes on two CPUs at once may then read the same new value; the
+        // Two changes on two CPUs at once may read the same new value; the
         // phase is then shared, never lost.
-        unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {v}", p = in(reg) p, v = in(reg) 1u64) };
+        atomic_add(p, 1);
         return current_phase();
     }
     0

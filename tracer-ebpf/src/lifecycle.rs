@@ -11,15 +11,18 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use aya_log_ebpf::debug;
-use faultscope_common::maps::{Drop, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
+use faultscope_common::maps::{
+    Drop, FltCount, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+};
 
 use crate::{
     helpers::{
-        adopt, bump_phase, current_phase, drop_count, field, pid_tgid, read_failed, send, ReadFailed, BPF_ANY,
+        adopt, atomic_add, bump_phase, current_flt, current_phase, drop_count, field, pid_tgid, read_failed,
+        send, ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
-        cfg, CHILDREN, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, SIGNAL_LIVE_OFF,
-        TARGETS, TASK_SIGNAL_OFF,
+        cfg, CHILDREN, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
+        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
     },
 };
 
@@ -141,9 +144,37 @@ fn group_dead(ctx: &TracePointContext, tid: u32, tgid: u32) -> Result<bool, Read
     Ok(tid == tgid)
 }
 
+/// Adds the exiting thread's own fault count to its process's `EXITED`
+/// entry: it is final here (`exit_mm` is done, so no fault can follow).
+#[inline(always)]
+fn count_exited(tgid: u32) {
+    let flt = current_flt();
+    let mut p = EXITED.get_ptr_mut(&tgid);
+    if p.is_none() {
+        // Another thread's insert may come first: then add to it.
+        let _ = EXITED.insert(&tgid, &FltCount::default(), BPF_NOEXIST);
+        p = EXITED.get_ptr_mut(&tgid);
+    }
+    match p {
+        Some(e) => unsafe {
+            atomic_add(&mut (*e).min, flt.min);
+            atomic_add(&mut (*e).maj, flt.maj);
+        },
+        None => drop_count(Drop::ExitedFull),
+    }
+}
+
 fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
-    let target = unsafe { TARGETS.get(&tgid) }.is_some();
+    let info = unsafe { TARGETS.get(&tgid) }.copied();
+    // Every thread of a counted process, and one that exits just after its
+    // group's last (whose exit took the process out of TARGETS) while user
+    // space has not taken the entry yet.
+    let counted = info.is_some_and(|t| t.flags & TARGET_PENDING_EXEC == 0);
+    if counted || unsafe { EXITED.get(&tgid) }.is_some() {
+        count_exited(tgid);
+    }
+    let target = info.is_some();
     if !target && unsafe { CHILDREN.get(&tgid) }.is_none() {
         return Ok(0);
     }

@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{ClassSetKey, Config, ConfigValues, Drop, PhaseCounter, Stat, TargetInfo},
+    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseCounter, Stat, TargetInfo},
     ThreadFault,
 };
 
@@ -130,6 +130,15 @@ pub static STACK_COUNTS: PerCpuHashMap<StackKey, u64> = PerCpuHashMap::with_max_
 #[map]
 pub static STACK_TRACES: StackTrace = StackTrace::with_max_entries(1, 0);
 
+/// The kernel's own fault counts (`min_flt`, `maj_flt`) of the threads of
+/// a traced process that exited while it was counted, added up at each
+/// thread's exit: with the count at the start (the `Exec` event, or
+/// `/proc` at attach) it brackets what the kernel accounted to the process
+/// over the run. User space takes an entry at the process's `Exit`. As
+/// large as `TARGETS`.
+#[map]
+pub static EXITED: HashMap<u32, FltCount> = HashMap::with_max_entries(4096, 0);
+
 /// Process lifecycle events for user space.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -166,6 +175,13 @@ pub static CGROUP_FILTER: u32 = 0;
 pub static EXIT_GROUP_DEAD_OFF: u32 = 0;
 #[no_mangle]
 pub static TASK_SIGNAL_OFF: u32 = 0;
+
+/// `task_struct.min_flt` and `maj_flt`, from BTF (0: unknown, the kernel
+/// check is then not made).
+#[no_mangle]
+pub static TASK_MIN_FLT_OFF: u32 = 0;
+#[no_mangle]
+pub static TASK_MAJ_FLT_OFF: u32 = 0;
 #[no_mangle]
 pub static SIGNAL_LIVE_OFF: u32 = 0;
 

@@ -281,6 +281,7 @@ mod tests {
                     phase(2, "fork#1 after-child-exit", PhaseKind::AfterChildExit, 2.0, Some(3.5)),
                     phase(3, "mark:sets", PhaseKind::Mark, 3.5, None),
                 ],
+                kernel_check: None,
             }],
             intervals: Some(intervals),
             ..Report::default()

@@ -27,6 +27,7 @@ use tokio::{
 use super::mark as marks;
 use crate::{
     collect::{
+        accounting::{self, Bracket, End, KernelCount, Start},
         attribution::{mappings_availability, AttribOpts, Attribution},
         children,
         collector::{stack_frames, Snapshot},
@@ -127,6 +128,9 @@ pub struct Recorder {
     /// Processes the kernel's cgroup filter added (pid, the cgroup's
     /// index), taken by `serve`.
     pub adopted: Vec<(u32, u32)>,
+    /// The kernel's own count of each traced process's faults, bracketed
+    /// (the kernel check of the report).
+    pub accounting: BTreeMap<u32, KernelCount>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -189,11 +193,21 @@ impl Recorder {
             fork_comms: None,
             kinds: None,
             adopted: Vec::new(),
+            accounting: BTreeMap::new(),
         })
     }
 
     pub fn add(&mut self, pid: u32, flags: u32, comm: String) -> Result<()> {
-        self.session.add_target(pid, TargetInfo { flags, _reserved: 0 })?;
+        let info = TargetInfo { flags, _reserved: 0 };
+        if flags & TARGET_PENDING_EXEC != 0 {
+            // Its count starts at its exec, which the kernel reads.
+            self.session.add_target(pid, info)?;
+        } else {
+            let mut added = Ok(());
+            let start = accounting::start_at_attach(pid, || added = self.session.add_target(pid, info));
+            added?;
+            self.accounting.insert(pid, KernelCount::new(start));
+        }
         self.comms.insert(pid, comm);
         self.live.insert(pid);
         self.lifetimes.insert(pid, Lifetime::from(kernel::monotonic_ns()));
@@ -311,6 +325,10 @@ impl Recorder {
                         f.push(comm.clone());
                     }
                     if e.aux != 0 {
+                        // A new process's count starts at 0, and it is
+                        // counted from its fork.
+                        self.accounting
+                            .insert(e.pid, KernelCount::new(Start::Exact(Default::default(), "its fork")));
                         self.live.insert(e.pid);
                         self.comms.insert(e.pid, comm);
                         self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
@@ -334,6 +352,11 @@ impl Recorder {
                     }
                 }
                 k if k == LifeKind::Exec as u32 => {
+                    // A started command counts from its exec (a traced
+                    // process that execs again keeps its start).
+                    self.accounting
+                        .entry(e.tgid)
+                        .or_insert_with(|| KernelCount::new(Start::Exact(e.flt, "its exec")));
                     self.comms.insert(e.tgid, comm);
                     // The maps before the exec were another program's.
                     self.attrib.exec(e.tgid, e.ts_ns);
@@ -341,6 +364,11 @@ impl Recorder {
                 // The cgroup filter added it at its first event (unless
                 // serve's scan of cgroup.procs added it meanwhile).
                 k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => {
+                    self.accounting.entry(e.tgid).or_insert_with(|| {
+                        KernelCount::new(Start::Unknown(
+                            "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
+                        ))
+                    });
                     self.comms.insert(e.tgid, comm);
                     self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
                     self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
@@ -349,6 +377,16 @@ impl Recorder {
                 // The kernel took it out of the traced set at its exit (so
                 // that a new process with its pid is not counted as it).
                 k if k == LifeKind::Exit as u32 => {
+                    let exited = self.session.take_exited(e.tgid);
+                    if let Some(k) = self.accounting.get_mut(&e.tgid) {
+                        match exited {
+                            Some(total) => k.exited(total),
+                            None => {
+                                k.start =
+                                    Start::Unknown("no thread's final count was kept at its exit".into())
+                            }
+                        }
+                    }
                     self.live.remove(&e.tgid);
                     if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
                         l.end(e.ts_ns);
@@ -369,6 +407,26 @@ impl Recorder {
         Snapshot::read(&self.session.bpf)
     }
 
+    /// The run's last read of the counts, with the kernel's count of each
+    /// process still running read from `/proc` just before and after it
+    /// (the end of its kernel check).
+    pub fn final_snapshot(&mut self) -> Result<Snapshot> {
+        self.drain_events()?;
+        let live: Vec<u32> = self.live.iter().copied().collect();
+        let before: Vec<_> = live.iter().map(|&p| accounting::process_flt(p)).collect();
+        let snap = self.snapshot()?;
+        for (pid, lo) in live.into_iter().zip(before) {
+            if let (Some(lo), Some(hi), Some(k)) =
+                (lo, accounting::process_flt(pid), self.accounting.get_mut(&pid))
+            {
+                if k.end.is_none() {
+                    k.end = Some(End::Proc(Bracket { lo, hi }));
+                }
+            }
+        }
+        Ok(snap)
+    }
+
     pub fn context(&self) -> Result<build::Context<'_>> {
         Ok(build::Context {
             kernel: kernel::release(),
@@ -377,6 +435,8 @@ impl Recorder {
             probes: &self.session.status,
             comms: &self.comms,
             lifetimes: &self.lifetimes,
+            accounting: &self.accounting,
+            kernel_exceptions: self.session.attached(Program::PageFaultKernel),
             drops: self.session.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
@@ -610,7 +670,7 @@ impl Recording {
             self.cmd_status = target::wait(pid);
         }
         self.rec.trace_mark("detach");
-        let snap = self.rec.snapshot()?;
+        let snap = self.rec.final_snapshot()?;
         let mut report = self.rec.finish(&snap)?;
         super::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);

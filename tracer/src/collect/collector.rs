@@ -10,14 +10,59 @@ use aya::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    class::ClassSet,
+    fault::Origin,
     hist,
     maps::ClassSetKey,
     Class, PhaseId, Stat, StatKey,
 };
 
+/// Counts per [`Origin`], in `Origin::ALL` order.
+pub type ByOrigin = [u64; Origin::COUNT];
+
+/// What the kernel's own count of a process (`mm_account_fault()`: its
+/// `min_flt` + `maj_flt`) is compared with, per (process, phase).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accounted {
+    /// `handle_mm_fault` returns without `VM_FAULT_RETRY` or an error: the
+    /// faults the kernel accounts (a retried fault once, at its end).
+    pub completed: u64,
+    /// Of those, the ones that returned `VM_FAULT_MAJOR`.
+    pub major: u64,
+    /// Page-fault exceptions (the tracepoint-only mode's count), by origin
+    /// (never GUP: get_user_pages takes no exception).
+    pub exceptions: ByOrigin,
+}
+
+impl Accounted {
+    fn add(&mut self, o: &Accounted) {
+        self.completed += o.completed;
+        self.major += o.major;
+        for (a, b) in self.exceptions.iter_mut().zip(o.exceptions) {
+            *a += b;
+        }
+    }
+
+    fn sub(&self, o: &Accounted) -> Accounted {
+        let mut e = self.exceptions;
+        for (a, b) in e.iter_mut().zip(o.exceptions) {
+            *a = a.saturating_sub(b);
+        }
+        Accounted {
+            completed: self.completed.saturating_sub(o.completed),
+            major: self.major.saturating_sub(o.major),
+            exceptions: e,
+        }
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
+    /// Per (process, phase, class): its count split by origin.
+    pub origins: BTreeMap<StatKey, ByOrigin>,
+    /// Per (process, phase): what the kernel check compares.
+    pub accounted: BTreeMap<(u32, PhaseId), Accounted>,
     /// The kernel's own `STATS` keys that `stats` was read from (a set of
     /// classes each), for deleting exactly what was read.
     pub stat_sets: Vec<ClassSetKey>,
@@ -62,11 +107,45 @@ pub fn per_class(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, Stat> 
     out
 }
 
+/// Each class's count split by the origin its sets carry.
+pub fn per_origin(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, ByOrigin> {
+    let mut out: BTreeMap<StatKey, ByOrigin> = BTreeMap::new();
+    for (k, v) in sets {
+        let o = ClassSet(k.set).origin() as usize;
+        for sk in k.stat_keys() {
+            out.entry(sk).or_default()[o] += v.count;
+        }
+    }
+    out
+}
+
+/// Per (process, phase), the faults the kernel accounts as
+/// `mm_account_fault()` does (no retry, no error), and the exceptions.
+pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId), Accounted> {
+    let mut out: BTreeMap<(u32, PhaseId), Accounted> = BTreeMap::new();
+    for (k, v) in sets {
+        let set = ClassSet(k.set);
+        let a = out.entry((k.tgid, k.phase)).or_default();
+        if set.has(Class::Faults) && !set.has(Class::Retry) && !set.has(Class::Error) {
+            a.completed += v.count;
+            if set.has(Class::Major) {
+                a.major += v.count;
+            }
+        }
+        if set.has(Class::TpFaults) {
+            a.exceptions[set.origin() as usize] += v.count;
+        }
+    }
+    out
+}
+
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
         let sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
         Ok(Snapshot {
             stats: per_class(&sets),
+            origins: per_origin(&sets),
+            accounted: accounted(&sets),
             stat_sets: sets.into_keys().collect(),
             mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
@@ -100,6 +179,29 @@ impl Snapshot {
         self.get_in(tgid, None, class)
     }
 
+    /// One class's count by origin, over the run or in one phase.
+    pub fn origins_in(&self, tgid: u32, phase: Option<PhaseId>, class: Class) -> ByOrigin {
+        let mut out = ByOrigin::default();
+        let lo = StatKey { tgid, ..StatKey::default() };
+        for (k, v) in self.origins.range(lo..).take_while(|(k, _)| k.tgid == tgid) {
+            if k.class == class as u16 && phase.is_none_or(|p| p == k.phase) {
+                for (a, b) in out.iter_mut().zip(v) {
+                    *a += b;
+                }
+            }
+        }
+        out
+    }
+
+    /// What the kernel check compares, for a process's whole run.
+    pub fn accounted_of(&self, tgid: u32) -> Accounted {
+        let mut out = Accounted::default();
+        for (_, a) in self.accounted.range((tgid, 0)..=(tgid, PhaseId::MAX)) {
+            out.add(a);
+        }
+        out
+    }
+
     /// The entries of one process (the map is ordered by tgid first).
     fn of(&self, tgid: u32) -> impl Iterator<Item = (&StatKey, &Stat)> {
         let lo = StatKey { tgid, ..StatKey::default() };
@@ -117,6 +219,8 @@ impl Snapshot {
     /// The snapshot without one phase of one process.
     pub fn without_phase(mut self, tgid: u32, phase: PhaseId) -> Snapshot {
         self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.origins.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.accounted.remove(&(tgid, phase));
         self.mappings.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.sites.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.stacks.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
@@ -144,8 +248,25 @@ impl Snapshot {
                 stats.insert(*k, d);
             }
         }
+        let mut origins = BTreeMap::new();
+        for (k, v) in &self.origins {
+            let mut d = *v;
+            if let Some(e) = earlier.origins.get(k) {
+                for (a, b) in d.iter_mut().zip(e) {
+                    *a = a.saturating_sub(*b);
+                }
+            }
+            if d.iter().any(|n| *n > 0) {
+                origins.insert(*k, d);
+            }
+        }
+        let accounted = self
+            .accounted
+            .iter()
+            .map(|(k, v)| (*k, earlier.accounted.get(k).map_or(*v, |e| v.sub(e))))
+            .collect();
         // Intervals show class counts only.
-        Snapshot { stats, ..Snapshot::default() }
+        Snapshot { stats, origins, accounted, ..Snapshot::default() }
     }
 }
 

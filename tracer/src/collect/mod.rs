@@ -1,8 +1,10 @@
 //! The collect stage: the kernel's per-CPU maps read into snapshots
 //! (`collector`), the lifecycle events turned into named phases (`phases`),
 //! the processes traced (`target`), and the maps that name where faults
-//! happened (`attribution`).
+//! happened (`attribution`), and the kernel's own count of each traced
+//! process's faults that every report is checked against (`accounting`).
 
+pub mod accounting;
 pub mod attribution;
 pub mod children;
 pub mod collector;

@@ -99,6 +99,15 @@ pub const PROBES: &[ProbeSpec] = &[
         redundant_with: None,
     },
     ProbeSpec {
+        program: Program::PageFaultKernel,
+        hook: Hook::Tracepoint("exceptions", "page_fault_kernel"),
+        arch: Arch::X86_64,
+        min_kernel: "3.13",
+        required: false,
+        measures: "kernel-mode faults on user addresses (copy_to_user in a system call): their error code; in tracepoint-only mode, the kernel-origin faults",
+        redundant_with: None,
+    },
+    ProbeSpec {
         program: Program::MemAbort,
         hook: Hook::Kprobe(&["do_mem_abort"]),
         arch: Arch::Aarch64,
@@ -113,7 +122,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::Any,
         min_kernel: "4.9",
         required: false,
-        measures: "start of each user fault (regs != NULL, FAULT_FLAG_USER)",
+        measures: "start of each fault of a traced task, with its origin (user; kernel: regs set, no FAULT_FLAG_USER; gup: regs NULL)",
         redundant_with: None,
     },
     ProbeSpec {
@@ -122,7 +131,7 @@ pub const PROBES: &[ProbeSpec] = &[
         arch: Arch::Any,
         min_kernel: "4.9",
         required: false,
-        measures: "end of each user fault: latency, vm_fault_t, classification",
+        measures: "end of each fault: latency, vm_fault_t, classification",
         redundant_with: None,
     },
     ProbeSpec {

@@ -12,7 +12,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, Config, ConfigValues, Drop, PhaseCounter, PhaseId, TargetInfo},
+    maps::{phase_id, Config, ConfigValues, Drop, FltCount, PhaseCounter, PhaseId, TargetInfo},
     Program,
 };
 
@@ -176,6 +176,16 @@ pub fn exit_detection(tracefs: &Path, btf: &KernelBtf) -> ExitDetection {
     ExitDetection::Leader("FAULTSCOPE_EXIT_VIA=leader".into())
 }
 
+/// `task_struct.min_flt` and `maj_flt` from BTF: the kernel's own fault
+/// count of a thread, which the kernel check compares with.
+pub fn task_flt_offsets(btf: &KernelBtf) -> Result<(u32, u32), String> {
+    let off = |m| {
+        btf.member_offset("task_struct", m)
+            .map_err(|e| format!("task_struct.{m} not found in the kernel's BTF: {e}"))
+    };
+    Ok((off("min_flt")?, off("maj_flt")?))
+}
+
 /// Loader with the tracepoint field offsets and the BTF offsets of this
 /// kernel. `aya_btf`: aya's parse of the kernel's BTF, given only when
 /// fentry programs are loaded (aya would otherwise parse it again itself).
@@ -197,6 +207,10 @@ fn loader(
         );
     }
     offsets.extend(exit.globals());
+    match task_flt_offsets(btf) {
+        Ok((min, maj)) => offsets.extend([("TASK_MIN_FLT_OFF", min), ("TASK_MAJ_FLT_OFF", maj)]),
+        Err(why) => eprintln!("faultscope: warning: {why}; the kernel's own fault count is not checked"),
+    }
     let mut l = EbpfLoader::new();
     // THREADS is task-local storage, which aya 0.14 creates but has no
     // user-space type for (user space never reads it).
@@ -406,6 +420,16 @@ impl Session {
         if let Ok(mut t) = self.targets() {
             let _ = t.remove(&tgid);
         }
+    }
+
+    /// Takes the kernel's sum of the own fault counts of `tgid`'s threads
+    /// that exited while it was counted (`EXITED`), if any did.
+    pub fn take_exited(&mut self, tgid: u32) -> Option<FltCount> {
+        let m = self.bpf.map_mut("EXITED")?;
+        let mut map: BpfHashMap<_, u32, FltCount> = BpfHashMap::try_from(m).ok()?;
+        let v = map.get(&tgid, 0).ok();
+        let _ = map.remove(&tgid);
+        v
     }
 
     fn children(&mut self) -> Result<BpfHashMap<&mut MapData, u32, u32>> {

@@ -377,7 +377,7 @@ mod tests {
         put(1, 0x7f0000800000, counts(&[(Class::Copy, 512)]));
         put(2, 0x7f0000800000, counts(&[(Class::Copy, 1)]));
         put(1, addr_key(0x7ffd1c7b0123), counts(&[(Class::Reuse, 3)]));
-        snap.sites.insert(SiteKey { tgid: 7, phase: 1, ip: 0, class: Class::Copy as u32, _pad: 0 }, 4);
+        snap.sites.insert(SiteKey { tgid: 7, phase: 1, ip: 0, class: Class::Copy as u32, syscall: 0 }, 4);
         (snap, a, avail)
     }
 
@@ -452,6 +452,7 @@ mod tests {
                 classes: Default::default(),
                 attribution: r,
                 phases: vec![],
+                kernel_check: None,
             }],
             ..Default::default()
         };

@@ -3,17 +3,19 @@
 
 use std::collections::BTreeMap;
 
-use faultscope_common::{Class, PhaseId};
+use faultscope_common::{Class, Origin, PhaseId};
 
 use super::{
     attribution::{attribution, Namer},
     schema::{
-        Attribution, AttributionInfo, ClassValue, Classes, Interval, IntervalProcess, Latency, Measured,
-        Mode, NotMeasurable, Phase, ProbeStatus, Process, Report, SCHEMA,
+        Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Interval, IntervalProcess,
+        KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins, Phase, ProbeStatus, Process, Report,
+        SCHEMA,
     },
 };
 use crate::{
     collect::{
+        accounting::KernelCount,
         collector::{latency, Snapshot},
         phases::{Lifetime, Timeline},
     },
@@ -32,6 +34,11 @@ pub struct Context<'a> {
     pub comms: &'a BTreeMap<u32, String>,
     /// When each traced process existed (see `Lifetime`).
     pub lifetimes: &'a BTreeMap<u32, Lifetime>,
+    /// The kernel's own count of each process, bracketed (the check).
+    pub accounting: &'a BTreeMap<u32, KernelCount>,
+    /// Kernel-mode exceptions are traced (x86 `page_fault_kernel`): the
+    /// tracepoint's classes have a kernel origin too.
+    pub kernel_exceptions: bool,
     pub drops: BTreeMap<String, u64>,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
@@ -53,7 +60,13 @@ pub fn mode(avail: &[(Metric, Availability)]) -> Mode {
 }
 
 /// One class of one process, over the run (`phase == None`) or in one phase.
-pub fn class_value(snap: &Snapshot, tgid: u32, phase: Option<u32>, a: &Availability) -> ClassValue {
+fn class_value(
+    snap: &Snapshot,
+    tgid: u32,
+    phase: Option<u32>,
+    a: &Availability,
+    ctx: &Context<'_>,
+) -> ClassValue {
     match a {
         Availability::NotMeasurable(reason) => {
             ClassValue::NotMeasurable(NotMeasurable { measurable: false, reason: reason.clone() })
@@ -61,8 +74,18 @@ pub fn class_value(snap: &Snapshot, tgid: u32, phase: Option<u32>, a: &Availabil
         Availability::Measured { class, timed, source } => {
             let s = snap.get_in(tgid, phase, *class);
             let latency = if *timed { s.as_ref().and_then(latency) } else { None };
+            let by = snap.origins_in(tgid, phase, *class);
+            // The exception tracepoints see no get_user_pages fault, and
+            // kernel-mode faults only where page_fault_kernel is traced.
+            let exception = Class::ERROR_CODE.contains(class);
+            let origins = Origins {
+                user: by[Origin::User as usize],
+                kernel: (!exception || ctx.kernel_exceptions).then_some(by[Origin::Kernel as usize]),
+                gup: (!exception).then_some(by[Origin::Gup as usize]),
+            };
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
+                origins: Some(origins),
                 latency: latency.map(|l| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
@@ -76,7 +99,79 @@ pub fn class_value(snap: &Snapshot, tgid: u32, phase: Option<u32>, a: &Availabil
 }
 
 fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) -> Classes {
-    ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a))).collect()
+    ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a, ctx))).collect()
+}
+
+/// What faultscope counted that the kernel's `min_flt` + `maj_flt` also
+/// counts, per mode.
+const COMPLETED: &str = "completed handle_mm_fault calls of every origin (no VM_FAULT_RETRY, no error)";
+
+/// The kernel check of process `tgid` (see `collect::accounting`).
+fn kernel_check(snap: &Snapshot, tgid: u32, ctx: &Context<'_>) -> Option<KernelCheck> {
+    let k = ctx.accounting.get(&tgid)?;
+    let a = snap.accounted_of(tgid);
+    let mode = mode(ctx.availability);
+    let (faultscope, counted) = match mode {
+        Mode::Kprobe => (a.completed, COMPLETED.to_string()),
+        Mode::Tracepoint => (
+            a.exceptions.iter().sum(),
+            if ctx.kernel_exceptions {
+                "page-fault exceptions in user and kernel mode (tracepoint mode)"
+            } else {
+                "page-fault exceptions in user mode (tracepoint mode)"
+            }
+            .to_string(),
+        ),
+        _ => return None,
+    };
+    let mut c = KernelCheck {
+        result: CheckResult::NotChecked,
+        minflt: None,
+        majflt: None,
+        kernel_low: None,
+        kernel_high: None,
+        faultscope,
+        counted,
+        difference: 0,
+        bracket: None,
+        gup_derived: None,
+        reason: None,
+    };
+    let w = match k.window() {
+        Ok(w) => w,
+        Err(why) => {
+            c.reason = Some(why);
+            return Some(c);
+        }
+    };
+    let (lo, hi) = w.total();
+    c.minflt = Some(w.min.0);
+    c.majflt = Some(w.maj.0);
+    c.kernel_low = Some(lo);
+    c.kernel_high = Some(hi);
+    c.bracket = Some(w.how);
+    if mode == Mode::Tracepoint {
+        c.result = CheckResult::Derived;
+        c.gup_derived = Some((lo as i64 - faultscope as i64, hi as i64 - faultscope as i64));
+        c.reason = Some(
+            "get_user_pages faults take no exception, and some kernel-mode exceptions reach no fault (a copy with page faults disabled): the rest of the kernel's count is derived, not checked".into(),
+        );
+        return Some(c);
+    }
+    if (lo..=hi).contains(&faultscope) {
+        c.result = if lo == hi { CheckResult::Equal } else { CheckResult::WithinBracket };
+        return Some(c);
+    }
+    c.result = CheckResult::Differs;
+    c.difference =
+        if faultscope < lo { faultscope as i64 - lo as i64 } else { faultscope as i64 - hi as i64 };
+    let dropped: u64 = ctx.drops.values().sum();
+    c.reason = Some(if dropped > 0 {
+        format!("the kernel side dropped {dropped} records (see drops)")
+    } else {
+        "faultscope did not see every fault the kernel accounted (or saw more): a fault path outside handle_mm_fault's probes".into()
+    });
+    Some(c)
 }
 
 fn attrib(snap: &Snapshot, ctx: &Context<'_>, tgid: u32, phase: Option<u32>, at: u64) -> Attribution {
@@ -139,6 +234,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             comm: ctx.comms.get(&tgid).cloned().unwrap_or_default(),
             classes: classes(snap, tgid, None, ctx),
             attribution: attrib(snap, ctx, tgid, None, ctx.now_ns),
+            kernel_check: kernel_check(snap, tgid, ctx),
             phases: index
                 .carried(ctx.timeline, snap, tgid, ctx.lifetimes.get(&tgid))
                 .into_iter()
@@ -268,6 +364,7 @@ mod tests {
         let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
         let timeline = Timeline::new(0, 0);
         let lifetimes = BTreeMap::new();
+        let accounting = BTreeMap::new();
         let ctx = Context {
             kernel: "6.12".into(),
             arch: "x86_64",
@@ -275,6 +372,8 @@ mod tests {
             probes: &[],
             comms: &comms,
             lifetimes: &lifetimes,
+            accounting: &accounting,
+            kernel_exceptions: false,
             drops: [("lost_kretprobe_returns".to_string(), 1)].into(),
             duration_ns: 1,
             timeline: &timeline,

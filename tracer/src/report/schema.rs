@@ -116,6 +116,63 @@ pub struct Process {
     pub attribution: Attribution,
     /// The phases of the run, in order.
     pub phases: Vec<Phase>,
+    /// faultscope's count against the kernel's own count of the process's
+    /// faults over the run (`min_flt` + `maj_flt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_check: Option<KernelCheck>,
+}
+
+/// The kernel check of one process: the faults `mm_account_fault()`
+/// accounted to its threads over the run (getrusage, `/proc/PID/stat`),
+/// beside faultscope's count of the same faults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KernelCheck {
+    pub result: CheckResult,
+    /// The kernel's minor faults over the run: the low end of its bracket
+    /// (`minflt_high` when the bracket is a range).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minflt: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub majflt: Option<u64>,
+    /// `minflt` + `majflt`, as a range: equal ends when the bracket is exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_low: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_high: Option<u64>,
+    /// faultscope's count of the same faults (see `counted`).
+    pub faultscope: u64,
+    /// What faultscope counted: completed `handle_mm_fault` calls of every
+    /// origin (kprobe mode), or page-fault exceptions (tracepoint mode).
+    pub counted: String,
+    /// faultscope minus the kernel's nearest end (0 when within).
+    pub difference: i64,
+    /// How the window was bracketed at both ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bracket: Option<String>,
+    /// Tracepoint mode: the faults no exception shows (get_user_pages,
+    /// less exceptions that reached no fault), derived as the kernel's
+    /// count minus the exceptions, low and high.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gup_derived: Option<(i64, i64)>,
+    /// Why there is no check, or why the counts differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckResult {
+    /// The bracket is exact and faultscope's count is the kernel's.
+    Equal,
+    /// faultscope's count lies inside the bracket's range.
+    WithinBracket,
+    /// faultscope's count is outside the bracket: a finding.
+    Differs,
+    /// Tracepoint mode: what no exception shows is derived, not checked.
+    Derived,
+    /// The kernel's count could not be bracketed (`reason`).
+    NotChecked,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -252,10 +309,46 @@ pub enum ClassValue {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Measured {
     pub count: u64,
+    /// `count` split by who asked for the faults: all three add up to it
+    /// where all are measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origins: Option<Origins>,
     #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
     pub latency: Option<Latency>,
     /// How it was measured on that kernel.
     pub source: String,
+}
+
+/// A class's count by origin: `user` (a fault in user mode), `kernel` (the
+/// kernel's fault on user memory in a system call: `copy_to_user` in
+/// read, recv), `gup` (get_user_pages for the task: `/proc/PID/mem`,
+/// `process_vm_writev`, O_DIRECT, io_uring). Absent: not measurable here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Origins {
+    pub user: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gup: Option<u64>,
+}
+
+impl Origins {
+    pub fn add(&mut self, o: &Origins) {
+        self.user += o.user;
+        self.kernel = self.kernel.zip(o.kernel).map(|(a, b)| a + b);
+        self.gup = self.gup.zip(o.gup).map(|(a, b)| a + b);
+    }
+
+    /// The count of origin `name` (`user`, `kernel`, `gup`), when measured.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        match name {
+            "user" => Some(self.user),
+            "kernel" => self.kernel,
+            "gup" => self.gup,
+            _ => None,
+        }
+    }
 }
 
 /// Latency of a timed class, from the kernel's log-linear histogram.
@@ -280,6 +373,14 @@ impl ClassValue {
     pub fn count(&self) -> Option<u64> {
         match self {
             ClassValue::Measured(m) => Some(m.count),
+            ClassValue::NotMeasurable(_) => None,
+        }
+    }
+
+    /// The count of one origin (`user`, `kernel`, `gup`), when measured.
+    pub fn origin_count(&self, origin: &str) -> Option<u64> {
+        match self {
+            ClassValue::Measured(m) => m.origins.as_ref()?.get(origin),
             ClassValue::NotMeasurable(_) => None,
         }
     }
@@ -494,7 +595,12 @@ pub fn sum_classes<'a>(phases: impl IntoIterator<Item = &'a Classes>) -> Classes
                 (None, v) => {
                     out.insert(*m, v.clone());
                 }
-                (Some(ClassValue::Measured(a)), ClassValue::Measured(b)) => a.count += b.count,
+                (Some(ClassValue::Measured(a)), ClassValue::Measured(b)) => {
+                    a.count += b.count;
+                    if let (Some(x), Some(y)) = (a.origins.as_mut(), b.origins.as_ref()) {
+                        x.add(y);
+                    }
+                }
                 _ => {}
             }
         }
@@ -594,7 +700,7 @@ pub mod testing {
     use super::*;
 
     pub fn measured(count: u64) -> ClassValue {
-        ClassValue::Measured(Measured { count, latency: None, source: "test".into() })
+        ClassValue::Measured(Measured { count, origins: None, latency: None, source: "test".into() })
     }
 
     pub fn not_measurable(reason: &str) -> ClassValue {
@@ -625,6 +731,7 @@ pub mod testing {
             classes: Classes::new(),
             attribution: Attribution::default(),
             phases,
+            kernel_check: None,
         }
     }
 }
