@@ -40,6 +40,9 @@ oracle_setup() {
 		oracle_event acc 'p:fso/acc ptep_set_access_flags'
 		echo 1 > $T/events/exceptions/page_fault_user/enable ||
 			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_user refused"
+		# The kernel-mode faults' error code (a copy_to_user on a user page).
+		echo 1 > $T/events/exceptions/page_fault_kernel/enable ||
+			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_kernel refused"
 		for e in unfold conv fold accc; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
 	fi
 	echo 1 > $T/options/record-tgid

@@ -23,12 +23,21 @@
  *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
  *   the instant it switches phase, or attaches) split the counts by phase;
  *   like faultscope's phases they hold for every process.
+ * Every handle_mm_fault call of a process's threads counts, whoever asked
+ * for it (the kernel's own accounting, mm_account_fault(), counts them all
+ * for the current task): its origin is "user" (regs set, FAULT_FLAG_USER),
+ * "kernel" (regs set, no FAULT_FLAG_USER: the kernel's fault on user
+ * memory in a system call) or "gup" (regs NULL: get_user_pages).
  * Output, per process and per (process, phase), under the report's class
  * names (the keys the host compares with faultscope's classes):
  *   oracle tgid=N phase=ALL|LABEL faults=.. wp_faults=.. reuse=.. copy=..
  *          wp_shared=.. spurious=.. huge_pmd_wp=.. contpte_unfold=..
  *          contpte_fold=.. contpte_convert=.. contpte_try_unfold=..
- *          contpte_fold_attempt=.. nowp=..
+ *          contpte_fold_attempt=.. nowp=.. completed=..
+ * and the same split by origin (the contpte counts have none):
+ *   oracle-origin tgid=N phase=ALL|LABEL origin=user|kernel|gup faults=.. ...
+ * completed (not a class) counts the calls that returned neither
+ * VM_FAULT_RETRY nor an error: the faults mm_account_fault() counts.
  * A class whose events this guest's tracefs lacks (lib.sh refused them) is
  * "KEY=?", never a number, and a line "oracle unknown KEY: EVENT..." names
  * the missing events ("a|b": both alternatives missing).
@@ -59,12 +68,14 @@
 #define MAXT 4096
 #define MAXP 512
 #define MAXPH 64
-#define NC 13
+#define NC 14
 #define MAXR 16
+#define NO 3
 
 /* The counts, printed in this order under these names: the report's class
- * names, but for nowp. */
-enum { FAULTS, WP, REUSE, COPY, SHARED, SPURIOUS, HUGE, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD, NOWP };
+ * names, but for nowp and completed. */
+enum { FAULTS, WP, REUSE, COPY, SHARED, SPURIOUS, HUGE, UNFOLD, FOLDED, CONVERT, TRYUNFOLD, FOLD, NOWP, COMPLETED };
+static const char *origin_names[NO] = { "user", "kernel", "gup" };
 
 /* The events (lib.sh oracle_event names). "exc" is the exception event:
  * the page_fault_user tracepoint (x86) or the kprobe fso/abt (arm64). */
@@ -92,6 +103,7 @@ static const struct key { const char *name; unsigned all, any; } keys[NC] = {
 	[TRYUNFOLD] = { "contpte_try_unfold", E(E_UNFOLD) },
 	[FOLD] = { "contpte_fold_attempt", E(E_FOLD) },
 	[NOWP] = { "nowp", PATHS },
+	[COMPLETED] = { "completed", HMF },
 };
 
 static unsigned have;  /* the events this guest's tracefs has */
@@ -155,14 +167,21 @@ static void probe_events(const char *tracefs)
 }
 
 struct thread {
-	int pid, tgid, user, wp, nar, hwp, acc, dsp, write;
+	int pid, tgid, in, origin, wp, nar, hwp, acc, dsp, write;
 	unsigned long addr;              /* of the fault being handled */
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
 };
 /* The counts of a process in each range, whole run and per phase. */
 struct rcounts { unsigned long c[MAXR][NC]; unsigned long ph[MAXPH][MAXR][NC]; };
-struct proc { int tgid, exec; unsigned long c[NC]; unsigned long ph[MAXPH][NC]; struct rcounts *r; };
+struct proc {
+	int tgid, exec;
+	unsigned long c[NC];
+	unsigned long ph[MAXPH][NC];
+	unsigned long o[NO][NC];          /* by origin, whole run */
+	unsigned long oph[MAXPH][NO][NC]; /* by origin, per phase */
+	struct rcounts *r;
+};
 struct range { char name[64]; unsigned long start, end; };
 
 static struct thread threads[MAXT];
@@ -178,7 +197,7 @@ static int nranges;
  * handle_mm_fault returns. */
 static int per_fault(int what)
 {
-	return what <= HUGE || what == NOWP;
+	return what <= HUGE || what == NOWP || what == COMPLETED;
 }
 
 static struct thread *thread(int pid)
@@ -208,11 +227,14 @@ static void count(struct proc *p, int what)
 		p->ph[nph - 1][what]++;
 }
 
-/* A count of the fault at user address `addr`: also in each range holding
- * it. */
-static void count_at(struct proc *p, int what, unsigned long addr)
+/* A count of a fault of origin `o` at address `addr`: also by origin, and
+ * in each range holding it. */
+static void count_at(struct proc *p, int what, int o, unsigned long addr)
 {
 	count(p, what);
+	p->o[o][what]++;
+	if (nph)
+		p->oph[nph - 1][o][what]++;
 	for (int i = 0; i < nranges; i++) {
 		if (addr < ranges[i].start || addr >= ranges[i].end)
 			continue;
@@ -268,6 +290,16 @@ static void print(int tgid, const char *label, const unsigned long *c)
 {
 	printf("oracle tgid=%d phase=%s", tgid, label);
 	print_counts(c, 0);
+}
+
+static void print_origins(const struct proc *p)
+{
+	for (int j = -1; j < nph; j++)
+		for (int o = 0; o < NO; o++) {
+			printf("oracle-origin tgid=%d phase=%s origin=%s", p->tgid, j < 0 ? "ALL" : labels[j],
+			       origin_names[o]);
+			print_counts(j < 0 ? p->o[o] : p->oph[j][o], 1);
+		}
 }
 
 static void print_ranges(const struct proc *p)
@@ -350,7 +382,7 @@ int main(int argc, char **argv)
 			continue;
 		struct thread *t = thread(pid);
 		t->tgid = tgid;
-		if (strstr(ev, " page_fault_user: ")) {
+		if (strstr(ev, " page_fault_user: ") || strstr(ev, " page_fault_kernel: ")) {
 			t->exc = 1;
 			t->exc_addr = field(ev, "address=");
 			t->present = field(ev, "error_code=") & 1;
@@ -361,40 +393,45 @@ int main(int argc, char **argv)
 		} else if (strstr(ev, " hmf: ")) {
 			unsigned long flags = field(ev, "flags=");
 			unsigned long regs = field(ev, "regs=");
-			t->user = regs != 0 && (flags & 64);
+			t->in = 1;
+			t->origin = !regs ? 2 : (flags & 64) ? 0 : 1;
 			t->write = (flags & 1) != 0;
 			t->addr = field(ev, "addr=");
 			t->wp = t->nar = t->hwp = t->acc = t->dsp = 0;
 		} else if (strstr(ev, " hmfr: ")) {
-			if (t->user) {
+			if (t->in) {
 				unsigned long ret = field(ev, "ret=");
 				unsigned long a = t->addr;
-				count_at(p, FAULTS, a);
+				int o = t->origin;
+				count_at(p, FAULTS, o, a);
+				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
+				if (!(ret & (0x873 | 0x400)))
+					count_at(p, COMPLETED, o, a);
 				if (t->wp) {
-					count_at(p, WP, a);
-					count_at(p, t->dsp ? SHARED : t->nar ? COPY : REUSE, a);
+					count_at(p, WP, o, a);
+					count_at(p, t->dsp ? SHARED : t->nar ? COPY : REUSE, o, a);
 				}
 				if (t->hwp)
-					count_at(p, HUGE, a);
-				/* VM_FAULT_ERROR | VM_FAULT_RETRY */
+					count_at(p, HUGE, o, a);
 				if (t->write && !t->wp && !t->hwp && !t->nar && !t->dsp && !(ret & (0x873 | 0x400))) {
-					count_at(p, NOWP, a);
-					int same = t->exc && (t->exc_addr >> 12) == (t->addr >> 12);
+					count_at(p, NOWP, o, a);
+					/* get_user_pages takes no exception of its own */
+					int same = o != 2 && t->exc && (t->exc_addr >> 12) == (t->addr >> 12);
 					if (same ? t->present : t->acc)
-						count_at(p, SPURIOUS, a);
+						count_at(p, SPURIOUS, o, a);
 				}
 			}
-			t->user = 0;
+			t->in = 0;
 		} else if (strstr(ev, " wp: ")) {
-			if (t->user) t->wp = 1;
+			if (t->in) t->wp = 1;
 		} else if (strstr(ev, " nar: ")) {
-			if (t->user) t->nar = 1;
+			if (t->in) t->nar = 1;
 		} else if (strstr(ev, " dsp: ")) {
-			if (t->user) t->dsp = 1;
+			if (t->in) t->dsp = 1;
 		} else if (strstr(ev, " hwp: ")) {
-			if (t->user) t->hwp = 1;
+			if (t->in) t->hwp = 1;
 		} else if (strstr(ev, " acc: ") || strstr(ev, " accc: ") || strstr(ev, " hacc: ")) {
-			if (t->user) t->acc = 1;
+			if (t->in) t->acc = 1;
 		} else if (strstr(ev, " unfold: ")) {
 			count(p, TRYUNFOLD);
 		} else if (strstr(ev, " conv: ")) {
@@ -410,6 +447,7 @@ int main(int argc, char **argv)
 		print(procs[i].tgid, "ALL", procs[i].c);
 		for (int j = 0; j < nph; j++)
 			print(procs[i].tgid, labels[j], procs[i].ph[j]);
+		print_origins(&procs[i]);
 		print_ranges(&procs[i]);
 	}
 	/* For the host's error messages: what the trace held. */

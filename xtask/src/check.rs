@@ -31,6 +31,9 @@ pub struct Oracle {
     /// `oracle-range` lines (the faults in an address range given to the
     /// oracle) by (tgid, phase, range).
     pub ranges: BTreeMap<(u32, String, String), Line>,
+    /// `oracle-origin` lines (the faults of one origin: user, kernel,
+    /// gup) by (tgid, phase, origin).
+    pub origins: BTreeMap<(u32, String, String), Line>,
     /// The events each count the oracle cannot count misses ("a|b": both),
     /// from its `oracle unknown KEY: EVENT...` lines.
     pub missing: BTreeMap<String, Vec<String>>,
@@ -41,6 +44,7 @@ pub struct Oracle {
 impl Oracle {
     pub fn parse(text: &str, refused: BTreeMap<String, String>) -> Oracle {
         let (mut lines, mut ranges, mut missing) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        let mut origins = BTreeMap::new();
         for l in text.lines() {
             if let Some((key, events)) = l.strip_prefix("oracle unknown ").and_then(|r| r.split_once(':')) {
                 missing.insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
@@ -49,7 +53,10 @@ impl Oracle {
             let (rest, is_range) = match (l.strip_prefix("oracle "), l.strip_prefix("oracle-range ")) {
                 (Some(r), _) => (r, false),
                 (_, Some(r)) => (r, true),
-                _ => continue,
+                _ => match l.strip_prefix("oracle-origin ") {
+                    Some(r) => (r, true),
+                    None => continue,
+                },
             };
             let (mut tgid, mut phase, mut range, mut counts) = (None, None, None, Line::new());
             for kv in rest.split_whitespace() {
@@ -57,7 +64,8 @@ impl Oracle {
                 match (k, v) {
                     ("tgid", _) => tgid = v.parse().ok(),
                     ("phase", _) => phase = Some(v.to_string()),
-                    ("range", _) => range = Some(v.to_string()),
+                    // An origin line is a range line keyed by its origin.
+                    ("range" | "origin", _) => range = Some(v.to_string()),
                     (_, "?") => {
                         counts.insert(k.to_string(), None);
                     }
@@ -69,6 +77,9 @@ impl Oracle {
                 }
             }
             match (tgid, phase, range) {
+                (Some(t), Some(p), Some(r)) if l.starts_with("oracle-origin ") => {
+                    origins.insert((t, p, r), counts);
+                }
                 (Some(t), Some(p), Some(r)) if is_range => {
                     ranges.insert((t, p, r), counts);
                 }
@@ -78,7 +89,7 @@ impl Oracle {
                 _ => {}
             }
         }
-        Oracle { lines, ranges, missing, refused }
+        Oracle { lines, ranges, origins, missing, refused }
     }
 
     /// The oracle section `section` of a guest run, with the run's refused
@@ -99,6 +110,12 @@ impl Oracle {
     /// The faults of (`tgid`, `phase`) in the address range named `range`.
     pub fn range(&self, tgid: u32, phase: &str, range: &str) -> Option<&Line> {
         self.ranges.get(&(tgid, phase.to_string(), range.to_string()))
+    }
+
+    /// The faults of (`tgid`, `phase`) of one origin (`user`, `kernel`,
+    /// `gup`).
+    pub fn origin(&self, tgid: u32, phase: &str, origin: &str) -> Option<&Line> {
+        self.origins.get(&(tgid, phase.to_string(), origin.to_string()))
     }
 
     /// Why the oracle cannot count `key`: the refusals of the events it
@@ -122,34 +139,51 @@ impl Oracle {
             let Some(&oracle) = line.get(metric.name()) else { continue };
             // Unknown to the oracle is not 0: faultscope must then say
             // "not measurable" too.
-            let row = Row { metric, faultscope: count(classes, metric), oracle };
-            if !row.agrees() {
-                c.failures.push(format!(
-                    "{what}: {}: faultscope {} != oracle {}",
-                    row.metric,
-                    row.faultscope_cell(),
-                    row.oracle_cell()
-                ));
-            }
-            c.rows.push(row);
+            c.push(what, Row { metric, origin: None, faultscope: count(classes, metric), oracle });
             if oracle.is_none() {
                 c.unknown.extend(self.unknown(metric.name()));
+            }
+        }
+        // Each origin too, where the oracle split the counts by origin: a
+        // row for every class either side counted.
+        for origin in ORIGINS {
+            let Some(line) = self.origin(tgid, phase, origin) else { continue };
+            for metric in Metric::ALL {
+                let Some(&Some(oracle)) = line.get(metric.name()) else { continue };
+                let faultscope = classes.get(&metric).and_then(|v| v.origin_count(origin));
+                if oracle == 0 && faultscope.unwrap_or(0) == 0 {
+                    continue;
+                }
+                c.push(what, Row { metric, origin: Some(origin), faultscope, oracle: Some(oracle) });
             }
         }
         Some(c)
     }
 }
 
-/// One class compared: `None` is "not measurable" on faultscope's side,
-/// "cannot count" (a refused event) on the oracle's.
+/// The origins the oracle splits faults by (the report's names).
+pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
+
+/// One class compared (or one origin of it): `None` is "not measurable" on
+/// faultscope's side, "cannot count" (a refused event) on the oracle's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     pub metric: Metric,
+    /// `user`, `kernel`, `gup`: the class's faults of that origin.
+    pub origin: Option<&'static str>,
     pub faultscope: Option<u64>,
     pub oracle: Option<u64>,
 }
 
 impl Row {
+    /// `class`, or `class.origin`.
+    pub fn name(&self) -> String {
+        match self.origin {
+            Some(o) => format!("{}.{o}", self.metric.name()),
+            None => self.metric.name().to_string(),
+        }
+    }
+
     pub fn agrees(&self) -> bool {
         self.faultscope == self.oracle
     }
@@ -173,8 +207,25 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    fn push(&mut self, what: &str, row: Row) {
+        if !row.agrees() {
+            self.failures.push(format!(
+                "{what}: {}: faultscope {} != oracle {}",
+                row.name(),
+                row.faultscope_cell(),
+                row.oracle_cell()
+            ));
+        }
+        self.rows.push(row);
+    }
+
     pub fn row(&self, m: Metric) -> Option<&Row> {
-        self.rows.iter().find(|r| r.metric == m)
+        self.rows.iter().find(|r| r.metric == m && r.origin.is_none())
+    }
+
+    /// The row of one origin of a class.
+    pub fn origin_row(&self, m: Metric, origin: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric == m && r.origin == Some(origin))
     }
 
     /// The comparison as a table of three columns, `title` over the classes.
@@ -182,8 +233,7 @@ impl Comparison {
         let mut t = String::new();
         let _ = writeln!(t, "  {title:<20} {:>10} {:>10}", "faultscope", "oracle");
         for r in &self.rows {
-            let _ =
-                writeln!(t, "  {:<20} {:>10} {:>10}", r.metric.name(), r.faultscope_cell(), r.oracle_cell());
+            let _ = writeln!(t, "  {:<20} {:>10} {:>10}", r.name(), r.faultscope_cell(), r.oracle_cell());
         }
         for why in &self.unknown {
             let _ = writeln!(t, "  oracle cannot count: {why}");
@@ -313,7 +363,7 @@ pub mod testing {
         format!(
             "oracle tgid=7 phase={phase} faults={faults} wp_faults={} reuse={reuse} copy={copy} wp_shared=0 \
              spurious=0 huge_pmd_wp=0 contpte_unfold=? contpte_fold=? contpte_convert=? \
-             contpte_try_unfold=? contpte_fold_attempt=? nowp=0\n",
+             contpte_try_unfold=? contpte_fold_attempt=? nowp=0 completed={faults}\n",
             reuse + copy
         )
     }
@@ -421,11 +471,17 @@ mod tests {
         let out = run_oracle(&bin, &dir, &x86, trace);
         assert!(out.starts_with(X86_UNKNOWN), "{out}");
         assert!(out.contains(&oracle_line("ALL", 1, 1, 0)), "{out}");
-        // Every key but nowp is a class faultscope reports.
+        // Every key but nowp and completed is a class faultscope reports.
         let o = Oracle::parse(&out, BTreeMap::new());
         let keys: Vec<&String> = o.line(7, "ALL").unwrap().keys().collect();
-        assert_eq!(keys.len(), 13);
-        assert!(keys.iter().all(|k| *k == "nowp" || Metric::from_name(k).is_some()), "{keys:?}");
+        assert_eq!(keys.len(), 14);
+        assert!(
+            keys.iter().all(|k| *k == "nowp" || *k == "completed" || Metric::from_name(k).is_some()),
+            "{keys:?}"
+        );
+        // The fault was a user-mode one: all of it in the user line.
+        assert_eq!(o.origin(7, "ALL", "user").unwrap()["reuse"], Some(1));
+        assert_eq!(o.origin(7, "ALL", "kernel").unwrap()["faults"], Some(0));
         // Without dsp: wp_shared unknown, reuse and copy still counted.
         let out = run_oracle(&bin, &dir, &x86[..5], trace);
         assert!(out.contains("oracle unknown wp_shared: dsp\n"), "{out}");
@@ -440,6 +496,59 @@ mod tests {
         let out = run_oracle(&bin, &dir, &[], trace);
         assert!(out.contains("oracle unknown faults: hmf hmfr\n"), "{out}");
         assert!(out.contains(" faults=? "), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_oracle_splits_faults_by_origin() {
+        let dir = std::env::temp_dir().join(format!("faultscope-oracle-origins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = build_oracle(&dir);
+        let l = |ev: &str| format!("w-7 (      7) [000] ..... 1.0: {ev}\n");
+        // (flags, regs, copy?, ret): a user copy, a kernel-mode copy (read
+        // into a COW page), two GUP copies (/proc/self/mem), a kernel fault
+        // that failed and one that was retried.
+        let faults = [
+            ("0x41", "0x1", true, "0x0"),
+            ("0x1", "0x1", true, "0x0"),
+            ("0x1", "0x0", true, "0x0"),
+            ("0x21", "0x0", true, "0x0"),
+            ("0x1", "0x1", false, "0x40"),
+            ("0x1", "0x1", false, "0x400"),
+        ];
+        let mut trace = "# tracer: nop\n".to_string() + &l("sched_process_exec: filename=/w pid=7 old_pid=7");
+        for (flags, regs, copy, ret) in faults {
+            trace += &l(&format!("hmf: (handle_mm_fault+0x0/0x8) addr=0x1000 flags={flags} regs={regs}"));
+            if copy {
+                trace += &l("wp: (do_wp_page+0x0/0x8)");
+                trace += &l("nar: (folio_add_new_anon_rmap+0x0/0x8)");
+            }
+            trace += &l(&format!("hmfr: (x <- handle_mm_fault) ret={ret}"));
+        }
+        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
+        let out = run_oracle(&bin, &dir, &x86, &trace);
+        let o = Oracle::parse(&out, BTreeMap::new());
+        let get = |origin: &str, k: &str| o.origin(7, "ALL", origin).unwrap()[k].unwrap();
+        assert_eq!(o.line(7, "ALL").unwrap()["faults"], Some(6), "{out}");
+        assert_eq!(o.line(7, "ALL").unwrap()["completed"], Some(4), "{out}");
+        assert_eq!((get("user", "copy"), get("kernel", "copy"), get("gup", "copy")), (1, 1, 2), "{out}");
+        assert_eq!((get("kernel", "faults"), get("kernel", "completed")), (3, 1), "{out}");
+        // faultscope's classes against it, origin by origin.
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"count": 4, "origins": {"user": 1, "kernel": 1, "gup": 2}, "source": "k"}"#,
+        )
+        .unwrap();
+        let mut classes = Classes::new();
+        classes.insert(Metric::Copy, serde_json::from_value(v.clone()).unwrap());
+        let cmp = o.compare("t", &classes, 7, "ALL").unwrap();
+        assert_eq!(cmp.origin_row(Metric::Copy, "gup").unwrap().faultscope, Some(2));
+        assert!(!cmp.failures.iter().any(|f| f.contains("copy.")), "{:?}", cmp.failures);
+        let mut v = v;
+        v["origins"]["kernel"] = 0.into();
+        v["origins"]["user"] = 2.into();
+        classes.insert(Metric::Copy, serde_json::from_value(v).unwrap());
+        let cmp = o.compare("t", &classes, 7, "ALL").unwrap();
+        assert!(cmp.failures.iter().any(|f| f == "t: copy.kernel: faultscope 0 != oracle 1"), "{:?}", cmp.failures);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -476,11 +585,12 @@ mod tests {
         let out = run_oracle_with(&bin, &dir, &x86, &trace, &ranges);
         // The oracle's own lines are unchanged by ranges.
         let own: Vec<&str> = out.lines().filter(|l| !l.starts_with("oracle-range ")).collect();
+        assert!(!out.contains("oracle-origin tgid=7 phase=ALL range="), "{out}");
         assert_eq!(own, plain.lines().collect::<Vec<_>>());
         let line = |phase: &str, range: &str, f: u64, wp: u64, r: u64, c: u64| {
             format!(
                 "oracle-range tgid=7 phase={phase} range={range} faults={f} wp_faults={wp} reuse={r} copy={c} \
-                 wp_shared=0 spurious=0 huge_pmd_wp=0 nowp=0\n"
+                 wp_shared=0 spurious=0 huge_pmd_wp=0 nowp=0 completed={f}\n"
             )
         };
         for want in [
@@ -547,17 +657,17 @@ mod tests {
         // Equal (the mark's 2 and the child-alive phase's 1).
         assert_eq!(
             c.row(Metric::Faults),
-            Some(&Row { metric: Metric::Faults, faultscope: Some(3), oracle: Some(3) })
+            Some(&Row { metric: Metric::Faults, origin: None, faultscope: Some(3), oracle: Some(3) })
         );
         // Unequal.
         assert_eq!(
             c.row(Metric::Copy),
-            Some(&Row { metric: Metric::Copy, faultscope: Some(1), oracle: Some(2) })
+            Some(&Row { metric: Metric::Copy, origin: None, faultscope: Some(1), oracle: Some(2) })
         );
         // Unknown to the oracle and not measurable: they agree.
         assert_eq!(
             c.row(Metric::ContpteUnfold),
-            Some(&Row { metric: Metric::ContpteUnfold, faultscope: None, oracle: None })
+            Some(&Row { metric: Metric::ContpteUnfold, origin: None, faultscope: None, oracle: None })
         );
         assert_eq!(c.failures, ["k c mark:fork: copy: faultscope 1 != oracle 2"]);
         assert_eq!(c.unknown.iter().collect::<Vec<_>>(), ["contpte is arm64 only"]);

@@ -105,6 +105,15 @@ pub struct WorkloadOpts {
     /// What each round of `--repeat-for` does before its writes.
     #[arg(long, value_enum, default_value = "fork", requires = "repeat_for")]
     pub repeat_by: RepeatBy,
+    /// Every origin of a fault: the memory is two halves, each written in
+    /// thirds three ways, one byte per page: by `read(2)` from /dev/zero
+    /// (the kernel's faults in a system call), by `pwrite(2)` to
+    /// /proc/self/mem (get_user_pages) and by user-mode stores. The first
+    /// half while a forked child shares it (COW copies), the second after
+    /// the child is killed (reuse). `--out` has `origins`: the pages per
+    /// third and getrusage of each half.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit"])]
+    pub origins: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -522,6 +531,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
     }
+    if o.origins {
+        return run_origins(o);
+    }
     let repeat_for = super::record::seconds("--repeat-for", o.repeat_for)?;
     if repeat_for.is_some() && o.child == Child::Alive {
         return Err(Refusal::new("--repeat-for goes with --child exit").into());
@@ -655,6 +667,119 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         report["regions"] = rows;
         report["anon_name"] = anon_name;
     }
+    let text = serde_json::to_string_pretty(&report)?;
+    match &o.out {
+        Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+        None => println!("{text}"),
+    }
+    Ok(())
+}
+
+/// The ways `--origins` writes a third of a half, in order.
+const ORIGIN_WRITERS: [&str; 3] = ["kernel", "gup", "user"];
+
+/// Writes one byte per page of `n` pages at `base` the way `how` names:
+/// `kernel` by read(2) from `zero` (/dev/zero) straight into them, `gup` by
+/// pwrite(2) of `src` (one page, faulted in before) to `mem`
+/// (/proc/self/mem) a page at a time, `user` by stores.
+fn write_via(how: &str, base: *mut u8, n: usize, page: usize, zero: &fs::File, mem: &fs::File, src: &[u8]) -> Result<()> {
+    use std::os::{fd::AsRawFd as _, unix::fs::FileExt as _};
+    match how {
+        "kernel" => {
+            let mut done = 0;
+            while done < n * page {
+                // SAFETY: reads into our own mapping.
+                let r = unsafe { libc::read(zero.as_raw_fd(), base.add(done).cast(), n * page - done) };
+                if r <= 0 {
+                    bail!("read(/dev/zero): {}", std::io::Error::last_os_error());
+                }
+                done += r as usize;
+            }
+        }
+        "gup" => {
+            for i in 0..n {
+                let at = base as u64 + (i * page) as u64;
+                mem.write_all_at(src, at).with_context(|| format!("pwrite(/proc/self/mem) at {at:#x}"))?;
+            }
+        }
+        // SAFETY: our own mapping.
+        _ => unsafe { write_pages(base, n * page, page, 7) },
+    }
+    Ok(())
+}
+
+/// `--origins`: see the option.
+fn run_origins(o: &WorkloadOpts) -> Result<()> {
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = o.size as usize;
+    let n = len / page / 6;
+    if n == 0 || len != n * 6 * page {
+        bail!("--origins needs --size a multiple of 6 pages");
+    }
+    let advice = match o.thp {
+        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
+        Thp::System => None,
+    };
+    let base = map_aligned(len, advice)?;
+    // Everything the writes use exists before the fork: no fault of their
+    // own after it.
+    let zero = fs::File::open("/dev/zero").context("opening /dev/zero")?;
+    let mem = fs::OpenOptions::new().write(true).open("/proc/self/mem").context("opening /proc/self/mem")?;
+    let src = vec![0x5au8; page];
+    let t0 = usage();
+    // SAFETY: the mapping just made.
+    unsafe { write_pages(base, len, page, 1) };
+    let t1 = usage();
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: fork; the child only waits to be killed.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    let half = |h: usize, i: usize| unsafe { base.add((h * 3 + i) * n * page) };
+    let t2 = usage();
+    for (i, how) in ORIGIN_WRITERS.iter().enumerate() {
+        write_via(how, half(0, i), n, page, &zero, &mem, &src)?;
+    }
+    let t3 = usage();
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    let t4 = usage();
+    for (i, how) in ORIGIN_WRITERS.iter().enumerate() {
+        write_via(how, half(1, i), n, page, &zero, &mem, &src)?;
+    }
+    let t5 = usage();
+    let report = json!({
+        "workload": "origins",
+        "pid": std::process::id(),
+        "child_pid": child,
+        "page_size": page,
+        "bytes": len,
+        "pages": len / page,
+        "origins": {
+            "pages_per_origin": n,
+            "writers": ORIGIN_WRITERS,
+            "alive": phase(t2, t3),
+            "after_exit": phase(t4, t5),
+        },
+        "phases": {"populate": phase(t0, t1), "fork": phase(t1, t2)},
+        "minflt_total": t5.minflt,
+        "majflt_total": t5.majflt,
+    });
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
         Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
