@@ -548,7 +548,11 @@ mod tests {
         v["origins"]["user"] = 2.into();
         classes.insert(Metric::Copy, serde_json::from_value(v).unwrap());
         let cmp = o.compare("t", &classes, 7, "ALL").unwrap();
-        assert!(cmp.failures.iter().any(|f| f == "t: copy.kernel: faultscope 0 != oracle 1"), "{:?}", cmp.failures);
+        assert!(
+            cmp.failures.iter().any(|f| f == "t: copy.kernel: faultscope 0 != oracle 1"),
+            "{:?}",
+            cmp.failures
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -7,7 +7,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::Metric,
-    report::schema::{Mode, PhaseKind, Report},
+    report::schema::{CheckResult, Mode, PhaseKind, Report},
 };
 use serde_json::Value;
 
@@ -217,6 +217,147 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
     Ok(CaseResult { table, failures: fails })
 }
 
+/// Faults the kernel takes for the workload besides its measured writes
+/// (its getrusage and kill calls): the kernel's and get_user_pages' own
+/// writes are exact (0 or 1 more seen).
+pub const SLACK: u64 = 16;
+
+/// The origins case (`origins_cases`, `workload --origins`): per origin,
+/// the COW copies made while the child lived and the reuses after its
+/// exit equal the page arithmetic (a third of each half), every count and
+/// every origin equals the oracle's, and the report's kernel check is
+/// exact and equal (the workload's faults against its `min_flt` +
+/// `maj_flt`, read by the kernel at its exec and exit).
+pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
+    let rc = run.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        bail!(
+            "{case}: faultscope exited with {rc:?}:\n{}",
+            run.section(&format!("{case}.out")).unwrap_or("")
+        );
+    }
+    let mut fails = Vec::new();
+    let (fs, wl, pid) = case_outputs(run, case)?;
+    let n = wl["origins"]["pages_per_origin"].as_u64().context("workload origins.pages_per_origin")?;
+    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
+    if fs.mode != Mode::Kprobe {
+        fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
+    }
+    let backend = case.rsplit_once('@').map_or("", |(_, b)| b);
+    let entry = fs.probes.iter().find(|s| s.program == "fault_entry").and_then(|s| s.backend.clone());
+    if entry.as_deref() != Some(backend) {
+        fails.push(format!("{case}: fault_entry attached by {entry:?}, not {backend}"));
+    }
+    let mut table = String::new();
+    let _ = writeln!(table, "{case} (pid {pid}, {n} pages per origin and half, fault_entry by {backend})");
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    match oracle.compare(case, &p.classes, pid, "ALL") {
+        Some(cmp) => {
+            table.push_str(&cmp.table("class (whole run)"));
+            fails.extend(cmp.failures);
+        }
+        None => fails.push(check::oracle_gap(run, case, &format!("{case}.oracle"), pid, "ALL")),
+    }
+    for (kind, class) in [(PhaseKind::ChildAlive, Metric::Copy), (PhaseKind::AfterChildExit, Metric::Reuse)] {
+        let Some(ph) = p.phases.iter().find(|ph| ph.kind == kind) else {
+            fails.push(format!("{case}: no {kind:?} phase"));
+            continue;
+        };
+        for origin in check::ORIGINS {
+            // The phase after the exit runs on to the workload's end, whose
+            // user-mode writes reuse more of its pages.
+            let slack = if origin == "user" { TOLERANCE } else { SLACK };
+            let got = ph.classes.get(&class).and_then(|v| v.origin_count(origin));
+            let _ = writeln!(
+                table,
+                "  arithmetic: {} {class}.{origin} = {got:?}, pages = {n} (+{slack})",
+                ph.name
+            );
+            if !got.is_some_and(|g| (n..=n + slack).contains(&g)) {
+                fails.push(format!("{case}: {} {class}.{origin} = {got:?}, expected {n} (+{slack})", ph.name));
+            }
+        }
+        let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
+        let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
+        let faults = check::count(&ph.classes, Metric::Faults).unwrap_or(0);
+        let _ = writeln!(
+            table,
+            "  getrusage: {key} minflt = {minflt}; faultscope faults in {} = {faults}",
+            ph.name
+        );
+        if minflt < 3 * n || faults < minflt || faults > minflt + TOLERANCE {
+            fails.push(format!(
+                "{case}: {} faults {faults} vs the workload's getrusage {minflt} (3 x {n} pages)",
+                ph.name
+            ));
+        }
+    }
+    match &p.kernel_check {
+        Some(k) => {
+            let completed = oracle.line(pid, "ALL").and_then(|l| l.get("completed").copied().flatten());
+            let _ = writeln!(
+                table,
+                "  kernel check: {:?}, min_flt+maj_flt {:?}..{:?}, faultscope {}, oracle completed {completed:?} ({})",
+                k.result,
+                k.kernel_low,
+                k.kernel_high,
+                k.faultscope,
+                k.bracket.as_deref().unwrap_or("-")
+            );
+            if k.result != CheckResult::Equal {
+                fails.push(format!(
+                    "{case}: kernel check {:?}: {}",
+                    k.result,
+                    k.reason.as_deref().unwrap_or("")
+                ));
+            }
+            if completed != Some(k.faultscope) {
+                fails.push(format!(
+                    "{case}: faultscope's completed faults {} != oracle {completed:?}",
+                    k.faultscope
+                ));
+            }
+        }
+        None => fails.push(format!("{case}: the report has no kernel check")),
+    }
+    let lost = fs.drop_count("lost_kretprobe_returns");
+    if lost != 0 {
+        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
+    }
+    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
+        let v = run.marker(tag, case).unwrap_or_default();
+        if v != want {
+            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
+        }
+    }
+    Ok(CaseResult { table, failures: fails })
+}
+
+/// Boots `kernel` and runs only the origins cases (`origins.sh`).
+pub fn run_origins(kernel: &str) -> Result<()> {
+    let k = kernels::by_name(kernel)?;
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm/origins").join(k.name);
+    std::fs::create_dir_all(&dir)?;
+    let cpio = vm::initramfs(&dir, k.arch, &bin, "origins.sh", &[])?;
+    let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
+    let mut failures = Vec::new();
+    for case in ORIGIN_CASES {
+        let r = check_origins_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
+    println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
+    if !failures.is_empty() {
+        bail!("origins guest test failed:\n  {}", failures.join("\n  "));
+    }
+    Ok(())
+}
+
+/// The cases `origins_cases` runs (lib.sh), one per backend.
+const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
+
 /// A case's faultscope report, the workload's own JSON (`faultscope
 /// workload --out`, not a report) and the workload's pid.
 fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
@@ -257,6 +398,11 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let r = check_attach_case(&run, "attach4k")?;
     print!("{}", r.table);
     failures.extend(r.failures);
+    for case in ORIGIN_CASES {
+        let r = check_origins_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
     println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !failures.is_empty() {
         bail!("guest test failed:\n  {}", failures.join("\n  "));

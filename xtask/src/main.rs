@@ -39,6 +39,14 @@ enum Cmd {
     Test,
     /// The demo: faultscope tracing the fork/write workload in a guest.
     Demo,
+    /// Only the origins cases (read(2), /proc/self/mem and user stores,
+    /// per origin against the oracle and the kernel's own count) in one
+    /// guest.
+    Origins {
+        #[arg(long, default_value = "7.3-cloud-arm64", value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        kernel: String,
+    },
     /// Only the guest test (after setup).
     GuestTest {
         #[arg(long, default_value = "64M")]
@@ -190,6 +198,7 @@ fn main() -> Result<()> {
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
+        Cmd::Origins { kernel } => foundation::run_origins(&kernel),
         Cmd::Overhead { host, kernel, size, runs, storm, stats_runs, clock, variants } => {
             setup::setup()?;
             overhead::run(&overhead::Opts { host, kernel, size, runs, storm, stats_runs, clock, variants })
@@ -263,8 +272,9 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 5] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 6] = [
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
+        ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),

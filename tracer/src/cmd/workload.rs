@@ -682,7 +682,15 @@ const ORIGIN_WRITERS: [&str; 3] = ["kernel", "gup", "user"];
 /// `kernel` by read(2) from `zero` (/dev/zero) straight into them, `gup` by
 /// pwrite(2) of `src` (one page, faulted in before) to `mem`
 /// (/proc/self/mem) a page at a time, `user` by stores.
-fn write_via(how: &str, base: *mut u8, n: usize, page: usize, zero: &fs::File, mem: &fs::File, src: &[u8]) -> Result<()> {
+fn write_via(
+    how: &str,
+    base: *mut u8,
+    n: usize,
+    page: usize,
+    zero: &fs::File,
+    mem: &fs::File,
+    src: &[u8],
+) -> Result<()> {
     use std::os::{fd::AsRawFd as _, unix::fs::FileExt as _};
     match how {
         "kernel" => {
