@@ -274,7 +274,8 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
                 ph.name
             );
             if !got.is_some_and(|g| (n..=n + slack).contains(&g)) {
-                fails.push(format!("{case}: {} {class}.{origin} = {got:?}, expected {n} (+{slack})", ph.name));
+                fails
+                    .push(format!("{case}: {} {class}.{origin} = {got:?}, expected {n} (+{slack})", ph.name));
             }
         }
         let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };

@@ -98,18 +98,18 @@ pub fn attribution(
         }
     }
 
-    // Sites: per class, the top ones, named.
-    let mut per_class: BTreeMap<Metric, BTreeMap<u64, u64>> = BTreeMap::new();
+    // Sites: per class, the top (ip, system call) pairs, named.
+    let mut per_class: BTreeMap<Metric, BTreeMap<(u64, u32), u64>> = BTreeMap::new();
     for (k, v) in snap.sites.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
         if let Some(m) = n.metric_of(k.class) {
-            *per_class.entry(m).or_default().entry(k.ip).or_insert(0) += v;
+            *per_class.entry(m).or_default().entry((k.ip, k.syscall)).or_insert(0) += v;
         }
     }
     for (m, ips) in per_class {
         let (top, folded) = top_n(ips, n.attrib.opts.max_sites);
-        let names = name_ips(n, history, at, &top.iter().map(|(ip, _)| *ip).collect::<Vec<_>>());
-        for ((ip, count), (site, mapping)) in top.into_iter().zip(names) {
-            out.sites.push(SiteRow { class: m, ip, site, mapping, count });
+        let names = name_ips(n, history, at, &top.iter().map(|((ip, _), _)| *ip).collect::<Vec<_>>());
+        for (((ip, sc), count), (site, mapping)) in top.into_iter().zip(names) {
+            out.sites.push(SiteRow { class: m, ip, site, mapping, syscall: syscall_name(sc), count });
         }
         if folded.entries > 0 {
             out.sites_other.push(FoldedSites {
@@ -217,6 +217,19 @@ fn mapping_row(
     }
 }
 
+/// The system call a kernel-side fault was taken in (`SiteKey::syscall`),
+/// by this machine's numbering: `None` for a user-mode fault.
+pub fn syscall_name(key: u32) -> Option<String> {
+    match key {
+        0 => None,
+        faultscope_common::attrib::NOT_IN_SYSCALL => Some("no system call".into()),
+        k => Some(match syscalls::Sysno::new((k - 1) as usize) {
+            Some(s) => format!("{}(2)", s.name()),
+            None => format!("system call {}", k - 1),
+        }),
+    }
+}
+
 /// User ips to (site, mapping) names; ip 0 is an event outside a fault.
 fn name_ips(
     n: &Namer<'_>,
@@ -272,7 +285,8 @@ pub fn to_text(out: &mut String, a: &Attribution) {
     if !a.sites.is_empty() {
         let _ = writeln!(out, "  {:<22} {:>10}  SITE", "TOP SITES", "COUNT");
         for s in &a.sites {
-            let _ = writeln!(out, "    {:<20} {:>10}  {}", s.class.name(), s.count, safe(&s.site));
+            let via = s.syscall.as_deref().map(|c| format!(", in {c}")).unwrap_or_default();
+            let _ = writeln!(out, "    {:<20} {:>10}  {}{via}", s.class.name(), s.count, safe(&s.site));
         }
         for f in &a.sites_other {
             let _ = writeln!(out, "    {:<20} {:>10}  other ({} sites)", f.class.name(), f.count, f.entries);
@@ -314,6 +328,21 @@ mod tests {
 
     /// A 7.3 arm64 stack of `contpte_convert`'s fentry program, inside an
     /// fexit-wrapped `handle_mm_fault`, as the kernel took it (leaf first).
+    #[test]
+    fn system_calls_are_named() {
+        assert_eq!(syscall_name(0), None);
+        let read = syscalls::Sysno::read as u32;
+        assert_eq!(
+            syscall_name(faultscope_common::attrib::syscall_key(read as i64)).as_deref(),
+            Some("read(2)")
+        );
+        assert_eq!(
+            syscall_name(faultscope_common::attrib::NOT_IN_SYSCALL).as_deref(),
+            Some("no system call")
+        );
+        assert_eq!(syscall_name(100_000).as_deref(), Some("system call 99999"));
+    }
+
     #[test]
     fn fentry_stacks_lose_their_trampolines() {
         let taken = "bpf_prog_3d46b06297f0d4c6_contpte_convert_fe+0x414 bpf_prog_3d46b06297f0d4c6_contpte_convert_fe+0x414 \
@@ -408,7 +437,14 @@ mod tests {
         assert!(r.mappings.iter().all(|m| !m.counts.contains_key(&Metric::ContpteUnfold)));
         assert_eq!(
             r.sites,
-            vec![SiteRow { class: Metric::Copy, ip: 0, site: "[no fault]".into(), mapping: None, count: 4 }]
+            vec![SiteRow {
+                class: Metric::Copy,
+                ip: 0,
+                site: "[no fault]".into(),
+                mapping: None,
+                syscall: None,
+                count: 4
+            }]
         );
         // Resolved later, the heap's start names the mapping there then.
         let r = attribution(&snap, &n, 7, Some(1), 400);

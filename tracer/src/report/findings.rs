@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    schema::{present_write_faults, Attribution, ClassValue, Finding, Number, Report},
+    schema::{present_write_faults, Attribution, CheckResult, ClassValue, Finding, Number, Report},
     text::safe,
 };
 use crate::{cmd::folio, kernel::classes::Metric};
@@ -34,7 +34,8 @@ fn where_(a: &Attribution, m: Metric, total: u64) -> String {
         ));
     }
     if let Some(site) = a.top_site(m) {
-        s.push_str(&format!("; top site {} ({} of them)", safe(&site.site), site.count));
+        let via = site.syscall.as_deref().map(|c| format!(" by {c}")).unwrap_or_default();
+        s.push_str(&format!("; top site {}{via} ({} of them)", safe(&site.site), site.count));
     }
     // Which kernel path did it (the contpte classes' kernel stacks).
     if let Some(st) = a.stacks.iter().filter(|x| x.class == m && !x.kernel.is_empty()).max_by_key(|x| x.count)
@@ -158,6 +159,37 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     n,
                 );
             }
+            // COW copies only the kernel took: a read(2) or recv(2) into
+            // memory shared with a child, get_user_pages (O_DIRECT,
+            // io_uring, /proc/PID/mem). A user-mode view misses them.
+            let by = |o| s.classes.get(&Metric::Copy).and_then(|v| v.origin_count(o)).unwrap_or(0);
+            let (kernel, gup) = (by("kernel"), by("gup"));
+            if kernel + gup >= COPY_NOTABLE {
+                let site = s
+                    .attribution
+                    .sites
+                    .iter()
+                    .filter(|x| x.class == Metric::Copy && x.syscall.is_some())
+                    .max_by_key(|x| (x.count, std::cmp::Reverse(x.ip)))
+                    .map(|x| {
+                        format!(
+                            "; top: {} by {} from {} ({} of them)",
+                            x.mapping.as_deref().map(safe).unwrap_or_else(|| "?".into()),
+                            x.syscall.as_deref().unwrap_or("?"),
+                            safe(&x.site),
+                            x.count
+                        )
+                    })
+                    .unwrap_or_default();
+                add(
+                    "copy-by-the-kernel",
+                    format!(
+                        "{} COW copies were taken by the kernel for the process, not in user mode: {kernel} inside system calls (copy_to_user), {gup} by get_user_pages{site}",
+                        kernel + gup
+                    ),
+                    numbers([("copy_kernel", kernel.into()), ("copy_gup", gup.into())]),
+                );
+            }
             // A handful of copies is the process's own bookkeeping after
             // fork (stack, heap), not a finding.
             if copy >= COPY_NOTABLE && s.child_alive {
@@ -170,6 +202,20 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     numbers([("copy", copy.into())]),
                 );
             }
+        }
+        // Once per process: the kernel's own count disagrees.
+        if let Some(k) = p.kernel_check.as_ref().filter(|k| k.result == CheckResult::Differs) {
+            out.push(Finding {
+                rule: "kernel-check-differs".into(),
+                pid,
+                phase: "whole run".into(),
+                text: super::text::check_line(k),
+                numbers: numbers([
+                    ("faultscope", k.faultscope.into()),
+                    ("kernel_low", k.kernel_low.unwrap_or(0).into()),
+                    ("kernel_high", k.kernel_high.unwrap_or(0).into()),
+                ]),
+            });
         }
         // Once per process: what could not be measured.
         for m in [Metric::Reuse, Metric::Copy, Metric::Spurious] {
@@ -369,6 +415,7 @@ mod tests {
             ip: 0x42,
             site: "zmalloc+0x3c (redis-server)".into(),
             mapping: Some("[heap]".into()),
+            syscall: None,
             count: 20,
         }];
         let f = findings(&r);

@@ -256,6 +256,11 @@ pub struct SiteRow {
     pub site: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapping: Option<String>,
+    /// For a fault the kernel took for the process (kernel or GUP origin),
+    /// the system call it was in, e.g. `read(2)`; `site` is then where
+    /// user mode made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
     pub count: u64,
 }
 
@@ -534,7 +539,8 @@ pub fn sum_attribution<'a>(parts: impl IntoIterator<Item = &'a Attribution>) -> 
             add_counts(&mut x.counts, &o.counts);
         }
         for r in &a.sites {
-            match out.sites.iter_mut().find(|x| x.class == r.class && x.ip == r.ip) {
+            match out.sites.iter_mut().find(|x| x.class == r.class && x.ip == r.ip && x.syscall == r.syscall)
+            {
                 Some(x) => x.count += r.count,
                 None => out.sites.push(r.clone()),
             }

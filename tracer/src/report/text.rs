@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::schema::{ClassValue, Classes, Report};
+use super::schema::{CheckResult, ClassValue, Classes, KernelCheck, Report};
 use crate::kernel::classes::{Availability, Metric};
 
 pub fn fmt_ns(ns: u64) -> String {
@@ -36,7 +36,60 @@ pub fn safe_lines(s: &str) -> String {
 }
 
 fn header(out: &mut String) {
-    let _ = writeln!(out, "  {:<22} {:>10} {:>9} {:>9} {:>9}", "CLASS", "COUNT", "P50", "P99", "MAX");
+    let _ = writeln!(
+        out,
+        "  {:<22} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "CLASS", "COUNT", "USER", "KERNEL", "GUP", "P50", "P99", "MAX"
+    );
+}
+
+/// The origin columns of a class: `-` where an origin is not measured.
+fn origin_cells(v: &super::schema::Measured) -> [String; 3] {
+    let cell = |n: Option<u64>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
+    match &v.origins {
+        Some(o) => [cell(Some(o.user)), cell(o.kernel), cell(o.gup)],
+        None => ["-".into(), "-".into(), "-".into()],
+    }
+}
+
+/// The kernel check in one line.
+pub fn check_line(k: &KernelCheck) -> String {
+    let kernel = match (k.kernel_low, k.kernel_high) {
+        (Some(lo), Some(hi)) if lo == hi => format!("{lo}"),
+        (Some(lo), Some(hi)) => format!("{lo}..{hi}"),
+        _ => "unknown".into(),
+    };
+    let how = k.bracket.as_deref().map(|b| format!(" ({b})")).unwrap_or_default();
+    match k.result {
+        CheckResult::Equal => format!(
+            "kernel check: equal: {} faults = the kernel's min_flt+maj_flt {kernel}{how}",
+            k.faultscope
+        ),
+        CheckResult::WithinBracket => format!(
+            "kernel check: within the bracket: {} faults, the kernel's min_flt+maj_flt {kernel}{how}",
+            k.faultscope
+        ),
+        CheckResult::Differs => format!(
+            "kernel check: DIFFERS by {:+}: {} faults, the kernel's min_flt+maj_flt {kernel}{how}: {}",
+            k.difference,
+            k.faultscope,
+            k.reason.as_deref().unwrap_or("")
+        ),
+        CheckResult::Derived => {
+            let gup = match k.gup_derived {
+                Some((lo, hi)) if lo == hi => format!("{lo}"),
+                Some((lo, hi)) => format!("{lo}..{hi}"),
+                None => "?".into(),
+            };
+            format!(
+                "kernel check: derived: {} exceptions, the kernel's min_flt+maj_flt {kernel}: {gup} faults without an exception (get_user_pages){how}",
+                k.faultscope
+            )
+        }
+        CheckResult::NotChecked => {
+            format!("kernel check: not made: {}", k.reason.as_deref().unwrap_or("no reason given"))
+        }
+    }
 }
 
 fn class_rows(out: &mut String, classes: &Classes, all: bool) {
@@ -55,7 +108,13 @@ fn class_rows(out: &mut String, classes: &Classes, all: bool) {
                     Some(l) => (fmt_ns(l.p50_ns), fmt_ns(l.p99_ns), fmt_ns(l.max_ns)),
                     None => ("-".into(), "-".into(), "-".into()),
                 };
-                let _ = writeln!(out, "  {:<22} {:>10} {p50:>9} {p99:>9} {max:>9}", m.name(), x.count);
+                let [u, k, g] = origin_cells(x);
+                let _ = writeln!(
+                    out,
+                    "  {:<22} {:>10} {u:>8} {k:>8} {g:>8} {p50:>9} {p99:>9} {max:>9}",
+                    m.name(),
+                    x.count
+                );
             }
         }
     }
@@ -89,6 +148,9 @@ pub fn to_text(r: &Report) -> String {
         let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
         header(&mut out);
         class_rows(&mut out, &p.classes, true);
+        if let Some(k) = &p.kernel_check {
+            let _ = writeln!(out, "  {}", safe(&check_line(k)));
+        }
         super::attribution::to_text(&mut out, &p.attribution);
     }
     let dropped: Vec<String> =
@@ -120,7 +182,10 @@ pub fn to_text(r: &Report) -> String {
             );
         }
     }
-    let _ = writeln!(out, "n/m = not measurable on this kernel (see the line above the table)");
+    let _ = writeln!(
+        out,
+        "n/m = not measurable on this kernel (see the line above the table); USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages; - = not measurable)"
+    );
     out
 }
 

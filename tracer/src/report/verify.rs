@@ -1,7 +1,8 @@
 //! `faultscope verify`: assertions over a report for CI, e.g.
 //! `--expect contpte_unfold=0`, `--expect 'spurious<=1%'`,
-//! `--expect 'reuse/folio<=1'`. Exit 0 when all hold, 1 when one fails
-//! (with the numbers), 3 when a class is not measurable on that kernel.
+//! `--expect 'reuse/folio<=1'`, `--expect 'copy.kernel<=10'` (one origin
+//! of a class). Exit 0 when all hold, 1 when one fails (with the numbers),
+//! 3 when a class is not measurable on that kernel.
 
 use std::path::PathBuf;
 
@@ -20,7 +21,11 @@ pub const EXIT_NOT_MEASURABLE: i32 = 3;
 
 #[derive(Args, Debug)]
 pub struct VerifyOpts {
-    /// An assertion: CLASS[/folio|/page] OP NUMBER[%], OP one of = == != < <= > >=.
+    /// An assertion: CLASS[.ORIGIN][/folio|/page] OP NUMBER[%], OP one of
+    /// = == != < <= > >=; ORIGIN user, kernel or gup (who asked for the
+    /// faults); a percentage is of all faults, or, with an origin, of the
+    /// class (`copy.kernel<=10%`: at most a tenth of the copies were the
+    /// kernel's).
     #[arg(long = "expect", required = true)]
     pub expects: Vec<String>,
     /// Only this phase (a bench step such as mark:write, or a phase name).
@@ -50,6 +55,8 @@ pub enum Op {
 pub struct Expect {
     pub text: String,
     pub class: Metric,
+    /// `user`, `kernel` or `gup`: only the class's faults of that origin.
+    pub origin: Option<&'static str>,
     pub per: Option<Per>,
     pub op: Op,
     pub value: f64,
@@ -87,6 +94,15 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         Some((c, "page")) => (c, Some(Per::Page)),
         Some((_, other)) => return Err(format!("{text:?}: /{other}: only /folio and /page are known")),
     };
+    let (class, origin) = match class.split_once('.') {
+        None => (class, None),
+        Some((c, o)) => match ORIGINS.iter().find(|x| **x == o) {
+            Some(o) => (c, Some(*o)),
+            None => {
+                return Err(format!("{text:?}: .{o}: the origins are {}", ORIGINS.join(", ")));
+            }
+        },
+    };
     let Some(class) = Metric::from_name(class) else {
         let known: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
         return Err(format!("{text:?}: {class:?} is not a class (known: {})", known.join(", ")));
@@ -105,8 +121,11 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         .ok()
         .filter(|v| v.is_finite() && !num.contains(char::is_whitespace))
         .ok_or_else(|| format!("{text:?}: {num:?} is not a number"))?;
-    Ok(Expect { text: text.to_string(), class, per, op, value, percent })
+    Ok(Expect { text: text.to_string(), class, origin, per, op, value, percent })
 }
+
+/// The origins a class splits into (the report's `origins` keys).
+pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
 
 /// The verdict on one expectation.
 #[derive(Debug, PartialEq)]
@@ -116,7 +135,9 @@ pub enum Verdict {
     NotMeasurable(String),
 }
 
-fn sum_class(r: &Report, m: Metric, o: &VerifyOpts) -> Result<u64, Verdict> {
+/// The class `m`, or its faults of `origin`, summed over the processes
+/// and phases asked for.
+fn sum_class(r: &Report, m: Metric, origin: Option<&str>, o: &VerifyOpts) -> Result<u64, Verdict> {
     let mut total: u64 = 0;
     let mut found = false;
     for p in &r.processes {
@@ -132,7 +153,16 @@ fn sum_class(r: &Report, m: Metric, o: &VerifyOpts) -> Result<u64, Verdict> {
         };
         match value {
             Some(ClassValue::Measured(x)) => {
-                total = total.checked_add(x.count).ok_or_else(|| {
+                let n = match origin {
+                    None => x.count,
+                    Some(or) => x.origins.as_ref().and_then(|os| os.get(or)).ok_or_else(|| {
+                        Verdict::NotMeasurable(format!(
+                            "{m}.{or} is not measurable on this kernel: {m} is counted from {}, which does not see that origin",
+                            x.source
+                        ))
+                    })?,
+                };
+                total = total.checked_add(n).ok_or_else(|| {
                     Verdict::Fail(format!("{m}: the counts of the report overflow when summed"))
                 })?;
                 found = true;
@@ -154,18 +184,28 @@ fn sum_class(r: &Report, m: Metric, o: &VerifyOpts) -> Result<u64, Verdict> {
 }
 
 pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
-    let v = match sum_class(r, e.class, o) {
+    let v = match sum_class(r, e.class, e.origin, o) {
         Ok(v) => v as f64,
         Err(verdict) => return verdict,
     };
     let (lhs, what) = if e.percent {
-        // spurious: of write faults on present pages; others: of all faults.
-        let denom = if e.class == Metric::Spurious {
-            present_write_faults(
-                |m| if m == Metric::Spurious { Some(v as u64) } else { sum_class(r, m, o).ok() },
-            ) as f64
+        // An origin: of its class; spurious: of write faults on present
+        // pages; others: of all faults.
+        let denom = if e.origin.is_some() {
+            match sum_class(r, e.class, None, o) {
+                Ok(n) => n as f64,
+                Err(verdict) => return verdict,
+            }
+        } else if e.class == Metric::Spurious {
+            present_write_faults(|m| {
+                if m == Metric::Spurious {
+                    Some(v as u64)
+                } else {
+                    sum_class(r, m, None, o).ok()
+                }
+            }) as f64
         } else {
-            match sum_class(r, Metric::Faults, o) {
+            match sum_class(r, Metric::Faults, None, o) {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
@@ -198,7 +238,11 @@ pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
         Op::Gt => lhs > e.value,
         Op::Ge => lhs >= e.value,
     };
-    let msg = format!("{}: {} is {what}", e.text, e.class);
+    let name = match e.origin {
+        Some(or) => format!("{}.{or}", e.class),
+        None => e.class.to_string(),
+    };
+    let msg = format!("{}: {name} is {what}", e.text);
     if ok {
         Verdict::Pass(msg)
     } else {
@@ -381,6 +425,35 @@ mod tests {
         }
         // A typo is refused, not read as a failed check.
         assert!(parse("resue=0").unwrap_err().contains("not a class"));
+        let e = parse("copy.kernel<=10").unwrap();
+        assert_eq!((e.class, e.origin, e.value), (Metric::Copy, Some("kernel"), 10.0));
+        assert_eq!(parse("reuse.gup/page<=1").unwrap().per, Some(Per::Page));
+        assert!(parse("copy.kernal<=1").unwrap_err().contains("the origins are user, kernel, gup"));
+    }
+
+    #[test]
+    fn origins_are_checked_apart() {
+        use crate::report::schema::{Measured, Origins};
+        let mut r = report(not_measurable("arm64 only"));
+        let copy = |kernel: u64, gup: Option<u64>| {
+            ClassValue::Measured(Measured {
+                count: 100 + kernel + gup.unwrap_or(0),
+                origins: Some(Origins { user: 100, kernel: Some(kernel), gup }),
+                latency: None,
+                source: "kprobe".into(),
+            })
+        };
+        r.processes[0].classes.insert(Metric::Copy, copy(30, Some(20)));
+        let o = opts(None);
+        let v = |t: &str, r: &Report| check(r, &parse(t).unwrap(), &o);
+        assert!(matches!(v("copy.kernel<=10", &r), Verdict::Fail(m) if m.contains("copy.kernel is 30")));
+        assert!(matches!(v("copy.gup=20", &r), Verdict::Pass(_)));
+        assert!(matches!(v("copy.user=100", &r), Verdict::Pass(_)));
+        // 30 of the 150 copies.
+        assert!(matches!(v("copy.kernel<=20%", &r), Verdict::Pass(m) if m.contains("20% (30 of 150)")));
+        // GUP unseen (tracepoint mode): not measurable, never 0.
+        r.processes[0].classes.insert(Metric::Copy, copy(30, None));
+        assert!(matches!(v("copy.gup=0", &r), Verdict::NotMeasurable(m) if m.contains("copy.gup")));
     }
 
     #[test]
