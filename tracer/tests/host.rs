@@ -1835,3 +1835,106 @@ for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint
     served.stop();
     assert_nothing_left();
 }
+
+/// The kernel check of `p`: the kernel's own count over the run, exact
+/// (read by the kernel at the exec and at each thread's exit), and what
+/// faultscope's count leaves to it.
+fn kernel_check(p: &Process) -> (u64, i64) {
+    use faultscope::report::schema::CheckResult;
+    let k = p.kernel_check.as_ref().expect("the report has a kernel check");
+    let (lo, hi) = (k.kernel_low.unwrap(), k.kernel_high.unwrap());
+    assert_eq!(lo, hi, "exec to exit is read by the kernel: an exact bracket ({k:?})");
+    match k.result {
+        // Tracepoint mode: what no exception shows (get_user_pages).
+        CheckResult::Derived => {
+            let (g0, g1) = k.gup_derived.unwrap();
+            assert_eq!(g0, g1, "{k:?}");
+            (lo, g0)
+        }
+        CheckResult::Equal => (lo, 0),
+        other => panic!("kernel check {other:?}: {k:?}"),
+    }
+}
+
+/// A reader's faults are the kernel's, in read(2) (copy_to_user into its
+/// buffer): counted with their origin, and the kernel's own count of the
+/// process over the run is faultscope's (tracepoint mode: up to the
+/// get_user_pages faults it derives, none here).
+#[test]
+fn a_readers_faults_are_the_kernels_and_match_its_own_count() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (file, fs) = (d.path().join("big.bin"), d.path().join("fs.json"));
+    std::fs::write(&file, vec![0x5au8; 16 << 20]).unwrap();
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        "dd",
+        &format!("if={}", file.display()),
+        "of=/dev/null",
+        "bs=16M",
+        "count=1",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let p = &r.processes[0];
+    let faults = p.classes.get(&Metric::Faults).unwrap();
+    let kernel = faults.origin_count("kernel").expect("kernel-mode faults are measured");
+    // dd's 16M buffer is first written by read(2): 4096 pages.
+    assert!(kernel >= 4096, "kernel-origin faults {kernel}: {faults:?}");
+    assert!(faults.origin_count("user").unwrap() < 4096, "{faults:?}");
+    let (total, gup) = kernel_check(p);
+    assert_eq!(total, faults.count().unwrap() + gup.max(0) as u64 - (-gup).max(0) as u64);
+    // dd makes no get_user_pages call after its exec.
+    assert!(gup.abs() <= 4, "derived GUP faults {gup}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kernel check: "), "{text}");
+    assert_nothing_left();
+}
+
+/// A process whose main thread exits early and whose other thread runs on
+/// (`workload --leader-exit`): the kernel sums each thread's final count at
+/// its exit, and the total equals faultscope's and, within the faults of
+/// its last steps, the workload's own getrusage.
+#[test]
+fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "--size",
+        "16M",
+        "--thp",
+        "never",
+        "--leader-exit",
+        "0.2",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (r, wl) = (read_report(&fs), read_json(&wl));
+    let p = process(&r, wl["pid"].as_u64().unwrap());
+    let (total, gup) = kernel_check(p);
+    assert!(gup.abs() <= 4, "derived GUP faults {gup}");
+    assert_eq!(total as i64, count(p, Metric::Faults) as i64 + gup);
+    // getrusage(RUSAGE_SELF) sums the live and exited threads. The run's
+    // window starts at the exec: it holds the faults from the workload's
+    // start on, and no more than its whole count (the forked child's
+    // faults before the exec included) and those of its last steps.
+    let all = wl["minflt_total"].as_u64().unwrap() + wl["majflt_total"].as_u64().unwrap();
+    let since_main = wl["minflt_since_main"].as_u64().unwrap();
+    let pages = wl["pages"].as_u64().unwrap();
+    assert!(
+        since_main >= 2 * pages && since_main <= total && total <= all + TOLERANCE,
+        "getrusage {since_main} since main, {all} in all; kernel {total}"
+    );
+    assert_nothing_left();
+}

@@ -224,6 +224,7 @@ impl Comparison {
     }
 
     /// The row of one origin of a class.
+    #[cfg(test)]
     pub fn origin_row(&self, m: Metric, origin: &str) -> Option<&Row> {
         self.rows.iter().find(|r| r.metric == m && r.origin == Some(origin))
     }

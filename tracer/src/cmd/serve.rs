@@ -151,6 +151,7 @@ impl Serve {
             self.rec.live.remove(pid);
             self.rec.comms.remove(pid);
             self.rec.lifetimes.remove(pid);
+            self.rec.accounting.remove(pid);
             self.cgroups.remove(pid);
             if let Some(k) = self.rec.kinds.as_mut() {
                 k.forget(*pid);

@@ -7,6 +7,10 @@
 //!   series only grows: across phases, across a process's exit (its last
 //!   counts stay folded into its comm's series) and a restart under a new
 //!   pid (which counts on from there).
+//! - `faultscope_fault_origins_total{class, origin, phase_kind, comm}`: the
+//!   same counts split by who asked for the faults (`origin`: user, kernel,
+//!   gup: three values), beside the totals so that a query without the
+//!   label is unchanged.
 //! - `faultscope_fault_duration_seconds{class, comm}`: the kernel's own
 //!   log-linear buckets, cumulative, as `le` buckets (no resampling). A
 //!   kernel bucket holds the integer nanoseconds `[lo, hi)`, so its `le` is
@@ -29,7 +33,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use faultscope_common::{hist, Class, PhaseId, Stat, StatKey};
+use faultscope_common::{hist, Class, Origin, PhaseId, Stat, StatKey};
 use prometheus_client::{
     encoding::{text::encode, EncodeMetric, MetricEncoder, NoLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge, MetricType, TypedMetric},
@@ -125,11 +129,14 @@ pub struct Metrics {
     registry: Registry,
     opts: LabelOpts,
     faults: Family<Labels, Counter>,
+    origins: Family<Labels, Counter>,
     durations: Family<Labels, KernelHistogram>,
     drops: Family<Labels, Counter>,
     forks: Family<Labels, Counter>,
     /// The last counts seen of each (process, phase, class).
     last: HashMap<StatKey, Stat>,
+    /// The same, by origin.
+    last_origins: HashMap<StatKey, crate::collect::collector::ByOrigin>,
     last_drops: BTreeMap<String, u64>,
     /// Timed metrics, by kernel class.
     classes: Vec<(Metric, Class, bool)>,
@@ -139,14 +146,20 @@ impl Metrics {
     pub fn new(info: &BuildInfo, avail: &[(Metric, Availability)], opts: LabelOpts) -> Metrics {
         let mut registry = Registry::default();
         let faults = Family::<Labels, Counter>::default();
+        let origins = Family::<Labels, Counter>::default();
         let durations = Family::<Labels, KernelHistogram>::default();
         let drops = Family::<Labels, Counter>::default();
         let forks = Family::<Labels, Counter>::default();
         let measurable = Family::<Labels, Gauge>::default();
         registry.register(
             "faultscope_faults",
-            "User page faults by class, the kind of workload phase they happened in, and process name",
+            "Page faults by class (every origin), the kind of workload phase they happened in, and process name",
             faults.clone(),
+        );
+        registry.register(
+            "faultscope_fault_origins",
+            "Page faults by class and origin (user: user mode; kernel: the kernel inside a system call; gup: get_user_pages), phase kind and process name",
+            origins.clone(),
         );
         registry.register(
             "faultscope_fault_duration_seconds",
@@ -200,6 +213,8 @@ impl Metrics {
             registry,
             opts,
             faults,
+            origins,
+            last_origins: HashMap::new(),
             durations,
             drops,
             forks,
@@ -281,6 +296,36 @@ impl Metrics {
             }
             self.last.insert(*k, *v);
         }
+        for (k, v) in &snap.origins {
+            let Some(&(metric, _, _)) = self.classes.iter().find(|(_, c, _)| *c as u16 == k.class) else {
+                continue;
+            };
+            let Some(p) = proc(k.tgid) else { continue };
+            let last = self.last_origins.get(k).copied().unwrap_or_default();
+            // An entry recreated counts from 0 again.
+            let base = if v.iter().zip(last).any(|(a, b)| *a < b) { Default::default() } else { last };
+            let kind = kind_name(kind(k.tgid, k.phase));
+            for o in Origin::ALL {
+                let d = v[o as usize] - base[o as usize];
+                if d == 0 {
+                    continue;
+                }
+                let mut labels: Labels = vec![
+                    ("class", metric.name().to_string()),
+                    ("origin", o.name().to_string()),
+                    ("phase_kind", kind.to_string()),
+                    ("comm", p.comm.clone()),
+                ];
+                if self.opts.pid {
+                    labels.push(("pid", k.tgid.to_string()));
+                }
+                if self.opts.cgroup {
+                    labels.push(("cgroup", p.cgroup.clone().unwrap_or_default()));
+                }
+                self.origins.get_or_create(&labels).inc_by(d);
+            }
+            self.last_origins.insert(*k, *v);
+        }
     }
 
     /// The kernel's drop counters (cumulative over the session).
@@ -303,11 +348,12 @@ impl Metrics {
     /// exited process, an ended phase), once their last counts are in.
     pub fn forget(&mut self, gone: impl Fn(&StatKey) -> bool) {
         self.last.retain(|k, _| !gone(k));
+        self.last_origins.retain(|k, _| !gone(k));
     }
 
     /// Entries of per-process state held (for the memory bound).
     pub fn held(&self) -> usize {
-        self.last.len()
+        self.last.len() + self.last_origins.len()
     }
 
     /// The OpenMetrics text, ending in `# EOF`.
@@ -439,6 +485,35 @@ mod tests {
         assert!(m.encode().contains(
             "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
+    }
+
+    #[test]
+    fn origins_are_series_of_their_own_that_add_up_to_the_class() {
+        let mut m = metrics();
+        let mut sn = snap(&[(7, 0, Class::Copy, stat(&[100, 200, 300, 400]))]);
+        sn.origins.insert(StatKey::new(7, 0, Class::Copy as u16), [1, 2, 1]);
+        m.update(&sn, kind, redis);
+        let t = m.encode();
+        let v = |o: &str| {
+            sample(
+                &t,
+                &format!(
+                    "faultscope_fault_origins_total{{class=\"copy\",origin=\"{o}\",phase_kind=\"before-fork\",comm=\"redis-server\"}}"
+                ),
+            )
+        };
+        assert_eq!((v("user"), v("kernel"), v("gup")), (Some(1.0), Some(2.0), Some(1.0)), "{t}");
+        // Later counts add only what is new.
+        sn.origins.insert(StatKey::new(7, 0, Class::Copy as u16), [1, 5, 1]);
+        m.update(&sn, kind, redis);
+        let t = m.encode();
+        assert_eq!(
+            sample(
+                &t,
+                "faultscope_fault_origins_total{class=\"copy\",origin=\"kernel\",phase_kind=\"before-fork\",comm=\"redis-server\"}"
+            ),
+            Some(5.0)
+        );
     }
 
     #[test]
