@@ -20,7 +20,7 @@ use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::Metric,
-    report::schema::{Mode, Phase},
+    report::schema::{CheckResult, Mode, Phase},
 };
 
 use crate::{
@@ -411,6 +411,39 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     );
     for (ok, what) in health(run, name, &report) {
         expect(&mut t, ok, what);
+    }
+    // The faults the kernel took for redis-server (read(2) of a request
+    // into a COW-shared buffer...), and the kernel's own count of the
+    // window: /proc at attach and at the end, a range while it serves.
+    let origin = |m: Metric, o: &str| p.classes.get(&m).and_then(|v| v.origin_count(o)).unwrap_or(0);
+    let mut by_syscall: BTreeMap<String, u64> = BTreeMap::new();
+    for s in p.attribution.sites.iter().filter(|s| s.syscall.is_some()) {
+        *by_syscall
+            .entry(format!("{} {} from {}", s.class, s.syscall.as_deref().unwrap_or("?"), s.site))
+            .or_default() += s.count;
+    }
+    let _ = writeln!(
+        t,
+        "  kernel-origin faults: {} (copy {}, reuse {}), get_user_pages: {}; sites: {by_syscall:?}",
+        origin(Metric::Faults, "kernel"),
+        origin(Metric::Copy, "kernel"),
+        origin(Metric::Reuse, "kernel"),
+        origin(Metric::Faults, "gup"),
+    );
+    match &p.kernel_check {
+        Some(k) => expect(
+            &mut t,
+            matches!(k.result, CheckResult::Equal | CheckResult::WithinBracket),
+            format!(
+                "kernel check {:?}: faultscope {} in min_flt+maj_flt {:?}..{:?} ({})",
+                k.result,
+                k.faultscope,
+                k.kernel_low,
+                k.kernel_high,
+                k.bracket.as_deref().or(k.reason.as_deref()).unwrap_or("")
+            ),
+        ),
+        None => expect(&mut t, false, "the report has a kernel check".into()),
     }
 
     let phases = &p.phases;
