@@ -396,6 +396,38 @@ mod tests {
         assert!(late.get(8, Class::Faults).is_none());
     }
 
+    /// What the kernel check compares: `mm_account_fault()` counts a
+    /// completed fault once (a retried one at its end, not its retry) and
+    /// no failed one; the origins split each class.
+    #[test]
+    fn accounted_faults_leave_out_retries_and_errors() {
+        use faultscope_common::class::ClassSet;
+        let set =
+            |cs: &[Class], o: Origin| cs.iter().fold(ClassSet::default(), |s, c| s.with(*c)).with_origin(o).0;
+        let n = |k: u64| Stat { count: k, ..Stat::ZERO };
+        let mut sets = BTreeMap::new();
+        let key = |s| ClassSetKey { tgid: 7, phase: 1, set: s };
+        sets.insert(key(set(&[Class::Faults, Class::Reuse], Origin::User)), n(10));
+        sets.insert(key(set(&[Class::Faults, Class::Copy], Origin::Kernel)), n(4));
+        sets.insert(key(set(&[Class::Faults, Class::Copy], Origin::Gup)), n(3));
+        sets.insert(key(set(&[Class::Faults, Class::Retry], Origin::User)), n(2));
+        sets.insert(key(set(&[Class::Faults, Class::Major], Origin::User)), n(2));
+        sets.insert(key(set(&[Class::Faults, Class::Error], Origin::Kernel)), n(1));
+        sets.insert(key(set(&[Class::TpFaults], Origin::Kernel)), n(5));
+        let a = accounted(&sets)[&(7, 1)];
+        assert_eq!((a.completed, a.major), (10 + 4 + 3 + 2, 2));
+        assert_eq!(a.exceptions, [0, 5, 0]);
+        let o = per_origin(&sets);
+        assert_eq!(o[&StatKey::new(7, 1, Class::Copy as u16)], [0, 4, 3]);
+        assert_eq!(o[&StatKey::new(7, 1, Class::Faults as u16)], [14, 5, 3]);
+        // The per-class totals are those of every origin.
+        assert_eq!(per_class(&sets)[&StatKey::new(7, 1, Class::Copy as u16)].count, 7);
+        let snap = Snapshot { origins: o, accounted: accounted(&sets), ..Snapshot::default() };
+        assert_eq!(snap.origins_in(7, None, Class::Copy), [0, 4, 3]);
+        assert_eq!(snap.accounted_of(7).completed, 19);
+        assert_eq!(snap.since(&snap).accounted_of(7).completed, 0);
+    }
+
     /// Phase ids are as wide as the kernel's: past 65,535 phase changes,
     /// counts stay in their own phase.
     #[test]

@@ -140,6 +140,7 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
                 _ => "".into(),
             };
             let _ = writeln!(out, "{name:<34} {:<16} {ta:>12} {tb:>12} {ratio:>9}", m.name());
+            origin_rows(&mut out, &name, m, ca, cb);
         }
     }
     if !by_mapping.is_empty() {
@@ -152,6 +153,26 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
         out.push_str(&by_mapping);
     }
     out
+}
+
+/// A class's origins, A beside B, where either run has faults the kernel
+/// took for the process (a user-only class needs no split).
+fn origin_rows(out: &mut String, scope: &str, m: Metric, a: Option<&Classes>, b: Option<&Classes>) {
+    let get = |c: Option<&Classes>, o: &str| c.and_then(|c| c.get(&m)).and_then(|v| v.origin_count(o));
+    let kernel_side = ["kernel", "gup"].iter().any(|o| get(a, o).unwrap_or(0) + get(b, o).unwrap_or(0) > 0);
+    if !kernel_side {
+        return;
+    }
+    for o in ["user", "kernel", "gup"] {
+        let (va, vb) = (get(a, o), get(b, o));
+        let cell = |v: Option<u64>| v.map_or_else(|| "n/m".to_string(), |n| n.to_string());
+        let r = match (va, vb) {
+            (Some(x), Some(y)) => ratio(x, y),
+            _ => String::new(),
+        };
+        let _ =
+            writeln!(out, "{scope:<34} {:<16} {:>12} {:>12} {r:>9}", format!("{m}.{o}"), cell(va), cell(vb));
+    }
 }
 
 fn ratio(a: u64, b: u64) -> String {
@@ -243,6 +264,29 @@ mod tests {
         assert!(!d.contains("warning"), "{d}");
         let line = d.lines().find(|l| l.starts_with("mark:write") && l.contains("reuse")).unwrap();
         assert!(line.contains("65601") && line.contains("4161") && line.contains("0.063"), "{line}");
+    }
+
+    #[test]
+    fn origins_side_by_side_where_the_kernel_took_faults() {
+        use crate::report::schema::{ClassValue, Measured, Origins};
+        let with = |kernel: u64| {
+            let mut l = bench("7.3", "4K", 100);
+            let v = ClassValue::Measured(Measured {
+                count: 100,
+                origins: Some(Origins { user: 100 - kernel, kernel: Some(kernel), gup: Some(0) }),
+                latency: None,
+                source: "k".into(),
+            });
+            l.report.processes[0].classes.insert(Metric::Copy, v);
+            l
+        };
+        let d = diff(&with(0), &with(40));
+        let line = d.lines().find(|l| l.starts_with("whole run") && l.contains("copy.kernel")).unwrap();
+        assert!(line.contains(" 0 ") && line.contains(" 40 ") && line.contains("new"), "{line}");
+        assert!(d.contains("copy.user"), "{d}");
+        // A user-only class has no origin rows.
+        let d = diff(&with(0), &with(0));
+        assert!(!d.contains("copy.user"), "{d}");
     }
 
     #[test]
