@@ -253,7 +253,8 @@ fn sigterm_and_sigint_end_the_run_cleanly() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        sleep(Duration::from_millis(1500));
+        // Once attached (on a loaded machine the attach takes seconds).
+        wait_attached(&tracer);
         unsafe { libc::kill(tracer.id() as i32, sig) };
         let out = tracer.wait_with_output().unwrap();
         target.kill().unwrap();
@@ -883,13 +884,13 @@ fn sigkill_keeps_the_old_report_and_sighup_ends_the_run() {
     };
     std::fs::write(&fs, "the earlier report").unwrap();
     let mut tracer = start();
-    sleep(Duration::from_millis(1500));
+    wait_attached(&tracer);
     tracer.kill().unwrap();
     tracer.wait().unwrap();
     assert_eq!(std::fs::read_to_string(&fs).unwrap(), "the earlier report");
     assert_eq!(entries(d.path()), BTreeSet::from(["fs.json".to_string()]));
     let tracer = start();
-    sleep(Duration::from_millis(1500));
+    wait_attached(&tracer);
     unsafe { libc::kill(tracer.id() as i32, libc::SIGHUP) };
     let out = tracer.wait_with_output().unwrap();
     target.kill().unwrap();
@@ -961,7 +962,7 @@ fn stale_sockets_are_removed() {
         .spawn()
         .unwrap();
     let dead = tracer.id();
-    sleep(Duration::from_millis(1500));
+    wait_attached(&tracer);
     assert!(sock(dead).exists());
     tracer.kill().unwrap();
     tracer.wait().unwrap();
@@ -1206,7 +1207,7 @@ fn mark_serves_clients_without_stalling_and_needs_root() {
         .spawn()
         .unwrap();
     let recorder = tracer.id().to_string();
-    sleep(Duration::from_millis(1500));
+    wait_attached(&tracer);
     // A client that connects and says nothing holds nobody up.
     let mut silent =
         std::os::unix::net::UnixStream::connect(format!("/run/faultscope/record-{recorder}.sock")).unwrap();

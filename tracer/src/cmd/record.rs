@@ -698,8 +698,8 @@ impl Recording {
 
 pub async fn run(o: RecordOpts) -> Result<i32> {
     let mark_signal = o.mark_on_signal;
-    let mut r = Recording::start(o)?;
-    let sock = marks::Socket::listen(std::process::id())?;
+    // Before the attach: a signal while it goes on ends the run once it is
+    // done, with a report, instead of killing faultscope half attached.
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     // SIGHUP (the terminal went away) ends the run like SIGTERM, unless it
@@ -710,6 +710,8 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         Some(s) => Some(signal(SignalKind::from_raw(s))?),
         None => None,
     };
+    let mut r = Recording::start(o)?;
+    let sock = marks::Socket::listen(std::process::id())?;
     // Each mark client is read by a task of its own, so that one that
     // connects and says nothing cannot hold up the run.
     let mut requests: JoinSet<Option<(Result<String, String>, UnixStream)>> = JoinSet::new();
