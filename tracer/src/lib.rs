@@ -16,4 +16,5 @@ pub mod cmd;
 pub mod collect;
 pub mod error;
 pub mod kernel;
+pub mod output;
 pub mod report;

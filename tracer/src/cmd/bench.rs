@@ -332,7 +332,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         .into());
     }
     if let Some(p) = &o.json {
-        file::check_writable(p)?;
+        crate::output::check(p)?;
     }
     o.attrib.check_writable()?;
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the

@@ -218,11 +218,11 @@ pub fn run(report: &Path, out: &Path) -> Result<i32> {
             Refusal::new(format!("{}: the plot is an SVG file: give -o FILE.svg", out.display())).into()
         );
     }
-    file::check_writable(out)?;
+    crate::output::check(out)?;
     let r = file::load(report)?.report;
     let s = series(&r)?;
     let title = format!("faultscope: {} ({} kernel {})", report.display(), r.arch, r.kernel);
-    file::write_bytes(out, svg(&s, &title)?.as_bytes())?;
+    crate::output::write(out, svg(&s, &title)?.as_bytes())?;
     Ok(0)
 }
 

@@ -549,7 +549,7 @@ impl Recording {
         // Fail on an unwritable report path now, not after the run; an
         // existing report stays as it is until the new one is complete.
         if let Some(p) = &o.json {
-            file::check_writable(p)?;
+            crate::output::check(p)?;
         }
         o.attrib.check_writable()?;
         let mut rec = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
@@ -759,13 +759,13 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
     }
     let f = crate::report::attribution::folded(report);
     if let Some(p) = &o.folded {
-        file::write_bytes(p, f.to_folded().as_bytes())?;
+        crate::output::write(p, f.to_folded().as_bytes())?;
     }
     if let Some(p) = &o.flamegraph {
         if f.is_empty() {
             super::say(&format!("faultscope: no stacks were counted; {} not written", p.display()));
         } else {
-            file::write_bytes(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
+            crate::output::write(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
         }
     }
     Ok(())

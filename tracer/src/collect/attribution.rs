@@ -61,7 +61,7 @@ impl AttribOpts {
     /// run (nothing is written yet).
     pub fn check_writable(&self) -> Result<(), crate::error::Refusal> {
         for p in self.folded.iter().chain(self.flamegraph.iter()) {
-            crate::report::file::check_writable(p)?;
+            crate::output::check(p)?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 
 use std::{fs, path::Path};
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use super::schema::{ClassValue, Report, SCHEMA};
 use crate::error::Refusal;
@@ -74,69 +74,9 @@ fn check(r: &Report) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks that a report can be written at `p` before the run, without
-/// touching an existing file.
-pub fn check_writable(p: &Path) -> Result<(), Refusal> {
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let md = fs::metadata(dir).map_err(|e| Refusal::new(format!("cannot write {}: {e}", p.display())))?;
-    if !md.is_dir() {
-        return Err(Refusal::new(format!(
-            "cannot write {}: {} is not a directory",
-            p.display(),
-            dir.display()
-        )));
-    }
-    if let Ok(m) = fs::symlink_metadata(p) {
-        if m.is_dir() {
-            return Err(Refusal::new(format!("cannot write {}: it is a directory", p.display())));
-        }
-    }
-    Ok(())
-}
-
-/// Writes a report whole or not at all: to a new temporary file in the same
-/// directory (created exclusively, never through an existing name), then
-/// renamed over the target.
+/// Writes a report whole or not at all (see `crate::output`).
 pub fn write(p: &Path, r: &Report) -> Result<()> {
-    write_bytes(p, serde_json::to_string_pretty(r)?.as_bytes())
-}
-
-/// Writes a file whole or not at all, the same way (folded stacks, SVG).
-pub fn write_bytes(p: &Path, text: &[u8]) -> Result<()> {
-    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
-    let dir = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let base = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "report".into());
-    let mut last_err = None;
-    for i in 0..100u32 {
-        let tmp = dir.join(format!(".{base}.{}.{i}.tmp", std::process::id()));
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp);
-        let mut f = match f {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                last_err = Some(e);
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("writing {}", tmp.display())),
-        };
-        let res = f.write_all(text).and_then(|()| f.sync_all());
-        if let Err(e) = res.and_then(|()| fs::rename(&tmp, p)) {
-            let _ = fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("writing {}", p.display()));
-        }
-        return Ok(());
-    }
-    Err(last_err.unwrap()).with_context(|| format!("no free temporary name beside {}", p.display()))
+    crate::output::write(p, serde_json::to_string_pretty(r)?.as_bytes())
 }
 
 #[cfg(test)]
