@@ -61,7 +61,11 @@ pub fn plan(p: &Path) -> Result<Output, Refusal> {
         if m.file_type().is_symlink() && !trusted(m.uid()) {
             return Err(refuse(
                 p,
-                format!("its directory {} is a symbolic link owned by uid {}: not followed", dir.display(), m.uid()),
+                format!(
+                    "its directory {} is a symbolic link owned by uid {}: not followed",
+                    dir.display(),
+                    m.uid()
+                ),
             ));
         }
     }
@@ -97,7 +101,10 @@ fn by_type(p: &Path, m: &fs::Metadata) -> Result<Output, Refusal> {
     } else if t.is_dir() {
         Err(refuse(p, "it is a directory"))
     } else if t.is_block_device() {
-        Err(refuse(p, "it is a block device (faultscope writes only regular files, FIFOs and character devices)"))
+        Err(refuse(
+            p,
+            "it is a block device (faultscope writes only regular files, FIFOs and character devices)",
+        ))
     } else {
         Err(refuse(p, "it is not a regular file, a FIFO or a character device"))
     }
@@ -195,7 +202,8 @@ fn replace(p: &Path, bytes: &[u8]) -> Result<()> {
         }
         return Ok(());
     }
-    Err(last.expect("a failed attempt")).with_context(|| format!("no free temporary name beside {}", p.display()))
+    Err(last.expect("a failed attempt"))
+        .with_context(|| format!("no free temporary name beside {}", p.display()))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use clap::{Args, ValueEnum};
 
 use super::{
     folio::{self, FolioCheck, Knobs, PAGE, PMD_SIZE},
-    record::Recorder,
+    record::{self, Recorder},
     workload::{self, map_aligned, usage, Child, Usage},
 };
 use crate::{
@@ -81,8 +81,9 @@ pub struct BenchOpts {
     pub seed: u64,
     #[arg(long)]
     pub json: Option<PathBuf>,
-    #[arg(long, default_value_t = 2048)]
-    pub max_stats: u32,
+    /// As `record --max-stats`.
+    #[arg(long)]
+    pub max_stats: Option<u32>,
     /// Run the workload without the tracer (for overhead: compare wall
     /// times with and without, in one session).
     #[arg(long)]
@@ -142,7 +143,7 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
+            let mut r = Recorder::start(o.max_stats, record::DEFAULT_STATS, o.attrib.clone(), &o.probe, &[])?;
             r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             // Its own reading of the counts is left out of its report (the

@@ -41,6 +41,19 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         );
         println!("{:<18} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
     }
+    let cpus = kernel::footprint::cpus();
+    for (what, default) in
+        [("record and bench", crate::cmd::record::DEFAULT_STATS), ("serve", crate::cmd::serve::DEFAULT_STATS)]
+    {
+        let stats = kernel::footprint::stats_entries(None, default, cpus)?;
+        let m = kernel::footprint::maps(stats, 0, 0, cpus);
+        println!(
+            "kernel memory: {what} take {} on this machine's {cpus} CPUs by default ({stats} stats entries of {} bytes each; --max-stats sets it, at most {})",
+            kernel::footprint::human(kernel::footprint::total(&m)),
+            kernel::footprint::stats_entry_bytes(cpus),
+            kernel::footprint::human(kernel::footprint::STATS_LIMIT_BYTES)
+        );
+    }
     if load {
         let mut failed = 0;
         for (prog, verdict) in session::load_all(&tracefs, &resolved, &btf, backend)? {

@@ -39,6 +39,7 @@ use crate::{
         self,
         btf::KernelBtf,
         classes::{self, Availability, Metric},
+        footprint,
         probes::{self, BackendChoice},
         session::{Session, Sizes},
     },
@@ -59,9 +60,17 @@ pub struct RecordOpts {
     /// Stop after this many intervals.
     #[arg(long, requires = "interval")]
     pub count: Option<u64>,
-    /// Write the final report as JSON (schema faultscope/1) to this file.
+    /// Write the final report as JSON (schema faultscope/1) to this file;
+    /// `-` is standard output (the tables then go to standard error). A
+    /// FIFO or a character device is written in place, a regular file
+    /// replaced whole; anything else is refused before the run.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// On --duration, Ctrl-C, SIGTERM or SIGHUP, leave the command running
+    /// (by default it gets the same signal, SIGTERM for --duration, and
+    /// faultscope waits up to 5 s for it to exit).
+    #[arg(long)]
+    pub keep_command: bool,
     /// Trace the children that traced processes fork (added in the kernel at
     /// fork time, so none of their faults is missed).
     #[arg(long)]
@@ -70,9 +79,11 @@ pub struct RecordOpts {
     /// USR2 or HUP).
     #[arg(long, value_parser = marks::parse_signal)]
     pub mark_on_signal: Option<i32>,
-    /// Entries of the in-kernel stats map (process x phase x class).
-    #[arg(long, default_value_t = 2048)]
-    pub max_stats: u32,
+    /// Entries of the in-kernel stats map (process x phase x set of
+    /// classes), a per-CPU map: by default the most that fit in 128 MiB on
+    /// this machine's CPUs, at most 2048; refused past 1 GiB.
+    #[arg(long)]
+    pub max_stats: Option<u32>,
     #[command(flatten)]
     pub attrib: AttribOpts,
     #[command(flatten)]
@@ -131,16 +142,30 @@ pub struct Recorder {
     /// The kernel's own count of each traced process's faults, bracketed
     /// (the kernel check of the report).
     pub accounting: BTreeMap<u32, KernelCount>,
+    /// The maps' sizes (their kernel memory goes in the report).
+    sizes: Sizes,
 }
 
 /// Entries of the stack map when stacks are asked for.
 const STACK_ENTRIES: u32 = 16384;
 
+/// record's and bench's most stats entries by default.
+pub const DEFAULT_STATS: u32 = 2048;
+
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
     /// `cgroups`: the kernel's cgroup filter (cgroup v2 ids), none for off.
-    pub fn start(max_stats: u32, attrib: AttribOpts, probe: &ProbeOpts, cgroups: &[u64]) -> Result<Recorder> {
+    /// `max_stats`: `--max-stats`, else the default for the machine, at
+    /// most `default_stats` (see `kernel::footprint`).
+    pub fn start(
+        max_stats: Option<u32>,
+        default_stats: u32,
+        attrib: AttribOpts,
+        probe: &ProbeOpts,
+        cgroups: &[u64],
+    ) -> Result<Recorder> {
+        let max_stats = footprint::stats_entries(max_stats, default_stats, footprint::cpus())?;
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
@@ -148,13 +173,8 @@ impl Recorder {
         let btf = KernelBtf::load();
         let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
-        let mut session = Session::attach(
-            &tracefs,
-            &resolved,
-            Sizes { stats: max_stats, stacks, cgroups: cgroups.len() as u32 },
-            &btf,
-            probe.backend,
-        )?;
+        let sizes = Sizes { stats: max_stats, stacks, cgroups: cgroups.len() as u32 };
+        let mut session = Session::attach(&tracefs, &resolved, sizes, &btf, probe.backend)?;
         if probe.prog_stats {
             session.enable_program_stats()?;
         }
@@ -194,6 +214,7 @@ impl Recorder {
             kinds: None,
             adopted: Vec::new(),
             accounting: BTreeMap::new(),
+            sizes,
         })
     }
 
@@ -466,7 +487,24 @@ impl Recorder {
         self.timeline.end(kernel::monotonic_ns());
         let mut report = self.report(snap)?;
         report.programs = self.session.program_costs()?;
+        report.kernel_memory = Some(kernel_memory(self.sizes));
         Ok(report)
+    }
+}
+
+/// What maps of `sizes` take on this machine.
+pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
+    let cpus = footprint::cpus();
+    let maps = footprint::maps(sizes.stats, sizes.stacks, sizes.cgroups, cpus);
+    crate::report::schema::KernelMemory {
+        cpus,
+        bytes: footprint::total(&maps),
+        maps: maps
+            .into_iter()
+            .map(|m| {
+                (m.name.to_string(), crate::report::schema::MapMemory { entries: m.entries, bytes: m.bytes })
+            })
+            .collect(),
     }
 }
 
@@ -535,9 +573,7 @@ impl Recording {
         if o.count == Some(0) {
             return Err(Refusal::new("--count 0: give at least 1 interval").into());
         }
-        if o.max_stats == 0 {
-            return Err(Refusal::new("--max-stats 0: the stats map needs at least 1 entry").into());
-        }
+        footprint::stats_entries(o.max_stats, DEFAULT_STATS, footprint::cpus())?;
         kernel::require_root()?;
         let mut comms = BTreeMap::new();
         for &pid in &o.pids {
@@ -552,7 +588,16 @@ impl Recording {
             crate::output::check(p)?;
         }
         o.attrib.check_writable()?;
-        let mut rec = Recorder::start(o.max_stats, o.attrib.clone(), &o.probe, &[])?;
+        let outs: Vec<(&str, &std::path::Path)> = [
+            ("--json", o.json.as_deref()),
+            ("--folded", o.attrib.folded.as_deref()),
+            ("--flamegraph", o.attrib.flamegraph.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(f, p)| Some((f, p?)))
+        .collect();
+        crate::output::check_distinct(&outs)?;
+        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &[])?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
@@ -662,21 +707,67 @@ impl Recording {
         Ok(shown)
     }
 
-    /// Detaches after the last read, prints the report and the findings,
-    /// and writes the JSON.
-    pub fn finish(mut self, why: &str) -> Result<i32> {
-        // Its exit event may come before it can be reaped: reap it now.
-        if let (Some(pid), None, "all targets exited") = (self.spawned, self.cmd_status, why) {
+    /// The command faultscope started, when the run ends before it: sent
+    /// the signal that ended the run (SIGTERM for a duration or count),
+    /// unless `--keep-command`, and waited for up to 5 s.
+    fn end_command(&mut self, why: &str) {
+        let (Some(pid), None) = (self.spawned, self.cmd_status) else { return };
+        if why == "all targets exited" {
+            // Its exit event may come before it can be reaped: reap it now.
             self.cmd_status = target::wait(pid);
+            return;
         }
+        if self.opts.keep_command {
+            super::say(&format!("faultscope: the command (pid {pid}) is left running (--keep-command)"));
+            return;
+        }
+        let sig = match why {
+            "interrupted" => libc::SIGINT,
+            "hung up" => libc::SIGHUP,
+            _ => libc::SIGTERM,
+        };
+        // Ctrl-C on a terminal reaches the command itself too: a moment
+        // for it to exit of its own before a second signal.
+        let grace = Instant::now() + Duration::from_millis(200);
+        while self.cmd_status.is_none() && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(20));
+            self.cmd_status = target::try_reap(pid);
+        }
+        if self.cmd_status.is_none() {
+            // SAFETY: a signal to our own child, not yet reaped.
+            unsafe { libc::kill(pid as libc::pid_t, sig) };
+        }
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.cmd_status.is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+            self.cmd_status = target::try_reap(pid);
+        }
+        if self.cmd_status.is_none() {
+            super::say(&format!(
+                "faultscope: the command (pid {pid}) did not exit within 5 s of signal {sig}; it is left running"
+            ));
+        }
+        self.rec.live.remove(&pid);
+    }
+
+    /// Detaches after the last read, prints the report and the findings,
+    /// and writes the JSON. Returns the exit code: the command's status
+    /// when faultscope started one and it exited (128 + N for a signal, as
+    /// a shell gives), else 0.
+    pub fn finish(mut self, why: &str) -> Result<i32> {
+        self.end_command(why);
         self.rec.trace_mark("detach");
         let snap = self.rec.final_snapshot()?;
         let mut report = self.rec.finish(&snap)?;
         super::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);
-        if !self.stdout_closed {
+        let tables = format!("{}{found}", text::to_text(&report));
+        if self.opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-") {
+            // The JSON has standard output.
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), tables.as_bytes());
+        } else if !self.stdout_closed {
             // A reader gone now (EPIPE) costs only these tables.
-            let _ = super::out(&format!("{}{found}", text::to_text(&report)));
+            let _ = super::out(&tables);
         }
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());
@@ -691,8 +782,10 @@ impl Recording {
         }
         // After the report: a failure here must not cost it.
         write_stacks(&self.opts.attrib, &report)?;
-        // A command still running (Ctrl-C/--duration) is left to run, detached.
-        Ok(0)
+        Ok(match (self.spawned, self.cmd_status) {
+            (Some(_), Some(st)) if st >= 0 => st,
+            _ => 0,
+        })
     }
 }
 

@@ -78,13 +78,18 @@ pub struct ServeOpts {
     /// How often to read the kernel's counts and look for new targets.
     #[arg(long, default_value_t = 1.0)]
     pub tick: f64,
-    /// Entries of the in-kernel stats map (process x phase x class).
-    #[arg(long, default_value_t = 4096)]
-    pub max_stats: u32,
+    /// Entries of the in-kernel stats map (process x phase x set of
+    /// classes), a per-CPU map: by default the most that fit in 128 MiB on
+    /// this machine's CPUs, at most 4096; refused past 1 GiB.
+    #[arg(long)]
+    pub max_stats: Option<u32>,
     /// How probes on kernel functions attach (see `record --backend`).
     #[arg(long, value_enum, default_value_t = crate::kernel::probes::BackendChoice::Auto)]
     pub backend: crate::kernel::probes::BackendChoice,
 }
+
+/// serve's most stats entries by default.
+pub const DEFAULT_STATS: u32 = 4096;
 
 /// Phases the timeline keeps.
 const KEEP_PHASES: usize = 16;
@@ -265,7 +270,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         ..AttribOpts::default()
     };
     let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false };
-    let mut rec = Recorder::start(o.max_stats, attrib, &probe, &cgroup_ids)?;
+    let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &cgroup_ids)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());
     for (pid, comm) in comms {

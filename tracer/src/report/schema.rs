@@ -44,6 +44,9 @@ pub struct Report {
     /// (`--prog-stats`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub programs: Option<Vec<ProgramCost>>,
+    /// The kernel memory the run's maps took on this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_memory: Option<KernelMemory>,
     /// The workload's own numbers, when the run is a `bench`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bench: Option<Bench>,
@@ -78,6 +81,25 @@ pub struct ProbeStatus {
     /// Why that way: fentry where BTF describes the function, else why not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_reason: Option<String>,
+}
+
+/// The kernel memory of the run's maps: keys and values of every entry,
+/// on every possible CPU for a per-CPU map (the kernel's own overhead per
+/// entry comes on top).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KernelMemory {
+    pub cpus: u64,
+    pub bytes: u64,
+    /// Per map: its bound (entries) and bytes.
+    pub maps: BTreeMap<String, MapMemory>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MapMemory {
+    pub entries: u64,
+    pub bytes: u64,
 }
 
 /// One attached program's cost, as the kernel accounts it (bpf_stats): the

@@ -1,0 +1,135 @@
+//! The kernel memory faultscope's maps take, and its bounds. A per-CPU map
+//! preallocates every entry on every possible CPU, so the stats map's size
+//! is chosen for the machine: by default the largest that fits in
+//! [`STATS_AUTO_BYTES`] (at most the command's default entries), and a
+//! `--max-stats` whose map would pass [`STATS_LIMIT_BYTES`] is refused
+//! before anything is loaded.
+
+use std::mem::size_of;
+
+use faultscope_common::{
+    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    maps::{ClassSetKey, FltCount, TargetInfo},
+    Stat,
+};
+
+use crate::error::Refusal;
+
+/// What the default stats map may take.
+pub const STATS_AUTO_BYTES: u64 = 128 << 20;
+/// What an asked-for stats map may take at most.
+pub const STATS_LIMIT_BYTES: u64 = 1 << 30;
+
+/// Possible CPUs: the count per-CPU maps allocate for.
+pub fn cpus() -> u64 {
+    aya::util::nr_cpus().map(|n| n as u64).unwrap_or(1).max(1)
+}
+
+/// One map's bound and what it takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapSize {
+    pub name: &'static str,
+    pub entries: u64,
+    /// Bytes, keys and values of every entry, on every CPU for a per-CPU map
+    /// (the kernel's own overhead per entry is left out).
+    pub bytes: u64,
+}
+
+fn map(name: &'static str, entries: u64, key: usize, value: usize, per_cpu: bool, cpus: u64) -> MapSize {
+    let v = value as u64 * if per_cpu { cpus } else { 1 };
+    MapSize { name, entries, bytes: entries * (key as u64 + v) }
+}
+
+/// Bytes of one stats entry on `cpus` CPUs.
+pub fn stats_entry_bytes(cpus: u64) -> u64 {
+    size_of::<ClassSetKey>() as u64 + size_of::<Stat>() as u64 * cpus
+}
+
+/// The stats map's entries: `asked`, refused past the limit, or the
+/// largest under the default budget, at most `default`.
+pub fn stats_entries(asked: Option<u32>, default: u32, cpus: u64) -> Result<u32, Refusal> {
+    let per = stats_entry_bytes(cpus);
+    match asked {
+        Some(0) => Err(Refusal::new("--max-stats 0: the stats map needs at least 1 entry")),
+        Some(n) if n as u64 * per > STATS_LIMIT_BYTES => Err(Refusal::new(format!(
+            "--max-stats {n}: the stats map would take {} of kernel memory on this machine's {cpus} CPUs ({per} bytes an entry); at most {} entries fit in {}",
+            human(n as u64 * per),
+            STATS_LIMIT_BYTES / per,
+            human(STATS_LIMIT_BYTES)
+        ))),
+        Some(n) => Ok(n),
+        None => Ok((STATS_AUTO_BYTES / per).clamp(1, default as u64) as u32),
+    }
+}
+
+/// Every map of the object with its bound, for `stats` stats entries and
+/// `stacks` stack entries (0: stacks off), on `cpus` CPUs.
+pub fn maps(stats: u32, stacks: u32, cgroups: u32, cpus: u64) -> Vec<MapSize> {
+    // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
+    const TRACKED: u64 = 4096;
+    const STACK_DEPTH: usize = 127;
+    vec![
+        map("STATS", stats as u64, size_of::<ClassSetKey>(), size_of::<Stat>(), true, cpus),
+        map("MAPPINGS", TRACKED, size_of::<MappingKey>(), size_of::<ClassCounts>(), true, cpus),
+        map("SITES", TRACKED, size_of::<SiteKey>(), 8, true, cpus),
+        map("STACK_COUNTS", TRACKED, size_of::<StackKey>(), 8, true, cpus),
+        map("STACK_TRACES", stacks.max(1) as u64, 4, 8 * STACK_DEPTH, false, cpus),
+        map("TARGETS", TRACKED, 4, size_of::<TargetInfo>(), false, cpus),
+        map("CHILDREN", TRACKED, 4, 4, false, cpus),
+        map("EXITED", TRACKED, 4, size_of::<FltCount>(), false, cpus),
+        map("CGROUPS", cgroups.max(1) as u64, 8, 4, false, cpus),
+        map("ZERO", 1, 4, size_of::<Stat>(), true, cpus),
+        map("EVENTS", 1, 0, 256 << 10, false, cpus),
+    ]
+}
+
+pub fn total(maps: &[MapSize]) -> u64 {
+    maps.iter().map(|m| m.bytes).sum()
+}
+
+/// `1.5 MiB`.
+pub fn human(b: u64) -> String {
+    match b {
+        0..=1023 => format!("{b} B"),
+        1024..=1_048_575 => format!("{:.1} KiB", b as f64 / 1024.0),
+        1_048_576..=1_073_741_823 => format!("{:.1} MiB", b as f64 / 1_048_576.0),
+        _ => format!("{:.2} GiB", b as f64 / 1_073_741_824.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_fits_the_budget_on_any_machine() {
+        let per2 = stats_entry_bytes(2);
+        assert_eq!(per2, 12 + 2 * size_of::<Stat>() as u64);
+        assert_eq!(stats_entries(None, 4096, 2).unwrap(), 4096);
+        let big = stats_entries(None, 4096, 128).unwrap() as u64;
+        assert!(big * stats_entry_bytes(128) <= STATS_AUTO_BYTES && big < 4096, "{big}");
+        assert!((big + 1) * stats_entry_bytes(128) > STATS_AUTO_BYTES);
+        assert_eq!(stats_entries(None, 4096, 1 << 20).unwrap(), 1);
+    }
+
+    #[test]
+    fn an_absurd_size_is_refused_with_the_figure() {
+        let e = stats_entries(Some(100_000_000), 2048, 2).unwrap_err();
+        assert!(
+            e.0.contains("--max-stats 100000000") && e.0.contains("GiB") && e.0.contains("2 CPUs"),
+            "{e}"
+        );
+        assert!(stats_entries(Some(0), 2048, 2).is_err());
+        assert_eq!(stats_entries(Some(100_000), 2048, 2).unwrap(), 100_000);
+    }
+
+    #[test]
+    fn the_footprint_adds_up() {
+        let m = maps(4096, 0, 0, 128);
+        let stats = m.iter().find(|x| x.name == "STATS").unwrap();
+        assert_eq!(stats.bytes, 4096 * stats_entry_bytes(128));
+        assert_eq!(total(&m), m.iter().map(|x| x.bytes).sum::<u64>());
+        assert!(total(&maps(4096, 0, 0, 2)) < total(&m));
+        assert_eq!(human(1536), "1.5 KiB");
+    }
+}
