@@ -404,9 +404,74 @@ pub fn read_series(files: &[PathBuf], subject: Option<&str>) -> Result<Vec<Diff>
                 None => bail!("{}: no diff in it (a `diff --git` or `---`/`+++`/`@@` block)", f.display()),
             }
         }
+        for d in &kept {
+            check_diff(d).with_context(|| format!("{}: {}", f.display(), d.subject))?;
+        }
         all.extend(kept);
     }
     Ok(all)
+}
+
+/// The paths a diff writes (`-p1`: the first component stripped).
+fn diff_paths(d: &Diff) -> Vec<String> {
+    let mut out = Vec::new();
+    for l in d.text.lines() {
+        let p = if let Some(r) = l.strip_prefix("diff --git ") {
+            out.extend(r.split_whitespace().map(str::to_string));
+            continue;
+        } else if let Some(r) = l.strip_prefix("+++ ").or_else(|| l.strip_prefix("--- ")) {
+            r.split('\t').next().unwrap_or("").trim().to_string()
+        } else if let Some(r) = l.strip_prefix("rename to ").or_else(|| l.strip_prefix("copy to ")) {
+            format!("b/{}", r.trim())
+        } else {
+            continue;
+        };
+        out.push(p);
+    }
+    out.into_iter()
+        .filter(|p| p != "/dev/null")
+        .map(|p| p.split_once('/').map(|(_, rest)| rest.to_string()).unwrap_or(p))
+        .collect()
+}
+
+/// A series is code the build runs (its Makefiles, as whoever builds):
+/// refused when a diff makes a symbolic link (GNU patch applies git's) or
+/// names a path outside the tree.
+fn check_diff(d: &Diff) -> Result<()> {
+    for l in d.text.lines() {
+        if ["new file mode 120000", "new mode 120000", "old mode 120000", "deleted file mode 120000"]
+            .iter()
+            .any(|m| l.trim() == *m)
+        {
+            bail!("the diff makes or changes a symbolic link ({l:?}): refused, a link could point the build outside the tree");
+        }
+    }
+    for p in diff_paths(d) {
+        if p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == "..") {
+            bail!("the diff names the path {p:?}, outside the kernel tree: refused");
+        }
+    }
+    Ok(())
+}
+
+/// Each path a diff writes resolves inside `tree` (no link in the tree
+/// leads out of it).
+fn check_paths_in_tree(tree: &Path, d: &Diff) -> Result<()> {
+    let root = tree.canonicalize()?;
+    for p in diff_paths(d) {
+        let mut at = tree.join(&p);
+        while !at.exists() {
+            match at.parent() {
+                Some(up) => at = up.to_path_buf(),
+                None => break,
+            }
+        }
+        let real = at.canonicalize().unwrap_or_else(|_| at.clone());
+        if !real.starts_with(&root) {
+            bail!("the diff writes {p:?}, which resolves to {} outside the tree: refused", real.display());
+        }
+    }
+    Ok(())
 }
 
 /// A kernel built by [`build`].
@@ -640,6 +705,7 @@ fn build_in(
     for (n, d) in diffs.iter().enumerate() {
         let file = patches.join(format!("{:04}.diff", n + 1));
         fs::write(&file, &d.text)?;
+        check_paths_in_tree(tree, d)?;
         let out = Command::new("patch")
             .current_dir(tree)
             .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
@@ -826,6 +892,42 @@ diff --git a/mm/a.c b/mm/a.c
 \\ No newline at end of file
 base-commit: 1234
 ";
+
+    #[test]
+    fn diffs_that_make_links_or_leave_the_tree_are_refused() {
+        let link = "diff --git a/evil b/evil\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+/etc\n\\ No newline at end of file\n";
+        let d = cut_diffs(link).unwrap();
+        assert!(format!("{:#}", check_diff(&d[0]).unwrap_err()).contains("symbolic link"));
+        let out = "--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n";
+        let d = cut_diffs(out).unwrap();
+        assert!(format!("{:#}", check_diff(&d[0]).unwrap_err()).contains("outside the kernel tree"));
+        for d in cut_diffs(MBOX).unwrap() {
+            check_diff(&d).unwrap();
+            assert!(diff_paths(&d).iter().all(|p| p.starts_with("mm/")), "{:?}", diff_paths(&d));
+        }
+        // A link already in the tree that leads out of it.
+        let tree = tempfile_dir("kbuild-tree");
+        let outside = tempfile_dir("kbuild-outside");
+        std::os::unix::fs::symlink(&outside, tree.join("mm")).unwrap();
+        let d = &cut_diffs(MBOX).unwrap()[0];
+        assert!(format!("{:#}", check_paths_in_tree(&tree, d).unwrap_err()).contains("outside the tree"));
+        let _ = fs::remove_dir_all(&tree);
+        let _ = fs::remove_dir_all(&outside);
+    }
+
+    fn tempfile_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "faultscope-{name}-{}-{}",
+            std::process::id(),
+            fastrand_like()
+        ));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn fastrand_like() -> u128 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    }
 
     #[test]
     fn an_mbox_gives_one_diff_per_message_in_order() {

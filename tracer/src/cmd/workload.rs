@@ -377,11 +377,34 @@ impl Mappings {
             bail!("--mappings needs --size a multiple of 4 pages");
         }
         let anon_name = name_anon(named, len)?;
-        let file = std::env::temp_dir().join(format!("faultscope-workload-{}.dat", std::process::id()));
+        // A new file under a name nobody can guess, created exclusively and
+        // never through a link (the temporary directory is everyone's).
+        let (file, mut w) = {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut made = None;
+            for _ in 0..16 {
+                let f =
+                    std::env::temp_dir().join(format!("faultscope-workload-{:016x}.dat", fastrand::u64(..)));
+                match fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&f)
+                {
+                    Ok(w) => {
+                        made = Some((f, w));
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e).with_context(|| format!("creating {}", f.display())),
+                }
+            }
+            made.context("no free name for the workload's file in the temporary directory")?
+        };
         // Written a page at a time: a buffer of flen would be a transient
         // mmap by malloc, and the file mapping could then land on addresses
         // it had, which an address-only oracle would mix up with it.
-        let mut w = fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?;
         let chunk = vec![0x5au8; page];
         for _ in 0..flen / page {
             std::io::Write::write_all(&mut w, &chunk)
@@ -616,7 +639,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         Some(m) => {
             let (rows, anon_name, ranges) = m.describe(page, o.child)?;
             if let Some(p) = &o.regions_out {
-                fs::write(p, ranges).with_context(|| format!("writing {}", p.display()))?;
+                crate::output::write(p, ranges.as_bytes())?;
             }
             Some((rows, anon_name))
         }
@@ -669,7 +692,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     }
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
-        Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+        Some(p) => crate::output::write(p, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())
@@ -790,7 +813,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
     });
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
-        Some(p) => fs::write(p, text).with_context(|| format!("writing {}", p.display()))?,
+        Some(p) => crate::output::write(p, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())

@@ -47,6 +47,22 @@ use crate::{
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A label value as the text formats quote it: `\`, `"` and newlines
+/// escaped (prometheus-client's text encoder writes values as they are, so
+/// a process named `x"} 9e9` could otherwise forge a series).
+pub fn esc(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Which unbounded labels to add.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LabelOpts {
@@ -182,10 +198,10 @@ impl Metrics {
         let build = Family::<Labels, Gauge>::default();
         build
             .get_or_create(&vec![
-                ("version", info.version.clone()),
-                ("kernel", info.kernel.clone()),
-                ("arch", info.arch.clone()),
-                ("backend", info.backend.clone()),
+                ("version", esc(&info.version)),
+                ("kernel", esc(&info.kernel)),
+                ("arch", esc(&info.arch)),
+                ("backend", esc(&info.backend)),
             ])
             .set(1);
         registry.register(
@@ -204,7 +220,7 @@ impl Metrics {
                 }
                 Availability::NotMeasurable(why) => {
                     measurable
-                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", why.clone())])
+                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", esc(why))])
                         .set(0);
                 }
             }
@@ -241,11 +257,11 @@ impl Metrics {
                 let _ = self.faults.get_or_create(&vec![
                     ("class", metric.name().to_string()),
                     ("phase_kind", kind_name(kind).to_string()),
-                    ("comm", comm.to_string()),
+                    ("comm", esc(comm)),
                 ]);
             }
         }
-        let _ = self.forks.get_or_create(&vec![("comm", comm.to_string())]);
+        let _ = self.forks.get_or_create(&vec![("comm", esc(comm))]);
     }
 
     /// Adds what happened since the last update. `kind` gives the kind of
@@ -274,13 +290,13 @@ impl Metrics {
             let mut labels: Labels = vec![
                 ("class", metric.name().to_string()),
                 ("phase_kind", kind.to_string()),
-                ("comm", p.comm.clone()),
+                ("comm", esc(&p.comm)),
             ];
             if self.opts.pid {
                 labels.push(("pid", k.tgid.to_string()));
             }
             if self.opts.cgroup {
-                labels.push(("cgroup", p.cgroup.clone().unwrap_or_default()));
+                labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
             }
             self.faults.get_or_create(&labels).inc_by(d_count);
             if timed {
@@ -288,7 +304,7 @@ impl Metrics {
                 for (a, b) in h.iter_mut().zip(base.hist.iter()) {
                     *a = a.saturating_sub(*b);
                 }
-                let mut hl: Labels = vec![("class", metric.name().to_string()), ("comm", p.comm)];
+                let mut hl: Labels = vec![("class", metric.name().to_string()), ("comm", esc(&p.comm))];
                 if self.opts.pid {
                     hl.push(("pid", k.tgid.to_string()));
                 }
@@ -314,13 +330,13 @@ impl Metrics {
                     ("class", metric.name().to_string()),
                     ("origin", o.name().to_string()),
                     ("phase_kind", kind.to_string()),
-                    ("comm", p.comm.clone()),
+                    ("comm", esc(&p.comm)),
                 ];
                 if self.opts.pid {
                     labels.push(("pid", k.tgid.to_string()));
                 }
                 if self.opts.cgroup {
-                    labels.push(("cgroup", p.cgroup.clone().unwrap_or_default()));
+                    labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
                 }
                 self.origins.get_or_create(&labels).inc_by(d);
             }
@@ -341,7 +357,7 @@ impl Metrics {
     }
 
     pub fn fork(&mut self, comm: &str) {
-        self.forks.get_or_create(&vec![("comm", comm.to_string())]).inc();
+        self.forks.get_or_create(&vec![("comm", esc(comm))]).inc();
     }
 
     /// Forgets the last counts of the entries `gone` says are gone (an
@@ -514,6 +530,21 @@ mod tests {
             ),
             Some(5.0)
         );
+    }
+
+    #[test]
+    fn a_hostile_process_name_forges_no_series() {
+        let mut m = metrics();
+        let sn = snap(&[(7, 0, Class::Faults, stat(&[100]))]);
+        m.update(&sn, kind, |_| Some(ProcLabels { comm: "x\"} 9e9\nf{a=\"\\".into(), cgroup: None }));
+        let t = m.encode();
+        let series: Vec<&str> = t.lines().filter(|l| l.starts_with("faultscope_faults_total{")).collect();
+        assert_eq!(
+            series,
+            ["faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"x\\\"} 9e9\\nf{a=\\\"\\\\\"} 1"],
+            "{t}"
+        );
+        assert!(!t.lines().any(|l| l.starts_with("f{")), "{t}");
     }
 
     #[test]
