@@ -28,7 +28,7 @@ use super::mark as marks;
 use crate::{
     collect::{
         accounting::{self, Bracket, End, KernelCount, Start},
-        attribution::{mappings_availability, AttribOpts, Attribution},
+        attribution::{attributable_here, mappings_availability, AttribOpts, Attribution},
         children,
         collector::{stack_frames, Snapshot},
         phases::{Lifetime, ProcessKinds, Timeline},
@@ -196,6 +196,27 @@ impl Recorder {
         eprintln!("{}", text::measured_line(&avail));
         if let Err(why) = &attrib.mappings {
             super::say(&format!("faultscope: per-mapping counts not measurable here: {why}"));
+        }
+        // Classes not measurable here are said by the line above; a class
+        // measured without a fault path to attribute is said here.
+        for (what, list) in [("sites", &attrib.opts.sites), ("stacks", &attrib.opts.stacks)] {
+            let counted_elsewhere = list.0.iter().any(|m| {
+                avail.iter().any(|(x, a)| {
+                    x == m
+                        && matches!(a, Availability::Measured { class, .. } if faultscope_common::Class::ERROR_CODE.contains(class))
+                })
+            });
+            if let (true, (_, Some(why))) = (counted_elsewhere, attributable_here(list, &avail)) {
+                super::say(&format!("faultscope: --{what}: {why}"));
+            }
+        }
+        let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
+        if stacks.is_empty() && (attrib.opts.folded.is_some() || attrib.opts.flamegraph.is_some()) {
+            return Err(Refusal::new(format!(
+                "--folded/--flamegraph: no stack can be counted here ({}): nothing would be written",
+                why.unwrap_or_else(|| "no class given to --stacks".into())
+            ))
+            .into());
         }
         let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
         let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();

@@ -111,6 +111,28 @@ fn bits(list: &ClassList, avail: &[(Metric, Availability)]) -> u32 {
         .fold(0, |a, b| a | b)
 }
 
+/// Of `list`, the classes this run can attribute (measured by the fault
+/// path or the contpte probes), and why the others cannot be (`None`
+/// when all can).
+pub fn attributable_here(
+    list: &ClassList,
+    avail: &[(Metric, Availability)],
+) -> (Vec<Metric>, Option<String>) {
+    let mut yes = Vec::new();
+    let mut no = Vec::new();
+    for m in &list.0 {
+        match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
+            Some(Availability::Measured { class, .. }) if !Class::ERROR_CODE.contains(class) => yes.push(*m),
+            Some(Availability::Measured { .. }) => no.push(format!(
+                "{m} (counted from the exception tracepoint here, which has no fault path to attribute)"
+            )),
+            _ => no.push(format!("{m} (not measurable here)")),
+        }
+    }
+    let why = (!no.is_empty()).then(|| format!("not attributed: {}", no.join(", ")));
+    (yes, why)
+}
+
 /// Per-mapping counting needs the fault's VMA: the handle_mm_fault kprobe
 /// and the VMA start offset from BTF.
 pub fn mappings_availability(

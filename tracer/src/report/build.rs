@@ -16,6 +16,7 @@ use super::{
 use crate::{
     collect::{
         accounting::KernelCount,
+        attribution::attributable_here,
         collector::{latency, Snapshot},
         phases::{Lifetime, Timeline},
     },
@@ -280,17 +281,15 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
 }
 
 fn info(n: &Namer<'_>) -> AttributionInfo {
-    let measured = |list: &[Metric]| -> Vec<Metric> {
-        list.iter()
-            .copied()
-            .filter(|m| n.avail.iter().any(|(x, a)| x == m && matches!(a, Availability::Measured { .. })))
-            .collect()
-    };
+    let (site_classes, sites_reason) = attributable_here(&n.attrib.opts.sites, n.avail);
+    let (stack_classes, stacks_reason) = attributable_here(&n.attrib.opts.stacks, n.avail);
     AttributionInfo {
         mappings: n.attrib.mappings.is_ok(),
         mappings_reason: n.attrib.mappings.as_ref().err().cloned(),
-        site_classes: measured(&n.attrib.opts.sites.0),
-        stack_classes: measured(&n.attrib.opts.stacks.0),
+        site_classes,
+        sites_reason,
+        stack_classes,
+        stacks_reason,
         max_mappings: n.attrib.opts.max_mappings as u64,
         max_sites: n.attrib.opts.max_sites as u64,
     }

@@ -318,8 +318,14 @@ pub struct AttributionInfo {
     pub mappings_reason: Option<String>,
     /// The classes whose sites are counted (and measurable here).
     pub site_classes: Vec<Metric>,
+    /// The classes asked for whose sites cannot be counted here, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sites_reason: Option<String>,
     /// The classes whose stacks are counted.
     pub stack_classes: Vec<Metric>,
+    /// The classes asked for whose stacks cannot be counted here, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stacks_reason: Option<String>,
     pub max_mappings: u64,
     pub max_sites: u64,
 }
