@@ -20,9 +20,13 @@ use crate::{
 /// 4-9 with the child alive. The oracle comparison stays exact.
 pub const SLACK: u64 = 16;
 
-/// Copies of the bench's own pages in the write step on a kernel that
-/// reuses whole folios (see `check_case`).
-const OWN_COPIES: u64 = 4;
+/// The most pages the kernel may copy where it could reuse them: a folio
+/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
+/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
+/// CPUs; how many are in a batch at the fork depends on timing (a loaded
+/// host saw 8), so the kernel's choice is bounded, and faultscope's count
+/// of it stays exact against the oracle.
+const LRU_BATCH_COPIES: u64 = 2 * 31;
 
 /// The bench steps, each compared with the oracle between the same trace
 /// markers.
@@ -130,19 +134,22 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
     let mut stacks = String::new();
     match case {
         "4k-exit" => {
-            let r = get(Metric::Reuse);
-            expect(within(r, pages), format!("reuse {r} = pages {pages} (+{SLACK})"))
-        }
-        "64k-exit" | "2m-pte-exit" if reuse == FolioReuse::WholeFolio => {
-            // A copy or two of the bench's own 4K pages (stack, heap) is
-            // the kernel's: a folio still held by another CPU's LRU-add
-            // batch has an extra reference and is copied, not reused (1 was
-            // seen on arm64). The measured memory's folios are reused whole.
             let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
             expect(
-                within(r + c, folios) && c <= OWN_COPIES,
+                within(r + c, pages) && c <= LRU_BATCH_COPIES,
                 format!(
-                    "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {OWN_COPIES}: this kernel reuses a {folio} folio whole"
+                    "reuse {r} + copy {c} = pages {pages} (+{SLACK}), copy <= {LRU_BATCH_COPIES} (pages in an LRU-add batch)"
+                ),
+            )
+        }
+        "64k-exit" | "2m-pte-exit" if reuse == FolioReuse::WholeFolio => {
+            // Copies are the kernel's choice for folios in an LRU-add
+            // batch (see LRU_BATCH_COPIES); the rest is reused whole.
+            let (r, c) = (get(Metric::Reuse), get(Metric::Copy));
+            expect(
+                within(r + c, folios) && c <= LRU_BATCH_COPIES,
+                format!(
+                    "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {LRU_BATCH_COPIES}: this kernel reuses a {folio} folio whole"
                 ),
             );
         }
@@ -706,7 +713,7 @@ mod tests {
         let r = check_case(&run, "k", FolioReuse::WholeFolio, "64k-exit").unwrap();
         assert_eq!(
             r.failures,
-            ["k kprobe 64k-exit: reuse 20 + copy 0 = folios 1 (+16), copy <= 4: this kernel reuses a 64K folio whole"]
+            ["k kprobe 64k-exit: reuse 20 + copy 0 = folios 1 (+16), copy <= 62: this kernel reuses a 64K folio whole"]
         );
         let r = check_case(&run, "k", FolioReuse::PageByPage, "64k-exit").unwrap();
         assert!(r.failures.is_empty(), "{:?}", r.failures);
@@ -741,7 +748,7 @@ mod tests {
         assert!(r.table.contains("write-phase getrusage minflt 20"), "{}", r.table);
         assert!(r.table.contains("\n  copy                                   0/0                   1/1                   0/0\n"), "{}", r.table);
         assert!(r.table.contains("\n  contpte_unfold                       n/m/-                 n/m/-                 n/m/-\n"), "{}", r.table);
-        assert!(r.table.contains("  ok   reuse 20 = pages 16 (+16)"), "{}", r.table);
+        assert!(r.table.contains("  ok   reuse 20 + copy 0 = pages 16 (+16), copy <= 62"), "{}", r.table);
         assert!(r.table.contains("oracle cannot count: contpte is arm64 only"), "{}", r.table);
         // A step the oracle did not see is the harness's error.
         let markers = markers.replace("@fentry", "@kprobe");
