@@ -1939,3 +1939,118 @@ fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
     );
     assert_nothing_left();
 }
+
+/// Output paths (hardening): `-` is stdout, a character device or a FIFO
+/// is written in place and stays what it was, a block device is refused
+/// before the run.
+#[test]
+fn reports_go_to_stdout_devices_and_fifos_in_place() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultscope(&["record", "--json", "-", "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON report alone");
+    assert_eq!(r["schema"], "faultscope/1");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("whole run"), "the tables go to stderr");
+    let out = faultscope(&["record", "--json", "/dev/null", "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    use std::os::unix::fs::FileTypeExt as _;
+    assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
+    let d = tmp();
+    let fifo = d.path().join("report.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read_to_string(&fifo).unwrap())
+    };
+    let out = faultscope(&["record", "--json", fifo.to_str().unwrap(), "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = reader.join().unwrap();
+    assert!(text.contains("\"schema\": \"faultscope/1\""), "{text}");
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    // A block device: refused before anything is attached, nothing written.
+    if let Some(dev) = ["/dev/loop0", "/dev/vda", "/dev/sda"].iter().find(|p| Path::new(p).exists()) {
+        let out = faultscope(&["record", "--json", dev, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("block device"));
+    }
+    // The same file twice: refused.
+    let p = d.path().join("r.json");
+    let out =
+        faultscope(&["record", "--json", p.to_str().unwrap(), "--folded", p.to_str().unwrap(), "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("same file"));
+    assert_nothing_left();
+}
+
+/// The command's status is record's (as `time` and `perf stat` give it),
+/// and a run that ends first (--duration) ends the command too.
+#[test]
+fn record_exits_with_the_commands_status_and_ends_it_with_the_run() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(faultscope(&["record", "--", "false"]).status.code(), Some(1));
+    assert_eq!(faultscope(&["record", "--", "sh", "-c", "exit 7"]).status.code(), Some(7));
+    let d = tmp();
+    let (fs, pidfile) = (d.path().join("fs.json"), d.path().join("pid"));
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let t = std::time::Instant::now();
+    let out =
+        faultscope(&["record", "--duration", "1", "--json", fs.to_str().unwrap(), "--", "sh", "-c", &script]);
+    // SIGTERM: 128 + 15, as a shell gives.
+    assert_eq!(out.status.code(), Some(143), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(20));
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the command was left running");
+    let r = read_report(&fs);
+    assert_eq!(r.command_exit_status, Some(143));
+    // Its exit came before the last read: its kernel check is exact.
+    let k = r.processes[0].kernel_check.as_ref().unwrap();
+    assert_eq!(k.kernel_low, k.kernel_high, "{k:?}");
+    assert_nothing_left();
+}
+
+/// Bounded kernel memory: an absurd stats map is refused with its size,
+/// before anything is loaded; the report says what the maps take.
+#[test]
+fn an_absurd_stats_map_is_refused_and_the_footprint_reported() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for cmd in
+        [&["record", "--max-stats", "100000000", "--", "true"][..], &["bench", "--max-stats", "100000000"]]
+    {
+        let out = faultscope(cmd);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}");
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.contains("--max-stats 100000000") && e.contains("GiB") && e.lines().count() == 1, "{e}");
+    }
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    assert!(faultscope(&["record", "--json", fs.to_str().unwrap(), "--", "true"]).status.success());
+    let m = read_report(&fs).kernel_memory.expect("kernel_memory");
+    assert_eq!(m.maps["STATS"].entries, 2048);
+    assert_eq!(m.bytes, m.maps.values().map(|x| x.bytes).sum::<u64>());
+    assert!(m.cpus >= 1);
+    assert_nothing_left();
+}
+
+/// Attribution that cannot be done here (tracepoint mode) is said, and no
+/// empty folded file stands for it.
+#[test]
+fn stacks_that_cannot_be_counted_are_said_not_written_empty() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp();
+    let (fs, folded) = (d.path().join("fs.json"), d.path().join("s.folded"));
+    let out = faultscope(&["record", "--json", fs.to_str().unwrap(), "--stacks", "faults", "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    if r.mode == Mode::Tracepoint {
+        let a = r.attribution.unwrap();
+        assert!(a.stack_classes.is_empty(), "{a:?}");
+        assert!(a.stacks_reason.unwrap().contains("faults"));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--stacks: not attributed: faults"));
+        let out =
+            faultscope(&["record", "--stacks", "faults", "--folded", folded.to_str().unwrap(), "--", "true"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(!folded.exists());
+    }
+    assert_nothing_left();
+}

@@ -124,6 +124,22 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
         })
         .collect();
     scopes.push(("whole run".into(), Some(&pa.classes), Some(&pb.classes), &pa.attribution, &pb.attribution));
+    // Every process, matched by (comm, nth of that comm), and all together.
+    let (matched, totals, said) = all_processes(a, b);
+    if a.processes.len() > 1 || b.processes.len() > 1 {
+        let _ = writeln!(out, "{said}");
+    }
+    let empty = Attribution::default();
+    let mut extra: Vec<(String, Classes, Classes)> = Vec::new();
+    if a.processes.len() > 1 || b.processes.len() > 1 {
+        extra.push(("all processes".into(), totals.0, totals.1));
+        for (name, x, y) in matched {
+            extra.push((name, x.classes.clone(), y.classes.clone()));
+        }
+    }
+    for (name, x, y) in &extra {
+        scopes.push((name.clone(), Some(x), Some(y), &empty, &empty));
+    }
     let mut by_mapping = String::new();
     for (name, ca, cb, aa, ab) in scopes {
         mapping_rows(&mut by_mapping, &name, aa, ab);
@@ -153,6 +169,50 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
         out.push_str(&by_mapping);
     }
     out
+}
+
+/// The processes of two reports matched by (comm, nth process of that comm
+/// in pid order), the totals over all processes of each, and what was
+/// matched, said in one line.
+#[allow(clippy::type_complexity)]
+fn all_processes<'a>(
+    a: &'a Report,
+    b: &'a Report,
+) -> (Vec<(String, &'a Process, &'a Process)>, (Classes, Classes), String) {
+    let keyed = |r: &'a Report| -> BTreeMap<(String, usize), &'a Process> {
+        let mut ps: Vec<&Process> = r.processes.iter().collect();
+        ps.sort_by_key(|p| p.pid);
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        ps.into_iter()
+            .map(|p| {
+                let n = seen.entry(p.comm.clone()).or_insert(0);
+                *n += 1;
+                ((p.comm.clone(), *n), p)
+            })
+            .collect()
+    };
+    let (ka, kb) = (keyed(a), keyed(b));
+    let name = |(c, n): &(String, usize)| format!("{}#{n}", safe(c));
+    let mut matched = Vec::new();
+    let (mut only_a, mut only_b) = (Vec::new(), Vec::new());
+    for (k, pa) in &ka {
+        match kb.get(k) {
+            Some(pb) => matched.push((name(k), *pa, *pb)),
+            None => only_a.push(name(k)),
+        }
+    }
+    only_b.extend(kb.keys().filter(|k| !ka.contains_key(*k)).map(name));
+    let total = |r: &Report| super::schema::sum_classes(r.processes.iter().map(|p| &p.classes));
+    let said = format!(
+        "processes: {} matched by name and order ({}); only in A: {}; only in B: {}; 'all processes' sums {} in A and {} in B",
+        matched.len(),
+        matched.iter().map(|(n, x, y)| format!("{n} = A pid {} / B pid {}", x.pid, y.pid)).collect::<Vec<_>>().join(", "),
+        if only_a.is_empty() { "none".into() } else { only_a.join(", ") },
+        if only_b.is_empty() { "none".into() } else { only_b.join(", ") },
+        a.processes.len(),
+        b.processes.len()
+    );
+    (matched, (total(a), total(b)), said)
 }
 
 /// A class's origins, A beside B, where either run has faults the kernel
@@ -287,6 +347,34 @@ mod tests {
         // A user-only class has no origin rows.
         let d = diff(&with(0), &with(0));
         assert!(!d.contains("copy.user"), "{d}");
+    }
+
+    #[test]
+    fn every_process_is_matched_by_name_and_order_and_summed() {
+        let report = |procs: &[(u32, &str, u64)]| {
+            let processes = procs
+                .iter()
+                .map(|(pid, comm, n)| {
+                    let mut p = process(*pid, vec![]);
+                    p.comm = comm.to_string();
+                    p.classes = classes(&[(Metric::Faults, *n)]);
+                    p
+                })
+                .collect();
+            Loaded { path: "r".into(), report: Report { processes, ..Report::default() } }
+        };
+        // gcc -O2 against -O0: the driver, then cc1 and as.
+        let a = report(&[(10, "gcc", 102), (11, "cc1", 5000), (12, "as", 300)]);
+        let b = report(&[(20, "gcc", 102), (21, "cc1", 9000), (23, "ld", 800)]);
+        let d = diff(&a, &b);
+        assert!(d.contains("processes: 2 matched by name and order"), "{d}");
+        assert!(d.contains("only in A: as#1; only in B: ld#1"), "{d}");
+        let line = |scope: &str| {
+            d.lines().find(|l| l.starts_with(scope) && l.contains(" faults ")).unwrap().to_string()
+        };
+        assert!(line("cc1#1").contains(" 5000 ") && line("cc1#1").contains(" 9000 "), "{d}");
+        let all = line("all processes");
+        assert!(all.contains(" 5402 ") && all.contains(" 9902 "), "{all}");
     }
 
     #[test]

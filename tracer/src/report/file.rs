@@ -35,8 +35,10 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
             v.get("schema").map(|s| s.to_string()).unwrap_or_else(|| "missing".into())
         )));
     }
-    let report: Report =
-        serde_json::from_value(v).map_err(|e| Refusal::new(format!("{name}: malformed report: {e}")))?;
+    // The error names the field (`processes[0].classes.reuse`), not only
+    // what serde could not match there.
+    let report: Report = serde_path_to_error::deserialize(v)
+        .map_err(|e| Refusal::new(format!("{name}: malformed report: at {}: {}", e.path(), e.inner())))?;
     check(&report).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
     Ok(Loaded { path: name, report })
 }

@@ -250,6 +250,24 @@ pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
     }
 }
 
+/// What the checks add up: which processes and which span.
+fn summed(r: &Report, o: &VerifyOpts) -> String {
+    let procs: Vec<String> = r
+        .processes
+        .iter()
+        .filter(|p| o.pid.is_none_or(|pid| u64::from(p.pid) == pid))
+        .filter(|p| o.phase.as_ref().is_none_or(|ph| p.span(ph).is_some()))
+        .map(|p| format!("{} ({})", p.pid, p.comm))
+        .collect();
+    format!(
+        "verify: summing {} of {} processes ({}) over {}",
+        procs.len(),
+        r.processes.len(),
+        procs.join(", "),
+        o.phase.as_deref().map(|p| format!("phase {p}")).unwrap_or_else(|| "the whole run".into())
+    )
+}
+
 fn fmt(v: f64) -> String {
     if v.fract() == 0.0 {
         format!("{v:.0}")
@@ -296,6 +314,16 @@ pub fn run(o: &VerifyOpts) -> Result<i32> {
         _ => return Err(Refusal::new("give a report file, or a faultscope command after --").into()),
     };
     check_scope(&report, o)?;
+    // Per folio or page needs a bench's folio count: a usage error, not a
+    // failed check.
+    if let Some(e) = expects.iter().find(|e| e.per.is_some() && report.report.bench.is_none()) {
+        return Err(Refusal::new(format!(
+            "{}: /folio and /page need a bench report (the folio count is known there); {} is not one",
+            e.text, report.path
+        ))
+        .into());
+    }
+    println!("{}", safe(&summed(&report.report, o)));
     let mut code = 0;
     for e in &expects {
         // The messages quote the report (phase names, reasons): escaped.
