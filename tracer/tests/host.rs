@@ -2054,3 +2054,78 @@ fn stacks_that_cannot_be_counted_are_said_not_written_empty() {
     }
     assert_nothing_left();
 }
+
+/// One HTTP request to serve, the whole reply.
+fn http(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    // A reset (a connection past the cap) reads as an empty reply.
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// serve under a hostile host: the port it got is said (`--port 0`), HEAD
+/// and `/` are answered, idle connections past the cap cannot keep a
+/// scrape out, a hostile tick is refused, and SIGHUP ends it cleanly.
+#[test]
+fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultscope(&["serve", "-p", "1", "--tick", "1e-10"]);
+    assert_eq!(out.status.code(), Some(2));
+    let mut target = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut serve = Command::new(BIN)
+        .args(["serve", "-p", &target.id().to_string(), "--port", "0", "--tick", "0.2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ends serve when an assertion fails first.
+    struct Term(u32);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
+        }
+    }
+    let _term = Term(serve.id());
+    use std::io::BufRead as _;
+    let mut lines = std::io::BufReader::new(serve.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let l = lines.next().expect("serve said where it serves").unwrap();
+        if let Some(rest) = l.strip_prefix("faultscope: serving OpenMetrics on http://127.0.0.1:") {
+            break rest.trim_end_matches("/metrics").parse().unwrap();
+        }
+    };
+    assert_ne!(port, 0);
+    // Idle clients, more than the cap: past it they are closed at once, so
+    // serve's descriptors stay bounded, and once the idle ones time out
+    // (5 s) a scrape gets in.
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", serve.id())).unwrap().count();
+    let before = fds();
+    let idle: Vec<_> =
+        (0..200).filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    sleep(Duration::from_millis(500));
+    let held = fds() - before;
+    assert!(held <= 64 + 4, "serve holds {held} more descriptors with 200 idle clients (cap 64)");
+    let answered = (0..40).any(|_| {
+        let ok = http(port, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200");
+        if !ok {
+            sleep(Duration::from_millis(500));
+        }
+        ok
+    });
+    assert!(answered, "no scrape answered within 20 s of 200 idle clients");
+    let head = http(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"), "{head}");
+    assert!(http(port, "GET / HTTP/1.1\r\n\r\n").contains("href=\"/metrics\""));
+    let scrape = http(port, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(scrape.contains("faultscope_build_info"), "{scrape}");
+    drop(idle);
+    unsafe { libc::kill(serve.id() as i32, libc::SIGHUP) };
+    let st = serve.wait().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+    assert_nothing_left();
+}

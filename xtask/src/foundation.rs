@@ -278,6 +278,28 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
                     .push(format!("{case}: {} {class}.{origin} = {got:?}, expected {n} (+{slack})", ph.name));
             }
         }
+        // The kernel's faults are named by their system call: read(2) for
+        // the kernel's copies, pwrite64(2) on /proc/self/mem for GUP's.
+        for (syscall, origin) in [("read(2)", "kernel"), ("pwrite64(2)", "gup")] {
+            let site: u64 = ph
+                .attribution
+                .sites
+                .iter()
+                .filter(|s| s.class == class && s.syscall.as_deref() == Some(syscall))
+                .map(|s| s.count)
+                .sum();
+            let _ = writeln!(
+                table,
+                "  sites: {} {class} in {syscall}: {site} (the {origin} third: {n})",
+                ph.name
+            );
+            if site < n {
+                fails.push(format!(
+                    "{case}: {} {class} in {syscall} at its sites: {site}, expected {n}",
+                    ph.name
+                ));
+            }
+        }
         let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
         let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
         let faults = check::count(&ph.classes, Metric::Faults).unwrap_or(0);

@@ -88,6 +88,13 @@ pub struct ServeOpts {
     pub backend: crate::kernel::probes::BackendChoice,
 }
 
+/// The shortest tick: each reads every map and /proc (a shorter one would
+/// keep a CPU busy for nothing Prometheus scrapes).
+const MIN_TICK_S: f64 = 0.1;
+
+/// Scrapes served at once; more connections are closed at once.
+const MAX_CONNECTIONS: usize = 64;
+
 /// serve's most stats entries by default.
 pub const DEFAULT_STATS: u32 = 4096;
 
@@ -243,8 +250,8 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     if o.pids.is_empty() && o.comm.is_empty() && o.cgroup.is_empty() {
         return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME or --cgroup PATH").into());
     }
-    if !(o.tick.is_finite() && o.tick > 0.0 && o.tick <= 3600.0) {
-        return Err(Refusal::new(format!("--tick {}: give seconds above 0, at most 3600", o.tick)).into());
+    if !(o.tick.is_finite() && (MIN_TICK_S..=3600.0).contains(&o.tick)) {
+        return Err(Refusal::new(format!("--tick {}: give seconds from {MIN_TICK_S} to 3600", o.tick)).into());
     }
     let mut cgroup_ids = Vec::new();
     for dir in &o.cgroup {
@@ -294,16 +301,29 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
     let text = Arc::new(Mutex::new(s.metrics.encode()));
-    super::say(&format!("faultscope: serving OpenMetrics on http://{addr}/metrics"));
+    // The port the kernel gave (`--port 0`).
+    let bound = listener.local_addr().unwrap_or(addr);
+    super::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     let mut every = tokio::time::interval(tick);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let why = loop {
         tokio::select! {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
+            _ = sighup.recv() => break "hung up",
             Ok((stream, _)) = listener.accept() => {
-                tokio::spawn(respond(stream, text.clone()));
+                // Past the cap a connection is closed at once: idle
+                // clients cannot take every descriptor.
+                if let Ok(slot) = slots.clone().try_acquire_owned() {
+                    let text = text.clone();
+                    tokio::spawn(async move {
+                        respond(stream, text).await;
+                        drop(slot);
+                    });
+                }
             }
             _ = every.tick() => {
                 s.tick()?;
@@ -333,7 +353,12 @@ async fn respond(mut stream: TcpStream, text: Arc<Mutex<String>>) {
         return;
     }
     let head = String::from_utf8_lossy(&buf);
-    let target = head.lines().next().unwrap_or("");
+    let target = head.lines().next().unwrap_or("").trim_end();
+    let head_only = target.starts_with("HEAD ");
+    let target =
+        target.strip_prefix("HEAD ").map(|t| format!("GET {t}")).unwrap_or_else(|| target.to_string());
+    let target = format!("{target} ");
+    let target = target.as_str();
     // OpenMetrics for who asks for it (Prometheus does), else the
     // Prometheus text format (curl, promtool).
     let om = head
@@ -350,9 +375,22 @@ async fn respond(mut stream: TcpStream, text: Arc<Mutex<String>>) {
             "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         )
+    } else if target.starts_with("GET / ") {
+        let body = "<html><head><title>faultscope</title></head><body><h1>faultscope</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n";
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
     } else {
         "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n".to_string()
     };
-    let _ = stream.write_all(reply.as_bytes()).await;
+    // HEAD: the headers alone.
+    let reply = if head_only {
+        reply.split_once("\r\n\r\n").map_or(reply.clone(), |(h, _)| format!("{h}\r\n\r\n"))
+    } else {
+        reply
+    };
+    // A client that does not read gets 10 s.
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(reply.as_bytes())).await;
     let _ = stream.shutdown().await;
 }

@@ -33,11 +33,26 @@ pub fn comm_of(pid: u32) -> Option<String> {
 
 /// Whether the process is gone: none of its threads can run user code any
 /// more (each is a zombie, dead, or exiting). A zombie main thread is not
-/// enough: after `pthread_exit` in `main` the other threads run on.
+/// enough: after `pthread_exit` in `main` the other threads run on. Only a
+/// `/proc` entry that is not there says gone: another error (no file
+/// descriptor left, a permission) keeps the process, and is said once.
 pub fn is_gone(pid: u32) -> bool {
     match fs::read_dir(format!("/proc/{pid}/task")) {
-        Err(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => {
+            proc_error(pid, &e);
+            false
+        }
         Ok(tasks) => !tasks.flatten().any(|t| thread_runs(&t.path().join("stat"))),
+    }
+}
+
+/// `/proc` errors that are no exit, counted (`proc_errors`) and said once.
+pub static PROC_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn proc_error(pid: u32, e: &std::io::Error) {
+    if PROC_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+        eprintln!("faultscope: warning: reading /proc/{pid} failed ({e}); not taken for an exit (counted in drops.proc_errors)");
     }
 }
 
@@ -46,8 +61,11 @@ const PF_EXITING: u64 = 0x4;
 
 /// A thread's /proc stat: running (not a zombie, dead or exiting).
 fn thread_runs(stat: &Path) -> bool {
-    let Ok(s) = fs::read_to_string(stat) else {
-        return false;
+    let s = match fs::read_to_string(stat) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+        // Not readable now is not an exit.
+        Err(_) => return true,
     };
     let Some((_, rest)) = s.rsplit_once(')') else {
         return false;

@@ -470,6 +470,11 @@ impl Session {
         for d in Drop::ALL {
             out.insert(d.key().to_string(), arr.get(&d.index(), 0)?.iter().sum());
         }
+        // User space's own: /proc errors that were not taken for exits.
+        out.insert(
+            "proc_errors".to_string(),
+            crate::collect::target::PROC_ERRORS.load(std::sync::atomic::Ordering::Relaxed),
+        );
         Ok(out)
     }
 

@@ -105,18 +105,23 @@ pub fn attribution(
             *per_class.entry(m).or_default().entry((k.ip, k.syscall)).or_insert(0) += v;
         }
     }
+    // The kernel's faults for the process (a system call's) are ranked on
+    // their own: a few copies by read(2) stay in sight beside thousands of
+    // user stores.
     for (m, ips) in per_class {
-        let (top, folded) = top_n(ips, n.attrib.opts.max_sites);
-        let names = name_ips(n, history, at, &top.iter().map(|((ip, _), _)| *ip).collect::<Vec<_>>());
-        for (((ip, sc), count), (site, mapping)) in top.into_iter().zip(names) {
-            out.sites.push(SiteRow { class: m, ip, site, mapping, syscall: syscall_name(sc), count });
+        let (user, kernel): (Vec<_>, Vec<_>) = ips.into_iter().partition(|((_, sc), _)| *sc == 0);
+        let (mut entries, mut count) = (0u64, 0u64);
+        for part in [user, kernel] {
+            let (top, folded) = top_n(part, n.attrib.opts.max_sites);
+            let names = name_ips(n, history, at, &top.iter().map(|((ip, _), _)| *ip).collect::<Vec<_>>());
+            for (((ip, sc), count), (site, mapping)) in top.into_iter().zip(names) {
+                out.sites.push(SiteRow { class: m, ip, site, mapping, syscall: syscall_name(sc), count });
+            }
+            entries += folded.entries as u64;
+            count += folded.count;
         }
-        if folded.entries > 0 {
-            out.sites_other.push(FoldedSites {
-                class: m,
-                entries: folded.entries as u64,
-                count: folded.count,
-            });
+        if entries > 0 {
+            out.sites_other.push(FoldedSites { class: m, entries, count });
         }
     }
 
