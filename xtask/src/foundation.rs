@@ -107,16 +107,7 @@ pub fn check_case(
     if (faults - retries.min(faults)).abs_diff(minflt) > TOLERANCE {
         fails.push(format!("{case}: faults {faults} (retries {retries}) vs getrusage {minflt}"));
     }
-    let lost = fs.drop_count("lost_kretprobe_returns");
-    if lost != 0 {
-        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
-    }
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
-        }
-    }
+    fails.extend(run_is_clean(run, case, &fs));
     let _ = writeln!(
         table,
         "  trace lines: {}, kprobes left after faultscope: {}",
@@ -204,16 +195,7 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
             fails.push(format!("{case}: faults after the exit {faults} vs getrusage write phase {minflt}"));
         }
     }
-    let lost = fs.drop_count("lost_kretprobe_returns");
-    if lost != 0 {
-        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
-    }
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
-        }
-    }
+    fails.extend(run_is_clean(run, case, &fs));
     Ok(CaseResult { table, failures: fails })
 }
 
@@ -343,16 +325,7 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
         }
         None => fails.push(format!("{case}: the report has no kernel check")),
     }
-    let lost = fs.drop_count("lost_kretprobe_returns");
-    if lost != 0 {
-        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
-    }
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
-        }
-    }
+    fails.extend(run_is_clean(run, case, &fs));
     Ok(CaseResult { table, failures: fails })
 }
 
@@ -380,6 +353,23 @@ pub fn run_origins(kernel: &str) -> Result<()> {
 
 /// The cases `origins_cases` runs (lib.sh), one per backend.
 const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
+
+/// What every case must end with: no kretprobe return lost, no kprobe left
+/// behind by faultscope, no overrun of the oracle's trace buffer.
+fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
+    let mut fails = Vec::new();
+    let lost = fs.drop_count("lost_kretprobe_returns");
+    if lost != 0 {
+        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
+    }
+    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
+        let v = run.marker(tag, case).unwrap_or_default();
+        if v != want {
+            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
+        }
+    }
+    fails
+}
 
 /// A case's faultscope report, the workload's own JSON (`faultscope
 /// workload --out`, not a report) and the workload's pid.

@@ -207,30 +207,11 @@ impl<'a> Run<'a> {
     fn fork(&mut self, plan: &Plan) -> Result<Vec<Vec<u64>>> {
         self.mark("fork")?;
         let from = usage();
-        // The parent's pid, for the child to tell that it was orphaned before
-        // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
-        // not only to init).
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: the child only pauses or exits.
-        let child = unsafe { libc::fork() };
-        if child < 0 {
-            bail!("fork: {}", std::io::Error::last_os_error());
-        }
-        if child == 0 {
-            unsafe {
-                if self.o.child == Child::Alive {
-                    // Dies with the bench, whatever kills it.
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    if libc::getppid() != parent {
-                        libc::_exit(0);
-                    }
-                    loop {
-                        libc::pause();
-                    }
-                }
-                libc::_exit(0);
-            }
-        }
+        // An alive child dies with the bench, whatever kills it.
+        let child = workload::fork_child(match self.o.child {
+            Child::Alive => workload::ChildLife::Stay,
+            Child::Exit => workload::ChildLife::Exit(None),
+        })?;
         self.child = child;
         if self.o.child == Child::Exit {
             unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };

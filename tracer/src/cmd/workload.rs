@@ -174,6 +174,55 @@ pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
     })
 }
 
+/// What a forked child does with the memory it shares.
+#[derive(Clone, Copy, Debug)]
+pub enum ChildLife {
+    /// Stays until killed, and dies with its parent (`PR_SET_PDEATHSIG`).
+    Stay,
+    /// Exits, after sleeping this long if given.
+    Exit(Option<std::time::Duration>),
+}
+
+/// Forks a child sharing this process's memory that does only what
+/// `life` says (async-signal-safe calls alone, as a forked child of a
+/// threaded process needs). Returns its pid.
+pub fn fork_child(life: ChildLife) -> Result<libc::pid_t> {
+    // The parent's pid, for the child to tell that it was orphaned before
+    // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
+    // not only to init).
+    let parent = unsafe { libc::getpid() };
+    let sleep = match life {
+        ChildLife::Exit(Some(d)) => Some(libc::timespec {
+            tv_sec: d.as_secs() as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        }),
+        _ => None,
+    };
+    // SAFETY: fork; the child only pauses, sleeps or exits.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        unsafe {
+            if let ChildLife::Stay = life {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+            if let Some(t) = sleep {
+                libc::nanosleep(&t, std::ptr::null_mut());
+            }
+            libc::_exit(0);
+        }
+    }
+    Ok(child)
+}
+
 /// Touches one byte per page with volatile stores, so the compiler keeps
 /// every store.
 ///
@@ -585,38 +634,12 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     let mappings = if o.mappings { Some(Mappings::new(base, len, page)?) } else { None };
     let t1 = usage();
 
-    // The parent's pid, for the child to tell that it was orphaned before
-    // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
-    // not only to init).
-    let parent = unsafe { libc::getpid() };
-    let lifetime = o.child_lifetime.map(|s| libc::timespec {
-        tv_sec: s.max(0.0).trunc() as libc::time_t,
-        tv_nsec: (s.max(0.0).fract() * 1e9) as libc::c_long,
-    });
-    // SAFETY: fork; the child only sleeps/exits.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        bail!("fork: {}", std::io::Error::last_os_error());
-    }
-    if child == 0 {
-        if o.child == Child::Alive {
-            // Stay until the parent kills us, or dies.
-            unsafe {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(0);
-                }
-            }
-            loop {
-                unsafe { libc::pause() };
-            }
+    let child = fork_child(match o.child {
+        Child::Alive => ChildLife::Stay,
+        Child::Exit => {
+            ChildLife::Exit(o.child_lifetime.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
         }
-        if let Some(t) = lifetime {
-            // nanosleep is async-signal-safe, as a forked child needs.
-            unsafe { libc::nanosleep(&t, std::ptr::null_mut()) };
-        }
-        unsafe { libc::_exit(0) };
-    }
+    })?;
     if o.child == Child::Exit {
         let mut st = 0;
         unsafe { libc::waitpid(child, &mut st, 0) };
@@ -762,23 +785,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
     // SAFETY: the mapping just made.
     unsafe { write_pages(base, len, page, 1) };
     let t1 = usage();
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: fork; the child only waits to be killed.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        bail!("fork: {}", std::io::Error::last_os_error());
-    }
-    if child == 0 {
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            if libc::getppid() != parent {
-                libc::_exit(0);
-            }
-            loop {
-                libc::pause();
-            }
-        }
-    }
+    let child = fork_child(ChildLife::Stay)?;
     let half = |h: usize, i: usize| unsafe { base.add((h * 3 + i) * n * page) };
     let t2 = usage();
     for (i, how) in ORIGIN_WRITERS.iter().enumerate() {

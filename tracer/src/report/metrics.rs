@@ -135,6 +135,18 @@ impl EncodeMetric for KernelHistogram {
     }
 }
 
+impl LabelOpts {
+    /// The unbounded labels asked for, of process `tgid`.
+    fn extend(&self, labels: &mut Labels, tgid: u32, p: &ProcLabels) {
+        if self.pid {
+            labels.push(("pid", tgid.to_string()));
+        }
+        if self.cgroup {
+            labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
+        }
+    }
+}
+
 /// How a process is named in the labels.
 pub struct ProcLabels {
     pub comm: String,
@@ -292,12 +304,7 @@ impl Metrics {
                 ("phase_kind", kind.to_string()),
                 ("comm", esc(&p.comm)),
             ];
-            if self.opts.pid {
-                labels.push(("pid", k.tgid.to_string()));
-            }
-            if self.opts.cgroup {
-                labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
-            }
+            self.opts.extend(&mut labels, k.tgid, &p);
             self.faults.get_or_create(&labels).inc_by(d_count);
             if timed {
                 let mut h = v.hist;
@@ -332,12 +339,7 @@ impl Metrics {
                     ("phase_kind", kind.to_string()),
                     ("comm", esc(&p.comm)),
                 ];
-                if self.opts.pid {
-                    labels.push(("pid", k.tgid.to_string()));
-                }
-                if self.opts.cgroup {
-                    labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
-                }
+                self.opts.extend(&mut labels, k.tgid, &p);
                 self.origins.get_or_create(&labels).inc_by(d);
             }
             self.last_origins.insert(*k, *v);
