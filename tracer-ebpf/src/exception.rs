@@ -101,13 +101,8 @@ fn on_page_fault(
     let code = code()?;
     // A kernel-mode fault counts only on a user address (read first: most
     // kernel-mode faults of untraced tasks stop here).
-    let mut addr_read = None;
-    if origin == Origin::Kernel {
-        let a = addr()?;
-        if !user_address(a) {
-            return Ok(0);
-        }
-        addr_read = Some(a);
+    if origin == Origin::Kernel && !user_address(addr()?) {
+        return Ok(0);
     }
     // Only the classes the report takes from here: all of them without the
     // fault path probed, first_touch alone with it (a page not present).
@@ -126,10 +121,7 @@ fn on_page_fault(
     // left without looking the process up (an untraced thread never gets a
     // state, and a record left by one no longer traced is never used: only
     // a traced fault's entry opens a fault). Others are looked up once.
-    let addr = match addr_read {
-        Some(a) => a,
-        None => addr()?,
-    };
+    let addr = addr()?;
     let mut traced = None;
     let st = match thread_state_if_any() {
         Some(s) => Some(s),
