@@ -7,10 +7,11 @@
 //! -> kernel maps (tracer-ebpf, tracer-common)
 //! -> `collect` (snapshots of the maps, phases, targets)
 //! -> `report` (typed report, text, findings, diff, verify)
-//! and `cmd`, the commands that drive it.
+//! and `cmd`, the commands that drive it; `output` writes every file they
+//! write, and `error` is the refusal they share.
 
 /// Attribution building blocks (mapping names, code sites, stacks, BTF
-/// offsets), not wired into the report yet.
+/// offsets), used by `collect` and `report`.
 pub mod attrib;
 pub mod cmd;
 pub mod collect;
