@@ -170,40 +170,48 @@ fn in_place(p: &Path, bytes: &[u8]) -> Result<()> {
     f.write_all(bytes).with_context(|| format!("writing {}", p.display()))
 }
 
-/// A new file beside `p` under a name nobody can guess, created
-/// exclusively and never through a link, renamed over `p` once complete.
+/// A new file in `dir` under a name nobody can guess (`name` of 64 random
+/// bits), created exclusively with `mode` and never through a link: a
+/// directory others can write to cannot have it planted or pre-created.
+pub fn create_unguessable(
+    dir: &Path,
+    name: impl Fn(u64) -> String,
+    mode: u32,
+) -> Result<(PathBuf, fs::File)> {
+    let mut last = None;
+    for _ in 0..16 {
+        let path = dir.join(name(fastrand::u64(..)));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+    Err(last.expect("a failed attempt")).with_context(|| format!("no free name in {}", dir.display()))
+}
+
+/// A new file beside `p` ([`create_unguessable`]), renamed over `p` once
+/// complete.
 fn replace(p: &Path, bytes: &[u8]) -> Result<()> {
     let dir = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     let base = p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    let mut last = None;
-    for _ in 0..16 {
-        let tmp = dir.join(format!(".{base}.{:016x}.tmp", fastrand::u64(..)));
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp);
-        let mut f = match f {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                last = Some(e);
-                continue;
-            }
-            Err(e) => return Err(e).with_context(|| format!("writing {}", tmp.display())),
-        };
-        let res = f.write_all(bytes).and_then(|()| f.sync_all());
-        if let Err(e) = res.and_then(|()| fs::rename(&tmp, p)) {
-            let _ = fs::remove_file(&tmp);
-            return Err(e).with_context(|| format!("writing {}", p.display()));
-        }
-        return Ok(());
+    let (tmp, mut f) = create_unguessable(dir, |r| format!(".{base}.{r:016x}.tmp"), 0o644)
+        .with_context(|| format!("writing {}", p.display()))?;
+    let res = f.write_all(bytes).and_then(|()| f.sync_all());
+    if let Err(e) = res.and_then(|()| fs::rename(&tmp, p)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", p.display()));
     }
-    Err(last.expect("a failed attempt"))
-        .with_context(|| format!("no free temporary name beside {}", p.display()))
+    Ok(())
 }
 
 #[cfg(test)]

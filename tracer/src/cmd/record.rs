@@ -747,21 +747,24 @@ impl Recording {
             "hung up" => libc::SIGHUP,
             _ => libc::SIGTERM,
         };
+        // Reaps it if it exits within `d`.
+        let reap_within = |d: Duration| {
+            let until = Instant::now() + d;
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let st = target::try_reap(pid);
+                if st.is_some() || Instant::now() >= until {
+                    return st;
+                }
+            }
+        };
         // Ctrl-C on a terminal reaches the command itself too: a moment
         // for it to exit of its own before a second signal.
-        let grace = Instant::now() + Duration::from_millis(200);
-        while self.cmd_status.is_none() && Instant::now() < grace {
-            std::thread::sleep(Duration::from_millis(20));
-            self.cmd_status = target::try_reap(pid);
-        }
+        self.cmd_status = reap_within(Duration::from_millis(200));
         if self.cmd_status.is_none() {
             // SAFETY: a signal to our own child, not yet reaped.
             unsafe { libc::kill(pid as libc::pid_t, sig) };
-        }
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.cmd_status.is_none() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-            self.cmd_status = target::try_reap(pid);
+            self.cmd_status = reap_within(Duration::from_secs(5));
         }
         if self.cmd_status.is_none() {
             super::say(&format!(

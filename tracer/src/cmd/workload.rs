@@ -428,29 +428,11 @@ impl Mappings {
         let anon_name = name_anon(named, len)?;
         // A new file under a name nobody can guess, created exclusively and
         // never through a link (the temporary directory is everyone's).
-        let (file, mut w) = {
-            use std::os::unix::fs::OpenOptionsExt as _;
-            let mut made = None;
-            for _ in 0..16 {
-                let f =
-                    std::env::temp_dir().join(format!("faultscope-workload-{:016x}.dat", fastrand::u64(..)));
-                match fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&f)
-                {
-                    Ok(w) => {
-                        made = Some((f, w));
-                        break;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                    Err(e) => return Err(e).with_context(|| format!("creating {}", f.display())),
-                }
-            }
-            made.context("no free name for the workload's file in the temporary directory")?
-        };
+        let (file, mut w) = crate::output::create_unguessable(
+            &std::env::temp_dir(),
+            |r| format!("faultscope-workload-{r:016x}.dat"),
+            0o600,
+        )?;
         // Written a page at a time: a buffer of flen would be a transient
         // mmap by malloc, and the file mapping could then land on addresses
         // it had, which an address-only oracle would mix up with it.
