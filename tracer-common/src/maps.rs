@@ -169,6 +169,12 @@ pub enum LifeKind {
     Adopt = 6,
 }
 
+/// `Adopt`'s `aux` bit: the process joined at its exec, so the kernel's own
+/// count starts exactly there (the event's `flt`).
+pub const ADOPT_AT_EXEC: u32 = 1 << 31;
+/// `Adopt`'s `aux` index for a process the comm filter adopted.
+pub const ADOPT_BY_COMM: u32 = ADOPT_AT_EXEC - 1;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LifeEvent {
@@ -179,9 +185,11 @@ pub struct LifeEvent {
     /// The thread that did it; for `Fork`, the new child's pid.
     pub pid: u32,
     /// `Fork`: 1 if the child is followed (traced too); `Adopt`: the
-    /// cgroup's value in `CGROUPS`.
+    /// cgroup's value in `CGROUPS` ([`ADOPT_BY_COMM`] for the comm
+    /// filter), with [`ADOPT_AT_EXEC`] when it joined at its exec.
     pub aux: u32,
-    /// The phase that starts with this event (Fork, ChildExit, ChildExec).
+    /// The phase that starts with this event (Fork, ChildExit, ChildExec;
+    /// Exec when the kernel starts a phase at exec: see `EXEC_PHASE`).
     pub phase: PhaseId,
     pub _pad: u32,
     pub comm: [u8; 16],

@@ -19,14 +19,14 @@ use faultscope_common::{
     class::ClassSet,
     maps::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
-        TARGET_PENDING_EXEC,
+        ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
     ThreadFault,
 };
 
 use crate::maps::{
-    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, DROPS, EVENTS, PHASE, STATS, TARGETS, TASK_MAJ_FLT_OFF,
-    TASK_MIN_FLT_OFF, THREADS, ZERO,
+    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, PHASE, STATS, TARGETS,
+    TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, THREADS, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -203,6 +203,12 @@ pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
 /// costs the cgroup id and one `CGROUPS` lookup.
 #[inline(always)]
 pub fn adopt(tgid: u32) -> Option<TargetInfo> {
+    adopt_by_cgroup(tgid, 0)
+}
+
+/// [`adopt`], telling user space `flags` (`ADOPT_AT_EXEC`) with the index.
+#[inline(always)]
+pub fn adopt_by_cgroup(tgid: u32, flags: u32) -> Option<TargetInfo> {
     if cfg(&CGROUP_FILTER) == 0 {
         return None;
     }
@@ -211,9 +217,29 @@ pub fn adopt(tgid: u32) -> Option<TargetInfo> {
     if unsafe { CHILDREN.get(&tgid) }.is_some() {
         return None;
     }
+    join(tgid, idx | flags)
+}
+
+/// With the comm filter on (`COMM_FILTER`), a program exec'd under a comm
+/// of `COMMS` joins the traced set (called at its exec, where the comm is
+/// the new program's).
+#[inline(always)]
+pub fn adopt_by_comm(tgid: u32) -> Option<TargetInfo> {
+    if cfg(&COMM_FILTER) == 0 {
+        return None;
+    }
+    let comm = bpf_get_current_comm().ok()?;
+    unsafe { COMMS.get(&comm) }?;
+    join(tgid, ADOPT_BY_COMM | ADOPT_AT_EXEC)
+}
+
+/// Inserts `tgid` into the traced set; the program that inserts it tells
+/// user space (`Adopt`, with `aux`).
+#[inline(always)]
+fn join(tgid: u32, aux: u32) -> Option<TargetInfo> {
     let info = TargetInfo { flags: 0, _reserved: 0 };
     match TARGETS.insert(&tgid, &info, BPF_NOEXIST) {
-        Ok(()) => send(LifeKind::Adopt, tgid, tgid, idx, current_phase()),
+        Ok(()) => send(LifeKind::Adopt, tgid, tgid, aux, current_phase()),
         // Another CPU inserted it first (and told), or the map is full.
         Err(_) => {
             if unsafe { TARGETS.get(&tgid) }.is_none() {

@@ -12,16 +12,16 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use faultscope_common::maps::{
-    Drop, FltCount, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+    Drop, FltCount, LifeKind, TargetInfo, ADOPT_AT_EXEC, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
 };
 
 use crate::{
     helpers::{
-        adopt, atomic_add, bump_phase, current_flt, current_phase, drop_count, field, pid_tgid, read_failed,
-        send, ReadFailed, BPF_ANY, BPF_NOEXIST,
+        adopt, adopt_by_cgroup, adopt_by_comm, atomic_add, bump_phase, current_flt, current_phase,
+        drop_count, field, pid_tgid, read_failed, send, ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
-        cfg, CHILDREN, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
+        cfg, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
         SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
     },
 };
@@ -97,13 +97,20 @@ fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
     child_gone(LifeKind::ChildExec, tgid);
     let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
-        // A program exec'd in a filtered cgroup joins at its exec (a child
-        // that execs no longer shares its parent's memory: its own target).
-        adopt(tgid);
+        // A program exec'd in a filtered cgroup, or under a filtered comm,
+        // joins at its exec (a child that execs no longer shares its
+        // parent's memory: its own target).
+        if adopt_by_cgroup(tgid, ADOPT_AT_EXEC).is_none() {
+            adopt_by_comm(tgid);
+        }
         return Ok(0);
     };
+    let started = unsafe { (*t).flags } & TARGET_PENDING_EXEC != 0;
     unsafe { (*t).flags &= !TARGET_PENDING_EXEC };
-    send(LifeKind::Exec, tgid, tid, 0, current_phase());
+    // A traced process that runs another program: with `EXEC_PHASE`, the
+    // new program's faults are a phase of their own.
+    let phase = if !started && cfg(&EXEC_PHASE) != 0 { bump_phase() } else { current_phase() };
+    send(LifeKind::Exec, tgid, tid, 0, phase);
     Ok(0)
 }
 

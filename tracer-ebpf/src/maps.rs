@@ -100,6 +100,12 @@ pub static CHILDREN: HashMap<u32, u32> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static CGROUPS: HashMap<u64, u32> = HashMap::with_max_entries(1, 0);
 
+/// The comm filter (`serve --comm`): the comm (NUL-padded, as
+/// `bpf_get_current_comm` gives it) -> 0. Read only at exec, when
+/// `COMM_FILTER` is set. User space sizes it at load.
+#[map]
+pub static COMMS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(1, 0);
+
 /// What the programs record (see `Config`): one value, read once per run.
 #[map]
 pub static CONFIG: Array<ConfigValues> = Array::with_max_entries(1, 0);
@@ -166,6 +172,16 @@ pub static VMA_START_OFF: u32 = 0;
 /// constant, so that without the filter no program pays for it.
 #[no_mangle]
 pub static CGROUP_FILTER: u32 = 0;
+
+/// Non-zero: a program whose comm is in `COMMS` joins the traced set at its
+/// exec (see `lifecycle::process_exec`).
+#[no_mangle]
+pub static COMM_FILTER: u32 = 0;
+
+/// Non-zero: an exec in a traced process starts a phase (serve: the new
+/// program's faults are its own phase kind's, not the old program's).
+#[no_mangle]
+pub static EXEC_PHASE: u32 = 0;
 
 // How `sched_process_exit` tells the last thread of a process (see
 // lifecycle.rs): the tracepoint's `group_dead` field where the kernel has it

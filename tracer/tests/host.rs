@@ -1520,7 +1520,7 @@ fn attribution_is_measured_or_says_why_not() {
 fn scrape(port: u16) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
@@ -1561,7 +1561,7 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     }
     let _term = Term(serve.id());
     sleep(Duration::from_millis(2500));
-    let before = sample(&scrape(port), "faultscope_faults_total{class=\"faults\"");
+    let before = sample(&scrape(port), "faultscope_class_faults_total{class=\"faults\"");
     use std::io::{BufRead, Write};
     let mut stdin = wl.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
@@ -1572,7 +1572,7 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     let text = scrape(port);
     let faults: u64 = text
         .lines()
-        .filter(|l| l.starts_with("faultscope_faults_total{class=\"faults\""))
+        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     assert!(minflt >= 2048, "{minflt}");
@@ -1582,6 +1582,13 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
         "{delta} faults counted, getrusage {minflt}\n{text}"
     );
     assert!(text.contains("faultscope_build_info{"), "{text}");
+    // The kinds partition the faults: their sum is the faults class.
+    let kinds: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("faultscope_faults_total{kind="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(kinds, faults, "{text}");
     stdin.write_all(b"bye\n").unwrap();
     wl.wait().unwrap();
     unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
@@ -1604,7 +1611,7 @@ fn wait_serving(port: u16) {
 /// The sum of the `faults` counters whose labels include `label`.
 fn faults_with(text: &str, label: &str) -> u64 {
     text.lines()
-        .filter(|l| l.starts_with("faultscope_faults_total{class=\"faults\"") && l.contains(label))
+        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\"") && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
@@ -2109,23 +2116,210 @@ fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
     let held = fds() - before;
     assert!(held <= 64 + 4, "serve holds {held} more descriptors with 200 idle clients (cap 64)");
     let answered = (0..40).any(|_| {
-        let ok = http(port, "GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200");
+        let ok = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 200");
         if !ok {
             sleep(Duration::from_millis(500));
         }
         ok
     });
     assert!(answered, "no scrape answered within 20 s of 200 idle clients");
-    let head = http(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    let head = http(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     assert!(head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"), "{head}");
-    assert!(http(port, "GET / HTTP/1.1\r\n\r\n").contains("href=\"/metrics\""));
-    let scrape = http(port, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(http(port, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").contains("href=\"/metrics\""));
+    let scrape = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
     assert!(scrape.contains("faultscope_build_info"), "{scrape}");
+    // Keep-alive: a bare-LF request, then a gzip'd scrape on the same
+    // connection; a POST is refused.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"GET / HTTP/1.1\nHost: x\n\n").unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = |b: &[u8]| b.windows(4).position(|w| w == b"\r\n\r\n");
+        while head_end(&buf).is_none() {
+            let n = c.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed after the first reply: {}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let h = head_end(&buf).unwrap();
+        let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap();
+        while buf.len() < h + 4 + len {
+            let n = c.read(&mut chunk).unwrap();
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        c.write_all(b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        let h = head_end(&rest).expect("a second reply on the same connection");
+        let head = String::from_utf8_lossy(&rest[..h]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200") && head.contains("content-encoding: gzip"), "{head}");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&rest[h + 4..]).read_to_string(&mut text).unwrap();
+        assert!(text.contains("faultscope_build_info"), "{text}");
+        let post = http(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    }
     drop(idle);
     unsafe { libc::kill(serve.id() as i32, libc::SIGHUP) };
     let st = serve.wait().unwrap();
     target.kill().unwrap();
     target.wait().unwrap();
     assert!(st.success(), "{st:?}");
+    assert_nothing_left();
+}
+
+/// A Python run as `exe` (its comm) that touches 2048 new pages and exits at
+/// once; its output: the minflt of the touching, then of its whole life.
+fn short_python(exe: &Path) -> (u64, u64) {
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let out = Command::new(exe).args(["-c", script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> =
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect();
+    assert!(v[0] >= 2048, "{v:?}");
+    (v[0], v[1])
+}
+
+/// `serve --comm`: a program that lives far less than a tick is counted
+/// from its exec (the kernel adopts it there), bounded by the page
+/// arithmetic and its own getrusage; a comm the kernel could never hold is
+/// refused.
+#[test]
+fn serve_comm_counts_a_process_shorter_than_a_tick_from_its_exec() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = faultscope(&["serve", "--comm", "0123456789abcdef"]);
+    assert_refused(&out, "--comm");
+    let port = 9876;
+    let dir = tmp();
+    let exe = dir.path().join("fs-shortlived");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    // A tick of 5 s: the /proc scan could not see it.
+    let served = Served::start(&["--comm", "fs-shortlived", "--port", &port.to_string(), "--tick", "5"]);
+    wait_serving(port);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        runs.push(short_python(&exe));
+    }
+    // Counted at the next tick.
+    sleep(Duration::from_millis(6000));
+    let text = scrape(port);
+    let counted = faults_with(&text, "comm=\"fs-shortlived\"");
+    let touched: u64 = runs.iter().map(|r| r.0).sum();
+    let whole: u64 = runs.iter().map(|r| r.1).sum();
+    assert!(
+        counted >= touched && counted <= whole + TOLERANCE,
+        "{counted} counted; runs (touch, whole) {runs:?}\n{text}"
+    );
+    let err = served.stop();
+    assert!(err.matches("(fs-shortlived)").count() >= 2, "{err}");
+    assert_nothing_left();
+}
+
+/// `serve --cgroup`: a cgroup removed and created again (a service
+/// restart) is a new id; serve says so and counts the processes of the new
+/// one.
+#[test]
+fn serve_follows_a_cgroup_created_again() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 9877;
+    let cg = cgroup2_root().join(format!("faultscope-recreate-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    struct Rmdir(PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                    return;
+                }
+                sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let _rm = Rmdir(cg.clone());
+    let served =
+        Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    std::fs::remove_dir(&cg).unwrap();
+    sleep(Duration::from_millis(600));
+    std::fs::create_dir(&cg).unwrap();
+    sleep(Duration::from_millis(600));
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let inside = Command::new("sh")
+        .args([
+            "-c",
+            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
+    let out = String::from_utf8_lossy(&inside.stdout).to_string();
+    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    sleep(Duration::from_millis(800));
+    let text = scrape(port);
+    let counted = faults_with(&text, "");
+    assert!(counted >= v[0] && counted <= v[1] + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    let err = served.stop();
+    assert!(err.contains("is gone") && err.contains("is back (id "), "{err}");
+    assert_nothing_left();
+}
+
+/// serve out of descriptors: its RLIMIT_NOFILE lowered (on the running
+/// serve) to what it holds plus a few, idle clients take the rest. It keeps
+/// counting its target (the target's own getrusage minflt, touched while no
+/// descriptor is left), never takes it for exited, counts the refused
+/// connections, and answers again once the clients are gone.
+#[test]
+fn serve_out_of_descriptors_keeps_counting() {
+    use std::io::{BufRead, Write};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let port = 9878;
+    let (mut wl, mut stdin, mut stdout) = paced_python(Path::new("/usr/bin/python3"));
+    let served = Served::start(&["-p", &wl.id().to_string(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    sleep(Duration::from_millis(500));
+    let before = faults_with(&scrape(port), "");
+    let spid = served.0.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{spid}/fd")).unwrap().count() as u64;
+    let limit = fds() + 4;
+    let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+    assert_eq!(unsafe { libc::prlimit(spid as i32, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) }, 0);
+    let idle: Vec<_> =
+        (0..40).filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    sleep(Duration::from_millis(500));
+    assert!(fds() >= limit - 1, "serve holds {} of {limit} descriptors", fds());
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let minflt: u64 = line.trim().parse().unwrap();
+    // Ticks with no descriptor left.
+    sleep(Duration::from_millis(1000));
+    drop(idle);
+    let text = (0..20)
+        .find_map(|_| {
+            sleep(Duration::from_millis(500));
+            let r = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+            r.starts_with("HTTP/1.1 200").then(|| r.split_once("\r\n\r\n").unwrap().1.to_string())
+        })
+        .expect("serve answers once the idle clients are gone");
+    let delta = faults_with(&text, "") - before;
+    assert!(
+        minflt >= 2048 && delta >= minflt && delta <= minflt + TOLERANCE,
+        "{delta} counted, getrusage {minflt}\n{text}"
+    );
+    assert!(sample(&text, "faultscope_drops_total{reason=\"accept_errors\"}") > 0, "{text}");
+    stdin.write_all(b"bye\n").unwrap();
+    wl.wait().unwrap();
+    let err = served.stop();
+    assert_eq!(err.matches("cannot accept a connection").count(), 1, "{err}");
     assert_nothing_left();
 }

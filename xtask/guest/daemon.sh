@@ -19,7 +19,7 @@ REDIS_FUNCTIONS_ONLY=1 . /redis.sh
 PROM=/tmp/prometheus # in the chroot
 API=http://127.0.0.1:9090/api/v1
 # Every counter of redis-server that the windows compare.
-COUNTERS='{__name__=~"faultscope_faults_total|faultscope_forks_total|faultscope_fault_duration_seconds_count",comm="redis-server"}'
+COUNTERS='{__name__=~"faultscope_faults_total|faultscope_class_faults_total|faultscope_forks_total|faultscope_fault_duration_seconds_count",comm="redis-server"}'
 
 http() { in_host /usr/bin/curl -s --max-time 30 "$@"; }
 
@@ -184,8 +184,8 @@ stop_redis run2
 # The whole run, as a dashboard would ask: counter resets (none: the
 # counters only grow across the restart), the README's two queries, and
 # whether Prometheus saw the target up.
-promql end.resets 'resets(faultscope_faults_total{comm="redis-server"}[1h])'
-promql end.copies-per-bgsave 'sum by (comm) (increase(faultscope_faults_total{class="copy", phase_kind="child-alive"}[1h])) / sum by (comm) (increase(faultscope_forks_total[1h]))'
+promql end.resets 'resets({__name__=~"faultscope_faults_total|faultscope_class_faults_total",comm="redis-server"}[1h])'
+promql end.copies-per-bgsave 'sum by (comm) (increase(faultscope_faults_total{kind="copy", phase_kind="child-alive"}[1h])) / sum by (comm) (increase(faultscope_forks_total[1h]))'
 promql end.p99 'histogram_quantile(0.99, sum by (class, le) (rate(faultscope_fault_duration_seconds_bucket[5m])))'
 promql end.up 'up{job="faultscope"}'
 kill -TERM $serve

@@ -55,6 +55,11 @@ const INTERVAL_S: &str = "0.25";
 /// most this; the totals are exact.
 const FORK_EXIT_ORDER_SLACK: u64 = 32;
 
+/// serve's counters of the report's (nested) classes, by `class`.
+const CLASS_FAULTS: &str = "faultscope_class_faults_total";
+/// serve's partition of the faults, by `kind`.
+const PARTITION: &str = "faultscope_faults_total";
+
 /// The phase kinds of a window with one fork, in order of time.
 const WINDOW_KINDS: [&str; 3] = ["before-fork", "child-alive", "after-child-exit"];
 
@@ -146,7 +151,9 @@ fn counters(v: &Vector) -> Result<Counters> {
         if value.fract() != 0.0 || *value < 0.0 || *value > 2f64.powi(53) {
             bail!("counter {labels:?} = {value} is not a whole count");
         }
-        out.insert((get("__name__"), get("class"), get("phase_kind")), *value as u64);
+        // The nested classes' series by `class`, the partition's by `kind`.
+        let class = if labels.contains_key("kind") { get("kind") } else { get("class") };
+        out.insert((get("__name__"), class, get("phase_kind")), *value as u64);
     }
     Ok(out)
 }
@@ -212,7 +219,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
     let by_kind = report_by_kind(p);
     let kinds: Vec<&str> = {
         let mut k: Vec<&str> = by_kind.keys().map(|(_, k)| *k).collect();
-        k.extend(c1.keys().filter(|(n, _, _)| n == "faultscope_faults_total").map(|(_, _, k)| k.as_str()));
+        k.extend(c1.keys().filter(|(n, _, _)| n == CLASS_FAULTS).map(|(_, _, k)| k.as_str()));
         k.sort();
         k.dedup();
         k
@@ -226,7 +233,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         let Some(total) = check::count(&p.classes, m) else { continue };
         let mut prom_total = Some(0u64);
         for kind in &kinds {
-            let prom = delta("faultscope_faults_total", m.name(), kind);
+            let prom = delta(CLASS_FAULTS, m.name(), kind);
             let rec = by_kind.get(&(m, *kind)).copied().unwrap_or(0);
             prom_total = prom_total.zip(prom).map(|(a, b)| a + b);
             if SHOWN.contains(&m) && (rec > 0 || prom != Some(0)) {
@@ -240,7 +247,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         // Up to each boundary of the fork's phases, in time order.
         let (mut prom_upto, mut rec_upto) = (Some(0u64), 0u64);
         for kind in &WINDOW_KINDS[..WINDOW_KINDS.len() - 1] {
-            prom_upto = prom_upto.zip(delta("faultscope_faults_total", m.name(), kind)).map(|(a, b)| a + b);
+            prom_upto = prom_upto.zip(delta(CLASS_FAULTS, m.name(), kind)).map(|(a, b)| a + b);
             rec_upto += by_kind.get(&(m, *kind)).copied().unwrap_or(0);
             match prom_upto.map(|p| rec_upto.abs_diff(p)) {
                 Some(0) => {}
@@ -285,6 +292,31 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         } else if [Metric::Faults, Metric::Reuse, Metric::Copy].contains(&m) {
             fails.push(format!("{name}: {m}: no latency histogram"));
         }
+    }
+    // The partition: per phase kind, the kinds' increases add up to the
+    // faults class's, and over the window to record's faults.
+    let mut parts_total = 0u64;
+    let mut line = Vec::new();
+    for kind in &kinds {
+        let faults = delta(CLASS_FAULTS, Metric::Faults.name(), kind);
+        let mut sum = Some(0u64);
+        for (n, k, pk) in c1.keys() {
+            if n == PARTITION && pk == kind {
+                sum = sum.zip(delta(PARTITION, k, kind)).map(|(a, b)| a + b);
+                if let Some(d) = delta(PARTITION, k, kind).filter(|d| *d > 0) {
+                    line.push(format!("{k}@{kind} {d}"));
+                }
+            }
+        }
+        parts_total += sum.unwrap_or(0);
+        if sum != faults {
+            fails.push(format!("{name}: {kind}: the kinds' increases add up to {sum:?}, faults {faults:?}"));
+        }
+    }
+    let faults = check::count(&p.classes, Metric::Faults);
+    let _ = writeln!(t, "  partition: {} = {parts_total} faults (record {faults:?})", line.join(", "));
+    if Some(parts_total) != faults {
+        fails.push(format!("{name}: the kinds add up to {parts_total}, record's faults {faults:?}"));
     }
     fails.extend(cmp.failures.iter().cloned());
     for why in &cmp.unknown {
@@ -424,7 +456,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
             format!("{} series kept going across the restart (lower: {lower:?})", end1.len()),
         );
         let grew = |v: &Counters| -> u64 {
-            v.iter().filter(|(k, _)| k.0 == "faultscope_faults_total" && k.1 == "copy").map(|(_, v)| v).sum()
+            v.iter().filter(|(k, _)| k.0 == CLASS_FAULTS && k.1 == "copy").map(|(_, v)| v).sum()
         };
         expect(
             grew(&b.after) > grew(start2),
@@ -453,7 +485,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
     let mut exact = (0u64, 0u64);
     for x in w {
         let d = |metric: &str, class: &str, kind: &str| delta(&x.before, &x.after, metric, class, kind);
-        exact.0 += d("faultscope_faults_total", "copy", "child-alive").unwrap_or(0);
+        exact.0 += d(PARTITION, "copy", "child-alive").unwrap_or(0);
         exact.1 += d("faultscope_forks_total", "", "").unwrap_or(0);
     }
     let exact = exact.0 as f64 / exact.1.max(1) as f64;
@@ -505,11 +537,13 @@ mod tests {
     #[test]
     fn vectors_parse() {
         let text = r#"{"status":"success","data":{"resultType":"vector","result":[
-            {"metric":{"__name__":"faultscope_faults_total","class":"copy","comm":"redis-server","phase_kind":"child-alive"},"value":[1764500000.5,"77"]},
+            {"metric":{"__name__":"faultscope_class_faults_total","class":"copy","comm":"redis-server","phase_kind":"child-alive"},"value":[1764500000.5,"77"]},
+            {"metric":{"__name__":"faultscope_faults_total","kind":"copy","comm":"redis-server","phase_kind":"child-alive"},"value":[1764500000.5,"70"]},
             {"metric":{"__name__":"faultscope_forks_total","comm":"redis-server"},"value":[1764500000.5,"2"]}]}}"#;
         let v = parse_vector("t", text).unwrap();
         let c = counters(&v).unwrap();
-        assert_eq!(c[&("faultscope_faults_total".into(), "copy".into(), "child-alive".into())], 77);
+        assert_eq!(c[&("faultscope_class_faults_total".into(), "copy".into(), "child-alive".into())], 77);
+        assert_eq!(c[&("faultscope_faults_total".into(), "copy".into(), "child-alive".into())], 70);
         assert_eq!(c[&("faultscope_forks_total".into(), "".into(), "".into())], 2);
         assert!(parse_vector("t", r#"{"status":"error","error":"bad"}"#).is_err());
         assert!(parse_vector("t", "not json").is_err());

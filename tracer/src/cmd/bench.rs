@@ -143,7 +143,13 @@ impl<'a> Run<'a> {
             kernel::require_root()?;
             None
         } else {
-            let mut r = Recorder::start(o.max_stats, record::DEFAULT_STATS, o.attrib.clone(), &o.probe, &[])?;
+            let mut r = Recorder::start(
+                o.max_stats,
+                record::DEFAULT_STATS,
+                o.attrib.clone(),
+                &o.probe,
+                &record::Filters::default(),
+            )?;
             r.self_traced = true;
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             // Its own reading of the counts is left out of its report (the

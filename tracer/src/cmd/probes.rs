@@ -46,7 +46,7 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         [("record and bench", crate::cmd::record::DEFAULT_STATS), ("serve", crate::cmd::serve::DEFAULT_STATS)]
     {
         let stats = kernel::footprint::stats_entries(None, default, cpus)?;
-        let m = kernel::footprint::maps(stats, 0, 0, cpus);
+        let m = kernel::footprint::maps(&kernel::footprint::Sizes { stats, ..Default::default() }, cpus);
         println!(
             "kernel memory: {what} take {} on this machine's {cpus} CPUs by default ({stats} stats entries of {} bytes each; --max-stats sets it, at most {})",
             kernel::footprint::human(kernel::footprint::total(&m)),

@@ -14,7 +14,9 @@ use std::{
 use anyhow::Result;
 use clap::Args;
 use faultscope_common::{
-    maps::{Config, LifeEvent, LifeKind, TargetInfo, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC},
+    maps::{
+        Config, LifeEvent, LifeKind, TargetInfo, ADOPT_AT_EXEC, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+    },
     Program,
 };
 use tokio::{
@@ -39,9 +41,9 @@ use crate::{
         self,
         btf::KernelBtf,
         classes::{self, Availability, Metric},
-        footprint,
+        footprint::{self, Sizes},
         probes::{self, BackendChoice},
-        session::{Session, Sizes},
+        session::Session,
     },
     report::{attribution::Namer, build, file, findings, live, schema::Report, text},
 };
@@ -136,8 +138,8 @@ pub struct Recorder {
     /// Each process's own phase kinds (serve's `phase_kind`); record has
     /// none: its phases are the run's.
     pub kinds: Option<ProcessKinds>,
-    /// Processes the kernel's cgroup filter added (pid, the cgroup's
-    /// index), taken by `serve`.
+    /// Processes the kernel's filters added (pid, the cgroup's index or
+    /// `ADOPT_BY_COMM`), taken by `serve`.
     pub adopted: Vec<(u32, u32)>,
     /// The kernel's own count of each traced process's faults, bracketed
     /// (the kernel check of the report).
@@ -149,13 +151,24 @@ pub struct Recorder {
 /// Entries of the stack map when stacks are asked for.
 const STACK_ENTRIES: u32 = 16384;
 
+/// Which processes the kernel adds to the traced set by itself (serve).
+#[derive(Debug, Default)]
+pub struct Filters {
+    /// cgroup v2 ids: a process of one joins at its first event.
+    pub cgroups: Vec<u64>,
+    /// comms (NUL-padded): a program exec'd under one joins at its exec.
+    pub comms: Vec<[u8; 16]>,
+    /// An exec in a traced process starts a phase.
+    pub exec_phase: bool,
+}
+
 /// record's and bench's most stats entries by default.
 pub const DEFAULT_STATS: u32 = 2048;
 
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
-    /// `cgroups`: the kernel's cgroup filter (cgroup v2 ids), none for off.
+    /// `filters`: the kernel's adoption of new processes (none for off).
     /// `max_stats`: `--max-stats`, else the default for the machine, at
     /// most `default_stats` (see `kernel::footprint`).
     pub fn start(
@@ -163,7 +176,7 @@ impl Recorder {
         default_stats: u32,
         attrib: AttribOpts,
         probe: &ProbeOpts,
-        cgroups: &[u64],
+        filters: &Filters,
     ) -> Result<Recorder> {
         let max_stats = footprint::stats_entries(max_stats, default_stats, footprint::cpus())?;
         kernel::require_root()?;
@@ -173,13 +186,22 @@ impl Recorder {
         let btf = KernelBtf::load();
         let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
-        let sizes = Sizes { stats: max_stats, stacks, cgroups: cgroups.len() as u32 };
+        let sizes = Sizes {
+            stats: max_stats,
+            stacks,
+            cgroups: filters.cgroups.len() as u32,
+            comms: filters.comms.len() as u32,
+            exec_phase: filters.exec_phase,
+        };
         let mut session = Session::attach(&tracefs, &resolved, sizes, &btf, probe.backend)?;
         if probe.prog_stats {
             session.enable_program_stats()?;
         }
-        for (i, &id) in cgroups.iter().enumerate() {
+        for (i, &id) in filters.cgroups.iter().enumerate() {
             session.add_cgroup(id, i as u32)?;
+        }
+        for &comm in &filters.comms {
+            session.add_comm(comm)?;
         }
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
@@ -394,6 +416,14 @@ impl Recorder {
                     }
                 }
                 k if k == LifeKind::Exec as u32 => {
+                    // The kernel started a phase for the new program
+                    // (`Filters::exec_phase`).
+                    if e.phase != self.timeline.current().id {
+                        self.timeline.exec(e.phase, e.ts_ns, e.tgid);
+                        if let Some(k) = self.kinds.as_mut() {
+                            k.exec(e.tgid, e.phase);
+                        }
+                    }
                     // A started command counts from its exec (a traced
                     // process that execs again keeps its start).
                     self.accounting
@@ -406,15 +436,20 @@ impl Recorder {
                 // The cgroup filter added it at its first event (unless
                 // serve's scan of cgroup.procs added it meanwhile).
                 k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => {
+                    let at_exec = e.aux & ADOPT_AT_EXEC != 0;
                     self.accounting.entry(e.tgid).or_insert_with(|| {
-                        KernelCount::new(Start::Unknown(
-                            "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
-                        ))
+                        KernelCount::new(if at_exec {
+                            Start::Exact(e.flt, "its exec")
+                        } else {
+                            Start::Unknown(
+                                "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
+                            )
+                        })
                     });
                     self.comms.insert(e.tgid, comm);
                     self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
                     self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
-                    self.adopted.push((e.tgid, e.aux));
+                    self.adopted.push((e.tgid, e.aux & !ADOPT_AT_EXEC));
                 }
                 // The kernel took it out of the traced set at its exit (so
                 // that a new process with its pid is not counted as it).
@@ -516,7 +551,7 @@ impl Recorder {
 /// What maps of `sizes` take on this machine.
 pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
     let cpus = footprint::cpus();
-    let maps = footprint::maps(sizes.stats, sizes.stacks, sizes.cgroups, cpus);
+    let maps = footprint::maps(&sizes, cpus);
     crate::report::schema::KernelMemory {
         cpus,
         bytes: footprint::total(&maps),
@@ -618,7 +653,8 @@ impl Recording {
         .filter_map(|(f, p)| Some((f, p?)))
         .collect();
         crate::output::check_distinct(&outs)?;
-        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &[])?;
+        let mut rec =
+            Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &Filters::default())?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;

@@ -1,16 +1,21 @@
 //! `faultscope serve`: trace until SIGINT/SIGTERM and export OpenMetrics on
 //! `http://127.0.0.1:PORT/metrics` (another address only with `--listen`).
 //!
-//! Targets: `-p PID`; `--comm NAME`, found by scanning `/proc` every tick
-//! for processes with that comm that are not traced yet (a child of a
+//! Targets: `-p PID`; `--comm NAME`, matched by the kernel at each exec (a
+//! program exec'd under that comm joins the traced set there, so one that
+//! lives less than a tick is counted from its exec), and by a scan of
+//! `/proc` at start and each tick for those already running (a child of a
 //! traced process, such as Redis' BGSAVE child, is not: it is the parent's
-//! phase), so a restarted Redis is followed under its new pid within a
-//! tick; `--cgroup PATH`, filtered in the kernel by cgroup id (the cgroup
+//! phase); `--cgroup PATH`, filtered in the kernel by cgroup id (the cgroup
 //! v2 directory's inode number): a process of that cgroup joins the traced
 //! set at its first fault, fork or exec, so that one that faults and exits
 //! within a tick is counted too; the processes already in the cgroup's
 //! `cgroup.procs` are added at start (and each tick, for one that has not
-//! had an event yet).
+//! had an event yet). A cgroup directory removed and created again (a
+//! service restart) is a new id: it is noticed at the next tick.
+//!
+//! An exec in a traced process starts a phase in the kernel, so that the new
+//! program's faults are of its own phase kind (before its first fork).
 //!
 //! A process's `phase_kind` is its own (`ProcessKinds`): the kernel's phase
 //! ids are one sequence for all traced processes, but another process's
@@ -23,27 +28,42 @@
 //! into the counters and deleted from the kernel's stats map) and its last
 //! 16 phase kind changes, and nothing at all once the process has exited;
 //! the timeline keeps its last 16 phases.
+//!
+//! An entry of the kernel's stats map is deleted only once nothing can add
+//! to it: its process has exited, or its phase is older than the previous
+//! tick's current one. (A phase newer than user space knows is kept: it is
+//! still counting.)
+//!
+//! HTTP is hyper's (HTTP/1.1 keep-alive, HEAD, bare-LF requests), with at
+//! most 64 connections, a 10 s bound on every read and write, and gzip
+//! when the client accepts it.
 
 use std::{
     collections::BTreeSet,
+    convert::Infallible,
     fs,
+    io::Write as _,
     net::SocketAddr,
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
 use aya::maps::PerCpuHashMap;
 use clap::Args;
-use faultscope_common::{maps::ClassSetKey, PhaseId, Stat, StatKey};
+use faultscope_common::{
+    maps::{ClassSetKey, ADOPT_BY_COMM},
+    PhaseId, Stat,
+};
+use http_body_util::Full;
+use hyper::{body::Bytes, header, Method, Request, Response, StatusCode};
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpSocket, TcpStream},
     signal::unix::{signal, SignalKind},
 };
 
-use super::record::Recorder;
+use super::record::{Filters, Recorder};
 use crate::{
     collect::{attribution::AttribOpts, target},
     error::Refusal,
@@ -56,7 +76,9 @@ pub struct ServeOpts {
     /// Trace this process (repeatable).
     #[arg(short = 'p', long = "pid")]
     pub pids: Vec<u32>,
-    /// Trace every process with this comm, as it starts (repeatable).
+    /// Trace every process with this comm (at most 15 bytes, as the kernel
+    /// keeps it): those running, and each program exec'd under it, from
+    /// its exec (repeatable).
     #[arg(long)]
     pub comm: Vec<String>,
     /// Trace the processes of this cgroup v2 directory (repeatable),
@@ -92,8 +114,15 @@ pub struct ServeOpts {
 /// keep a CPU busy for nothing Prometheus scrapes).
 const MIN_TICK_S: f64 = 0.1;
 
-/// Scrapes served at once; more connections are closed at once.
+/// Connections served at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 64;
+
+/// The pause after a failed accept (no descriptor left).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The longest a connection waits for a read or a write: an idle or a
+/// non-reading client lets go of its slot after this.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// serve's most stats entries by default.
 pub const DEFAULT_STATS: u32 = 4096;
@@ -109,13 +138,18 @@ struct Serve {
     prev_phase: PhaseId,
     /// Each traced pid's cgroup (with --cgroup).
     cgroups: std::collections::BTreeMap<u32, String>,
+    /// Each `--cgroup` directory's id in the kernel's filter (None while
+    /// the directory is gone).
+    cgroup_ids: Vec<Option<u64>>,
+    /// Connections that could not be accepted (no descriptor left).
+    accept_errors: u64,
 }
 
 impl Serve {
     fn tick(&mut self) -> Result<()> {
         self.rec.drain_events()?;
         for (pid, idx) in std::mem::take(&mut self.rec.adopted) {
-            if let Some(dir) = self.opts.cgroup.get(idx as usize) {
+            if let Some(dir) = self.opts.cgroup.get(idx as usize).filter(|_| idx != ADOPT_BY_COMM) {
                 self.cgroups.insert(pid, dir.display().to_string());
             }
             let comm = self.rec.comms.get(&pid).cloned().unwrap_or_default();
@@ -124,6 +158,7 @@ impl Serve {
         for comm in self.rec.fork_comms.as_mut().map(std::mem::take).unwrap_or_default() {
             self.metrics.fork(&comm);
         }
+        self.follow_cgroups()?;
         self.discover()?;
         // Exited: seen by the kernel's exit event (out of `live`) or gone
         // from /proc.
@@ -143,18 +178,22 @@ impl Serve {
             |pid, ph| kinds.kind(pid, ph),
             |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
         );
-        self.metrics.update_drops(&self.rec.session.drops()?);
+        let mut drops = self.rec.session.drops()?;
+        drops.insert("accept_errors".into(), self.accept_errors);
+        self.metrics.update_drops(&drops);
         // Folded in: the entries of exited processes, and of phases before
-        // the previous one, leave the kernel and our state.
+        // the previous one, leave the kernel and our state. Nothing can add
+        // to them any more; a phase newer than the timeline knows is still
+        // counting, and stays.
         let cur = self.rec.timeline.current().id;
         let prev = std::mem::replace(&mut self.prev_phase, cur);
-        let stale = |k: &StatKey| gone.contains(&k.tgid) || (k.phase != cur && k.phase != prev);
+        let stale = |tgid: u32, phase: PhaseId| gone.contains(&tgid) || phase < prev;
         {
             let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
             let mut stats: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;
-            // Only what this tick read: an entry made since (a phase user
-            // space does not know yet) is counted at the next tick.
-            for k in snap.stat_sets.iter().filter(|k| stale(&StatKey::new(k.tgid, k.phase, 0))) {
+            // Only what this tick read: an entry made since is counted at
+            // the next tick.
+            for k in snap.stat_sets.iter().filter(|k| stale(k.tgid, k.phase)) {
                 let _ = stats.remove(k);
             }
         }
@@ -171,6 +210,32 @@ impl Serve {
             self.rec.session.remove_target(*pid);
         }
         self.rec.timeline.keep_last(KEEP_PHASES);
+        Ok(())
+    }
+
+    /// A `--cgroup` directory removed and created again has a new id: the
+    /// kernel's filter follows it (the old id can have no process left).
+    fn follow_cgroups(&mut self) -> Result<()> {
+        for (i, dir) in self.opts.cgroup.iter().enumerate() {
+            let now = cgroup_id(dir).ok();
+            let was = self.cgroup_ids[i];
+            if now == was {
+                continue;
+            }
+            if let Some(old) = was {
+                let _ = self.rec.session.remove_cgroup(old);
+            }
+            let d = crate::report::text::safe(&dir.display().to_string());
+            match now {
+                Some(id) => {
+                    self.rec.session.add_cgroup(id, i as u32)?;
+                    let what = if was.is_some() { "was created again" } else { "is back" };
+                    super::say(&format!("faultscope: cgroup {d} {what} (id {id}): following it"));
+                }
+                None => super::say(&format!("faultscope: cgroup {d} is gone; waiting for it to come back")),
+            }
+            self.cgroup_ids[i] = now;
+        }
         Ok(())
     }
 
@@ -246,6 +311,26 @@ fn parent_of(pid: u32) -> Option<u32> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The kernel keeps a comm in 16 bytes, NUL included.
+const COMM_LEN: usize = 16;
+
+/// `--comm NAME` as the kernel's filter holds it, or why it can never
+/// match.
+fn comm_key(name: &str) -> Result<[u8; COMM_LEN]> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= COMM_LEN || b.contains(&0) {
+        return Err(Refusal::new(format!(
+            "--comm {}: a comm is 1 to {} bytes without NUL (the kernel cuts longer names to that, so this one could never match)",
+            crate::report::text::safe(name),
+            COMM_LEN - 1
+        ))
+        .into());
+    }
+    let mut k = [0u8; COMM_LEN];
+    k[..b.len()].copy_from_slice(b);
+    Ok(k)
+}
+
 pub async fn run(o: ServeOpts) -> Result<i32> {
     if o.pids.is_empty() && o.comm.is_empty() && o.cgroup.is_empty() {
         return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME or --cgroup PATH").into());
@@ -253,9 +338,12 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     if !(o.tick.is_finite() && (MIN_TICK_S..=3600.0).contains(&o.tick)) {
         return Err(Refusal::new(format!("--tick {}: give seconds from {MIN_TICK_S} to 3600", o.tick)).into());
     }
-    let mut cgroup_ids = Vec::new();
+    let mut filters = Filters { exec_phase: true, ..Filters::default() };
     for dir in &o.cgroup {
-        cgroup_ids.push(cgroup_id(dir)?);
+        filters.cgroups.push(cgroup_id(dir)?);
+    }
+    for c in &o.comm {
+        filters.comms.push(comm_key(c)?);
     }
     kernel::require_root()?;
     let mut comms = Vec::new();
@@ -277,7 +365,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         ..AttribOpts::default()
     };
     let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false };
-    let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &cgroup_ids)?;
+    let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &filters)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());
     for (pid, comm) in comms {
@@ -297,10 +385,19 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     }
     let prev_phase = rec.timeline.current().id;
     let tick = Duration::from_secs_f64(o.tick);
-    let mut s = Serve { rec, metrics, opts: o, prev_phase, cgroups: Default::default() };
+    let cgroup_ids = filters.cgroups.iter().map(|&id| Some(id)).collect();
+    let mut s = Serve {
+        rec,
+        metrics,
+        opts: o,
+        prev_phase,
+        cgroups: Default::default(),
+        cgroup_ids,
+        accept_errors: 0,
+    };
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
-    let text = Arc::new(Mutex::new(s.metrics.encode()));
+    let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(s.metrics.encode()))));
     // The port the kernel gave (`--port 0`).
     let bound = listener.local_addr().unwrap_or(addr);
     super::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
@@ -314,20 +411,32 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
             _ = sighup.recv() => break "hung up",
-            Ok((stream, _)) = listener.accept() => {
+            accepted = listener.accept() => match accepted {
                 // Past the cap a connection is closed at once: idle
                 // clients cannot take every descriptor.
-                if let Ok(slot) = slots.clone().try_acquire_owned() {
-                    let text = text.clone();
-                    tokio::spawn(async move {
-                        respond(stream, text).await;
-                        drop(slot);
-                    });
+                Ok((stream, _)) => {
+                    if let Ok(slot) = slots.clone().try_acquire_owned() {
+                        let scrape = scrape.clone();
+                        tokio::spawn(async move {
+                            connection(stream, scrape).await;
+                            drop(slot);
+                        });
+                    }
                 }
-            }
+                // Out of descriptors (EMFILE) or another failure: the
+                // pending connection stays queued, so accepting again at
+                // once would spin. Counting goes on at the next tick.
+                Err(e) => {
+                    if s.accept_errors == 0 {
+                        super::say(&format!("faultscope: cannot accept a connection: {e} (counting goes on; counted in drops{{reason=\"accept_errors\"}})"));
+                    }
+                    s.accept_errors += 1;
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
             _ = every.tick() => {
                 s.tick()?;
-                *text.lock().unwrap() = s.metrics.encode();
+                *scrape.lock().unwrap() = Arc::new(Scrape::new(s.metrics.encode()));
             }
         }
     };
@@ -336,61 +445,105 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     Ok(0)
 }
 
-/// One HTTP/1.1 exchange: `GET /metrics` gets the last tick's metrics,
-/// anything else 404; the connection is closed after the reply.
-async fn respond(mut stream: TcpStream, text: Arc<Mutex<String>>) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    let read = async {
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 8192 {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(5), read).await.is_err() {
-        return;
+/// One tick's metrics, in each form a client may ask for, each made at the
+/// first request that needs it.
+struct Scrape {
+    openmetrics: Bytes,
+    /// The Prometheus text format 0.0.4.
+    text: OnceLock<Bytes>,
+    /// gzip of [openmetrics, text].
+    gzip: [OnceLock<Bytes>; 2],
+}
+
+impl Scrape {
+    fn new(openmetrics: String) -> Scrape {
+        Scrape { openmetrics: Bytes::from(openmetrics), text: OnceLock::new(), gzip: Default::default() }
     }
-    let head = String::from_utf8_lossy(&buf);
-    let target = head.lines().next().unwrap_or("").trim_end();
-    let head_only = target.starts_with("HEAD ");
-    let target =
-        target.strip_prefix("HEAD ").map(|t| format!("GET {t}")).unwrap_or_else(|| target.to_string());
-    let target = format!("{target} ");
-    let target = target.as_str();
-    // OpenMetrics for who asks for it (Prometheus does), else the
-    // Prometheus text format (curl, promtool).
-    let om = head
-        .lines()
-        .any(|l| l.to_ascii_lowercase().starts_with("accept:") && l.contains("application/openmetrics-text"));
-    let reply = if target.starts_with("GET /metrics ") || target.starts_with("GET /metrics?") {
-        let body = text.lock().unwrap().clone();
-        let (body, ctype) = if om {
-            (body, "application/openmetrics-text; version=1.0.0; charset=utf-8")
-        } else {
-            (to_text_004(&body), "text/plain; version=0.0.4; charset=utf-8")
+
+    fn body(&self, openmetrics: bool, gzip: bool) -> Bytes {
+        let plain = |om: bool| {
+            if om {
+                self.openmetrics.clone()
+            } else {
+                self.text
+                    .get_or_init(|| {
+                        Bytes::from(to_text_004(std::str::from_utf8(&self.openmetrics).unwrap_or_default()))
+                    })
+                    .clone()
+            }
         };
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else if target.starts_with("GET / ") {
-        let body = "<html><head><title>faultscope</title></head><body><h1>faultscope</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n";
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else {
-        "HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\nConnection: close\r\n\r\nnot found\n".to_string()
+        if !gzip {
+            return plain(openmetrics);
+        }
+        self.gzip[!openmetrics as usize]
+            .get_or_init(|| {
+                let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                let _ = z.write_all(&plain(openmetrics));
+                Bytes::from(z.finish().unwrap_or_default())
+            })
+            .clone()
+    }
+}
+
+/// Serves one connection (keep-alive) until the client closes it, or a read
+/// or a write waits longer than `IO_TIMEOUT`.
+async fn connection(stream: TcpStream, scrape: Arc<Mutex<Arc<Scrape>>>) {
+    let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+    io.set_read_timeout(Some(IO_TIMEOUT));
+    io.set_write_timeout(Some(IO_TIMEOUT));
+    let io = hyper_util::rt::TokioIo::new(Box::pin(io));
+    let service = hyper::service::service_fn(move |req| {
+        let current = scrape.lock().unwrap().clone();
+        async move { Ok::<_, Infallible>(respond(&req, &current)) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(IO_TIMEOUT)
+        .serve_connection(io, service)
+        .await;
+}
+
+/// `GET`/`HEAD` of `/metrics` (OpenMetrics for a client that asks for it,
+/// as Prometheus does, else the Prometheus text format for curl and
+/// promtool; gzip when accepted) and of `/` (a page that links to it).
+fn respond<B>(req: &Request<B>, scrape: &Scrape) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, ctype: &str, body: Bytes| {
+        let mut r = Response::new(Full::new(body));
+        *r.status_mut() = status;
+        if let Ok(v) = header::HeaderValue::from_str(ctype) {
+            r.headers_mut().insert(header::CONTENT_TYPE, v);
+        }
+        r
     };
-    // HEAD: the headers alone.
-    let reply = if head_only {
-        reply.split_once("\r\n\r\n").map_or(reply.clone(), |(h, _)| format!("{h}\r\n\r\n"))
-    } else {
-        reply
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", Bytes::from_static(b"GET or HEAD\n"));
+        r.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let accepts = |h: header::HeaderName, what: &str| {
+        req.headers().get_all(h).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(what)))
     };
-    // A client that does not read gets 10 s.
-    let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(reply.as_bytes())).await;
-    let _ = stream.shutdown().await;
+    match req.uri().path() {
+        "/metrics" => {
+            let om = accepts(header::ACCEPT, "application/openmetrics-text");
+            let gzip = accepts(header::ACCEPT_ENCODING, "gzip");
+            let ctype = if om {
+                "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            } else {
+                "text/plain; version=0.0.4; charset=utf-8"
+            };
+            let mut r = reply(StatusCode::OK, ctype, scrape.body(om, gzip));
+            if gzip {
+                r.headers_mut().insert(header::CONTENT_ENCODING, header::HeaderValue::from_static("gzip"));
+            }
+            r.headers_mut().insert(header::VARY, header::HeaderValue::from_static("Accept, Accept-Encoding"));
+            r
+        }
+        "/" => reply(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            Bytes::from_static(b"<html><head><title>faultscope</title></head><body><h1>faultscope</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n"),
+        ),
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", Bytes::from_static(b"not found\n")),
+    }
 }

@@ -61,6 +61,9 @@ pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
     /// Per (process, phase, class): its count split by origin.
     pub origins: BTreeMap<StatKey, ByOrigin>,
+    /// Per (process, phase, kind of `classes::FAULT_KINDS`): the faults,
+    /// partitioned.
+    pub kinds: BTreeMap<(u32, PhaseId, &'static str), u64>,
     /// Per (process, phase): what the kernel check compares.
     pub accounted: BTreeMap<(u32, PhaseId), Accounted>,
     /// The kernel's own `STATS` keys that `stats` was read from (a set of
@@ -119,6 +122,17 @@ pub fn per_origin(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, ByOri
     out
 }
 
+/// The faults of each (process, phase) by kind (a partition).
+pub fn per_kind(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, &'static str), u64> {
+    let mut out = BTreeMap::new();
+    for (k, v) in sets {
+        if let Some(kind) = crate::kernel::classes::fault_kind(ClassSet(k.set)) {
+            *out.entry((k.tgid, k.phase, kind)).or_default() += v.count;
+        }
+    }
+    out
+}
+
 /// Per (process, phase), the faults the kernel accounts as
 /// `mm_account_fault()` does (no retry, no error), and the exceptions.
 pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId), Accounted> {
@@ -145,6 +159,7 @@ impl Snapshot {
         Ok(Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),
+            kinds: per_kind(&sets),
             accounted: accounted(&sets),
             stat_sets: sets.into_keys().collect(),
             mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,

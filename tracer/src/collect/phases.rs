@@ -199,6 +199,14 @@ impl Timeline {
         self.push(id, ts, gone_kind(exec, self.alive.len()), name);
     }
 
+    /// Traced process `tgid` exec'd another program and the kernel started
+    /// phase `id` for it (`EXEC_PHASE`, serve only): the other processes'
+    /// phases go on as they were.
+    pub fn exec(&mut self, id: PhaseId, ts: u64, tgid: u32) {
+        let kind = self.current().kind;
+        self.push(id, ts, kind, format!("exec (pid {tgid})"));
+    }
+
     /// A mark's phase is named by its label alone (so scripts can find it);
     /// whether children were alive is in `children_alive`.
     pub fn mark(&mut self, id: PhaseId, ts: u64, label: &str) {
@@ -294,8 +302,22 @@ impl ProcessKinds {
         });
     }
 
-    /// `tgid`'s `child` exited or exec'd, starting phase `id`.
+    /// `tgid` exec'd another program at phase `id`: its faults from there
+    /// on are the new program's, before any fork of its own. Children of
+    /// the old program share nothing with the new one.
+    pub fn exec(&mut self, tgid: u32, id: PhaseId) {
+        self.change(tgid, id, |c| {
+            c.clear();
+            PhaseKind::BeforeFork
+        });
+    }
+
+    /// `tgid`'s `child` exited or exec'd, starting phase `id`. A child of
+    /// the program before an exec changes nothing.
     pub fn child_gone(&mut self, tgid: u32, id: PhaseId, child: u32, exec: bool) {
+        if !self.procs.get(&tgid).is_some_and(|o| o.children.contains(&child)) {
+            return;
+        }
         self.change(tgid, id, |c| {
             c.remove(&child);
             gone_kind(exec, c.len())
@@ -372,6 +394,30 @@ mod tests {
         assert_eq!(k.procs[&40].changes.len(), ProcessKinds::KEEP);
         assert_eq!(k.kind(40, 298), PhaseKind::ChildAlive);
         assert_eq!(k.kind(40, 299), PhaseKind::AfterChildExit);
+    }
+
+    #[test]
+    fn an_exec_starts_a_fresh_kind() {
+        let mut k = ProcessKinds::default();
+        // A shell forks a child (1), then execs a program (2) while the
+        // child lives: the program starts before its first fork.
+        k.fork(10, 1, 11);
+        k.exec(10, 2);
+        assert_eq!(k.kind(10, 1), PhaseKind::ChildAlive);
+        assert_eq!(k.kind(10, 2), PhaseKind::BeforeFork);
+        // The old program's child exiting (3) changes nothing for it.
+        k.child_gone(10, 3, 11, false);
+        assert_eq!(k.kind(10, 3), PhaseKind::BeforeFork);
+        // Its own fork (4) and child exit (5) do.
+        k.fork(10, 4, 12);
+        k.child_gone(10, 5, 12, false);
+        assert_eq!(k.kind(10, 4), PhaseKind::ChildAlive);
+        assert_eq!(k.kind(10, 5), PhaseKind::AfterChildExit);
+        let mut t = Timeline::new(0, 0);
+        t.fork(1, 10, 11);
+        t.exec(2, 20, 10);
+        assert_eq!(t.current().id, 2);
+        assert_eq!(t.current().name, "exec (pid 10)");
     }
 
     #[test]

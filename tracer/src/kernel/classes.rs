@@ -5,6 +5,7 @@
 use std::fmt;
 
 use faultscope_common::{
+    class::ClassSet,
     Class,
     Program::{self, *},
 };
@@ -370,6 +371,65 @@ pub const CLASSES: &[ClassSpec] = &[
     },
 ];
 
+/// The partition of the faults by what the kernel did with each, for sums
+/// that mean something (the classes nest: a reuse is a wp fault, a write
+/// fault and a fault). A fault is a set with `Faults` (fault path probed)
+/// or `TpFaults` (tracepoint mode); its kind is the first rule its set
+/// matches, so each fault is of exactly one kind and the kinds add up to
+/// the faults.
+pub const FAULT_KINDS: &[(&str, Class)] = &[
+    ("copy", Class::Copy),
+    ("reuse", Class::Reuse),
+    ("wp_shared", Class::WpShared),
+    ("huge_pmd_wp", Class::HugePmdWp),
+    ("spurious", Class::Spurious),
+    // A write-protect fault none of the above took (a retry, an error, or
+    // a class not measurable here).
+    ("wp_other", Class::WpFaults),
+    // Tracepoint mode: a write to a present page (wp or spurious).
+    ("present_write", Class::TpPresentWrite),
+    // A write that took no write-protect path: a page not present (first
+    // touch, swap-in), or spurious where that is not measurable.
+    ("other_write", Class::WriteFaults),
+    ("other_write", Class::TpWrite),
+    ("read", Class::Faults),
+    ("read", Class::TpFaults),
+];
+
+/// The kind of a fault of class set `set`, or None when the set is not a
+/// fault (contpte events, kprobe mode's separate error-code sets).
+pub fn fault_kind(set: ClassSet) -> Option<&'static str> {
+    if !set.has(Class::Faults) && !set.has(Class::TpFaults) {
+        return None;
+    }
+    FAULT_KINDS.iter().find(|(_, c)| set.has(*c)).map(|(k, _)| *k)
+}
+
+/// The kinds that can occur given what is measured (serve declares them
+/// at 0), in the table's order, each once.
+pub fn fault_kinds_here(avail: &[(Metric, Availability)]) -> Vec<&'static str> {
+    let measured = |c: Class| {
+        avail.iter().any(|(_, a)| matches!(a, Availability::Measured { class, .. } if *class == c))
+    };
+    let mut out: Vec<&'static str> = Vec::new();
+    for (k, c) in FAULT_KINDS {
+        if measured(*c) && !out.contains(k) {
+            out.push(k);
+        }
+    }
+    out
+}
+
+/// A short, bounded code for a reason `availability` gave: the need that
+/// is missing (`needs:wp_page`), for a metric label; the prose goes to
+/// the log.
+pub fn reason_code(why: &str) -> String {
+    let code = why.strip_prefix("needs ").and_then(|r| r.split(':').next()).unwrap_or("unavailable");
+    let code: String =
+        code.chars().filter(|c| c.is_ascii_alphanumeric() || "_|".contains(*c)).take(64).collect();
+    format!("needs:{code}")
+}
+
 /// How a class is measured in this run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Availability {
@@ -433,6 +493,32 @@ pub fn error_code_classes(avail: &[(Metric, Availability)]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_fault_is_of_exactly_one_kind() {
+        // Every set the fault path can make (its classes, in any
+        // combination), and the tracepoint's.
+        let kprobe: Vec<Class> = Class::FAULT_RETURN.to_vec();
+        let tp: Vec<Class> = Class::ERROR_CODE.to_vec();
+        for (base, classes) in [(Class::Faults, kprobe), (Class::TpFaults, tp)] {
+            for bits in 0u32..(1 << classes.len()) {
+                let mut set = ClassSet::default().with(base);
+                for (i, c) in classes.iter().enumerate() {
+                    if bits & (1 << i) != 0 {
+                        set = set.with(*c);
+                    }
+                }
+                let kind = fault_kind(set).expect("a fault has a kind");
+                let rule = FAULT_KINDS.iter().position(|(k, c)| *k == kind && set.has(*c)).unwrap();
+                assert!(FAULT_KINDS[..rule].iter().all(|(_, c)| !set.has(*c)), "{set:?}: {kind}");
+            }
+        }
+        // Not faults: contpte events, kprobe mode's first_touch sets.
+        assert_eq!(fault_kind(ClassSet::default().with(Class::ContpteUnfold)), None);
+        assert_eq!(fault_kind(ClassSet::default().with(Class::TpNotPresent)), None);
+        assert_eq!(reason_code("needs wp_page: kprobe refused"), "needs:wp_page");
+        assert_eq!(reason_code("needs page_fault_user|mem_abort: x"), "needs:page_fault_user|mem_abort");
+    }
 
     #[test]
     fn catalogue_is_in_metric_order_and_names_are_serde_names() {

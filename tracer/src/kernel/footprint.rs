@@ -62,9 +62,25 @@ pub fn stats_entries(asked: Option<u32>, default: u32, cpus: u64) -> Result<u32,
     }
 }
 
-/// Every map of the object with its bound, for `stats` stats entries and
-/// `stacks` stack entries (0: stacks off), on `cpus` CPUs.
-pub fn maps(stats: u32, stacks: u32, cgroups: u32, cpus: u64) -> Vec<MapSize> {
+/// How large the kernel maps are made at load.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sizes {
+    /// `STATS` entries (process x phase x class).
+    pub stats: u32,
+    /// `STACK_TRACES` entries: 0 when no stacks are asked for (the map
+    /// preallocates every entry).
+    pub stacks: u32,
+    /// `CGROUPS` entries: 0 turns the kernel's cgroup filter off.
+    pub cgroups: u32,
+    /// `COMMS` entries: 0 turns the kernel's comm filter off.
+    pub comms: u32,
+    /// An exec in a traced process starts a phase (serve).
+    pub exec_phase: bool,
+}
+
+/// Every map of the object with its bound, for `s`, on `cpus` CPUs.
+pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
+    let Sizes { stats, stacks, cgroups, comms, .. } = *s;
     // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
     const TRACKED: u64 = 4096;
     const STACK_DEPTH: usize = 127;
@@ -78,6 +94,7 @@ pub fn maps(stats: u32, stacks: u32, cgroups: u32, cpus: u64) -> Vec<MapSize> {
         map("CHILDREN", TRACKED, 4, 4, false, cpus),
         map("EXITED", TRACKED, 4, size_of::<FltCount>(), false, cpus),
         map("CGROUPS", cgroups.max(1) as u64, 8, 4, false, cpus),
+        map("COMMS", comms.max(1) as u64, 16, 4, false, cpus),
         map("ZERO", 1, 4, size_of::<Stat>(), true, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
     ]
@@ -125,11 +142,11 @@ mod tests {
 
     #[test]
     fn the_footprint_adds_up() {
-        let m = maps(4096, 0, 0, 128);
+        let m = maps(&Sizes { stats: 4096, ..Sizes::default() }, 128);
         let stats = m.iter().find(|x| x.name == "STATS").unwrap();
         assert_eq!(stats.bytes, 4096 * stats_entry_bytes(128));
         assert_eq!(total(&m), m.iter().map(|x| x.bytes).sum::<u64>());
-        assert!(total(&maps(4096, 0, 0, 2)) < total(&m));
+        assert!(total(&maps(&Sizes { stats: 4096, ..Sizes::default() }, 2)) < total(&m));
         assert_eq!(human(1536), "1.5 KiB");
     }
 }

@@ -21,6 +21,7 @@ pub use crate::report::schema::ProgramCost;
 use crate::kernel::{
     self,
     btf::KernelBtf,
+    footprint::Sizes,
     probes::{Backend, BackendChoice, Hook, Resolution, Resolved},
 };
 
@@ -103,18 +104,6 @@ fn tracepoint_offsets(tracefs: &Path) -> (Vec<(&'static str, u32)>, Vec<String>)
         ));
     }
     (offsets, warnings)
-}
-
-/// How large the kernel maps are made at load.
-#[derive(Clone, Copy, Debug)]
-pub struct Sizes {
-    /// `STATS` entries (process x phase x class).
-    pub stats: u32,
-    /// `STACK_TRACES` entries: 0 when no stacks are asked for (the map
-    /// preallocates every entry).
-    pub stacks: u32,
-    /// `CGROUPS` entries: 0 turns the kernel's cgroup filter off.
-    pub cgroups: u32,
 }
 
 /// `vm_area_struct.vm_start`'s offset from the running kernel's BTF, or why
@@ -229,6 +218,11 @@ fn loader(
     let filter = (sizes.cgroups > 0) as u32;
     l.override_global("CGROUP_FILTER", &filter, true);
     l.map_max_entries("CGROUPS", sizes.cgroups.max(1));
+    let filter = (sizes.comms > 0) as u32;
+    l.override_global("COMM_FILTER", &filter, true);
+    l.map_max_entries("COMMS", sizes.comms.max(1));
+    let exec_phase = sizes.exec_phase as u32;
+    l.override_global("EXEC_PHASE", &exec_phase, true);
     if EBPF_OBJECT.is_empty() {
         anyhow::bail!("this faultscope was built without its eBPF object (the `ebpf` feature)");
     }
@@ -412,6 +406,21 @@ impl Session {
         let m = self.bpf.map_mut("CGROUPS").context("no CGROUPS map")?;
         let mut cg: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(m)?;
         cg.insert(id, index, 0).with_context(|| format!("adding cgroup {id} to the filter"))
+    }
+
+    /// Takes cgroup `id` out of the filter (its directory was removed).
+    pub fn remove_cgroup(&mut self, id: u64) -> Result<()> {
+        let m = self.bpf.map_mut("CGROUPS").context("no CGROUPS map")?;
+        let mut cg: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(m)?;
+        cg.remove(&id).with_context(|| format!("removing cgroup {id} from the filter"))
+    }
+
+    /// The kernel's comm filter: a program exec'd under `comm` joins the
+    /// traced set at its exec.
+    pub fn add_comm(&mut self, comm: [u8; 16]) -> Result<()> {
+        let m = self.bpf.map_mut("COMMS").context("no COMMS map")?;
+        let mut c: BpfHashMap<_, [u8; 16], u32> = BpfHashMap::try_from(m)?;
+        c.insert(comm, 0, 0).context("adding a comm to the filter")
     }
 
     /// Takes a traced process out of the traced set. (An exited one leaves
@@ -612,7 +621,13 @@ pub fn load_all(
     choice: BackendChoice,
 ) -> Result<Vec<(&'static str, Verdict)>> {
     let aya_btf = if choice == BackendChoice::Kprobe { None } else { btf.aya().ok() };
-    let mut bpf = loader(tracefs, Sizes { stats: 64, stacks: 0, cgroups: 1 }, Some(0), btf, aya_btf)?;
+    let mut bpf = loader(
+        tracefs,
+        Sizes { stats: 64, cgroups: 1, comms: 1, ..Sizes::default() },
+        Some(0),
+        btf,
+        aya_btf,
+    )?;
     let mut out = Vec::new();
     for r in resolved {
         let spec = r.spec;

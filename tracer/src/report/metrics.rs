@@ -1,12 +1,18 @@
 //! OpenMetrics export (`faultscope serve`): a `prometheus-client` registry
 //! fed from the kernel's snapshots.
 //!
-//! - `faultscope_faults_total{class, phase_kind, comm}` (and `pid`,
-//!   `cgroup` only when asked for: they are unbounded). Each update adds
-//!   what every (process, phase, class) counted since the last one, so a
-//!   series only grows: across phases, across a process's exit (its last
-//!   counts stay folded into its comm's series) and a restart under a new
-//!   pid (which counts on from there).
+//! - `faultscope_faults_total{kind, phase_kind, comm}`: every fault, of
+//!   exactly one `kind` (`classes::FAULT_KINDS`: copy, reuse, wp_shared,
+//!   huge_pmd_wp, spurious, wp_other, present_write, other_write, read), so
+//!   that a sum over `kind` is all faults.
+//! - `faultscope_class_faults_total{class, phase_kind, comm}`: each class
+//!   of the report (they nest: faults ⊇ write_faults ⊇ wp_faults ⊇ reuse;
+//!   never sum over `class`). `pid` and `cgroup` labels only when asked
+//!   for: they are unbounded. Each update adds what every (process, phase,
+//!   class) counted since the last one, so a series only grows: across
+//!   phases, across a process's exit (its last counts stay folded into its
+//!   comm's series) and a restart under a new pid (which counts on from
+//!   there).
 //! - `faultscope_fault_origins_total{class, origin, phase_kind, comm}`: the
 //!   same counts split by who asked for the faults (`origin`: user, kernel,
 //!   gup: three values), beside the totals so that a query without the
@@ -19,10 +25,15 @@
 //!   first scrape on: a bucket that appeared only once a slow fault used
 //!   it would start with a count that `rate()` never sees grow, and
 //!   `histogram_quantile` would put the p99 at the top bucket.
-//! - `faultscope_class_measurable{class, reason}`: 1, or 0 with the reason:
-//!   a class that cannot be measured here never shows as a 0 count.
-//! - `faultscope_drops_total{map}`, `faultscope_forks_total{comm}`,
+//! - `faultscope_class_measurable{class, reason}`: 1, or 0 with a short
+//!   reason code (`needs:PROGRAM`; the prose is in serve's log at start): a
+//!   class that cannot be measured here never shows as a 0 count.
+//! - `faultscope_drops_total{reason}`, `faultscope_forks_total{comm}`,
 //!   `faultscope_build_info{version, kernel, arch, backend}`.
+//!
+//! The phase kinds are those of serve's processes: before-fork,
+//! child-alive, after-child-exit, after-child-exec (serve takes no marks).
+//! Series come out sorted by their labels, the same order every scrape.
 //!
 //! Memory: the series are bounded by classes x 5 phase kinds x comms; the
 //! per-process state (the last counts of each live (process, phase, class))
@@ -42,7 +53,7 @@ use prometheus_client::{
 
 use crate::{
     collect::{collector::Snapshot, phases::PhaseKind},
-    kernel::classes::{Availability, Metric},
+    kernel::classes::{self, Availability, Metric},
 };
 
 type Labels = Vec<(&'static str, String)>;
@@ -156,7 +167,9 @@ pub struct ProcLabels {
 pub struct Metrics {
     registry: Registry,
     opts: LabelOpts,
+    /// The partition by kind.
     faults: Family<Labels, Counter>,
+    class_faults: Family<Labels, Counter>,
     origins: Family<Labels, Counter>,
     durations: Family<Labels, KernelHistogram>,
     drops: Family<Labels, Counter>,
@@ -165,6 +178,10 @@ pub struct Metrics {
     last: HashMap<StatKey, Stat>,
     /// The same, by origin.
     last_origins: HashMap<StatKey, crate::collect::collector::ByOrigin>,
+    /// The last count of each (process, phase, kind).
+    last_kinds: HashMap<(u32, PhaseId, &'static str), u64>,
+    /// The kinds that can occur here.
+    kinds: Vec<&'static str>,
     last_drops: BTreeMap<String, u64>,
     /// Timed metrics, by kernel class.
     classes: Vec<(Metric, Class, bool)>,
@@ -174,6 +191,7 @@ impl Metrics {
     pub fn new(info: &BuildInfo, avail: &[(Metric, Availability)], opts: LabelOpts) -> Metrics {
         let mut registry = Registry::default();
         let faults = Family::<Labels, Counter>::default();
+        let class_faults = Family::<Labels, Counter>::default();
         let origins = Family::<Labels, Counter>::default();
         let durations = Family::<Labels, KernelHistogram>::default();
         let drops = Family::<Labels, Counter>::default();
@@ -181,8 +199,13 @@ impl Metrics {
         let measurable = Family::<Labels, Gauge>::default();
         registry.register(
             "faultscope_faults",
-            "Page faults by class (every origin), the kind of workload phase they happened in, and process name",
+            "Page faults (every origin) by what the kernel did with each (one kind per fault: a sum over kind is all faults), the kind of workload phase they happened in, and process name",
             faults.clone(),
+        );
+        registry.register(
+            "faultscope_class_faults",
+            "Page faults by report class (classes nest: faults includes write_faults includes wp_faults includes reuse; do not sum over class), phase kind and process name",
+            class_faults.clone(),
         );
         registry.register(
             "faultscope_fault_origins",
@@ -196,12 +219,12 @@ impl Metrics {
         );
         registry.register(
             "faultscope_class_measurable",
-            "1 when the class is measured on this kernel, 0 (with the reason) when it cannot be",
+            "1 when the class is measured on this kernel, 0 with the missing probe when it cannot be (the reason is in serve's log)",
             measurable.clone(),
         );
         registry.register(
             "faultscope_drops",
-            "Events the kernel side could not record, by map or cause",
+            "Events the kernel side, or serve reading /proc, could not record, by reason",
             drops.clone(),
         );
         registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
@@ -232,7 +255,10 @@ impl Metrics {
                 }
                 Availability::NotMeasurable(why) => {
                     measurable
-                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", esc(why))])
+                        .get_or_create(&vec![
+                            ("class", m.name().to_string()),
+                            ("reason", esc(&classes::reason_code(why))),
+                        ])
                         .set(0);
                 }
             }
@@ -241,8 +267,11 @@ impl Metrics {
             registry,
             opts,
             faults,
+            class_faults,
             origins,
             last_origins: HashMap::new(),
+            last_kinds: HashMap::new(),
+            kinds: classes::fault_kinds_here(avail),
             durations,
             drops,
             forks,
@@ -264,10 +293,17 @@ impl Metrics {
         if self.opts.pid || self.opts.cgroup {
             return;
         }
-        for &(metric, _, _) in &self.classes {
-            for kind in PhaseKind::ALL {
-                let _ = self.faults.get_or_create(&vec![
+        for kind in SERVE_KINDS {
+            for &(metric, _, _) in &self.classes {
+                let _ = self.class_faults.get_or_create(&vec![
                     ("class", metric.name().to_string()),
+                    ("phase_kind", kind_name(kind).to_string()),
+                    ("comm", esc(comm)),
+                ]);
+            }
+            for &k in &self.kinds {
+                let _ = self.faults.get_or_create(&vec![
+                    ("kind", k.to_string()),
                     ("phase_kind", kind_name(kind).to_string()),
                     ("comm", esc(comm)),
                 ]);
@@ -305,7 +341,7 @@ impl Metrics {
                 ("comm", esc(&p.comm)),
             ];
             self.opts.extend(&mut labels, k.tgid, &p);
-            self.faults.get_or_create(&labels).inc_by(d_count);
+            self.class_faults.get_or_create(&labels).inc_by(d_count);
             if timed {
                 let mut h = v.hist;
                 for (a, b) in h.iter_mut().zip(base.hist.iter()) {
@@ -344,13 +380,30 @@ impl Metrics {
             }
             self.last_origins.insert(*k, *v);
         }
+        for (&(tgid, phase, fault_kind), &v) in &snap.kinds {
+            let Some(p) = proc(tgid) else { continue };
+            let last = self.last_kinds.get(&(tgid, phase, fault_kind)).copied().unwrap_or(0);
+            // An entry recreated counts from 0 again.
+            let d = if v < last { v } else { v - last };
+            self.last_kinds.insert((tgid, phase, fault_kind), v);
+            if d == 0 {
+                continue;
+            }
+            let mut labels: Labels = vec![
+                ("kind", fault_kind.to_string()),
+                ("phase_kind", kind_name(kind(tgid, phase)).to_string()),
+                ("comm", esc(&p.comm)),
+            ];
+            self.opts.extend(&mut labels, tgid, &p);
+            self.faults.get_or_create(&labels).inc_by(d);
+        }
     }
 
     /// The kernel's drop counters (cumulative over the session).
     pub fn update_drops(&mut self, drops: &BTreeMap<String, u64>) {
         for (name, v) in drops {
             let last = self.last_drops.get(name).copied().unwrap_or(0);
-            let c = self.drops.get_or_create(&vec![("map", name.clone())]);
+            let c = self.drops.get_or_create(&vec![("reason", esc(name))]);
             if *v > last {
                 c.inc_by(v - last);
             }
@@ -364,22 +417,71 @@ impl Metrics {
 
     /// Forgets the last counts of the entries `gone` says are gone (an
     /// exited process, an ended phase), once their last counts are in.
-    pub fn forget(&mut self, gone: impl Fn(&StatKey) -> bool) {
-        self.last.retain(|k, _| !gone(k));
-        self.last_origins.retain(|k, _| !gone(k));
+    pub fn forget(&mut self, gone: impl Fn(u32, PhaseId) -> bool) {
+        self.last.retain(|k, _| !gone(k.tgid, k.phase));
+        self.last_origins.retain(|k, _| !gone(k.tgid, k.phase));
+        self.last_kinds.retain(|k, _| !gone(k.0, k.1));
     }
 
     /// Entries of per-process state held (for the memory bound).
     pub fn held(&self) -> usize {
-        self.last.len() + self.last_origins.len()
+        self.last.len() + self.last_origins.len() + self.last_kinds.len()
     }
 
-    /// The OpenMetrics text, ending in `# EOF`.
+    /// The OpenMetrics text, ending in `# EOF`, each family's series sorted
+    /// by their labels (prometheus-client keeps them in hash maps).
     pub fn encode(&self) -> String {
         let mut s = String::new();
         encode(&mut s, &self.registry).expect("writing to a String");
-        s
+        sorted_series(&s)
     }
+}
+
+/// The phase kinds of serve's processes.
+const SERVE_KINDS: [PhaseKind; 4] =
+    [PhaseKind::BeforeFork, PhaseKind::ChildAlive, PhaseKind::AfterChildExit, PhaseKind::AfterChildExec];
+
+/// `text` with the samples of each family in a stable order: a series'
+/// lines (a histogram's buckets, sum and count) stay together and in their
+/// order; series are sorted by their labels without `le`.
+fn sorted_series(text: &str) -> String {
+    fn series_key(line: &str) -> String {
+        let Some((_, rest)) = line.split_once('{') else { return String::new() };
+        let labels = rest.rsplit_once('}').map_or(rest, |(l, _)| l);
+        // `le` comes first in prometheus-client's bucket lines.
+        let labels = match labels.strip_prefix("le=\"") {
+            Some(r) => r.split_once("\",").map_or("", |(_, t)| t),
+            None => labels,
+        };
+        labels.to_string()
+    }
+    let mut out = String::with_capacity(text.len());
+    // Series of the current family: (key, its lines), in first-seen order.
+    let mut block: Vec<(String, Vec<&str>)> = Vec::new();
+    let flush = |block: &mut Vec<(String, Vec<&str>)>, out: &mut String| {
+        block.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, lines) in block.drain(..) {
+            for l in lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut block, &mut out);
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let key = series_key(line);
+        match block.last_mut() {
+            Some((k, lines)) if *k == key => lines.push(line),
+            _ => block.push((key, vec![line])),
+        }
+    }
+    flush(&mut block, &mut out);
+    out
 }
 
 /// The same metrics in the Prometheus text format 0.0.4 (for scrapers and
@@ -423,7 +525,7 @@ mod tests {
         vec![
             (Metric::Faults, Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
             (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
-            (Metric::Reuse, Availability::NotMeasurable("no kprobe PMU".into())),
+            (Metric::Reuse, Availability::NotMeasurable("needs wp_page: no kprobe PMU".into())),
         ]
     }
 
@@ -479,21 +581,21 @@ mod tests {
         let t = m.encode();
         assert!(t.ends_with("# EOF\n"), "{t}");
         for line in [
-            "# TYPE faultscope_faults counter",
-            "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\"} 2",
+            "# TYPE faultscope_class_faults counter",
+            "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\"} 2",
             "# TYPE faultscope_fault_duration_seconds histogram",
             "faultscope_fault_duration_seconds_count{class=\"faults\",comm=\"redis-server\"} 2",
             "# TYPE faultscope_class_measurable gauge",
             "faultscope_class_measurable{class=\"faults\",reason=\"\"} 1",
-            "faultscope_class_measurable{class=\"reuse\",reason=\"no kprobe PMU\"} 0",
-            "faultscope_drops_total{map=\"stats_map_full\"} 0",
+            "faultscope_class_measurable{class=\"reuse\",reason=\"needs:wp_page\"} 0",
+            "faultscope_drops_total{reason=\"stats_map_full\"} 0",
             "faultscope_forks_total{comm=\"redis-server\"} 1",
             "faultscope_build_info{version=\"0.1.0\",kernel=\"6.12.0\",arch=\"x86_64\",backend=\"tracepoint\"} 1",
         ] {
             assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
         }
         // A class that cannot be measured has no count at all, not a 0.
-        assert!(!t.contains("faultscope_faults_total{class=\"reuse\""));
+        assert!(!t.contains("faultscope_class_faults_total{class=\"reuse\""));
         // pid only when asked for.
         assert!(!t.contains("pid=\""));
         let info =
@@ -501,7 +603,7 @@ mod tests {
         let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false });
         m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
         assert!(m.encode().contains(
-            "faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
+            "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
     }
 
@@ -535,15 +637,86 @@ mod tests {
     }
 
     #[test]
+    fn the_kinds_partition_the_faults_and_series_come_sorted() {
+        use faultscope_common::{class::ClassSet, maps::ClassSetKey};
+        let mut m = metrics();
+        let sets = [
+            (ClassSet::default().with(Class::Faults), 5u64),
+            (ClassSet::default().with(Class::Faults).with(Class::WriteFaults), 3),
+            (
+                ClassSet::default()
+                    .with(Class::Faults)
+                    .with(Class::WriteFaults)
+                    .with(Class::WpFaults)
+                    .with(Class::Copy),
+                2,
+            ),
+            (ClassSet::default().with(Class::ContpteUnfold), 9),
+        ];
+        let mut raw = std::collections::BTreeMap::new();
+        for (pid, comm_pid) in [(7u32, 0u32), (8, 1)] {
+            for (set, n) in &sets {
+                let mut st = Stat::ZERO;
+                for _ in 0..*n + comm_pid as u64 {
+                    st.record(Some(100));
+                }
+                raw.insert(ClassSetKey { tgid: pid, phase: 0, set: set.0 }, st);
+            }
+        }
+        let sn = Snapshot {
+            stats: crate::collect::collector::per_class(&raw),
+            kinds: crate::collect::collector::per_kind(&raw),
+            ..Snapshot::default()
+        };
+        let names = |pid: u32| Some(ProcLabels { comm: format!("p{pid}"), cgroup: None });
+        m.update(&sn, kind, names);
+        let t = m.encode();
+        for comm in ["p7", "p8"] {
+            let kinds: u64 = t
+                .lines()
+                .filter(|l| {
+                    l.starts_with("faultscope_faults_total{") && l.contains(&format!("comm=\"{comm}\""))
+                })
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum();
+            let all = sample(&t, &format!("faultscope_class_faults_total{{class=\"faults\",phase_kind=\"before-fork\",comm=\"{comm}\"}}"));
+            assert_eq!(Some(kinds as f64), all, "{t}");
+        }
+        assert_eq!(
+            sample(&t, "faultscope_faults_total{kind=\"copy\",phase_kind=\"before-fork\",comm=\"p7\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&t, "faultscope_faults_total{kind=\"read\",phase_kind=\"before-fork\",comm=\"p8\"}"),
+            Some(6.0)
+        );
+        // Sorted by labels, the same every time; a histogram's lines stay
+        // together, its buckets in order.
+        assert_eq!(m.encode(), t);
+        let series: Vec<&str> = t.lines().filter(|l| l.starts_with("faultscope_faults_total{")).collect();
+        let mut sorted = series.clone();
+        sorted.sort();
+        assert_eq!(series, sorted);
+        let hist: Vec<&str> =
+            t.lines().filter(|l| l.starts_with("faultscope_fault_duration_seconds")).collect();
+        let p7 = hist.iter().position(|l| l.contains("comm=\"p7\"")).unwrap();
+        let p8 = hist.iter().position(|l| l.contains("comm=\"p8\"")).unwrap();
+        let per = hist::NBUCKETS + 2;
+        assert!(hist[p7..p7 + per].iter().all(|l| l.contains("comm=\"p7\"")), "{t}");
+        assert!(hist[p8..p8 + per].iter().all(|l| l.contains("comm=\"p8\"")), "{t}");
+    }
+
+    #[test]
     fn a_hostile_process_name_forges_no_series() {
         let mut m = metrics();
         let sn = snap(&[(7, 0, Class::Faults, stat(&[100]))]);
         m.update(&sn, kind, |_| Some(ProcLabels { comm: "x\"} 9e9\nf{a=\"\\".into(), cgroup: None }));
         let t = m.encode();
-        let series: Vec<&str> = t.lines().filter(|l| l.starts_with("faultscope_faults_total{")).collect();
+        let series: Vec<&str> =
+            t.lines().filter(|l| l.starts_with("faultscope_class_faults_total{")).collect();
         assert_eq!(
             series,
-            ["faultscope_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"x\\\"} 9e9\\nf{a=\\\"\\\\\"} 1"],
+            ["faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"x\\\"} 9e9\\nf{a=\\\"\\\\\"} 1"],
             "{t}"
         );
         assert!(!t.lines().any(|l| l.starts_with("f{")), "{t}");
@@ -555,20 +728,31 @@ mod tests {
         m.declare("redis-server");
         let t = m.encode();
         for line in [
-            "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"} 0",
-            "faultscope_faults_total{class=\"faults\",phase_kind=\"mark\",comm=\"redis-server\"} 0",
+            "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"} 0",
+            "faultscope_class_faults_total{class=\"faults\",phase_kind=\"after-child-exec\",comm=\"redis-server\"} 0",
             "faultscope_forks_total{comm=\"redis-server\"} 0",
         ] {
             assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
         }
-        let n = t.lines().filter(|l| l.starts_with("faultscope_faults_total{")).count();
-        assert_eq!(n, 2 * PhaseKind::ALL.len(), "measured classes x phase kinds");
+        let n = t.lines().filter(|l| l.starts_with("faultscope_class_faults_total{")).count();
+        assert_eq!(n, 2 * SERVE_KINDS.len(), "measured classes x serve's phase kinds");
+        // serve takes no marks: no mark series.
+        assert!(!t.contains("phase_kind=\"mark\""), "{t}");
+        // The partition's kinds that can occur here (faults and copy are
+        // measured: copy and read).
+        for k in ["copy", "read"] {
+            let line = format!(
+                "faultscope_faults_total{{kind=\"{k}\",phase_kind=\"child-alive\",comm=\"redis-server\"}} 0"
+            );
+            assert!(t.lines().any(|l| l == line), "{line} in\n{t}");
+        }
         // Not measurable: no series, not even a 0.
         assert!(!t.contains("class=\"reuse\",phase_kind"));
         assert!(!t.contains("faultscope_fault_duration_seconds_count{"));
         // The first counts go into the declared series.
         m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2]))]), kind, redis);
-        let key = "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
+        let key =
+            "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
         assert_eq!(sample(&m.encode(), key), Some(2.0));
     }
 
@@ -577,8 +761,8 @@ mod tests {
         let mut m = metrics();
         m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
         let t = to_text_004(&m.encode());
-        assert!(t.contains("# TYPE faultscope_faults_total counter\n"));
-        assert!(t.contains("# HELP faultscope_faults_total "));
+        assert!(t.contains("# TYPE faultscope_class_faults_total counter\n"));
+        assert!(t.contains("# HELP faultscope_class_faults_total "));
         assert!(t.contains("# TYPE faultscope_fault_duration_seconds histogram\n"));
         assert!(!t.contains("# EOF"));
     }
@@ -631,7 +815,8 @@ mod tests {
     #[test]
     fn counters_stay_monotonic_across_phases_and_a_restart() {
         let mut m = metrics();
-        let key = "faultscope_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
+        let key =
+            "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
         m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2, 3]))]), kind, redis);
         assert_eq!(sample(&m.encode(), key), Some(3.0));
         // More in the same phase, then a second child-alive phase.
@@ -643,7 +828,7 @@ mod tests {
         assert_eq!(sample(&m.encode(), key), Some(5.0));
         // Pid 7 exits: its entries are deleted and forgotten. Redis restarts
         // as pid 9 and counts from 0: the series goes on from 5.
-        m.forget(|k| k.tgid == 7);
+        m.forget(|tgid, _| tgid == 7);
         assert_eq!(m.held(), 0);
         m.update(&snap(&[(9, 1, Class::Copy, stat(&[1, 1]))]), kind, redis);
         let t = m.encode();
@@ -656,6 +841,6 @@ mod tests {
         // Drops: the kernel's cumulative counters, added as they grow.
         m.update_drops(&[("x".to_string(), 2)].into());
         m.update_drops(&[("x".to_string(), 5)].into());
-        assert_eq!(sample(&m.encode(), "faultscope_drops_total{map=\"x\"}"), Some(5.0));
+        assert_eq!(sample(&m.encode(), "faultscope_drops_total{reason=\"x\"}"), Some(5.0));
     }
 }
