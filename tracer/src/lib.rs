@@ -19,3 +19,6 @@ pub mod error;
 pub mod kernel;
 pub mod output;
 pub mod report;
+pub mod signals;
+pub mod term;
+pub mod units;

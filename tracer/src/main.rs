@@ -2,11 +2,12 @@
 //! to `faultscope::cmd` (see lib.rs for the data flow).
 
 use clap::{Parser, Subcommand};
+use faultscope::term::{safe, say};
 use faultscope::{
-    cmd::{self, bench, mark, plot, probes, record, serve, workload},
+    cmd::{self, bench, diff, mark, plot, probes, record, serve, verify, workload},
     collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
-    report::{diff, schema, text::safe, verify},
+    report::schema,
 };
 
 #[derive(Parser)]
@@ -110,14 +111,14 @@ fn main() {
         // errors about them): escaped before they reach a terminal.
         Err(e) => {
             if let Some(r) = e.downcast_ref::<Refusal>() {
-                cmd::say(&format!("faultscope: {}", safe(&r.to_string())));
+                say(&format!("faultscope: {}", safe(&r.to_string())));
                 std::process::exit(EXIT_REFUSED);
             }
             if let Some(x) = e.downcast_ref::<ExecFailed>() {
-                cmd::say(&format!("faultscope: {}", safe(&x.to_string())));
+                say(&format!("faultscope: {}", safe(&x.to_string())));
                 std::process::exit(EXIT_EXEC_FAILED);
             }
-            cmd::say(&format!("faultscope: error: {}", safe(&format!("{e:#}"))));
+            say(&format!("faultscope: error: {}", safe(&format!("{e:#}"))));
             std::process::exit(1);
         }
     }

@@ -17,7 +17,11 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{kernels::PrivateApt, root, run, setup};
+use crate::{
+    apt::PrivateApt,
+    setup,
+    util::{root, run},
+};
 
 /// What the image holds (with their dependencies).
 const PACKAGES: [&str; 2] = ["bpftrace", "bpftool"];

@@ -273,7 +273,7 @@ pub fn oracle_gap(run: &GuestRun, case: &str, section: &str, pid: u32, phase: &s
     let text = run.section(section).unwrap_or("");
     let summary = text.lines().find(|l| l.starts_with("oracle:")).unwrap_or("no oracle summary line");
     let overrun = run.marker("OVERRUN", case).unwrap_or_else(|| "not reported".into());
-    let out = run.section(&format!("{case}.out")).map(|o| crate::vm::tail(o, 15)).unwrap_or_default();
+    let out = run.section(&format!("{case}.out")).map(|o| crate::util::tail(o, 15)).unwrap_or_default();
     format!(
         "the oracle has no {phase} phase for pid {pid} ({summary}; trace buffer overrun {overrun}); \
          oracle section:\n{text}faultscope's output:\n{out}"
@@ -419,7 +419,7 @@ mod tests {
     /// oracle.c built for this host into `dir`.
     fn build_oracle(dir: &Path) -> std::path::PathBuf {
         let bin = dir.join("oracle");
-        let src = crate::root().join("xtask/guest/oracle.c");
+        let src = crate::util::root().join("xtask/guest/oracle.c");
         let cc = Command::new("cc").args(["-O2", "-Wall", "-o"]).arg(&bin).arg(src).status().unwrap();
         assert!(cc.success());
         bin

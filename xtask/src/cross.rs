@@ -10,7 +10,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
-use crate::{kernels, root, run};
+use crate::util::{root, run};
 
 pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// The C cross compiler (gcc-aarch64-linux-gnu): linker and oracle builds.
@@ -45,7 +45,7 @@ pub fn busybox() -> Result<PathBuf> {
         let mut apt = Command::new("apt-get");
         // The checkout may not be readable by apt's `_apt` user.
         apt.args(["-o", "APT::Sandbox::User=root"]);
-        kernels::download_unpack(apt, "busybox-static:arm64", &dir)?;
+        crate::apt::download_unpack(apt, "busybox-static:arm64", &dir)?;
     }
     Ok(bin)
 }

@@ -36,7 +36,9 @@ use serde_json::Value;
 
 use crate::{
     check::{self, Oracle},
-    kernels, redis, root, vm,
+    kernels, redis,
+    util::root,
+    vm,
 };
 
 /// serve's port in the guest, and how often it reads the kernel's counts.

@@ -16,7 +16,9 @@ use faultscope::{
 use crate::{
     check,
     kernels::{self, GuestKernel},
-    redis, root, run, vm,
+    redis,
+    util::{root, run},
+    vm,
 };
 
 const ROWS: [(&str, &str); 3] = [("4K", "4K pages"), ("64K", "64K mTHP"), ("2M", "2M THP, PTE-mapped")];

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use crate::{
     check::{self, Oracle},
-    kernels, mappings, root, vm,
+    kernels, mappings,
+    util::root,
+    vm,
 };
 
 /// Faults of the workload outside its write phase that land in the same

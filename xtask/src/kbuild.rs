@@ -21,7 +21,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use sha2::{Digest as _, Sha256};
 
-use crate::{kernels, root, run};
+use crate::util::{root, run};
 
 /// The kernel source: Debian's `linux-source-7.3` (a tarball under
 /// /usr/src), from the suite the 7.3 guest kernels come from.
@@ -493,14 +493,14 @@ impl Built {
 
 /// The version of [`SOURCE_PACKAGE`] to build from: the one unpacked under
 /// target/kernels (no network), else the suite's current one.
-fn source_version() -> Result<(String, Option<kernels::PrivateApt>)> {
+fn source_version() -> Result<(String, Option<crate::apt::PrivateApt>)> {
     let marker = root().join(format!("target/kernels/{SOURCE_PACKAGE}.version"));
     if let Ok(v) = fs::read_to_string(&marker) {
         if tarball(v.trim()).is_ok() {
             return Ok((v.trim().to_string(), None));
         }
     }
-    let apt = kernels::PrivateApt::new(SOURCE_SUITE, "amd64")?;
+    let apt = crate::apt::PrivateApt::new(SOURCE_SUITE, "amd64")?;
     let out = apt.cmd("apt-cache").args(["show", "--no-all-versions", SOURCE_PACKAGE]).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text.lines().find_map(|l| l.strip_prefix("Version: ")).with_context(|| {
@@ -525,16 +525,16 @@ fn tarball(version: &str) -> Result<PathBuf> {
 }
 
 /// Downloads and unpacks the source package (once).
-fn fetch_source(version: &str, apt: Option<kernels::PrivateApt>) -> Result<PathBuf> {
+fn fetch_source(version: &str, apt: Option<crate::apt::PrivateApt>) -> Result<PathBuf> {
     let t = match tarball(version) {
         Ok(t) => t,
         Err(_) => {
             let apt = match apt {
                 Some(a) => a,
-                None => kernels::PrivateApt::new(SOURCE_SUITE, "amd64")?,
+                None => crate::apt::PrivateApt::new(SOURCE_SUITE, "amd64")?,
             };
             let pkg = format!("{SOURCE_PACKAGE}={version}");
-            kernels::download_unpack(apt.cmd("apt-get"), &pkg, &source_dir(version))?;
+            crate::apt::download_unpack(apt.cmd("apt-get"), &pkg, &source_dir(version))?;
             tarball(version)?
         }
     };
@@ -681,7 +681,7 @@ fn logged(c: &mut Command, log: &Path, what: &str) -> Result<()> {
         .with_context(|| format!("starting {c:?}"))?;
     if !st.success() {
         let text = fs::read_to_string(log).unwrap_or_default();
-        bail!("{what} failed ({st}); the log's end:\n{}", crate::vm::tail(&text, 30));
+        bail!("{what} failed ({st}); the log's end:\n{}", crate::util::tail(&text, 30));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! xtask (package `xtask`): developer tasks, `cargo xtask setup | test | demo | guest-test`.
 
+mod apt;
 mod bpftrace;
 mod check;
 mod cross;
@@ -13,16 +14,14 @@ mod matrix;
 mod overhead;
 mod redis;
 mod setup;
+mod util;
 mod vm;
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Instant,
-};
+use std::{path::PathBuf, process::Command, time::Instant};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use util::{root, run};
 
 #[derive(Parser)]
 struct Cli {
@@ -172,24 +171,6 @@ enum Cmd {
 /// 1 s of them under TCG) and show the reuse after it, few enough to keep
 /// the suite short.
 const DAEMON_SETS: u64 = 40_000;
-
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-pub fn tools_bin() -> PathBuf {
-    root().join("target/tools/bin")
-}
-
-/// Runs a command, echoing it, failing on a non-zero exit.
-pub fn run(c: &mut Command) -> Result<()> {
-    eprintln!("+ {c:?}");
-    let st = c.status().with_context(|| format!("starting {c:?}"))?;
-    if !st.success() {
-        bail!("{c:?} failed: {st}");
-    }
-    Ok(())
-}
 
 fn main() -> Result<()> {
     let cli = Cli::parse();

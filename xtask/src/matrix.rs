@@ -481,7 +481,7 @@ fn run_with(
     backends: &[String],
     gates: bool,
 ) -> Result<()> {
-    use crate::{kernels, root, vm};
+    use crate::{kernels, util::root, vm};
     let mut failures = Vec::new();
     for &k in kernels {
         if k.skipped(&format!("matrix {}", cases.join(" "))) {

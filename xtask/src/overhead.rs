@@ -30,7 +30,7 @@ use faultscope::{
 };
 use serde::Deserialize;
 
-use crate::{bpftrace, check, kernels, root, vm};
+use crate::{bpftrace, check, kernels, util::root, vm};
 
 /// A bpftrace script the benchmark runs beside the bench.
 struct Script {
@@ -252,7 +252,7 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
     fs::create_dir_all(&work)?;
     let bin = vm::build_faultscope("amd64")?;
     let linetime = dir.join("linetime");
-    crate::run(
+    crate::util::run(
         Command::new("gcc")
             .args(["-O2", "-Wall", "-o"])
             .arg(&linetime)
@@ -295,7 +295,11 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
     }
     let console = fs::read_to_string(&log)?;
     if !status.success() && !console.contains("@@FS-FAIL") {
-        bail!("overhead.sh failed ({status}); output {}:\n{}", log.display(), vm::tail(&console, 40));
+        bail!(
+            "overhead.sh failed ({status}); output {}:\n{}",
+            log.display(),
+            crate::util::tail(&console, 40)
+        );
     }
     Ok(vm::GuestRun { sections: vm::sections(&console), console, wall: started.elapsed() })
 }
@@ -400,8 +404,10 @@ impl<'a> Results<'a> {
                 let case = format!("{}{i}", v.name);
                 let rc = g.marker("RC", &case).unwrap_or_default();
                 if rc != "0" {
-                    let out =
-                        g.section(&format!("{case}.bench")).map(|s| vm::tail(s, 20)).unwrap_or_default();
+                    let out = g
+                        .section(&format!("{case}.bench"))
+                        .map(|s| crate::util::tail(s, 20))
+                        .unwrap_or_default();
                     bail!("{case}: the bench exited with {rc:?}:\n{out}");
                 }
                 let report = check::report(g, &format!("{case}.json"))?;
@@ -411,7 +417,11 @@ impl<'a> Results<'a> {
                     Kind::Bpftrace(b) => {
                         let out = g.section(&format!("{case}.bt"))?;
                         Some(counter(out, b.counter).with_context(|| {
-                            format!("{case}: bpftrace printed no {}:\n{}", b.counter, vm::tail(out, 20))
+                            format!(
+                                "{case}: bpftrace printed no {}:\n{}",
+                                b.counter,
+                                crate::util::tail(out, 20)
+                            )
                         })?)
                     }
                     Kind::Faultscope(_) => report

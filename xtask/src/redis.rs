@@ -26,7 +26,9 @@ use faultscope::{
 use crate::{
     check::{self, count, Oracle},
     kernels::{self, FolioReuse, GuestKernel, Source},
-    root, setup, vm,
+    setup,
+    util::root,
+    vm,
 };
 
 /// Modules the guest needs for `mount -t 9p` over virtio (their

@@ -6,7 +6,7 @@ use std::{fs, path::Path, process::Command};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{root, run, tools_bin};
+use crate::util::{root, run, tools_bin};
 
 /// Debian packages from the machine's own suites: Debian's Rust (rustc-web) with a
 /// prebuilt BPF `core`, LLVM 22 for bpf-linker, and the guests' tools.

@@ -14,7 +14,11 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cross, kernels::GuestKernel, root, run};
+use crate::{
+    cross,
+    kernels::GuestKernel,
+    util::{root, run},
+};
 
 pub struct GuestRun {
     pub console: String,
@@ -25,7 +29,10 @@ pub struct GuestRun {
 impl GuestRun {
     pub fn section(&self, name: &str) -> Result<&str> {
         self.sections.get(name).map(String::as_str).with_context(|| {
-            format!("the guest printed no section {name}; console tail:\n{}", tail(&self.console, 40))
+            format!(
+                "the guest printed no section {name}; console tail:\n{}",
+                crate::util::tail(&self.console, 40)
+            )
         })
     }
 
@@ -65,15 +72,10 @@ impl GuestRun {
     /// line), naming `what` ran, with the console's tail.
     pub fn failed(&self, what: &str) -> Result<()> {
         if let Some(l) = self.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-            anyhow::bail!("{what} failed: {l}\nconsole tail:\n{}", tail(&self.console, 60));
+            anyhow::bail!("{what} failed: {l}\nconsole tail:\n{}", crate::util::tail(&self.console, 60));
         }
         Ok(())
     }
-}
-
-pub fn tail(s: &str, n: usize) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Builds the release binary the guest of `arch` runs.
@@ -280,7 +282,7 @@ pub fn boot_with(
             k.name,
             wall.as_secs_f64(),
             log.display(),
-            tail(&console, 60)
+            crate::util::tail(&console, 60)
         );
     }
     Ok(GuestRun { sections: sections(&console), console, wall })

@@ -7,6 +7,7 @@
 //! beside the workload's own numbers (pages, folios, getrusage, wall time,
 //! store latency) in one report.
 
+use crate::term::safe;
 use std::{
     path::PathBuf,
     sync::{Arc, Barrier, Condvar, Mutex},
@@ -17,7 +18,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::{Args, ValueEnum};
 
 use super::{
-    folio::{self, FolioCheck, Knobs, PAGE, PMD_SIZE},
+    folio::{self, FolioCheck, Knobs},
     record::{self, Recorder},
     workload::{self, map_aligned, usage, Child, Usage},
 };
@@ -28,8 +29,9 @@ use crate::{
     report::{
         file, findings,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
-        text::{fmt_ns, safe},
+        text::fmt_ns,
     },
+    units::{PAGE, PMD_SIZE},
 };
 
 /// The write pattern after fork.
@@ -59,7 +61,7 @@ pub struct BenchOpts {
     #[arg(value_enum, default_value = "seq")]
     pub mode: Mode,
     /// Anonymous memory, aligned to the folio size.
-    #[arg(long, default_value = "256M", value_parser = workload::parse_size)]
+    #[arg(long, default_value = "256M", value_parser = crate::units::parse_size)]
     pub size: u64,
     /// Folio size: 4K, 16K, 32K, 64K, 128K ... 2M.
     #[arg(long, default_value = "4K", value_parser = folio::parse_folio)]
@@ -280,7 +282,7 @@ impl<'a> Run<'a> {
         report.bench = Some(schema::Bench {
             mode: format!("{:?}", o.mode).to_lowercase(),
             size: o.size,
-            folio: folio::human(o.folio),
+            folio: crate::units::size(o.folio),
             mapping: if o.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" }.into(),
             child: format!("{:?}", o.child).to_lowercase(),
             threads: if matches!(o.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
@@ -315,7 +317,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     if !o.size.is_multiple_of(o.folio) {
         return Err(Refusal::new(format!(
             "--size must be a multiple of the folio size {}",
-            folio::human(o.folio)
+            crate::units::size(o.folio)
         ))
         .into());
     }
@@ -325,7 +327,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     o.attrib.check_writable()?;
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
-    let _signals = super::HeldSignals::new();
+    let _signals = crate::signals::HeldSignals::new();
     let mut run = Run::start(o)?;
     run.populate()?;
     let plan = plan(o, run.pages);
@@ -334,7 +336,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     let mut report = run.finish()?;
     let found = findings::attach(&mut report);
     // A closed stdout (`| head`) costs the tables, not the report.
-    let _ = super::out(&format!("{}{found}", summary(&report)));
+    let _ = crate::term::out(&format!("{}{found}", summary(&report)));
     if let Some(p) = &o.json {
         file::write(p, &report)?;
     }
@@ -371,7 +373,7 @@ fn split_pmds(base: *mut u8, len: usize) -> Result<()> {
 }
 
 fn verify(c: &FolioCheck, o: &BenchOpts) -> Result<()> {
-    let what = folio::human(o.folio);
+    let what = crate::units::size(o.folio);
     if c.whole_folios != c.blocks {
         return Err(Refusal::new(format!(
             "only {} of {} {what} blocks are backed by one {what} folio (mTHP/THP allocation fell back); \

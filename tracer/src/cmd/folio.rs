@@ -10,27 +10,20 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::error::Refusal;
+use crate::{
+    error::Refusal,
+    units::{PAGE, PMD_SIZE},
+};
 
 pub const THP: &str = "/sys/kernel/mm/transparent_hugepage";
-pub const PAGE: u64 = 4096;
-pub const PMD_SIZE: u64 = 2 << 20;
 
 /// Parses a folio size: 4K, 16K ... 2M.
 pub fn parse_folio(s: &str) -> Result<u64, String> {
-    let v = super::workload::parse_size(s)?;
+    let v = crate::units::parse_size(s)?;
     if v < PAGE || !v.is_power_of_two() || v > PMD_SIZE {
         return Err(format!("--folio takes a power of two from 4K to 2M, not {s}"));
     }
     Ok(v)
-}
-
-pub fn human(bytes: u64) -> String {
-    if bytes >= 1 << 20 && bytes.is_multiple_of(1 << 20) {
-        format!("{}M", bytes >> 20)
-    } else {
-        format!("{}K", bytes >> 10)
-    }
 }
 
 /// While a bench has the THP settings changed, the values it found are
@@ -67,7 +60,7 @@ impl Knobs {
         if !want.join("enabled").exists() {
             return Err(Refusal::new(format!(
                 "this kernel has no {} anonymous folios ({} is missing)",
-                human(size),
+                crate::units::size(size),
                 want.join("enabled").display()
             ))
             .into());
@@ -94,7 +87,7 @@ impl Knobs {
     /// first, after restoring what a dead bench left), then sets them.
     fn apply(plan: &[(PathBuf, &str)], state: &Path) -> Result<Knobs> {
         if let Some(msg) = recover_stale_in(state)? {
-            crate::cmd::say(&format!("faultscope: {msg}"));
+            crate::term::say(&format!("faultscope: {msg}"));
         }
         let mut saved = Vec::new();
         for (f, _) in plan {
@@ -337,8 +330,6 @@ mod tests {
         assert_eq!(parse_folio("2M"), Ok(2 << 20));
         assert!(parse_folio("48K").is_err());
         assert!(parse_folio("4M").is_err());
-        assert_eq!(human(64 << 10), "64K");
-        assert_eq!(human(2 << 20), "2M");
     }
 
     #[test]

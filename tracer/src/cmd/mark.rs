@@ -17,7 +17,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use tokio::net::UnixListener;
 
-use crate::{error::Refusal, report::text::safe};
+use crate::{error::Refusal, term::safe};
 
 pub const SOCKET_DIR: &str = "/run/faultscope";
 

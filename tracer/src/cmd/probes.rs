@@ -2,20 +2,20 @@
 //! the backend each probe would use and why; `--load` also runs every
 //! program through the verifier.
 
+use crate::term::safe;
 use crate::{
     kernel::{
         self,
-        btf::KernelBtf,
         probes::{self, BackendChoice},
         session::{self, Verdict},
     },
-    report::text::{safe, safe_lines},
+    term::safe_lines,
 };
 
 pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     kernel::require_root()?;
     let tracefs = kernel::tracefs()?;
-    let btf = KernelBtf::load();
+    let btf = probes::kernel_btf();
     let resolved = probes::resolve_here(&tracefs, &btf, backend);
     println!("{:<18} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
     for r in &resolved {
@@ -49,9 +49,9 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         let m = kernel::footprint::maps(&kernel::footprint::Sizes { stats, ..Default::default() }, cpus);
         println!(
             "kernel memory: {what} take {} on this machine's {cpus} CPUs by default ({stats} stats entries of {} bytes each; --max-stats sets it, at most {})",
-            kernel::footprint::human(kernel::footprint::total(&m)),
+            crate::units::bytes(kernel::footprint::total(&m)),
             kernel::footprint::stats_entry_bytes(cpus),
-            kernel::footprint::human(kernel::footprint::STATS_LIMIT_BYTES)
+            crate::units::bytes(kernel::footprint::STATS_LIMIT_BYTES)
         );
     }
     if load {

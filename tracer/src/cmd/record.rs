@@ -5,8 +5,7 @@
 //! session with its phase timeline, which `bench` also uses to trace itself.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    fs,
+    collections::BTreeMap,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -14,9 +13,7 @@ use std::{
 use anyhow::Result;
 use clap::Args;
 use faultscope_common::{
-    maps::{
-        Config, LifeEvent, LifeKind, TargetInfo, ADOPT_AT_EXEC, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
-    },
+    maps::{TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC},
     Program,
 };
 use tokio::{
@@ -27,23 +24,17 @@ use tokio::{
 };
 
 use super::mark as marks;
+pub use crate::collect::engine::{Filters, ProbeOpts, Recorder};
 use crate::{
     collect::{
-        accounting::{self, Bracket, End, KernelCount, Start},
-        attribution::{attributable_here, mappings_availability, AttribOpts, Attribution},
-        children,
+        attribution::AttribOpts,
         collector::{stack_frames, Snapshot},
-        phases::{Lifetime, ProcessKinds, Timeline},
         target,
     },
     error::Refusal,
     kernel::{
         self,
-        btf::KernelBtf,
-        classes::{self, Availability, Metric},
         footprint::{self, Sizes},
-        probes::{self, BackendChoice},
-        session::Session,
     },
     report::{attribution::Namer, build, file, findings, live, schema::Report, text},
 };
@@ -95,415 +86,10 @@ pub struct RecordOpts {
     pub command: Vec<String>,
 }
 
-/// How the probes attach, and whether their cost is measured.
-#[derive(Args, Debug, Clone, Default)]
-pub struct ProbeOpts {
-    /// How probes on kernel functions attach: auto takes fentry/fexit (a
-    /// BPF trampoline) where the kernel's BTF describes the function, else
-    /// a kprobe, per probe; kprobe or fentry take only that way (fentry
-    /// refuses to start where a probe cannot have it).
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-    pub backend: BackendChoice,
-    /// Measure each attached program with the kernel's own accounting
-    /// (bpf_stats: run count and run time, on only for this run) and report
-    /// it (`programs[]`). The accounting itself adds two clock reads per
-    /// program run.
-    #[arg(long)]
-    pub prog_stats: bool,
-}
-
-/// A tracing session with its phase timeline and the processes it knows.
-pub struct Recorder {
-    pub session: Session,
-    pub avail: Vec<(Metric, Availability)>,
-    pub timeline: Timeline,
-    pub comms: BTreeMap<u32, String>,
-    /// Traced processes still running.
-    pub live: BTreeSet<u32>,
-    /// When each traced process existed: it carries only those phases.
-    pub lifetimes: BTreeMap<u32, Lifetime>,
-    started: Instant,
-    /// tracefs `trace_marker`: each mark is also written to the ftrace
-    /// buffer, so traces taken beside faultscope can be split by phase.
-    marker: Option<fs::File>,
-    /// What is attributed, and the maps histories that name where.
-    pub attrib: Attribution,
-    /// A process tracing itself (bench) takes maps snapshots only at attach
-    /// and at the end: reading its own maps faults, and would add to the
-    /// step it measures.
-    pub self_traced: bool,
-    /// The comm of each fork seen since the caller last took them (serve's
-    /// `faultscope_forks_total`); record leaves it empty.
-    pub fork_comms: Option<Vec<String>>,
-    /// Each process's own phase kinds (serve's `phase_kind`); record has
-    /// none: its phases are the run's.
-    pub kinds: Option<ProcessKinds>,
-    /// Processes the kernel's filters added (pid, the cgroup's index or
-    /// `ADOPT_BY_COMM`), taken by `serve`.
-    pub adopted: Vec<(u32, u32)>,
-    /// The kernel's own count of each traced process's faults, bracketed
-    /// (the kernel check of the report).
-    pub accounting: BTreeMap<u32, KernelCount>,
-    /// The maps' sizes (their kernel memory goes in the report).
-    sizes: Sizes,
-}
-
-/// Entries of the stack map when stacks are asked for.
-const STACK_ENTRIES: u32 = 16384;
-
-/// Which processes the kernel adds to the traced set by itself (serve).
-#[derive(Debug, Default)]
-pub struct Filters {
-    /// cgroup v2 ids: a process of one joins at its first event.
-    pub cgroups: Vec<u64>,
-    /// comms (NUL-padded): a program exec'd under one joins at its exec.
-    pub comms: Vec<[u8; 16]>,
-    /// An exec in a traced process starts a phase.
-    pub exec_phase: bool,
-}
-
 /// record's and bench's most stats entries by default.
 pub const DEFAULT_STATS: u32 = 2048;
 
 impl Recorder {
-    /// Checks the system, resolves the probe table and attaches. Prints the
-    /// one line saying what is measured here.
-    /// `filters`: the kernel's adoption of new processes (none for off).
-    /// `max_stats`: `--max-stats`, else the default for the machine, at
-    /// most `default_stats` (see `kernel::footprint`).
-    pub fn start(
-        max_stats: Option<u32>,
-        default_stats: u32,
-        attrib: AttribOpts,
-        probe: &ProbeOpts,
-        filters: &Filters,
-    ) -> Result<Recorder> {
-        let max_stats = footprint::stats_entries(max_stats, default_stats, footprint::cpus())?;
-        kernel::require_root()?;
-        let tracefs = kernel::tracefs()?;
-        kernel::require_btf()?;
-        // Read and parsed once for the whole start-up.
-        let btf = KernelBtf::load();
-        let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
-        let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
-        let sizes = Sizes {
-            stats: max_stats,
-            stacks,
-            cgroups: filters.cgroups.len() as u32,
-            comms: filters.comms.len() as u32,
-            exec_phase: filters.exec_phase,
-        };
-        let mut session = Session::attach(&tracefs, &resolved, sizes, &btf, probe.backend)?;
-        if probe.prog_stats {
-            session.enable_program_stats()?;
-        }
-        for (i, &id) in filters.cgroups.iter().enumerate() {
-            session.add_cgroup(id, i as u32)?;
-        }
-        for &comm in &filters.comms {
-            session.add_comm(comm)?;
-        }
-        let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
-        let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
-        let no_mappings = attrib.no_mappings;
-        let attrib =
-            Attribution::new(attrib, mappings_availability(fault_probe, &session.vma_offset, no_mappings));
-        // Before any target is added: no fault is counted before this.
-        let mut config = vec![
-            (Config::TpClasses, classes::error_code_classes(&avail)),
-            (Config::Exceptions, session.attached(Program::FaultReturn) as u32),
-        ];
-        config.extend(attrib.config(&avail));
-        session.configure(&config)?;
-        eprintln!("{}", text::measured_line(&avail));
-        if let Err(why) = &attrib.mappings {
-            super::say(&format!("faultscope: per-mapping counts not measurable here: {why}"));
-        }
-        // Classes not measurable here are said by the line above; a class
-        // measured without a fault path to attribute is said here.
-        for (what, list) in [("sites", &attrib.opts.sites), ("stacks", &attrib.opts.stacks)] {
-            let counted_elsewhere = list.0.iter().any(|m| {
-                avail.iter().any(|(x, a)| {
-                    x == m
-                        && matches!(a, Availability::Measured { class, .. } if faultscope_common::Class::ERROR_CODE.contains(class))
-                })
-            });
-            if let (true, (_, Some(why))) = (counted_elsewhere, attributable_here(list, &avail)) {
-                super::say(&format!("faultscope: --{what}: {why}"));
-            }
-        }
-        let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
-        if stacks.is_empty() && (attrib.opts.folded.is_some() || attrib.opts.flamegraph.is_some()) {
-            return Err(Refusal::new(format!(
-                "--folded/--flamegraph: no stack can be counted here ({}): nothing would be written",
-                why.unwrap_or_else(|| "no class given to --stacks".into())
-            ))
-            .into());
-        }
-        let timeline = Timeline::new(session.current_phase()?, kernel::monotonic_ns());
-        let marker = fs::OpenOptions::new().write(true).open(tracefs.join("trace_marker")).ok();
-        Ok(Recorder {
-            marker,
-            session,
-            avail,
-            timeline,
-            comms: BTreeMap::new(),
-            live: BTreeSet::new(),
-            lifetimes: BTreeMap::new(),
-            started: Instant::now(),
-            attrib,
-            self_traced: false,
-            fork_comms: None,
-            kinds: None,
-            adopted: Vec::new(),
-            accounting: BTreeMap::new(),
-            sizes,
-        })
-    }
-
-    pub fn add(&mut self, pid: u32, flags: u32, comm: String) -> Result<()> {
-        let info = TargetInfo { flags, _reserved: 0 };
-        if flags & TARGET_PENDING_EXEC != 0 {
-            // Its count starts at its exec, which the kernel reads.
-            self.session.add_target(pid, info)?;
-        } else {
-            let mut added = Ok(());
-            let start = accounting::start_at_attach(pid, || added = self.session.add_target(pid, info));
-            added?;
-            self.accounting.insert(pid, KernelCount::new(start));
-        }
-        self.comms.insert(pid, comm);
-        self.live.insert(pid);
-        self.lifetimes.insert(pid, Lifetime::from(kernel::monotonic_ns()));
-        // A command not yet exec'd has faultscope's own maps: its snapshot
-        // comes at its exec.
-        if flags & TARGET_PENDING_EXEC == 0 {
-            self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
-        }
-        Ok(())
-    }
-
-    /// Maps snapshots of every live traced process (at a phase change).
-    fn snapshot_maps(&mut self, label: &str) {
-        if self.self_traced && label != "end" {
-            return;
-        }
-        let now = kernel::monotonic_ns();
-        for &pid in &self.live {
-            self.attrib.snapshot(pid, now, label);
-        }
-    }
-
-    /// Children that the `targets` forked before attach and that still
-    /// share their memory go into the kernel's children map, so that their
-    /// exit or exec starts a phase; the first phase says they are alive.
-    /// Returns them.
-    pub fn attach_children(&mut self, targets: &[u32]) -> Result<Vec<u32>> {
-        let mut found = Vec::new();
-        for &parent in targets {
-            for child in children::sharing_memory(parent) {
-                self.session.add_child(child, parent)?;
-                found.push((child, parent));
-            }
-        }
-        // One that exited or exec'd before the kernel knew it left no event:
-        // take it out again. If the kernel took it out first, its event
-        // comes and finds it alive.
-        let mut alive = Vec::new();
-        for &(child, parent) in &found {
-            if children::shares_memory(parent, child) || !self.session.remove_child(child) {
-                alive.push(child);
-            }
-        }
-        self.timeline.attached_children(&alive);
-        if let Some(k) = self.kinds.as_mut() {
-            let id = self.timeline.current().id;
-            for &parent in targets {
-                let mine: Vec<u32> = found
-                    .iter()
-                    .filter(|(c, p)| *p == parent && alive.contains(c))
-                    .map(|(c, _)| *c)
-                    .collect();
-                k.attached(parent, id, &mine);
-            }
-        }
-        for (child, parent) in found.iter().filter(|(c, _)| alive.contains(c)) {
-            eprintln!(
-                "faultscope: pid {child}, forked by {parent} before attach, still shares its memory; its exit or exec starts a phase"
-            );
-        }
-        Ok(alive)
-    }
-
-    /// Writes "faultscope phase LABEL" to tracefs' trace_marker: the points
-    /// where faultscope attached and detached, in any ftrace trace taken
-    /// beside it.
-    pub fn trace_mark(&self, label: &str) {
-        write_marker(self.marker.as_ref(), &marker_line(label));
-    }
-
-    /// Starts a phase named `mark:LABEL`; returns its name.
-    pub fn mark(&mut self, label: &str) -> Result<String> {
-        // Events first, so the mark lands after the lifecycle changes that
-        // happened before it; the maps as they are when it starts (taken
-        // before the switch: a process tracing itself faults doing it).
-        self.drain_events()?;
-        self.snapshot_maps(&format!("mark:{label}"));
-        // Formatted before the switch: nothing between the switch and the
-        // marker may touch new memory.
-        let line = marker_line(&format!("mark:{label}"));
-        let marker = self.marker.as_ref();
-        let id = self.session.mark(|| write_marker(marker, &line))?;
-        self.timeline.mark(id, kernel::monotonic_ns(), label);
-        Ok(self.timeline.current().name.clone())
-    }
-
-    /// Applies lifecycle events: phases, followed children joining the live
-    /// set, exits leaving it, and when each process existed.
-    pub fn drain_events(&mut self) -> Result<()> {
-        let mut evs = Vec::new();
-        {
-            let mut ring = self.session.events()?;
-            while let Some(item) = ring.next() {
-                if item.len() >= std::mem::size_of::<LifeEvent>() {
-                    // SAFETY: the kernel wrote a LifeEvent; read unaligned.
-                    evs.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifeEvent) });
-                }
-            }
-        }
-        evs.sort_by_key(|e| e.ts_ns);
-        let phase_changed = evs.iter().any(|e| {
-            [LifeKind::Fork, LifeKind::ChildExit, LifeKind::ChildExec, LifeKind::Exec]
-                .iter()
-                .any(|k| *k as u32 == e.kind)
-        });
-        for e in evs {
-            let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
-            match e.kind {
-                k if k == LifeKind::Fork as u32 => {
-                    self.timeline.fork(e.phase, e.ts_ns, e.pid);
-                    if let Some(k) = self.kinds.as_mut() {
-                        k.fork(e.tgid, e.phase, e.pid);
-                    }
-                    if let Some(f) = self.fork_comms.as_mut() {
-                        f.push(comm.clone());
-                    }
-                    if e.aux != 0 {
-                        // A new process's count starts at 0, and it is
-                        // counted from its fork.
-                        self.accounting
-                            .insert(e.pid, KernelCount::new(Start::Exact(Default::default(), "its fork")));
-                        self.live.insert(e.pid);
-                        self.comms.insert(e.pid, comm);
-                        self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
-                        // A child that is gone before its snapshot had its
-                        // parent's maps at fork.
-                        self.attrib.inherit(e.pid, e.tgid, e.ts_ns);
-                    }
-                }
-                k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
-                    let exec = k == LifeKind::ChildExec as u32;
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
-                    if let Some(k) = self.kinds.as_mut() {
-                        k.child_gone(e.tgid, e.phase, e.pid, exec);
-                    }
-                    // A followed child's own life goes on after an exec, as
-                    // another program.
-                    if !exec {
-                        if let Some(l) = self.lifetimes.get_mut(&e.pid) {
-                            l.end(e.ts_ns);
-                        }
-                    }
-                }
-                k if k == LifeKind::Exec as u32 => {
-                    // The kernel started a phase for the new program
-                    // (`Filters::exec_phase`).
-                    if e.phase != self.timeline.current().id {
-                        self.timeline.exec(e.phase, e.ts_ns, e.tgid);
-                        if let Some(k) = self.kinds.as_mut() {
-                            k.exec(e.tgid, e.phase);
-                        }
-                    }
-                    // A started command counts from its exec (a traced
-                    // process that execs again keeps its start).
-                    self.accounting
-                        .entry(e.tgid)
-                        .or_insert_with(|| KernelCount::new(Start::Exact(e.flt, "its exec")));
-                    self.comms.insert(e.tgid, comm);
-                    // The maps before the exec were another program's.
-                    self.attrib.exec(e.tgid, e.ts_ns);
-                }
-                // The cgroup filter added it at its first event (unless
-                // serve's scan of cgroup.procs added it meanwhile).
-                k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => {
-                    let at_exec = e.aux & ADOPT_AT_EXEC != 0;
-                    self.accounting.entry(e.tgid).or_insert_with(|| {
-                        KernelCount::new(if at_exec {
-                            Start::Exact(e.flt, "its exec")
-                        } else {
-                            Start::Unknown(
-                                "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
-                            )
-                        })
-                    });
-                    self.comms.insert(e.tgid, comm);
-                    self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
-                    self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
-                    self.adopted.push((e.tgid, e.aux & !ADOPT_AT_EXEC));
-                }
-                // The kernel took it out of the traced set at its exit (so
-                // that a new process with its pid is not counted as it).
-                k if k == LifeKind::Exit as u32 => {
-                    let exited = self.session.take_exited(e.tgid);
-                    if let Some(k) = self.accounting.get_mut(&e.tgid) {
-                        match exited {
-                            Some(total) => k.exited(total),
-                            None => {
-                                k.start =
-                                    Start::Unknown("no thread's final count was kept at its exit".into())
-                            }
-                        }
-                    }
-                    self.live.remove(&e.tgid);
-                    if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
-                        l.end(e.ts_ns);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if phase_changed {
-            let name = self.timeline.current().name.clone();
-            self.snapshot_maps(&name);
-        }
-        self.session.flush_logs();
-        Ok(())
-    }
-
-    pub fn snapshot(&self) -> Result<Snapshot> {
-        Snapshot::read(&self.session.bpf)
-    }
-
-    /// The run's last read of the counts, with the kernel's count of each
-    /// process still running read from `/proc` just before and after it
-    /// (the end of its kernel check).
-    pub fn final_snapshot(&mut self) -> Result<Snapshot> {
-        self.drain_events()?;
-        let live: Vec<u32> = self.live.iter().copied().collect();
-        let before: Vec<_> = live.iter().map(|&p| accounting::process_flt(p)).collect();
-        let snap = self.snapshot()?;
-        for (pid, lo) in live.into_iter().zip(before) {
-            if let (Some(lo), Some(hi), Some(k)) =
-                (lo, accounting::process_flt(pid), self.accounting.get_mut(&pid))
-            {
-                if k.end.is_none() {
-                    k.end = Some(End::Proc(Bracket { lo, hi }));
-                }
-            }
-        }
-        Ok(snap)
-    }
-
     pub fn context(&self) -> Result<build::Context<'_>> {
         Ok(build::Context {
             kernel: kernel::release(),
@@ -514,7 +100,7 @@ impl Recorder {
             lifetimes: &self.lifetimes,
             accounting: &self.accounting,
             kernel_exceptions: self.session.attached(Program::PageFaultKernel),
-            drops: self.session.drops()?,
+            drops: self.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
             namer: None,
@@ -561,23 +147,6 @@ pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
                 (m.name.to_string(), crate::report::schema::MapMemory { entries: m.entries, bytes: m.bytes })
             })
             .collect(),
-    }
-}
-
-/// The trace_marker line of a phase (the guest oracle splits on it).
-fn marker_line(label: &str) -> String {
-    format!("faultscope phase {label}\n")
-}
-
-/// A failed write costs the ftrace trace beside faultscope its phase
-/// boundary, never faultscope's own counts; it is said on stderr, since a
-/// trace split at the wrong place would be misread.
-fn write_marker(marker: Option<&fs::File>, line: &str) {
-    if let Some(mut f) = marker {
-        use std::io::Write as _;
-        if let Err(e) = f.write_all(line.as_bytes()) {
-            eprintln!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end());
-        }
     }
 }
 
@@ -695,7 +264,7 @@ impl Recording {
     /// Starts a `mark:LABEL` phase; says its name on stderr.
     pub fn mark(&mut self, label: &str) -> Result<String> {
         let name = self.rec.mark(label)?;
-        super::say(&format!("faultscope: phase {}", text::safe(&name)));
+        crate::term::say(&format!("faultscope: phase {}", crate::term::safe(&name)));
         Ok(name)
     }
 
@@ -749,12 +318,12 @@ impl Recording {
         let delta = snap.since(&self.last);
         let shown = if self.live_view {
             let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
-            super::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed, &footer))
+            crate::term::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed, &footer))
         } else {
-            super::out(&format!(
+            crate::term::out(&format!(
                 "--- interval {} ({elapsed:.1}s), phase {} ---\n{}",
                 self.ticks + 1,
-                text::safe(&phase),
+                crate::term::safe(&phase),
                 text::to_text(&self.rec.counts(&delta)?)
             ))
         };
@@ -775,7 +344,9 @@ impl Recording {
             return;
         }
         if self.opts.keep_command {
-            super::say(&format!("faultscope: the command (pid {pid}) is left running (--keep-command)"));
+            crate::term::say(&format!(
+                "faultscope: the command (pid {pid}) is left running (--keep-command)"
+            ));
             return;
         }
         let sig = match why {
@@ -803,7 +374,7 @@ impl Recording {
             self.cmd_status = reap_within(Duration::from_secs(5));
         }
         if self.cmd_status.is_none() {
-            super::say(&format!(
+            crate::term::say(&format!(
                 "faultscope: the command (pid {pid}) did not exit within 5 s of signal {sig}; it is left running"
             ));
         }
@@ -819,7 +390,7 @@ impl Recording {
         self.rec.trace_mark("detach");
         let snap = self.rec.final_snapshot()?;
         let mut report = self.rec.finish(&snap)?;
-        super::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
+        crate::term::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);
         let tables = format!("{}{found}", text::to_text(&report));
         if self.opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-") {
@@ -827,7 +398,7 @@ impl Recording {
             let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), tables.as_bytes());
         } else if !self.stdout_closed {
             // A reader gone now (EPIPE) costs only these tables.
-            let _ = super::out(&tables);
+            let _ = crate::term::out(&tables);
         }
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());
@@ -885,7 +456,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
                     Ok(label) => match r.mark(&label) {
                         Ok(name) => format!("ok {name}\n"),
                         Err(e) => {
-                            super::say(&format!("faultscope: mark request failed: {e:#}"));
+                            crate::term::say(&format!("faultscope: mark request failed: {e:#}"));
                             format!("error {e:#}\n")
                         }
                     },
@@ -916,7 +487,7 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
     }
     if let Some(p) = &o.flamegraph {
         if f.is_empty() {
-            super::say(&format!("faultscope: no stacks were counted; {} not written", p.display()));
+            crate::term::say(&format!("faultscope: no stacks were counted; {} not written", p.display()));
         } else {
             crate::output::write(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
         }

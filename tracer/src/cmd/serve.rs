@@ -153,7 +153,7 @@ impl Serve {
                 self.cgroups.insert(pid, dir.display().to_string());
             }
             let comm = self.rec.comms.get(&pid).cloned().unwrap_or_default();
-            super::say(&format!("faultscope: tracing pid {pid} ({})", crate::report::text::safe(&comm)));
+            crate::term::say(&format!("faultscope: tracing pid {pid} ({})", crate::term::safe(&comm)));
         }
         for comm in self.rec.fork_comms.as_mut().map(std::mem::take).unwrap_or_default() {
             self.metrics.fork(&comm);
@@ -225,14 +225,16 @@ impl Serve {
             if let Some(old) = was {
                 let _ = self.rec.session.remove_cgroup(old);
             }
-            let d = crate::report::text::safe(&dir.display().to_string());
+            let d = crate::term::safe(&dir.display().to_string());
             match now {
                 Some(id) => {
                     self.rec.session.add_cgroup(id, i as u32)?;
                     let what = if was.is_some() { "was created again" } else { "is back" };
-                    super::say(&format!("faultscope: cgroup {d} {what} (id {id}): following it"));
+                    crate::term::say(&format!("faultscope: cgroup {d} {what} (id {id}): following it"));
                 }
-                None => super::say(&format!("faultscope: cgroup {d} is gone; waiting for it to come back")),
+                None => {
+                    crate::term::say(&format!("faultscope: cgroup {d} is gone; waiting for it to come back"))
+                }
             }
             self.cgroup_ids[i] = now;
         }
@@ -269,7 +271,7 @@ impl Serve {
                 continue;
             }
             if self.rec.add(pid, 0, comm.clone()).is_ok() {
-                super::say(&format!("faultscope: tracing pid {pid} ({})", crate::report::text::safe(&comm)));
+                crate::term::say(&format!("faultscope: tracing pid {pid} ({})", crate::term::safe(&comm)));
                 if let Some(cg) = cg {
                     self.cgroups.insert(pid, cg);
                 }
@@ -321,7 +323,7 @@ fn comm_key(name: &str) -> Result<[u8; COMM_LEN]> {
     if b.is_empty() || b.len() >= COMM_LEN || b.contains(&0) {
         return Err(Refusal::new(format!(
             "--comm {}: a comm is 1 to {} bytes without NUL (the kernel cuts longer names to that, so this one could never match)",
-            crate::report::text::safe(name),
+            crate::term::safe(name),
             COMM_LEN - 1
         ))
         .into());
@@ -400,7 +402,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(s.metrics.encode()))));
     // The port the kernel gave (`--port 0`).
     let bound = listener.local_addr().unwrap_or(addr);
-    super::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
+    crate::term::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -428,7 +430,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
                 // once would spin. Counting goes on at the next tick.
                 Err(e) => {
                     if s.accept_errors == 0 {
-                        super::say(&format!("faultscope: cannot accept a connection: {e} (counting goes on; counted in drops{{reason=\"accept_errors\"}})"));
+                        crate::term::say(&format!("faultscope: cannot accept a connection: {e} (counting goes on; counted in drops{{reason=\"accept_errors\"}})"));
                     }
                     s.accept_errors += 1;
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -441,7 +443,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         }
     };
     s.rec.trace_mark("detach");
-    super::say(&format!("faultscope: {why}; detached"));
+    crate::term::say(&format!("faultscope: {why}; detached"));
     Ok(0)
 }
 

@@ -13,6 +13,7 @@
 //! mapped read-only: every write copies), and pages it adds to `[heap]`
 //! with `sbrk`.
 
+use crate::units::parse_size;
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
@@ -124,25 +125,6 @@ pub enum RepeatBy {
     /// MADV_DONTNEED the memory: each write is a first-touch fault on a
     /// fresh zeroed page, and nothing else happens.
     Dontneed,
-}
-
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (s, 1u64),
-        Some((i, _)) => {
-            let m = match s[i..].to_ascii_uppercase().trim_end_matches(['B', 'I']) {
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "" => 1,
-                other => return Err(format!("unknown size suffix {other:?} in {s:?}")),
-            };
-            (&s[..i], m)
-        }
-    };
-    let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| format!("bad size {s:?}"))
 }
 
 /// getrusage(RUSAGE_SELF) and the time: the workload's own view of a phase.

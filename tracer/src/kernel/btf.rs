@@ -17,16 +17,16 @@ pub struct KernelBtf {
 }
 
 impl KernelBtf {
-    /// Reads and parses `/sys/kernel/btf/vmlinux`; an error is kept (and
-    /// said where it matters), not raised.
-    pub fn load() -> KernelBtf {
-        KernelBtf::from(Btf::from_file(BTF_VMLINUX).map_err(|e| format!("{e:#}")))
+    /// Reads and parses `/sys/kernel/btf/vmlinux`, and which of `wanted`
+    /// (the probe table's functions: `probes::kernel_btf`) it describes; an
+    /// error is kept (and said where it matters), not raised.
+    pub fn load(wanted: &BTreeSet<String>) -> KernelBtf {
+        KernelBtf::from(Btf::from_file(BTF_VMLINUX).map_err(|e| format!("{e:#}")), wanted)
     }
 
-    pub fn from(parsed: Result<Btf, String>) -> KernelBtf {
-        let wanted = super::probes::functions();
+    pub fn from(parsed: Result<Btf, String>, wanted: &BTreeSet<String>) -> KernelBtf {
         let functions = match &parsed {
-            Ok(b) => b.functions_among(&wanted).map_err(|e| format!("{e:#}")),
+            Ok(b) => b.functions_among(wanted).map_err(|e| format!("{e:#}")),
             Err(e) => Err(e.clone()),
         };
         KernelBtf { parsed, functions, aya: OnceCell::new() }

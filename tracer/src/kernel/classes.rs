@@ -2,7 +2,7 @@
 //! kprobes where they attach, the x86 tracepoint's error code otherwise, or
 //! "not measurable here" with the reason. Never a silent 0.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 use faultscope_common::{
     class::ClassSet,
@@ -490,9 +490,44 @@ pub fn error_code_classes(avail: &[(Metric, Availability)]) -> u32 {
         .fold(0, |m, b| m | b)
 }
 
+/// One line saying what is measured here and what is not, and why.
+pub fn measured_line(avail: &[(Metric, Availability)]) -> String {
+    let measured: Vec<&str> = avail
+        .iter()
+        .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
+        .map(|(m, _)| m.name())
+        .collect();
+    let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (m, a) in avail {
+        if let Availability::NotMeasurable(r) = a {
+            reasons.entry(r.as_str()).or_default().push(m.name());
+        }
+    }
+    let mut s = format!("faultscope: measuring {}", measured.join(", "));
+    if !reasons.is_empty() {
+        s.push_str("; not measurable here: ");
+        let parts: Vec<String> = reasons.iter().map(|(r, ns)| format!("{} ({r})", ns.join(", "))).collect();
+        s.push_str(&parts.join("; "));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn measured_line_groups_reasons() {
+        let avail = vec![
+            (Metric::Faults, Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
+            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
+            (Metric::Copy, Availability::NotMeasurable("no PMU".into())),
+        ];
+        assert_eq!(
+            measured_line(&avail),
+            "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)"
+        );
+    }
 
     #[test]
     fn every_fault_is_of_exactly_one_kind() {

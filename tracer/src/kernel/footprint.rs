@@ -53,9 +53,9 @@ pub fn stats_entries(asked: Option<u32>, default: u32, cpus: u64) -> Result<u32,
         Some(0) => Err(Refusal::new("--max-stats 0: the stats map needs at least 1 entry")),
         Some(n) if n as u64 * per > STATS_LIMIT_BYTES => Err(Refusal::new(format!(
             "--max-stats {n}: the stats map would take {} of kernel memory on this machine's {cpus} CPUs ({per} bytes an entry); at most {} entries fit in {}",
-            human(n as u64 * per),
+            crate::units::bytes(n as u64 * per),
             STATS_LIMIT_BYTES / per,
-            human(STATS_LIMIT_BYTES)
+            crate::units::bytes(STATS_LIMIT_BYTES)
         ))),
         Some(n) => Ok(n),
         None => Ok((STATS_AUTO_BYTES / per).clamp(1, default as u64) as u32),
@@ -104,16 +104,6 @@ pub fn total(maps: &[MapSize]) -> u64 {
     maps.iter().map(|m| m.bytes).sum()
 }
 
-/// `1.5 MiB`.
-pub fn human(b: u64) -> String {
-    match b {
-        0..=1023 => format!("{b} B"),
-        1024..=1_048_575 => format!("{:.1} KiB", b as f64 / 1024.0),
-        1_048_576..=1_073_741_823 => format!("{:.1} MiB", b as f64 / 1_048_576.0),
-        _ => format!("{:.2} GiB", b as f64 / 1_073_741_824.0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +137,6 @@ mod tests {
         assert_eq!(stats.bytes, 4096 * stats_entry_bytes(128));
         assert_eq!(total(&m), m.iter().map(|x| x.bytes).sum::<u64>());
         assert!(total(&maps(&Sizes { stats: 4096, ..Sizes::default() }, 2)) < total(&m));
-        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(crate::units::bytes(1536), "1.5 KiB");
     }
 }

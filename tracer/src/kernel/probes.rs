@@ -324,6 +324,12 @@ pub fn functions() -> BTreeSet<String> {
         .collect()
 }
 
+/// The running kernel's BTF, with which of the table's functions it
+/// describes.
+pub fn kernel_btf() -> KernelBtf {
+    KernelBtf::load(&functions())
+}
+
 /// Resolves the table against the running kernel (reads kallsyms, the
 /// kprobe blacklist, the PMU and lockdown once; BTF is the caller's, read
 /// once per run).

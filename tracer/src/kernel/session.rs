@@ -15,8 +15,8 @@ use faultscope_common::{
     maps::{phase_id, Config, ConfigValues, Drop, FltCount, PhaseCounter, PhaseId, TargetInfo},
     Program,
 };
-
-pub use crate::report::schema::ProgramCost;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::kernel::{
     self,
@@ -111,6 +111,27 @@ fn tracepoint_offsets(tracefs: &Path) -> (Vec<(&'static str, u32)>, Vec<String>)
 pub fn vma_start_offset(btf: &KernelBtf) -> Result<u32, String> {
     btf.member_offset("vm_area_struct", "vm_start")
         .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e}"))
+}
+
+/// One attached program's cost, as the kernel accounts it (bpf_stats): the
+/// program's own run time, without what attaching costs around it (a
+/// kprobe's breakpoint, a kretprobe's return trampoline).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramCost {
+    /// The program's name in the object (a fentry twin ends in `_fe`).
+    pub name: String,
+    /// The probe of the table it serves.
+    pub probe: String,
+    /// `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or `fexit`.
+    pub backend: String,
+    /// The kernel function or tracepoint.
+    pub target: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
+    /// `run_time_ns / runs`; absent when it never ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_per_run: Option<f64>,
 }
 
 /// How `sched_process_exit` tells that the last thread of a process exits
@@ -471,7 +492,8 @@ impl Session {
         Ok(())
     }
 
-    /// Sum over CPUs of the kernel side's drop counters, by report key.
+    /// Sum over CPUs of the kernel side's drop counters, by report key
+    /// (user space adds its own: `Recorder::drops`).
     pub fn drops(&self) -> Result<BTreeMap<String, u64>> {
         let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
@@ -479,11 +501,6 @@ impl Session {
         for d in Drop::ALL {
             out.insert(d.key().to_string(), arr.get(&d.index(), 0)?.iter().sum());
         }
-        // User space's own: /proc errors that were not taken for exits.
-        out.insert(
-            "proc_errors".to_string(),
-            crate::collect::target::PROC_ERRORS.load(std::sync::atomic::Ordering::Relaxed),
-        );
         Ok(out)
     }
 

@@ -3,6 +3,7 @@
 //! history (mappings, user frames) and kallsyms (kernel frames), folded to
 //! the top N with an honest `other`.
 
+use crate::term::safe;
 use std::{cell::RefCell, collections::BTreeMap, fmt::Write as _};
 
 use faultscope_common::{
@@ -10,10 +11,7 @@ use faultscope_common::{
     Class, PhaseId,
 };
 
-use super::{
-    schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, StackRow},
-    text::safe,
-};
+use super::schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, StackRow};
 use crate::{
     attrib::{
         mapping::{top_n, MapsHistory},
@@ -268,7 +266,7 @@ pub fn to_text(out: &mut String, a: &Attribution) {
         let mut rows: Vec<(String, &BTreeMap<Metric, u64>)> = a
             .mappings
             .iter()
-            .map(|r| (format!("{} ({})", safe(&r.mapping), human_size(r.size)), &r.counts))
+            .map(|r| (format!("{} ({})", safe(&r.mapping), crate::units::size_or_unknown(r.size)), &r.counts))
             .collect();
         if let Some(o) = &a.mappings_other {
             rows.push((format!("other ({} mappings)", o.entries), &o.counts));
@@ -296,15 +294,6 @@ pub fn to_text(out: &mut String, a: &Attribution) {
         for f in &a.sites_other {
             let _ = writeln!(out, "    {:<20} {:>10}  other ({} sites)", f.class.name(), f.count, f.entries);
         }
-    }
-}
-
-fn human_size(b: u64) -> String {
-    match b {
-        0 => "?".into(),
-        b if b % (1 << 30) == 0 => format!("{}G", b >> 30),
-        b if b % (1 << 20) == 0 => format!("{}M", b >> 20),
-        b => format!("{}K", b >> 10),
     }
 }
 

@@ -343,6 +343,22 @@ mod tests {
     use super::*;
     use faultscope_common::{Stat, StatKey};
 
+    #[test]
+    fn no_fault_path_is_tracepoint_mode() {
+        let avail = vec![
+            (
+                Metric::Faults,
+                Availability::Measured {
+                    class: faultscope_common::Class::TpFaults,
+                    timed: false,
+                    source: "t",
+                },
+            ),
+            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
+        ];
+        assert_eq!(mode(&avail), Mode::Tracepoint);
+    }
+
     pub fn snap() -> Snapshot {
         let mut stats = BTreeMap::new();
         let mut s = Stat::ZERO;

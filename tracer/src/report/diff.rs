@@ -1,16 +1,14 @@
-//! `faultscope diff A.json B.json`: two runs side by side, per phase and
+//! What `faultscope diff A.json B.json` (`cmd::diff`) prints: two runs side by side, per phase and
 //! class, with ratios, like the "v7.3-rc3+ vs patched" columns of a kernel
 //! patch's cover letter.
 //! Mismatched workloads are detected and said, not silently compared.
 
-use std::{collections::BTreeMap, fmt::Write as _, path::Path};
-
-use anyhow::Result;
+use crate::term::safe;
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
-    file::{self, Loaded},
+    file::Loaded,
     schema::{Attribution, Classes, MappingRow, Process, Report},
-    text::safe,
 };
 use crate::kernel::classes::Metric;
 
@@ -278,12 +276,6 @@ fn mapping_rows(out: &mut String, scope: &str, a: &Attribution, b: &Attribution)
                 writeln!(out, "{scope:<34} {k:<32} {:<16} {va:>12} {vb:>12} {:>9}", m.name(), ratio(va, vb));
         }
     }
-}
-
-pub fn run(a: &Path, b: &Path) -> Result<i32> {
-    let (a, b) = (file::load(a)?, file::load(b)?);
-    print!("{}", diff(&a, &b));
-    Ok(0)
 }
 
 #[cfg(test)]

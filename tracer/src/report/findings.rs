@@ -1,13 +1,11 @@
 //! Diagnosis: rules that turn a report's counts into plain findings, each
 //! with the numbers it rests on.
 
+use crate::term::safe;
 use std::collections::BTreeMap;
 
-use super::{
-    schema::{present_write_faults, Attribution, CheckResult, ClassValue, Finding, Number, Report},
-    text::safe,
-};
-use crate::{cmd::folio, kernel::classes::Metric};
+use super::schema::{present_write_faults, Attribution, CheckResult, ClassValue, Finding, Number, Report};
+use crate::kernel::classes::Metric;
 
 /// COW copies while a child lives that are worth saying.
 const COPY_NOTABLE: u64 = 16;
@@ -49,12 +47,12 @@ fn where_(a: &Attribution, m: Metric, total: u64) -> String {
 }
 
 fn folio_bytes(r: &Report) -> Option<u64> {
-    r.bench.as_ref().and_then(|b| crate::cmd::workload::parse_size(&b.folio).ok())
+    r.bench.as_ref().and_then(|b| crate::units::parse_size(&b.folio).ok())
 }
 
 pub fn findings(r: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
-    let folio = folio_bytes(r).filter(|f| *f > folio::PAGE);
+    let folio = folio_bytes(r).filter(|f| *f > crate::units::PAGE);
     let bench = r.bench.as_ref();
     let child_exited = bench.is_some_and(|b| b.child == "exit");
     for p in &r.processes {
@@ -69,8 +67,8 @@ pub fn findings(r: &Report) -> Vec<Finding> {
             let is_write_step = s.name == "mark:write";
             if let (Some(f), Some(b), true) = (folio, bench, is_write_step) {
                 let folios = b.folios.max(1);
-                let per = f / folio::PAGE;
-                let label = folio::human(f);
+                let per = f / crate::units::PAGE;
+                let label = crate::units::size(f);
                 if reuse as f64 / folios as f64 >= 2.0 {
                     add(
                         "large-folio-reuse-per-page",
@@ -249,8 +247,8 @@ pub fn to_text(f: &[Finding]) -> String {
             "  [{}] pid {} {}: {}\n",
             x.rule,
             x.pid,
-            super::text::safe(&x.phase),
-            super::text::safe(&x.text)
+            crate::term::safe(&x.phase),
+            crate::term::safe(&x.text)
         ));
     }
     s

@@ -4,9 +4,10 @@
 //! footer says how the run ends and where it goes next: `plot` for a
 //! report with intervals, `serve` to keep the same counts for Prometheus.
 
+use crate::term::safe;
 use std::{fmt::Write as _, io::IsTerminal as _, path::Path};
 
-use super::{schema::Report, text::safe};
+use super::schema::Report;
 use crate::kernel::classes::Metric;
 
 pub fn enabled() -> bool {

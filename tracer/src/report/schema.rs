@@ -102,26 +102,8 @@ pub struct MapMemory {
     pub bytes: u64,
 }
 
-/// One attached program's cost, as the kernel accounts it (bpf_stats): the
-/// program's own run time, without what attaching costs around it (a
-/// kprobe's breakpoint, a kretprobe's return trampoline).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProgramCost {
-    /// The program's name in the object (a fentry twin ends in `_fe`).
-    pub name: String,
-    /// The probe of the table it serves.
-    pub probe: String,
-    /// `tracepoint`, `tp_btf`, `kprobe`, `kretprobe`, `fentry` or `fexit`.
-    pub backend: String,
-    /// The kernel function or tracepoint.
-    pub target: String,
-    pub runs: u64,
-    pub run_time_ns: u64,
-    /// `run_time_ns / runs`; absent when it never ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ns_per_run: Option<f64>,
-}
+/// Defined where the kernel side measures it.
+pub use crate::kernel::session::ProgramCost;
 
 /// The classes of one process over a span; every class of the catalogue is
 /// present, measured or not.

@@ -1,10 +1,10 @@
 //! The plain text report, libbpf-tools style: per process, each phase in
 //! which it faulted (classes with counts), then the whole run (every class).
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use crate::term::safe;
+use std::fmt::Write as _;
 
 use super::schema::{CheckResult, ClassValue, Classes, KernelCheck, Report};
-use crate::kernel::classes::{Availability, Metric};
 
 pub fn fmt_ns(ns: u64) -> String {
     match ns {
@@ -13,26 +13,6 @@ pub fn fmt_ns(ns: u64) -> String {
         10_000_000..=9_999_999_999 => format!("{:.1}ms", ns as f64 / 1e6),
         _ => format!("{:.1}s", ns as f64 / 1e9),
     }
-}
-
-/// Escapes control characters (C0, DEL, C1) of a string that came from
-/// someone else (a process name, a path, a report's field) before it goes to
-/// a terminal.
-pub fn safe(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if c.is_control() {
-            let _ = write!(out, "\\x{:02x}", c as u32);
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// [`safe`] for text of several lines (a verifier log): newlines are kept.
-pub fn safe_lines(s: &str) -> String {
-    s.split('\n').map(safe).collect::<Vec<_>>().join("\n")
 }
 
 fn header(out: &mut String) {
@@ -187,53 +167,4 @@ pub fn to_text(r: &Report) -> String {
         "n/m = not measurable on this kernel (see the line above the table); USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages; - = not measurable)"
     );
     out
-}
-
-/// One line saying what is measured here and what is not, and why.
-pub fn measured_line(avail: &[(Metric, Availability)]) -> String {
-    let measured: Vec<&str> = avail
-        .iter()
-        .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
-        .map(|(m, _)| m.name())
-        .collect();
-    let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (m, a) in avail {
-        if let Availability::NotMeasurable(r) = a {
-            reasons.entry(r.as_str()).or_default().push(m.name());
-        }
-    }
-    let mut s = format!("faultscope: measuring {}", measured.join(", "));
-    if !reasons.is_empty() {
-        s.push_str("; not measurable here: ");
-        let parts: Vec<String> = reasons.iter().map(|(r, ns)| format!("{} ({r})", ns.join(", "))).collect();
-        s.push_str(&parts.join("; "));
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use faultscope_common::Class;
-
-    #[test]
-    fn measured_line_groups_reasons() {
-        let avail = vec![
-            (Metric::Faults, Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
-            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
-            (Metric::Copy, Availability::NotMeasurable("no PMU".into())),
-        ];
-        assert_eq!(
-            measured_line(&avail),
-            "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)"
-        );
-        assert_eq!(super::super::build::mode(&avail), super::super::schema::Mode::Tracepoint);
-    }
-
-    #[test]
-    fn control_characters_are_escaped() {
-        assert_eq!(safe("a\x1b[2Jb\n\u{9b}c"), "a\\x1b[2Jb\\x0a\\x9bc");
-        assert_eq!(safe("redis-server"), "redis-server");
-        assert_eq!(safe_lines("a\x1bb\nc\r"), "a\\x1bb\nc\\x0d");
-    }
 }

@@ -1,44 +1,27 @@
-//! `faultscope verify`: assertions over a report for CI, e.g.
+//! The checks of `faultscope verify` (`cmd::verify`): assertions over a
+//! report for CI, e.g.
 //! `--expect contpte_unfold=0`, `--expect 'spurious<=1%'`,
 //! `--expect 'reuse/folio<=1'`, `--expect 'copy.kernel<=10'` (one origin
 //! of a class). Exit 0 when all hold, 1 when one fails (with the numbers),
 //! 3 when a class is not measurable on that kernel.
 
-use std::path::PathBuf;
-
-use anyhow::{Context as _, Result};
-use clap::Args;
+use anyhow::Result;
 
 use super::{
-    file::{self, Loaded},
+    file::Loaded,
     schema::{present_write_faults, ClassValue, Report},
-    text::safe,
 };
 use crate::{error::Refusal, kernel::classes::Metric};
 
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_NOT_MEASURABLE: i32 = 3;
 
-#[derive(Args, Debug)]
-pub struct VerifyOpts {
-    /// An assertion: CLASS[.ORIGIN][/folio|/page] OP NUMBER[%], OP one of
-    /// = == != < <= > >=; ORIGIN user, kernel or gup (who asked for the
-    /// faults); a percentage is of all faults, or, with an origin, of the
-    /// class (`copy.kernel<=10%`: at most a tenth of the copies were the
-    /// kernel's).
-    #[arg(long = "expect", required = true)]
-    pub expects: Vec<String>,
-    /// Only this phase (a bench step such as mark:write, or a phase name).
-    #[arg(long)]
+/// Which part of a report the checks sum: one process or all, one phase or
+/// the whole run.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
     pub phase: Option<String>,
-    /// Only this process (default: all processes of the report, summed).
-    #[arg(long)]
     pub pid: Option<u64>,
-    /// The report to check; or, after `--`, a faultscope command to run
-    /// (e.g. `-- bench seq --folio 64K`) whose report is checked.
-    pub report: Option<PathBuf>,
-    #[arg(last = true)]
-    pub run: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -137,7 +120,7 @@ pub enum Verdict {
 
 /// The class `m`, or its faults of `origin`, summed over the processes
 /// and phases asked for.
-fn sum_class(r: &Report, m: Metric, origin: Option<&str>, o: &VerifyOpts) -> Result<u64, Verdict> {
+fn sum_class(r: &Report, m: Metric, origin: Option<&str>, o: &Scope) -> Result<u64, Verdict> {
     let mut total: u64 = 0;
     let mut found = false;
     for p in &r.processes {
@@ -183,7 +166,7 @@ fn sum_class(r: &Report, m: Metric, origin: Option<&str>, o: &VerifyOpts) -> Res
     Ok(total)
 }
 
-pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
+pub fn check(r: &Report, e: &Expect, o: &Scope) -> Verdict {
     let v = match sum_class(r, e.class, e.origin, o) {
         Ok(v) => v as f64,
         Err(verdict) => return verdict,
@@ -251,7 +234,7 @@ pub fn check(r: &Report, e: &Expect, o: &VerifyOpts) -> Verdict {
 }
 
 /// What the checks add up: which processes and which span.
-fn summed(r: &Report, o: &VerifyOpts) -> String {
+pub fn summed(r: &Report, o: &Scope) -> String {
     let procs: Vec<String> = r
         .processes
         .iter()
@@ -278,7 +261,7 @@ fn fmt(v: f64) -> String {
 
 /// A `--pid` or `--phase` that the report does not have is a typo, not a
 /// failed check: refused.
-fn check_scope(l: &Loaded, o: &VerifyOpts) -> Result<(), Refusal> {
+pub fn check_scope(l: &Loaded, o: &Scope) -> Result<(), Refusal> {
     let r = &l.report;
     let procs: Vec<_> =
         r.processes.iter().filter(|p| o.pid.is_none_or(|pid| u64::from(p.pid) == pid)).collect();
@@ -305,100 +288,6 @@ fn check_scope(l: &Loaded, o: &VerifyOpts) -> Result<(), Refusal> {
     Ok(())
 }
 
-pub fn run(o: &VerifyOpts) -> Result<i32> {
-    let expects: Vec<Expect> =
-        o.expects.iter().map(|e| parse(e)).collect::<Result<_, _>>().map_err(Refusal::new)?;
-    let report = match (&o.report, o.run.is_empty()) {
-        (Some(p), true) => file::load(p)?,
-        (None, false) => live(&o.run)?,
-        _ => return Err(Refusal::new("give a report file, or a faultscope command after --").into()),
-    };
-    check_scope(&report, o)?;
-    // Per folio or page needs a bench's folio count: a usage error, not a
-    // failed check.
-    if let Some(e) = expects.iter().find(|e| e.per.is_some() && report.report.bench.is_none()) {
-        return Err(Refusal::new(format!(
-            "{}: /folio and /page need a bench report (the folio count is known there); {} is not one",
-            e.text, report.path
-        ))
-        .into());
-    }
-    println!("{}", safe(&summed(&report.report, o)));
-    let mut code = 0;
-    for e in &expects {
-        // The messages quote the report (phase names, reasons): escaped.
-        match check(&report.report, e, o) {
-            Verdict::Pass(m) => println!("PASS {}", safe(&m)),
-            Verdict::Fail(m) => {
-                println!("FAIL {}", safe(&m));
-                if code == 0 {
-                    code = EXIT_FAILED;
-                }
-            }
-            Verdict::NotMeasurable(m) => {
-                println!("NOT MEASURABLE {}: {}", safe(&e.text), safe(&m));
-                code = EXIT_NOT_MEASURABLE;
-            }
-        }
-    }
-    Ok(code)
-}
-
-/// A private temporary directory (mkdtemp: a new name, mode 0700), removed
-/// with everything in it when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(prefix: &str) -> Result<TempDir> {
-        use std::os::unix::ffi::OsStringExt as _;
-        let template = std::env::temp_dir().join(format!("{prefix}XXXXXX"));
-        let mut buf = std::ffi::CString::new(template.into_os_string().into_vec())?.into_bytes_with_nul();
-        // SAFETY: a NUL-terminated template that mkdtemp fills in place.
-        if unsafe { libc::mkdtemp(buf.as_mut_ptr().cast()) }.is_null() {
-            return Err(std::io::Error::last_os_error()).context("creating a temporary directory");
-        }
-        buf.pop();
-        Ok(TempDir(PathBuf::from(std::ffi::OsString::from_vec(buf))))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Runs `faultscope ARGS --json TMP` and loads its report. The report goes
-/// to a new private directory, removed in every outcome: while the run
-/// goes on, SIGINT, SIGTERM and SIGHUP are passed on to it (so that Ctrl-C
-/// ends a `record` and its report is checked) instead of ending verify.
-fn live(args: &[String]) -> Result<Loaded> {
-    if !matches!(args.first().map(String::as_str), Some("bench" | "record")) {
-        return Err(Refusal::new("after --, give a faultscope bench or record command").into());
-    }
-    let dir = TempDir::new("faultscope-verify-")?;
-    let json = dir.0.join("report.json");
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.arg(&args[0]).arg("--json").arg(&json).args(&args[1..]);
-    let st = {
-        let _held = crate::cmd::HeldSignals::new();
-        let mut child = cmd.spawn()?;
-        loop {
-            if let Some(st) = child.try_wait()? {
-                break st;
-            }
-            if let Some(sig) = _held.wait(std::time::Duration::from_millis(50)) {
-                // SAFETY: a signal to our own child.
-                unsafe { libc::kill(child.id() as libc::pid_t, sig) };
-            }
-        }
-    };
-    if !st.success() {
-        return Err(Refusal::new(format!("the run failed ({st}); nothing to verify")).into());
-    }
-    Ok(file::load(&json)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,8 +296,8 @@ mod tests {
         Bench, ClassValue, PhaseKind,
     };
 
-    fn opts(phase: Option<&str>) -> VerifyOpts {
-        VerifyOpts { expects: vec![], phase: phase.map(String::from), pid: None, report: None, run: vec![] }
+    fn opts(phase: Option<&str>) -> Scope {
+        Scope { phase: phase.map(String::from), pid: None }
     }
 
     fn report(unfold: ClassValue) -> Report {

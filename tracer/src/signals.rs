@@ -1,0 +1,44 @@
+//! Signals held while a run must not be cut short.
+
+/// SIGINT, SIGTERM and SIGHUP blocked while alive: taken with `wait`
+/// (verify passes them on to its run), or delivered when dropped (bench:
+/// after the sysfs knobs are restored and the probes detached). A child
+/// started meanwhile gets an empty mask from std's spawn.
+pub struct HeldSignals(libc::sigset_t);
+
+impl HeldSignals {
+    pub fn new() -> HeldSignals {
+        // SAFETY: plain signal-set calls on a zeroed set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            HeldSignals(set)
+        }
+    }
+
+    /// A held signal that arrived within `t`.
+    pub fn wait(&self, t: std::time::Duration) -> Option<i32> {
+        let ts = libc::timespec { tv_sec: t.as_secs() as _, tv_nsec: t.subsec_nanos() as _ };
+        // SAFETY: waits for a signal of our blocked set.
+        let sig = unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &ts) };
+        (sig > 0).then_some(sig)
+    }
+}
+
+impl Default for HeldSignals {
+    fn default() -> Self {
+        HeldSignals::new()
+    }
+}
+
+impl Drop for HeldSignals {
+    fn drop(&mut self) {
+        // SAFETY: unblocks what `new` blocked; one still pending is
+        // delivered now.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut()) };
+    }
+}

@@ -1,0 +1,51 @@
+//! What reaches the terminal: writes to stdout and stderr that never panic,
+//! and foreign strings (process names, paths, kernel logs) made safe to
+//! print.
+
+use std::{fmt::Write as _, io::Write as _};
+
+/// Writes to stdout and flushes. An error means stdout is gone (EPIPE from
+/// `| head`, or a full disk): the caller ends its run as if interrupted and
+/// still writes its report, where `print!` would panic.
+pub fn out(s: &str) -> std::io::Result<()> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes()).and_then(|()| o.flush())
+}
+
+/// A line on stderr, best effort: a closed stderr is no reason to lose a
+/// run (`eprintln!` would panic).
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Escapes control characters (C0, DEL, C1) of a string that came from
+/// someone else (a process name, a path, a report's field) before it goes to
+/// a terminal.
+pub fn safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// [`safe`] for text of several lines (a verifier log): newlines are kept.
+pub fn safe_lines(s: &str) -> String {
+    s.split('\n').map(safe).collect::<Vec<_>>().join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(safe("a\x1b[2Jb\n\u{9b}c"), "a\\x1b[2Jb\\x0a\\x9bc");
+        assert_eq!(safe("redis-server"), "redis-server");
+        assert_eq!(safe_lines("a\x1bb\nc\r"), "a\\x1bb\nc\\x0d");
+    }
+}
