@@ -3,7 +3,7 @@
 //! code got there (user and kernel stacks). Aggregated in the kernel like
 //! the class counts; nothing is sent per fault.
 
-use crate::{class::Class, maps::PhaseId};
+use crate::{class::KernelClass, maps::PhaseId};
 
 /// `MappingKey::start` with this bit set is an address granule, not a VMA
 /// start: the event had no fault (so no VMA) around it (a contpte unfold
@@ -36,11 +36,11 @@ pub struct MappingKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClassCounts {
-    pub counts: [u64; Class::COUNT],
+    pub counts: [u64; KernelClass::COUNT],
 }
 
 impl ClassCounts {
-    pub const ZERO: ClassCounts = ClassCounts { counts: [0; Class::COUNT] };
+    pub const ZERO: ClassCounts = ClassCounts { counts: [0; KernelClass::COUNT] };
 
     /// Sum of per-CPU values (user space).
     pub fn merge(&mut self, other: &ClassCounts) {

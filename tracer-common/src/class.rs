@@ -3,114 +3,121 @@
 
 use crate::fault::Origin;
 
-/// One counter (and, where it applies, one latency histogram) per process.
-///
-/// The numeric values are the `class` field of [`crate::StatKey`]; they are an
-/// ABI between the eBPF object and user space, so only append.
-#[repr(u16)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Class {
-    /// A user fault handled by `handle_mm_fault` (each call, retries included).
-    Faults = 0,
-    /// ... with `FAULT_FLAG_WRITE`.
-    WriteFaults = 1,
-    /// ... that reached `do_wp_page` (write-protect fault on a present PTE).
-    WpFaults = 2,
-    /// `do_wp_page` on a private mapping that did not install a new anon
-    /// folio: COW **reuse**.
-    Reuse = 3,
-    /// `do_wp_page` that installed a new anon folio (`folio_add_new_anon_rmap`): COW **copy**.
-    Copy = 4,
-    /// A write fault on a present PTE that needed no write-protect handling:
-    /// the PTE was already writable (stale TLB entry, or a racing thread).
-    Spurious = 5,
-    /// `do_huge_pmd_wp_page`: write-protect fault on a PMD-mapped THP.
-    HugePmdWp = 6,
-    /// arm64 `contpte_convert` to non-contiguous PTEs: a contpte block was
-    /// unfolded (through `__contpte_try_unfold`, or directly as 7.x does
-    /// from `contpte_ptep_set_access_flags`).
-    ContpteUnfold = 7,
-    /// arm64 `contpte_convert`: a block was rewritten (fold or unfold).
-    ContpteConvert = 8,
-    /// arm64 `__contpte_try_fold`: an attempt to fold (most fail).
-    ContpteFoldAttempt = 9,
-    /// `handle_mm_fault` returned `VM_FAULT_RETRY` (the fault is taken again).
-    Retry = 10,
-    /// `handle_mm_fault` returned an error (`VM_FAULT_ERROR`: SIGSEGV, SIGBUS, OOM...).
-    Error = 11,
-    /// `handle_mm_fault` returned `VM_FAULT_MAJOR` (I/O was needed).
-    Major = 12,
-    /// Tracepoint `exceptions:page_fault_user`: every user page-fault exception.
-    TpFaults = 13,
-    /// ... whose error code has the WRITE bit.
-    TpWrite = 14,
-    /// ... whose error code has PROT|WRITE: a write to a present page.
-    TpPresentWrite = 15,
-    /// ... whose error code lacks PROT: the page was not present (first touch,
-    /// swap-in, NUMA hinting).
-    TpNotPresent = 16,
-    /// arm64 `__contpte_try_unfold` calls (6.12 unfolds through it).
-    ContpteTryUnfold = 17,
-    /// arm64 `contpte_convert` to contiguous PTEs: a block was folded.
-    ContpteFold = 18,
-    /// `do_wp_page` on a shared mapping (`wp_page_shared`, seen through its
-    /// `fault_dirty_shared_page`): write-notify for dirty tracking
-    /// (writeback, soft-dirty, `page_mkwrite`), no COW at all.
-    WpShared = 19,
+/// Declares a `#[repr]` enum with its values, and `ALL` (every variant, in
+/// declaration order) and `COUNT` from the same list, so that no variant can
+/// be left out of either.
+#[macro_export]
+macro_rules! catalogue {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $repr:ty {
+            $($(#[$vmeta:meta])* $variant:ident = $value:expr,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr($repr)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant = $value,)*
+        }
+
+        impl $name {
+            pub const COUNT: usize = [$(stringify!($variant)),*].len();
+            pub const ALL: [$name; $name::COUNT] = [$($name::$variant),*];
+        }
+    };
 }
 
-impl Class {
-    pub const COUNT: usize = 20;
+catalogue! {
+    /// One counter (and, where it applies, one latency histogram) per
+    /// process.
+    ///
+    /// The numeric values are the `class` field of [`crate::StatKey`]; they
+    /// are an ABI between the eBPF object and user space, so only append.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum KernelClass: u16 {
+        /// A user fault handled by `handle_mm_fault` (each call, retries included).
+        Faults = 0,
+        /// ... with `FAULT_FLAG_WRITE`.
+        WriteFaults = 1,
+        /// ... that reached `do_wp_page` (write-protect fault on a present PTE).
+        WpFaults = 2,
+        /// `do_wp_page` on a private mapping that did not install a new anon
+        /// folio: COW **reuse**.
+        Reuse = 3,
+        /// `do_wp_page` that installed a new anon folio (`folio_add_new_anon_rmap`): COW **copy**.
+        Copy = 4,
+        /// A write fault on a present PTE that needed no write-protect handling:
+        /// the PTE was already writable (stale TLB entry, or a racing thread).
+        Spurious = 5,
+        /// `do_huge_pmd_wp_page`: write-protect fault on a PMD-mapped THP.
+        HugePmdWp = 6,
+        /// arm64 `contpte_convert` to non-contiguous PTEs: a contpte block was
+        /// unfolded (through `__contpte_try_unfold`, or directly as 7.x does
+        /// from `contpte_ptep_set_access_flags`).
+        ContpteUnfold = 7,
+        /// arm64 `contpte_convert`: a block was rewritten (fold or unfold).
+        ContpteConvert = 8,
+        /// arm64 `__contpte_try_fold`: an attempt to fold (most fail).
+        ContpteFoldAttempt = 9,
+        /// `handle_mm_fault` returned `VM_FAULT_RETRY` (the fault is taken again).
+        Retry = 10,
+        /// `handle_mm_fault` returned an error (`VM_FAULT_ERROR`: SIGSEGV, SIGBUS, OOM...).
+        Error = 11,
+        /// `handle_mm_fault` returned `VM_FAULT_MAJOR` (I/O was needed).
+        Major = 12,
+        /// Tracepoint `exceptions:page_fault_user`: every user page-fault exception.
+        TpFaults = 13,
+        /// ... whose error code has the WRITE bit.
+        TpWrite = 14,
+        /// ... whose error code has PROT|WRITE: a write to a present page.
+        TpPresentWrite = 15,
+        /// ... whose error code lacks PROT: the page was not present (first touch,
+        /// swap-in, NUMA hinting).
+        TpNotPresent = 16,
+        /// arm64 `__contpte_try_unfold` calls (6.12 unfolds through it).
+        ContpteTryUnfold = 17,
+        /// arm64 `contpte_convert` to contiguous PTEs: a block was folded.
+        ContpteFold = 18,
+        /// `do_wp_page` on a shared mapping (`wp_page_shared`, seen through its
+        /// `fault_dirty_shared_page`): write-notify for dirty tracking
+        /// (writeback, soft-dirty, `page_mkwrite`), no COW at all.
+        WpShared = 19,
+    }
+}
 
-    pub const ALL: [Class; Class::COUNT] = [
-        Class::Faults,
-        Class::WriteFaults,
-        Class::WpFaults,
-        Class::Reuse,
-        Class::Copy,
-        Class::Spurious,
-        Class::HugePmdWp,
-        Class::ContpteUnfold,
-        Class::ContpteConvert,
-        Class::ContpteFoldAttempt,
-        Class::Retry,
-        Class::Error,
-        Class::Major,
-        Class::TpFaults,
-        Class::TpWrite,
-        Class::TpPresentWrite,
-        Class::TpNotPresent,
-        Class::ContpteTryUnfold,
-        Class::ContpteFold,
-        Class::WpShared,
-    ];
-
+impl KernelClass {
     /// The classes `ThreadFault::on_return` can produce: the kretprobe only
     /// walks these (walking all would make the verifier's work explode).
-    pub const FAULT_RETURN: [Class; 11] = [
-        Class::Faults,
-        Class::WriteFaults,
-        Class::WpFaults,
-        Class::Reuse,
-        Class::Copy,
-        Class::WpShared,
-        Class::Spurious,
-        Class::HugePmdWp,
-        Class::Retry,
-        Class::Error,
-        Class::Major,
+    pub const FAULT_RETURN: [KernelClass; 11] = [
+        KernelClass::Faults,
+        KernelClass::WriteFaults,
+        KernelClass::WpFaults,
+        KernelClass::Reuse,
+        KernelClass::Copy,
+        KernelClass::WpShared,
+        KernelClass::Spurious,
+        KernelClass::HugePmdWp,
+        KernelClass::Retry,
+        KernelClass::Error,
+        KernelClass::Major,
+    ];
+
+    /// The arm64 contpte events (counted outside the fault path, attributed
+    /// with the kernel's stack).
+    pub const CONTPTE: [KernelClass; 5] = [
+        KernelClass::ContpteUnfold,
+        KernelClass::ContpteFold,
+        KernelClass::ContpteConvert,
+        KernelClass::ContpteTryUnfold,
+        KernelClass::ContpteFoldAttempt,
     ];
 
     /// The classes `classify_x86_error_code` can produce.
-    pub const ERROR_CODE: [Class; 4] =
-        [Class::TpFaults, Class::TpWrite, Class::TpPresentWrite, Class::TpNotPresent];
+    pub const ERROR_CODE: [KernelClass; 4] =
+        [KernelClass::TpFaults, KernelClass::TpWrite, KernelClass::TpPresentWrite, KernelClass::TpNotPresent];
 
     pub const fn bit(self) -> u32 {
         1 << (self as u16)
-    }
-
-    pub fn from_u16(v: u16) -> Option<Class> {
-        Class::ALL.get(v as usize).copied()
     }
 }
 
@@ -124,13 +131,13 @@ pub struct ClassSet(pub u32);
 /// Where a [`ClassSet`] keeps its origin: above every class bit.
 pub const ORIGIN_SHIFT: u32 = 29;
 pub const ORIGIN_MASK: u32 = 0b11 << ORIGIN_SHIFT;
-const _: () = assert!(Class::COUNT <= ORIGIN_SHIFT as usize);
+const _: () = assert!(KernelClass::COUNT <= ORIGIN_SHIFT as usize);
 
 impl ClassSet {
-    pub const fn with(self, c: Class) -> ClassSet {
+    pub const fn with(self, c: KernelClass) -> ClassSet {
         ClassSet(self.0 | c.bit())
     }
-    pub const fn has(self, c: Class) -> bool {
+    pub const fn has(self, c: KernelClass) -> bool {
         self.0 & c.bit() != 0
     }
     /// The same classes, of origin `o`.

@@ -19,7 +19,7 @@
 //! A fault retried after `VM_FAULT_RETRY` enters `handle_mm_fault` again and is
 //! classified again, exactly as the kernel (and tracefs' kprobe_profile) sees it.
 
-use crate::class::{Class, ClassSet};
+use crate::class::{ClassSet, KernelClass};
 
 /// `enum fault_flag` (include/linux/mm_types.h), stable since 5.x.
 pub const FAULT_FLAG_WRITE: u32 = 1 << 0;
@@ -198,14 +198,10 @@ impl ThreadFault {
         }
     }
 
-    /// Whether the page was present: from the exception record when it is
-    /// the one being handled (a permission fault, not a translation fault),
-    /// else from the kernel having taken the present-entry path.
-    #[inline(always)]
-    pub fn present(&self) -> Option<bool> {
-        self.present_with(self.seen)
-    }
-
+    /// Whether the page was present, given what the fault has `seen`: from
+    /// the exception record when it is the one being handled (a permission
+    /// fault, not a translation fault), else from the kernel having taken
+    /// the present-entry path.
     #[inline(always)]
     fn present_with(&self, seen: u32) -> Option<bool> {
         // get_user_pages takes no exception: a record is another fault's.
@@ -248,37 +244,38 @@ impl ThreadFault {
         }
         let seen = self.seen;
         self.seen &= SEEN_EXC;
-        let mut set = ClassSet::default().with(Class::Faults).with_origin(Origin::from_u32(self.origin));
+        let mut set =
+            ClassSet::default().with(KernelClass::Faults).with_origin(Origin::from_u32(self.origin));
         let write = self.flags & FAULT_FLAG_WRITE != 0;
         if write {
-            set = set.with(Class::WriteFaults);
+            set = set.with(KernelClass::WriteFaults);
         }
         if ret & VM_FAULT_RETRY != 0 {
-            set = set.with(Class::Retry);
+            set = set.with(KernelClass::Retry);
         }
         if ret & VM_FAULT_ERROR != 0 {
-            set = set.with(Class::Error);
+            set = set.with(KernelClass::Error);
         }
         if ret & VM_FAULT_MAJOR != 0 {
-            set = set.with(Class::Major);
+            set = set.with(KernelClass::Major);
         }
         if seen & SEEN_WP != 0 {
-            set = set.with(Class::WpFaults);
+            set = set.with(KernelClass::WpFaults);
             set = set.with(if seen & SEEN_DIRTY_SHARED != 0 {
-                Class::WpShared
+                KernelClass::WpShared
             } else if seen & SEEN_NEW_ANON != 0 {
-                Class::Copy
+                KernelClass::Copy
             } else {
-                Class::Reuse
+                KernelClass::Reuse
             });
         }
         if seen & SEEN_HUGE_WP != 0 {
-            set = set.with(Class::HugePmdWp);
+            set = set.with(KernelClass::HugePmdWp);
         }
         let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON | SEEN_DIRTY_SHARED) != 0;
         let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
         if write && !handled && completed && self.present_with(seen) == Some(true) {
-            set = set.with(Class::Spurious);
+            set = set.with(KernelClass::Spurious);
         }
         Some(set)
     }
@@ -288,15 +285,15 @@ impl ThreadFault {
 /// tracepoint-only view of a fault.
 #[inline(always)]
 pub fn classify_x86_error_code(code: u64) -> ClassSet {
-    let mut set = ClassSet::default().with(Class::TpFaults);
+    let mut set = ClassSet::default().with(KernelClass::TpFaults);
     if code & X86_PF_WRITE != 0 {
-        set = set.with(Class::TpWrite);
+        set = set.with(KernelClass::TpWrite);
         if code & X86_PF_PROT != 0 {
-            set = set.with(Class::TpPresentWrite);
+            set = set.with(KernelClass::TpPresentWrite);
         }
     }
     if code & X86_PF_PROT == 0 {
-        set = set.with(Class::TpNotPresent);
+        set = set.with(KernelClass::TpNotPresent);
     }
     set
 }
@@ -332,12 +329,16 @@ mod tests {
         let mut t = ThreadFault::default();
         let x86_wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER));
         let s = fault(&mut t, x86_wp, W, &[SEEN_WP], 0);
-        assert!(s.has(Class::Faults) && s.has(Class::WriteFaults) && s.has(Class::WpFaults));
-        assert!(s.has(Class::Reuse) && !s.has(Class::Copy) && !s.has(Class::Spurious));
+        assert!(
+            s.has(KernelClass::Faults) && s.has(KernelClass::WriteFaults) && s.has(KernelClass::WpFaults)
+        );
+        assert!(s.has(KernelClass::Reuse) && !s.has(KernelClass::Copy) && !s.has(KernelClass::Spurious));
         let s = fault(&mut t, x86_wp, W, &[SEEN_WP, SEEN_NEW_ANON], 0);
-        assert!(s.has(Class::Copy) && !s.has(Class::Reuse));
+        assert!(s.has(KernelClass::Copy) && !s.has(KernelClass::Reuse));
         let s = fault(&mut t, x86_wp, W, &[SEEN_HUGE_WP], 0);
-        assert!(s.has(Class::HugePmdWp) && !s.has(Class::WpFaults) && !s.has(Class::Spurious));
+        assert!(
+            s.has(KernelClass::HugePmdWp) && !s.has(KernelClass::WpFaults) && !s.has(KernelClass::Spurious)
+        );
     }
 
     #[test]
@@ -345,14 +346,16 @@ mod tests {
         let mut t = ThreadFault::default();
         let x86_wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER));
         let s = fault(&mut t, x86_wp, W, &[SEEN_WP, SEEN_DIRTY_SHARED], 0);
-        assert!(s.has(Class::WpFaults) && s.has(Class::WpShared));
-        assert!(!s.has(Class::Reuse) && !s.has(Class::Copy) && !s.has(Class::Spurious));
+        assert!(s.has(KernelClass::WpFaults) && s.has(KernelClass::WpShared));
+        assert!(!s.has(KernelClass::Reuse) && !s.has(KernelClass::Copy) && !s.has(KernelClass::Spurious));
         // do_shared_fault: the first write to a shared file page, not present.
         let s = fault(&mut t, Some((ExcArch::X86, X86_PF_WRITE)), W, &[SEEN_DIRTY_SHARED], 0);
-        assert!(!s.has(Class::WpFaults) && !s.has(Class::WpShared) && !s.has(Class::Spurious));
+        assert!(
+            !s.has(KernelClass::WpFaults) && !s.has(KernelClass::WpShared) && !s.has(KernelClass::Spurious)
+        );
         // No exception record (arm64): dirtying a shared page is handling.
         let s = fault(&mut t, None, W, &[SEEN_DIRTY_SHARED, SEEN_ACCESS], 0);
-        assert!(!s.has(Class::Spurious));
+        assert!(!s.has(KernelClass::Spurious));
     }
 
     #[test]
@@ -361,8 +364,8 @@ mod tests {
         let wp = Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE));
         fault(&mut t, wp, W, &[SEEN_WP, SEEN_NEW_ANON], 0);
         let s = fault(&mut t, wp, W, &[], 0);
-        assert!(!s.has(Class::WpFaults) && !s.has(Class::Copy));
-        assert!(s.has(Class::Spurious), "present write that reached nothing: spurious");
+        assert!(!s.has(KernelClass::WpFaults) && !s.has(KernelClass::Copy));
+        assert!(s.has(KernelClass::Spurious), "present write that reached nothing: spurious");
     }
 
     #[test]
@@ -370,39 +373,39 @@ mod tests {
         let mut t = ThreadFault::default();
         // x86: PROT|WRITE, nothing reached, completed.
         let s = fault(&mut t, Some((ExcArch::X86, X86_PF_PROT | X86_PF_WRITE)), W, &[], 0);
-        assert!(s.has(Class::Spurious));
+        assert!(s.has(KernelClass::Spurious));
         // Not present (first touch): not spurious, even if nothing was marked.
         let s = fault(&mut t, Some((ExcArch::X86, X86_PF_WRITE)), W, &[], 0);
-        assert!(!s.has(Class::Spurious));
+        assert!(!s.has(KernelClass::Spurious));
         // A read fault is never spurious in this sense.
         let s = fault(&mut t, Some((ExcArch::X86, X86_PF_PROT)), R, &[], 0);
-        assert!(!s.has(Class::Spurious) && !s.has(Class::WriteFaults));
+        assert!(!s.has(KernelClass::Spurious) && !s.has(KernelClass::WriteFaults));
         // Retried or failed faults did not complete.
         let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[], VM_FAULT_RETRY);
-        assert!(!s.has(Class::Spurious) && s.has(Class::Retry));
+        assert!(!s.has(KernelClass::Spurious) && s.has(KernelClass::Retry));
         let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[], VM_FAULT_SIGSEGV);
-        assert!(!s.has(Class::Spurious) && s.has(Class::Error));
+        assert!(!s.has(KernelClass::Spurious) && s.has(KernelClass::Error));
         // A new anon folio (the PTE was zapped meanwhile): not spurious.
         let s = fault(&mut t, Some((ExcArch::X86, 3)), W, &[SEEN_NEW_ANON], 0);
-        assert!(!s.has(Class::Spurious));
+        assert!(!s.has(KernelClass::Spurious));
         // arm64: permission fault (FSC 0x0f = level 3) vs translation (0x07).
         let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_004f)), W, &[], 0);
-        assert!(s.has(Class::Spurious));
+        assert!(s.has(KernelClass::Spurious));
         let s = fault(&mut t, Some((ExcArch::Arm64, 0x9200_0047)), W, &[], 0);
-        assert!(!s.has(Class::Spurious));
+        assert!(!s.has(KernelClass::Spurious));
     }
 
     #[test]
     fn access_flags_path_tells_present_without_an_exception_record() {
         let mut t = ThreadFault::default();
         let s = fault(&mut t, None, W, &[SEEN_ACCESS], 0);
-        assert!(s.has(Class::Spurious));
+        assert!(s.has(KernelClass::Spurious));
         // Reached through do_wp_page (wp_page_reuse sets access flags too).
         let s = fault(&mut t, None, W, &[SEEN_WP, SEEN_ACCESS], 0);
-        assert!(!s.has(Class::Spurious) && s.has(Class::Reuse));
+        assert!(!s.has(KernelClass::Spurious) && s.has(KernelClass::Reuse));
         // The mark is per fault.
         let s = fault(&mut t, None, W, &[], 0);
-        assert!(!s.has(Class::Spurious));
+        assert!(!s.has(KernelClass::Spurious));
     }
 
     #[test]
@@ -410,9 +413,9 @@ mod tests {
         let mut t = ThreadFault::default();
         t.on_exception(ExcArch::X86, A + 0x5000, 3);
         t.on_entry(0, A, W, Origin::User);
-        assert_eq!(t.present(), None);
+        assert_eq!(t.present_with(t.seen), None);
         let s = t.on_return(0).unwrap();
-        assert!(!s.has(Class::Spurious), "unknown presence is not spurious");
+        assert!(!s.has(KernelClass::Spurious), "unknown presence is not spurious");
     }
 
     #[test]
@@ -432,10 +435,10 @@ mod tests {
         assert_eq!(t.on_return(0), None);
         // A retry enters again: each call is one fault, as kprobe_profile counts.
         t.on_entry(0, A, W, Origin::User);
-        assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(Class::Retry));
+        assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
         t.on_entry(0, A, W, Origin::User);
         t.mark(SEEN_WP);
-        assert!(t.on_return(0).unwrap().has(Class::Reuse));
+        assert!(t.on_return(0).unwrap().has(KernelClass::Reuse));
         assert_eq!(t.on_return(0), None, "a return without an entry");
     }
 
@@ -459,7 +462,7 @@ mod tests {
             t.mark(SEEN_WP);
             let s = t.on_return(0).unwrap();
             assert_eq!(s.origin(), o);
-            assert!(s.has(Class::Reuse) && s.has(Class::Faults));
+            assert!(s.has(KernelClass::Reuse) && s.has(KernelClass::Faults));
         }
     }
 
@@ -469,23 +472,25 @@ mod tests {
         // A user fault on A left a PROT|WRITE record; GUP then faults on A.
         t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
         t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Gup);
-        assert_eq!(t.present(), None);
-        assert!(!t.on_return(0).unwrap().has(Class::Spurious));
+        assert_eq!(t.present_with(t.seen), None);
+        assert!(!t.on_return(0).unwrap().has(KernelClass::Spurious));
         // A kernel-mode fault has its own exception (page_fault_kernel).
         t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE);
         t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Kernel);
-        assert!(t.on_return(0).unwrap().has(Class::Spurious));
+        assert!(t.on_return(0).unwrap().has(KernelClass::Spurious));
     }
 
     #[test]
     fn error_codes() {
         let s = classify_x86_error_code(X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
-        assert!(s.has(Class::TpFaults) && s.has(Class::TpWrite) && s.has(Class::TpPresentWrite));
-        assert!(!s.has(Class::TpNotPresent));
+        assert!(
+            s.has(KernelClass::TpFaults) && s.has(KernelClass::TpWrite) && s.has(KernelClass::TpPresentWrite)
+        );
+        assert!(!s.has(KernelClass::TpNotPresent));
         let s = classify_x86_error_code(X86_PF_WRITE | X86_PF_USER);
-        assert!(s.has(Class::TpNotPresent) && !s.has(Class::TpPresentWrite));
+        assert!(s.has(KernelClass::TpNotPresent) && !s.has(KernelClass::TpPresentWrite));
         let s = classify_x86_error_code(X86_PF_PROT | X86_PF_USER);
-        assert!(!s.has(Class::TpWrite));
+        assert!(!s.has(KernelClass::TpWrite));
     }
 }
 
@@ -493,7 +498,7 @@ mod tests {
 mod candidate_tests {
     use super::*;
 
-    /// The kretprobe records only `Class::FAULT_RETURN`: every class
+    /// The kretprobe records only `KernelClass::FAULT_RETURN`: every class
     /// `on_return` can set must be in it (and likewise for error codes).
     #[test]
     fn candidates_cover_what_can_be_produced() {
@@ -506,15 +511,15 @@ mod candidate_tests {
                 t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER, Origin::User);
                 t.mark(marks);
                 let set = t.on_return(ret).unwrap();
-                for c in Class::ALL {
-                    assert!(!set.has(c) || Class::FAULT_RETURN.contains(&c), "{c:?}");
+                for c in KernelClass::ALL {
+                    assert!(!set.has(c) || KernelClass::FAULT_RETURN.contains(&c), "{c:?}");
                 }
             }
         }
         for code in 0..8 {
             let set = classify_x86_error_code(code);
-            for c in Class::ALL {
-                assert!(!set.has(c) || Class::ERROR_CODE.contains(&c), "{c:?}");
+            for c in KernelClass::ALL {
+                assert!(!set.has(c) || KernelClass::ERROR_CODE.contains(&c), "{c:?}");
             }
         }
     }

@@ -14,7 +14,7 @@ pub mod hist;
 pub mod maps;
 pub mod program;
 
-pub use class::Class;
+pub use class::KernelClass;
 pub use fault::{ExcArch, Origin, ThreadFault};
 pub use hist::{bucket_of, NBUCKETS};
 pub use maps::{FltCount, LifeEvent, LifeKind, PhaseId, Stat, StatKey, TargetInfo};

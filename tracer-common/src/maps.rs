@@ -6,14 +6,16 @@ use crate::hist::{bucket_of, NBUCKETS};
 /// so that no phase change ever wraps into another phase's counts.
 pub type PhaseId = u32;
 
-/// Key of the `STATS` per-CPU hash: one entry per (process, phase, class).
-/// 12 bytes, the padding explicit so that the kernel hashes no garbage.
+/// One class of one process in one phase: how user space keys the counts
+/// it adds up from the kernel's `STATS` entries (whose key is
+/// [`ClassSetKey`], one per set of classes). 12 bytes, the padding
+/// explicit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatKey {
     pub tgid: u32,
     pub phase: PhaseId,
-    /// A [`Class`](crate::Class) as u16.
+    /// A [`KernelClass`](crate::KernelClass) as u16.
     pub class: u16,
     pub _pad: u16,
 }
@@ -44,7 +46,7 @@ pub struct ClassSetKey {
 impl ClassSetKey {
     /// The per-class keys this entry counts for.
     pub fn stat_keys(&self) -> impl Iterator<Item = StatKey> + '_ {
-        crate::class::Class::ALL
+        crate::class::KernelClass::ALL
             .into_iter()
             .filter(|c| self.set & c.bit() != 0)
             .map(|c| StatKey::new(self.tgid, self.phase, c as u16))
@@ -395,10 +397,14 @@ mod tests {
 
     #[test]
     fn a_set_counts_for_each_of_its_classes() {
-        use crate::class::{Class, ClassSet};
-        let set = ClassSet::default().with(Class::Faults).with(Class::WriteFaults).with(Class::Reuse);
+        use crate::class::{ClassSet, KernelClass};
+        let set = ClassSet::default()
+            .with(KernelClass::Faults)
+            .with(KernelClass::WriteFaults)
+            .with(KernelClass::Reuse);
         let k = ClassSetKey { tgid: 7, phase: 3, set: set.0 };
-        let want = [Class::Faults, Class::WriteFaults, Class::Reuse].map(|c| StatKey::new(7, 3, c as u16));
+        let want = [KernelClass::Faults, KernelClass::WriteFaults, KernelClass::Reuse]
+            .map(|c| StatKey::new(7, 3, c as u16));
         assert!(k.stat_keys().eq(want));
         assert_eq!(core::mem::size_of::<ClassSetKey>(), 12);
     }

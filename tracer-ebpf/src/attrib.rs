@@ -16,7 +16,7 @@ use faultscope_common::attrib::{PT_REGS_IP_X86_64, PT_REGS_SYSCALL_X86_64};
 use faultscope_common::attrib::{PT_REGS_PC_AARCH64, PT_REGS_SYSCALL_AARCH64};
 use faultscope_common::{
     attrib::{syscall_key, MappingKey, SiteKey, StackKey, NO_STACK},
-    class::{Class, ClassSet},
+    class::{ClassSet, KernelClass},
     fault::Origin,
     maps::{Config, Drop, PhaseId},
 };
@@ -100,7 +100,7 @@ pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32) {
         return;
     };
     let mut i = 0;
-    while i < Class::COUNT {
+    while i < KernelClass::COUNT {
         if bits & (1 << i) != 0 {
             unsafe { (*v).counts[i] += 1 };
         }
@@ -156,7 +156,7 @@ pub fn attribute<C: StackIdContext>(
     conf: &Conf,
     tgid: u32,
     phase: PhaseId,
-    candidates: &[Class],
+    candidates: &[KernelClass],
     set: ClassSet,
     start: u64,
     ip: u64,

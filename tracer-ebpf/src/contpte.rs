@@ -6,7 +6,7 @@
 
 use faultscope_common::{
     attrib::addr_key,
-    class::{Class, ClassSet},
+    class::{ClassSet, KernelClass},
     fault::Origin,
 };
 
@@ -17,15 +17,6 @@ use crate::{
     },
     maps::Conf,
 };
-
-/// The classes counted here, for attribution.
-const CONTPTE: [Class; 5] = [
-    Class::ContpteUnfold,
-    Class::ContpteFold,
-    Class::ContpteConvert,
-    Class::ContpteTryUnfold,
-    Class::ContpteFoldAttempt,
-];
 
 /// Counts and attributes a contpte event of `set` at user address `addr`:
 /// inside a traced fault of this thread with the fault's origin, mapping
@@ -43,7 +34,18 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
     let set = set.with_origin(origin);
     record(tgid, phase, set.0, UNTIMED);
     let conf = Conf::load();
-    attribute(ctx, &conf, tgid, phase, &CONTPTE, set, start, ip, syscall, ctx.entry_caller(&conf));
+    attribute(
+        ctx,
+        &conf,
+        tgid,
+        phase,
+        &KernelClass::CONTPTE,
+        set,
+        start,
+        ip,
+        syscall,
+        ctx.entry_caller(&conf),
+    );
 }
 
 /// arm64 PTE_CONT: the contiguous hint of a PTE.
@@ -51,7 +53,7 @@ const PTE_CONT: u64 = 1 << 52;
 
 /// `fn(mm, addr, ...)` probes that count one class.
 #[inline(always)]
-fn try_count<C: FnContext>(ctx: &C, class: Class) -> Result<u32, ReadFailed> {
+fn try_count<C: FnContext>(ctx: &C, class: KernelClass) -> Result<u32, ReadFailed> {
     let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
@@ -73,15 +75,15 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // not classified (counted in DROPS), never guessed to be an unfold.
     let pte = ctx.arg(3)?;
     let addr = ctx.arg(1)?;
-    let class = if pte & PTE_CONT != 0 { Class::ContpteFold } else { Class::ContpteUnfold };
-    count_here(ctx, tgid, ClassSet::default().with(Class::ContpteConvert).with(class), addr);
+    let class = if pte & PTE_CONT != 0 { KernelClass::ContpteFold } else { KernelClass::ContpteUnfold };
+    count_here(ctx, tgid, ClassSet::default().with(KernelClass::ContpteConvert).with(class), addr);
     Ok(0)
 }
 
 kprobe_and_fentry!(
     /// `__contpte_try_unfold(mm, addr, ptep, pte)` (6.12 unfolds through it
     /// to change one PTE).
-    contpte_try_unfold, contpte_try_unfold_fe, |ctx| try_count(ctx, Class::ContpteTryUnfold).unwrap_or(0)
+    contpte_try_unfold, contpte_try_unfold_fe, |ctx| try_count(ctx, KernelClass::ContpteTryUnfold).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `contpte_convert(mm, addr, ptep, pte)`: see `try_contpte_convert`.
@@ -90,5 +92,5 @@ kprobe_and_fentry!(
 kprobe_and_fentry!(
     /// `__contpte_try_fold(mm, addr, ptep, pte)`: an attempt to fold a block
     /// (most fail).
-    contpte_try_fold, contpte_try_fold_fe, |ctx| try_count(ctx, Class::ContpteFoldAttempt).unwrap_or(0)
+    contpte_try_fold, contpte_try_fold_fe, |ctx| try_count(ctx, KernelClass::ContpteFoldAttempt).unwrap_or(0)
 );

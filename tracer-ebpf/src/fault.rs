@@ -12,7 +12,7 @@ use aya_ebpf::{
     programs::{FExitContext, RetProbeContext},
 };
 use faultscope_common::{
-    class::Class,
+    class::KernelClass,
     fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP},
     maps::Drop,
 };
@@ -104,7 +104,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
     // No kernel stacks here (they are for the contpte classes): no caller.
     let conf = Conf::load();
-    attribute(ctx, &conf, tgid, phase, &Class::FAULT_RETURN, set, st.vma_start, st.ip, st.syscall, 0);
+    attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, st.vma_start, st.ip, st.syscall, 0);
     Ok(0)
 }
 

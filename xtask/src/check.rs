@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::{
         file,
         schema::{ClassValue, Classes, Process, Report},
@@ -130,12 +130,12 @@ impl Oracle {
 
     /// Compares `classes` (a span's or a whole process's) with the line of
     /// (`tgid`, `phase`): every class of the catalogue the line counts, in
-    /// `Metric::ALL` order; `None` when the oracle has no such line.
+    /// `ReportClass::ALL` order; `None` when the oracle has no such line.
     /// Failures are prefixed with `what`.
     pub fn compare(&self, what: &str, classes: &Classes, tgid: u32, phase: &str) -> Option<Comparison> {
         let line = self.line(tgid, phase)?;
         let mut c = Comparison::default();
-        for metric in Metric::ALL {
+        for metric in ReportClass::ALL {
             let Some(&oracle) = line.get(metric.name()) else { continue };
             // Unknown to the oracle is not 0: faultscope must then say
             // "not measurable" too.
@@ -148,7 +148,7 @@ impl Oracle {
         // row for every class either side counted.
         for origin in ORIGINS {
             let Some(line) = self.origin(tgid, phase, origin) else { continue };
-            for metric in Metric::ALL {
+            for metric in ReportClass::ALL {
                 let Some(&Some(oracle)) = line.get(metric.name()) else { continue };
                 let faultscope = classes.get(&metric).and_then(|v| v.origin_count(origin));
                 if oracle == 0 && faultscope.unwrap_or(0) == 0 {
@@ -168,7 +168,7 @@ pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
 /// faultscope's side, "cannot count" (a refused event) on the oracle's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    pub metric: Metric,
+    pub metric: ReportClass,
     /// `user`, `kernel`, `gup`: the class's faults of that origin.
     pub origin: Option<&'static str>,
     pub faultscope: Option<u64>,
@@ -199,7 +199,7 @@ impl Row {
 
 #[derive(Debug, Default)]
 pub struct Comparison {
-    /// One per class the oracle's line names, in `Metric::ALL` order.
+    /// One per class the oracle's line names, in `ReportClass::ALL` order.
     pub rows: Vec<Row>,
     pub failures: Vec<String>,
     /// Why the oracle cannot count some of the classes (`?` rows).
@@ -219,13 +219,13 @@ impl Comparison {
         self.rows.push(row);
     }
 
-    pub fn row(&self, m: Metric) -> Option<&Row> {
+    pub fn row(&self, m: ReportClass) -> Option<&Row> {
         self.rows.iter().find(|r| r.metric == m && r.origin.is_none())
     }
 
     /// The row of one origin of a class.
     #[cfg(test)]
-    pub fn origin_row(&self, m: Metric, origin: &str) -> Option<&Row> {
+    pub fn origin_row(&self, m: ReportClass, origin: &str) -> Option<&Row> {
         self.rows.iter().find(|r| r.metric == m && r.origin == Some(origin))
     }
 
@@ -244,7 +244,7 @@ impl Comparison {
 }
 
 /// A class's count in `classes`; `None` when not measurable.
-pub fn count(classes: &Classes, m: Metric) -> Option<u64> {
+pub fn count(classes: &Classes, m: ReportClass) -> Option<u64> {
     classes.get(&m).and_then(ClassValue::count)
 }
 
@@ -292,12 +292,12 @@ pub mod testing {
     /// others 0, contpte not measurable (x86).
     fn classes(faults: u64, reuse: u64, copy: u64) -> Value {
         let mut c = serde_json::Map::new();
-        for m in Metric::ALL {
+        for m in ReportClass::ALL {
             let n = match m {
-                Metric::Faults => faults,
-                Metric::Reuse => reuse,
-                Metric::Copy => copy,
-                Metric::WpFaults => reuse + copy,
+                ReportClass::Faults => faults,
+                ReportClass::Reuse => reuse,
+                ReportClass::Copy => copy,
+                ReportClass::WpFaults => reuse + copy,
                 _ => 0,
             };
             let v = if m.name().starts_with("contpte") {
@@ -477,7 +477,7 @@ mod tests {
         let keys: Vec<&String> = o.line(7, "ALL").unwrap().keys().collect();
         assert_eq!(keys.len(), 14);
         assert!(
-            keys.iter().all(|k| *k == "nowp" || *k == "completed" || Metric::from_name(k).is_some()),
+            keys.iter().all(|k| *k == "nowp" || *k == "completed" || ReportClass::from_name(k).is_some()),
             "{keys:?}"
         );
         // The fault was a user-mode one: all of it in the user line.
@@ -540,14 +540,14 @@ mod tests {
         )
         .unwrap();
         let mut classes = Classes::new();
-        classes.insert(Metric::Copy, serde_json::from_value(v.clone()).unwrap());
+        classes.insert(ReportClass::Copy, serde_json::from_value(v.clone()).unwrap());
         let cmp = o.compare("t", &classes, 7, "ALL").unwrap();
-        assert_eq!(cmp.origin_row(Metric::Copy, "gup").unwrap().faultscope, Some(2));
+        assert_eq!(cmp.origin_row(ReportClass::Copy, "gup").unwrap().faultscope, Some(2));
         assert!(!cmp.failures.iter().any(|f| f.contains("copy.")), "{:?}", cmp.failures);
         let mut v = v;
         v["origins"]["kernel"] = 0.into();
         v["origins"]["user"] = 2.into();
-        classes.insert(Metric::Copy, serde_json::from_value(v).unwrap());
+        classes.insert(ReportClass::Copy, serde_json::from_value(v).unwrap());
         let cmp = o.compare("t", &classes, 7, "ALL").unwrap();
         assert!(
             cmp.failures.iter().any(|f| f == "t: copy.kernel: faultscope 0 != oracle 1"),
@@ -655,24 +655,24 @@ mod tests {
         let oracle = Oracle::from_run(&run, "c.oracle").unwrap();
         let c = oracle.compare("k c mark:fork", &step.classes, 7, "mark:fork").unwrap();
         // The line's classes, in the catalogue's order.
-        let order: Vec<Metric> = Metric::ALL.into_iter().filter(|m| c.row(*m).is_some()).collect();
+        let order: Vec<ReportClass> = ReportClass::ALL.into_iter().filter(|m| c.row(*m).is_some()).collect();
         assert_eq!(c.rows.iter().map(|r| r.metric).collect::<Vec<_>>(), order);
         assert_eq!(c.rows.len(), 12);
-        assert!(c.row(Metric::WriteFaults).is_none());
+        assert!(c.row(ReportClass::WriteFaults).is_none());
         // Equal (the mark's 2 and the child-alive phase's 1).
         assert_eq!(
-            c.row(Metric::Faults),
-            Some(&Row { metric: Metric::Faults, origin: None, faultscope: Some(3), oracle: Some(3) })
+            c.row(ReportClass::Faults),
+            Some(&Row { metric: ReportClass::Faults, origin: None, faultscope: Some(3), oracle: Some(3) })
         );
         // Unequal.
         assert_eq!(
-            c.row(Metric::Copy),
-            Some(&Row { metric: Metric::Copy, origin: None, faultscope: Some(1), oracle: Some(2) })
+            c.row(ReportClass::Copy),
+            Some(&Row { metric: ReportClass::Copy, origin: None, faultscope: Some(1), oracle: Some(2) })
         );
         // Unknown to the oracle and not measurable: they agree.
         assert_eq!(
-            c.row(Metric::ContpteUnfold),
-            Some(&Row { metric: Metric::ContpteUnfold, origin: None, faultscope: None, oracle: None })
+            c.row(ReportClass::ContpteUnfold),
+            Some(&Row { metric: ReportClass::ContpteUnfold, origin: None, faultscope: None, oracle: None })
         );
         assert_eq!(c.failures, ["k c mark:fork: copy: faultscope 1 != oracle 2"]);
         assert_eq!(c.unknown.iter().collect::<Vec<_>>(), ["contpte is arm64 only"]);
@@ -706,7 +706,10 @@ mod tests {
     fn the_bench_steps_own_numbers_read_back() {
         let r = parse_report("b.json", &bench_json()).unwrap();
         assert_eq!(r.bench.as_ref().unwrap().step("write").unwrap().wall_ns, 5000);
-        assert_eq!(r.bench_process().unwrap().span("mark:write").unwrap().count(Metric::Reuse), Some(20));
+        assert_eq!(
+            r.bench_process().unwrap().span("mark:write").unwrap().count(ReportClass::Reuse),
+            Some(20)
+        );
         assert_eq!(mode_name(&r), "kprobe");
         let e = parse_report("b.json", &bench_json().replace("\"steps\"", "\"phases\"")).unwrap_err();
         assert!(e.to_string().contains("malformed report"), "{e}");

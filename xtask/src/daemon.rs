@@ -26,7 +26,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     cmd::plot,
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::{
         metrics::kind_name,
         schema::{Mode, Process, Report},
@@ -66,7 +66,8 @@ const PARTITION: &str = "faultscope_faults_total";
 const WINDOW_KINDS: [&str; 3] = ["before-fork", "child-alive", "after-child-exit"];
 
 /// The classes shown in the table (all measured classes are compared).
-const SHOWN: [Metric; 4] = [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy];
+const SHOWN: [ReportClass; 4] =
+    [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy];
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     let env = [
@@ -183,10 +184,10 @@ pub struct Window {
 
 /// What the record report counted, per (class, phase kind), the way serve
 /// labels it.
-fn report_by_kind(p: &Process) -> BTreeMap<(Metric, &'static str), u64> {
+fn report_by_kind(p: &Process) -> BTreeMap<(ReportClass, &'static str), u64> {
     let mut out = BTreeMap::new();
     for ph in &p.phases {
-        for m in Metric::ALL {
+        for m in ReportClass::ALL {
             if let Some(n) = check::count(&ph.classes, m) {
                 *out.entry((m, kind_name(ph.kind))).or_default() += n;
             }
@@ -231,7 +232,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         "  {:<10} {:<18} {:>10} {:>10} {:>10}",
         "class", "phase_kind", "PromQL", "record", "oracle"
     );
-    for m in Metric::ALL {
+    for m in ReportClass::ALL {
         let Some(total) = check::count(&p.classes, m) else { continue };
         let mut prom_total = Some(0u64);
         for kind in &kinds {
@@ -291,7 +292,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
             if h != Some(total) {
                 fails.push(format!("{name}: {m}: histogram _count increase {h:?} != record {total}"));
             }
-        } else if [Metric::Faults, Metric::Reuse, Metric::Copy].contains(&m) {
+        } else if [ReportClass::Faults, ReportClass::Reuse, ReportClass::Copy].contains(&m) {
             fails.push(format!("{name}: {m}: no latency histogram"));
         }
     }
@@ -300,7 +301,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
     let mut parts_total = 0u64;
     let mut line = Vec::new();
     for kind in &kinds {
-        let faults = delta(CLASS_FAULTS, Metric::Faults.name(), kind);
+        let faults = delta(CLASS_FAULTS, ReportClass::Faults.name(), kind);
         let mut sum = Some(0u64);
         for (n, k, pk) in c1.keys() {
             if n == PARTITION && pk == kind {
@@ -315,7 +316,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
             fails.push(format!("{name}: {kind}: the kinds' increases add up to {sum:?}, faults {faults:?}"));
         }
     }
-    let faults = check::count(&p.classes, Metric::Faults);
+    let faults = check::count(&p.classes, ReportClass::Faults);
     let _ = writeln!(t, "  partition: {} = {parts_total} faults (record {faults:?})", line.join(", "));
     if Some(parts_total) != faults {
         fails.push(format!("{name}: the kinds add up to {parts_total}, record's faults {faults:?}"));
@@ -330,8 +331,8 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
             fails.push(format!("{name}: {what}"));
         }
     };
-    let get = |m: Metric| p.count(m).unwrap_or(0);
-    let (reuse, copy) = (get(Metric::Reuse), get(Metric::Copy));
+    let get = |m: ReportClass| p.count(m).unwrap_or(0);
+    let (reuse, copy) = (get(ReportClass::Reuse), get(ReportClass::Copy));
     expect(&mut t, report.mode == Mode::Kprobe, format!("mode {}", check::mode_name(&report)));
     expect(&mut t, reuse > 0 && copy > 0, format!("the window has reuse ({reuse}) and copies ({copy})"));
     // A stopped Redis faults not: the oracle's phases around the window

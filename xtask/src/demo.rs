@@ -9,7 +9,7 @@ use std::{fmt::Write as _, fs, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::schema::{ClassValue, Report},
 };
 
@@ -47,13 +47,13 @@ impl Column {
 }
 
 /// faultscope's count of a class in the bench's write step.
-fn write_step(report: &Report, m: Metric) -> Option<u64> {
+fn write_step(report: &Report, m: ReportClass) -> Option<u64> {
     report.bench_process()?.span("mark:write")?.count(m)
 }
 
 /// The write step's per-fault latency of `m` (the `mark:write` phase: the
 /// child has exited before it, so the step is that one phase).
-fn write_latency(report: &Report, m: Metric) -> Option<(u64, u64)> {
+fn write_latency(report: &Report, m: ReportClass) -> Option<(u64, u64)> {
     let phase = report.bench_process()?.phases.iter().find(|p| p.name == "mark:write")?;
     match phase.classes.get(&m)? {
         ClassValue::Measured(x) => x.latency.as_ref().map(|l| (l.p50_ns, l.p99_ns)),
@@ -144,20 +144,20 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
         "\n{size} of anonymous memory, fork(), the child exits, then one byte per page (x86-64 QEMU TCG guests; faultscope's counts)"
     );
     header(&mut t, cols);
-    let per_folio = |r: &Report, m: Metric| {
+    let per_folio = |r: &Report, m: ReportClass| {
         let folios = r.bench.as_ref()?.folios.max(1);
         Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
     };
     type Cell<'a> = Box<dyn Fn(&Report) -> Option<String> + 'a>;
     let blocks: [(&str, Cell); 7] = [
-        ("write faults", Box::new(|r: &Report| write_step(r, Metric::WriteFaults).map(thousands))),
-        ("reuse per folio", Box::new(move |r: &Report| per_folio(r, Metric::Reuse))),
-        ("copy per folio", Box::new(move |r: &Report| per_folio(r, Metric::Copy))),
+        ("write faults", Box::new(|r: &Report| write_step(r, ReportClass::WriteFaults).map(thousands))),
+        ("reuse per folio", Box::new(move |r: &Report| per_folio(r, ReportClass::Reuse))),
+        ("copy per folio", Box::new(move |r: &Report| per_folio(r, ReportClass::Copy))),
         ("time of the pass (ms)", Box::new(|r: &Report| step_ms(r, "write").map(|v| format!("{v:.1}")))),
         (
             "write fault p50/p99 (us)",
             Box::new(|r: &Report| {
-                write_latency(r, Metric::WriteFaults).map(|(a, b)| format!("{} / {}", us(a), us(b)))
+                write_latency(r, ReportClass::WriteFaults).map(|(a, b)| format!("{} / {}", us(a), us(b)))
             }),
         ),
         (
@@ -167,7 +167,7 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
                 Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
             }),
         ),
-        ("spurious", Box::new(|r: &Report| write_step(r, Metric::Spurious).map(thousands))),
+        ("spurious", Box::new(|r: &Report| write_step(r, ReportClass::Spurious).map(thousands))),
     ];
     for (what, cell) in &blocks {
         let _ = writeln!(t, "  {what}");
@@ -189,17 +189,22 @@ fn arm64_table(size: &str, cols: &[Column]) -> String {
     header(&mut t, cols);
     let _ = writeln!(t, "  64K mTHP");
     row(&mut t, "contpte unfolds", cols, |c| {
-        write_step(c.report("64K")?, Metric::ContpteUnfold).map(thousands)
+        write_step(c.report("64K")?, ReportClass::ContpteUnfold).map(thousands)
     });
     row(&mut t, "  per 64K block", cols, |c| {
         let r = c.report("64K")?;
         let blocks = r.bench.as_ref()?.folios.max(1);
-        Some(format!("{:.2}", write_step(r, Metric::ContpteUnfold)? as f64 / blocks as f64))
+        Some(format!("{:.2}", write_step(r, ReportClass::ContpteUnfold)? as f64 / blocks as f64))
     });
-    row(&mut t, "write faults", cols, |c| write_step(c.report("64K")?, Metric::WriteFaults).map(thousands));
+    row(&mut t, "write faults", cols, |c| {
+        write_step(c.report("64K")?, ReportClass::WriteFaults).map(thousands)
+    });
     row(&mut t, "reuse per folio", cols, |c| {
         let r = c.report("64K")?;
-        Some(format!("{:.2}", write_step(r, Metric::Reuse)? as f64 / r.bench.as_ref()?.folios.max(1) as f64))
+        Some(format!(
+            "{:.2}",
+            write_step(r, ReportClass::Reuse)? as f64 / r.bench.as_ref()?.folios.max(1) as f64
+        ))
     });
     row(&mut t, "time of the pass (ms)", cols, |c| {
         step_ms(c.report("64K")?, "write").map(|v| format!("{v:.1}"))

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::schema::{CheckResult, Mode, PhaseKind, Report},
 };
 use serde_json::Value;
@@ -69,16 +69,16 @@ pub fn check_case(
     let (class, what) = match folio {
         "mappings" => {
             mappings::check(run, case, p, &wl, anon_vma_name, &mut table, &mut fails)?;
-            (Metric::Reuse, "")
+            (ReportClass::Reuse, "")
         }
         "shared" => {
-            (Metric::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
+            (ReportClass::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
         }
-        "4K" => (Metric::Reuse, "4K pages are reused one by one"),
+        "4K" => (ReportClass::Reuse, "4K pages are reused one by one"),
         _ if kernel_at_least(&fs.kernel, 6, 16) => {
-            (Metric::Reuse, "large folios are reused, one page per fault")
+            (ReportClass::Reuse, "large folios are reused, one page per fault")
         }
-        _ => (Metric::Copy, "no large-folio reuse before 6.16: every page is copied"),
+        _ => (ReportClass::Copy, "no large-folio reuse before 6.16: every page is copied"),
     };
     let got = p.count(class).unwrap_or(0);
     if folio != "mappings" {
@@ -99,8 +99,8 @@ pub fn check_case(
     }
     // getrusage: all of the workload's faults since exec.
     let minflt = wl["minflt_total"].as_u64().unwrap_or(0) + wl["majflt_total"].as_u64().unwrap_or(0);
-    let faults = p.count(Metric::Faults).unwrap_or(0);
-    let retries = p.count(Metric::Retry).unwrap_or(0);
+    let faults = p.count(ReportClass::Faults).unwrap_or(0);
+    let retries = p.count(ReportClass::Retry).unwrap_or(0);
     let _ = writeln!(
         table,
         "  getrusage: minflt+majflt = {minflt}; faultscope faults - retries = {}",
@@ -169,26 +169,26 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
             ));
         }
         let n = |ph: &faultscope::report::schema::Phase, m| check::count(&ph.classes, m).unwrap_or(0);
-        let (reuse, copy) = (n(after, Metric::Reuse), n(after, Metric::Copy));
+        let (reuse, copy) = (n(after, ReportClass::Reuse), n(after, ReportClass::Copy));
         let _ = writeln!(
             table,
             "  arithmetic: after the child's exit reuse = {reuse}, copy = {copy}, pages = {pages}; while it lived wp_faults = {}",
-            n(alive, Metric::WpFaults)
+            n(alive, ReportClass::WpFaults)
         );
         if reuse < pages || reuse > pages + TOLERANCE {
             fails.push(format!(
                 "{case}: reuse after the child's exit {reuse}, expected pages {pages} (+{TOLERANCE})"
             ));
         }
-        if n(alive, Metric::WpFaults) > TOLERANCE {
+        if n(alive, ReportClass::WpFaults) > TOLERANCE {
             fails.push(format!(
                 "{case}: {} write-protect faults while the child lived",
-                n(alive, Metric::WpFaults)
+                n(alive, ReportClass::WpFaults)
             ));
         }
         // getrusage of the write phase: every page, all after the exit.
         let minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap_or(0);
-        let faults = n(after, Metric::Faults);
+        let faults = n(after, ReportClass::Faults);
         let _ = writeln!(
             table,
             "  getrusage: write phase minflt = {minflt}; faultscope faults after the exit = {faults}"
@@ -242,7 +242,9 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
         }
         None => fails.push(check::oracle_gap(run, case, &format!("{case}.oracle"), pid, "ALL")),
     }
-    for (kind, class) in [(PhaseKind::ChildAlive, Metric::Copy), (PhaseKind::AfterChildExit, Metric::Reuse)] {
+    for (kind, class) in
+        [(PhaseKind::ChildAlive, ReportClass::Copy), (PhaseKind::AfterChildExit, ReportClass::Reuse)]
+    {
         let Some(ph) = p.phases.iter().find(|ph| ph.kind == kind) else {
             fails.push(format!("{case}: no {kind:?} phase"));
             continue;
@@ -286,7 +288,7 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
         }
         let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
         let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
-        let faults = check::count(&ph.classes, Metric::Faults).unwrap_or(0);
+        let faults = check::count(&ph.classes, ReportClass::Faults).unwrap_or(0);
         let _ = writeln!(
             table,
             "  getrusage: {key} minflt = {minflt}; faultscope faults in {} = {faults}",

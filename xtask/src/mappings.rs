@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use anyhow::{Context as _, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::schema::{Attribution, Process},
 };
 use serde::Deserialize;
@@ -69,13 +69,13 @@ struct AnonName {
 /// Classes each row and `mappings_other` split exactly: every class of the
 /// fault path (`first_touch` comes from the error-code tracepoint, which
 /// has no VMA).
-fn split_classes() -> impl Iterator<Item = Metric> {
-    Metric::ALL.into_iter().filter(|m| *m != Metric::FirstTouch)
+fn split_classes() -> impl Iterator<Item = ReportClass> {
+    ReportClass::ALL.into_iter().filter(|m| *m != ReportClass::FirstTouch)
 }
 
 /// Failures for `what` where the mapping rows plus `mappings_other` of `a`
 /// do not add up to the class totals `total`.
-fn sums(what: &str, a: &Attribution, total: impl Fn(Metric) -> Option<u64>) -> Vec<String> {
+fn sums(what: &str, a: &Attribution, total: impl Fn(ReportClass) -> Option<u64>) -> Vec<String> {
     let mut fails = Vec::new();
     for m in split_classes() {
         let Some(t) = total(m) else { continue };
@@ -145,14 +145,15 @@ pub fn check(
             continue;
         };
         let (class, other) = match r.class.as_str() {
-            "copy" => (Metric::Copy, Metric::Reuse),
-            _ => (Metric::Reuse, Metric::Copy),
+            "copy" => (ReportClass::Copy, ReportClass::Reuse),
+            _ => (ReportClass::Reuse, ReportClass::Copy),
         };
-        let got = |m: Metric| row.counts.get(&m).copied().unwrap_or(0);
+        let got = |m: ReportClass| row.counts.get(&m).copied().unwrap_or(0);
         let vma = oracle.range(pid, "ALL", &r.vma_range());
         let own = oracle.range(pid, "ALL", &r.role);
-        let o =
-            |l: Option<&crate::check::Line>, m: Metric| l.and_then(|l| l.get(m.name()).copied().flatten());
+        let o = |l: Option<&crate::check::Line>, m: ReportClass| {
+            l.and_then(|l| l.get(m.name()).copied().flatten())
+        };
         let cell = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
         let _ = writeln!(
             table,
@@ -187,8 +188,8 @@ pub fn check(
         // splits. The heap mapping may have grown after the workload read
         // its end (malloc, for the JSON): new pages, first faults only.
         let whole = r.vma_range() == r.role;
-        for m in [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy] {
-            if m == Metric::Faults && !whole {
+        for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
+            if m == ReportClass::Faults && !whole {
                 continue;
             }
             let ov = o(vma, m);
@@ -248,7 +249,7 @@ pub fn check(
 
     // Sites: every write of a region is one of its writer's instructions.
     let _ = writeln!(table, "  top sites:");
-    for m in [Metric::Reuse, Metric::Copy] {
+    for m in [ReportClass::Reuse, ReportClass::Copy] {
         let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == m).collect();
         sites.sort_by_key(|s| std::cmp::Reverse(s.count));
         for s in sites.iter().take(4) {
@@ -270,7 +271,7 @@ pub fn check(
         }
     }
     for r in &regions {
-        let m = if r.class == "copy" { Metric::Copy } else { Metric::Reuse };
+        let m = if r.class == "copy" { ReportClass::Copy } else { ReportClass::Reuse };
         let mine: Vec<_> =
             a.sites.iter().filter(|s| s.class == m && s.site.contains(&format!("::{}", r.writer))).collect();
         let n: u64 = mine.iter().map(|s| s.count).sum();
@@ -291,7 +292,7 @@ pub fn check(
     // Stacks (user, --stacks reuse,copy): the writer is the leaf of each
     // write's stack.
     for r in &regions {
-        let m = if r.class == "copy" { Metric::Copy } else { Metric::Reuse };
+        let m = if r.class == "copy" { ReportClass::Copy } else { ReportClass::Reuse };
         let n: u64 = a
             .stacks
             .iter()

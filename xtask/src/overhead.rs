@@ -25,7 +25,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::schema::{BenchStep, Report},
 };
 use serde::Deserialize;
@@ -427,7 +427,7 @@ impl<'a> Results<'a> {
                     Kind::Faultscope(_) => report
                         .bench_process()
                         .and_then(|p| p.span("mark:write"))
-                        .and_then(|s| s.count(Metric::Faults)),
+                        .and_then(|s| s.count(ReportClass::Faults)),
                 };
                 // The tracer saw the writes: at least one fault per page.
                 if let Some(n) = counted {
@@ -482,7 +482,7 @@ impl<'a> Results<'a> {
                     samples: Vec::new(),
                     faults: check::report(g, &format!("{case}.json"))
                         .ok()
-                        .and_then(|r| r.processes.iter().map(|p| p.count(Metric::Faults)).sum()),
+                        .and_then(|r| r.processes.iter().map(|p| p.count(ReportClass::Faults)).sum()),
                     rc: g.marker("RC", case).unwrap_or_default(),
                 })
                 .samples

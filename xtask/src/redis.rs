@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::schema::{CheckResult, Mode, Phase},
 };
 
@@ -168,14 +168,14 @@ fn mthp_row(run: &vm::GuestRun, k: GuestKernel) -> Result<MthpRow> {
     let pid: u32 = run.marker("PID", "mthp").and_then(|p| p.parse().ok()).context("no redis-server pid")?;
     let report = check::report(run, "mthp.fs.json")?;
     let p = check::process(&report, pid)?;
-    let get = |m: Metric| p.count(m).unwrap_or(0);
+    let get = |m: ReportClass| p.count(m).unwrap_or(0);
     Ok(MthpRow {
         kernel: k,
         release: report.kernel.clone(),
-        faults: get(Metric::Faults),
-        write_faults: get(Metric::WriteFaults),
-        reuse: get(Metric::Reuse),
-        copy: get(Metric::Copy),
+        faults: get(ReportClass::Faults),
+        write_faults: get(ReportClass::WriteFaults),
+        reuse: get(ReportClass::Reuse),
+        copy: get(ReportClass::Copy),
         folios_64k: run.marker("MTHP-ALLOC", "mthp").and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }
@@ -395,7 +395,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     );
     t.push_str(&cmp.table("redis-server"));
     fails.extend(cmp.failures);
-    let get = |m: Metric| p.count(m).unwrap_or(0);
+    let get = |m: ReportClass| p.count(m).unwrap_or(0);
     let keys = run.marker("KEYS", name).unwrap_or_default();
     let mut expect = |t: &mut String, ok: bool, what: String| {
         let _ = writeln!(t, "  {} {what}", if ok { "ok  " } else { "FAIL" });
@@ -405,7 +405,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     };
     let loaded = run.marker("POPULATE", name).unwrap_or_default();
     expect(&mut t, loaded == format!("loaded dbsize={keys}"), format!("{keys} keys loaded: {loaded:?}"));
-    let (reuse, copy) = (get(Metric::Reuse), get(Metric::Copy));
+    let (reuse, copy) = (get(ReportClass::Reuse), get(ReportClass::Copy));
     expect(
         &mut t,
         reuse + copy > 0,
@@ -417,7 +417,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     // The faults the kernel took for redis-server (read(2) of a request
     // into a COW-shared buffer...), and the kernel's own count of the
     // window: /proc at attach and at the end, a range while it serves.
-    let origin = |m: Metric, o: &str| p.classes.get(&m).and_then(|v| v.origin_count(o)).unwrap_or(0);
+    let origin = |m: ReportClass, o: &str| p.classes.get(&m).and_then(|v| v.origin_count(o)).unwrap_or(0);
     let mut by_syscall: BTreeMap<String, u64> = BTreeMap::new();
     for s in p.attribution.sites.iter().filter(|s| s.syscall.is_some()) {
         *by_syscall
@@ -427,10 +427,10 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     let _ = writeln!(
         t,
         "  kernel-origin faults: {} (copy {}, reuse {}), get_user_pages: {}; sites: {by_syscall:?}",
-        origin(Metric::Faults, "kernel"),
-        origin(Metric::Copy, "kernel"),
-        origin(Metric::Reuse, "kernel"),
-        origin(Metric::Faults, "gup"),
+        origin(ReportClass::Faults, "kernel"),
+        origin(ReportClass::Copy, "kernel"),
+        origin(ReportClass::Reuse, "kernel"),
+        origin(ReportClass::Faults, "gup"),
     );
     match &p.kernel_check {
         Some(k) => expect(
@@ -451,21 +451,21 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     let phases = &p.phases;
     let _ = writeln!(t, "  faultscope phases:");
     for ph in phases {
-        let c = |m: Metric| count(&ph.classes, m).unwrap_or(0);
+        let c = |m: ReportClass| count(&ph.classes, m).unwrap_or(0);
         let _ = writeln!(
             t,
             "    {:<28} {:>10}  faults {:>6} wp {:>6} reuse {:>6} copy {:>6} spurious {:>3}",
             ph.name,
             ms(ph.end_ns.unwrap_or(0).saturating_sub(ph.start_ns)),
-            c(Metric::Faults),
-            c(Metric::WpFaults),
-            c(Metric::Reuse),
-            c(Metric::Copy),
-            c(Metric::Spurious),
+            c(ReportClass::Faults),
+            c(ReportClass::WpFaults),
+            c(ReportClass::Reuse),
+            c(ReportClass::Copy),
+            c(ReportClass::Spurious),
         );
     }
     // The phases split the process' counts: their sums are its totals.
-    for m in [Metric::Faults, Metric::WpFaults, Metric::Reuse, Metric::Copy] {
+    for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
         let sum: u64 = phases.iter().filter_map(|ph| count(&ph.classes, m)).sum();
         if sum != get(m) {
             expect(&mut t, false, format!("{m}: phases sum to {sum}, total {}", get(m)));
@@ -621,7 +621,7 @@ fn check_bgsave_phases(
         expect(t, false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec".into());
     }
     check_child_alive_attribution(alive, t, expect);
-    let reuse_after = count(&exit.classes, Metric::Reuse).unwrap_or(0);
+    let reuse_after = count(&exit.classes, ReportClass::Reuse).unwrap_or(0);
     expect(
         t,
         reuse_after > 0,
@@ -640,8 +640,8 @@ fn check_child_alive_attribution(
     expect: &mut impl FnMut(&mut String, bool, String),
 ) {
     let a = &alive.attribution;
-    let copies = count(&alive.classes, Metric::Copy).unwrap_or(0);
-    let copy = |c: &BTreeMap<Metric, u64>| c.get(&Metric::Copy).copied().unwrap_or(0);
+    let copies = count(&alive.classes, ReportClass::Copy).unwrap_or(0);
+    let copy = |c: &BTreeMap<ReportClass, u64>| c.get(&ReportClass::Copy).copied().unwrap_or(0);
     let mut rows: Vec<_> = a.mappings.iter().filter(|r| copy(&r.counts) > 0).collect();
     rows.sort_by_key(|r| std::cmp::Reverse(copy(&r.counts)));
     let _ = writeln!(t, "  fork#1 child-alive: {copies} copies, by mapping:");
@@ -672,13 +672,13 @@ fn check_child_alive_attribution(
     let named: u64 =
         rows.iter().filter(|r| !r.mapping.starts_with("unresolved")).map(|r| copy(&r.counts)).sum();
     expect(t, named > 0, format!("child-alive copies in named mappings: {named}"));
-    let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == Metric::Copy).collect();
+    let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == ReportClass::Copy).collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.count));
     let _ = writeln!(t, "  fork#1 child-alive: copy sites:");
     for s in sites.iter().take(6) {
         let _ = writeln!(t, "    {:>6}  {}", s.count, s.site);
     }
-    let folded = a.sites_other.iter().find(|f| f.class == Metric::Copy);
+    let folded = a.sites_other.iter().find(|f| f.class == ReportClass::Copy);
     if let Some(f) = folded {
         let _ = writeln!(t, "    {:>6}  other ({} sites)", f.count, f.entries);
     }

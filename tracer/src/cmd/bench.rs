@@ -25,7 +25,7 @@ use super::{
 use crate::{
     collect::accounting::{KernelCount, Start},
     error::Refusal,
-    kernel::{self, classes::Metric},
+    kernel::{self, classes::ReportClass},
     report::{
         file, findings,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
@@ -349,8 +349,8 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
 /// page splits the PMD, and the second call restores the protection.
 ///
 /// MADV_NOHUGEPAGE first: khugepaged would otherwise collapse a PTE-mapped
-/// THP back into a new PMD-mapped one (seen once under TCG: writing its
-/// sleep knob wakes it for one pass). Once madvise returns, a collapse
+/// THP back into a new PMD-mapped one (writing its sleep knob wakes it
+/// for one pass, also under TCG). Once madvise returns, a collapse
 /// cannot start, and one already under way fails its VMA recheck; the
 /// folios stay as they are, and neither fork nor the COW paths look at the
 /// flag.
@@ -543,7 +543,7 @@ fn summary(r: &Report) -> String {
     let traced = r.mode != TraceMode::Off;
     let proc_ = r.bench_process();
     // A class's count over a bench step: None when not measurable here.
-    let step_count = |step: &str, m: Metric| -> Option<u64> {
+    let step_count = |step: &str, m: ReportClass| -> Option<u64> {
         proc_?.span(&format!("mark:{step}")).and_then(|s| s.count(m))
     };
     let mut out = String::new();
@@ -559,14 +559,14 @@ fn summary(r: &Report) -> String {
         if traced { "" } else { " (tracer off)" }
     );
     let _ = write!(out, "{:<10} {:>9} {:>8}", "phase", "wall(ms)", "minflt");
-    for m in Metric::summary() {
+    for m in ReportClass::summary() {
         let _ = write!(out, " {:>12}", m.name());
     }
     out.push('\n');
     for step in &b.steps {
         let ms = step.wall_ns as f64 / 1e6;
         let _ = write!(out, "{:<10} {ms:>9.2} {:>8}", step.name, step.minflt);
-        for m in Metric::summary() {
+        for m in ReportClass::summary() {
             let cell = match (traced, step_count(&step.name, m)) {
                 (false, _) => "off".to_string(),
                 (_, Some(n)) => n.to_string(),
@@ -578,7 +578,7 @@ fn summary(r: &Report) -> String {
     }
     // The latency of the write step's first phase (its mark).
     let write_lat = proc_.and_then(|p| p.phases.iter().find(|ph| ph.name == "mark:write")).and_then(|ph| {
-        match ph.classes.get(&Metric::Faults) {
+        match ph.classes.get(&ReportClass::Faults) {
             Some(schema::ClassValue::Measured(m)) => m.latency,
             _ => None,
         }
@@ -596,10 +596,10 @@ fn summary(r: &Report) -> String {
     let folios = b.folios.max(1);
     let blocks64k = (b.size >> 16).max(1);
     let per: Vec<String> = [
-        (Metric::WriteFaults, folios, "per folio"),
-        (Metric::Reuse, folios, "per folio"),
-        (Metric::Copy, folios, "per folio"),
-        (Metric::ContpteUnfold, blocks64k, "per 64K block"),
+        (ReportClass::WriteFaults, folios, "per folio"),
+        (ReportClass::Reuse, folios, "per folio"),
+        (ReportClass::Copy, folios, "per folio"),
+        (ReportClass::ContpteUnfold, blocks64k, "per 64K block"),
     ]
     .iter()
     .filter_map(|(m, denom, what)| {

@@ -12,7 +12,7 @@ use plotters::prelude::*;
 
 use crate::{
     error::Refusal,
-    kernel::classes::Metric,
+    kernel::classes::ReportClass,
     report::{
         file,
         schema::{PhaseKind, Report},
@@ -32,9 +32,9 @@ pub struct Span {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Series {
     /// Per class, (interval end, faults/s over the interval).
-    pub rates: BTreeMap<Metric, Vec<(f64, f64)>>,
+    pub rates: BTreeMap<ReportClass, Vec<(f64, f64)>>,
     /// Per timed class, (interval end, p99 in µs): the worst process's.
-    pub p99_us: BTreeMap<Metric, Vec<(f64, f64)>>,
+    pub p99_us: BTreeMap<ReportClass, Vec<(f64, f64)>>,
     pub phases: Vec<Span>,
     pub end_s: f64,
 }
@@ -48,8 +48,8 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
     let mut prev = 0.0f64;
     for i in iv {
         let dt = i.t_s - prev;
-        let mut sums: BTreeMap<Metric, u64> = BTreeMap::new();
-        let mut p99: BTreeMap<Metric, u64> = BTreeMap::new();
+        let mut sums: BTreeMap<ReportClass, u64> = BTreeMap::new();
+        let mut p99: BTreeMap<ReportClass, u64> = BTreeMap::new();
         for p in &i.processes {
             for (m, c) in &p.counts {
                 *sums.entry(*m).or_default() += c;
@@ -187,7 +187,7 @@ fn shade<'a, DB: DrawingBackend + 'a>(c: &mut Chart<'a, DB>, s: &Series, y_max: 
 
 fn lines<'a, DB: DrawingBackend + 'a>(
     c: &mut Chart<'a, DB>,
-    series: &BTreeMap<Metric, Vec<(f64, f64)>>,
+    series: &BTreeMap<ReportClass, Vec<(f64, f64)>>,
 ) -> Result<()> {
     for (m, pts) in series {
         // A class has the same colour in both panels.
@@ -257,12 +257,13 @@ mod tests {
                     processes: vec![IntervalProcess {
                         pid: 7,
                         counts: [
-                            (Metric::Faults, reuse + copy + 5),
-                            (Metric::Reuse, reuse),
-                            (Metric::Copy, copy),
+                            (ReportClass::Faults, reuse + copy + 5),
+                            (ReportClass::Reuse, reuse),
+                            (ReportClass::Copy, copy),
                         ]
                         .into(),
-                        p99_ns: [(Metric::Faults, 20_000 + i * 1000), (Metric::Copy, 40_000)].into(),
+                        p99_ns: [(ReportClass::Faults, 20_000 + i * 1000), (ReportClass::Copy, 40_000)]
+                            .into(),
                     }],
                 }
             })
@@ -292,11 +293,11 @@ mod tests {
     fn series_rates_and_phases() {
         let s = series(&synthetic()).unwrap();
         // 410 copies... in 0.5 s: a rate per second.
-        assert_eq!(s.rates[&Metric::Copy][2], (1.5, 800.0));
+        assert_eq!(s.rates[&ReportClass::Copy][2], (1.5, 800.0));
         assert_eq!(s.phases.len(), 4);
         assert_eq!(s.phases[1].start_s, 1.0);
         assert_eq!(s.phases[3].end_s, 5.0);
-        assert_eq!(s.p99_us[&Metric::Copy][0], (0.5, 40.0));
+        assert_eq!(s.p99_us[&ReportClass::Copy][0], (0.5, 40.0));
         let none = Report { intervals: None, ..synthetic() };
         assert!(series(&none).is_err());
     }

@@ -7,11 +7,11 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use clap::Args;
-use faultscope_common::{maps::Config, Class};
+use faultscope_common::{maps::Config, KernelClass};
 
 use crate::{
     attrib::mapping::MapsHistory,
-    kernel::classes::{Availability, Metric},
+    kernel::classes::{Availability, ReportClass},
 };
 
 #[derive(Args, Debug, Clone)]
@@ -69,12 +69,12 @@ impl AttribOpts {
 
 /// A list of report classes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClassList(pub Vec<Metric>);
+pub struct ClassList(pub Vec<ReportClass>);
 
 /// The classes whose events are attributed one by one: those of the fault
 /// path and the contpte probes (not the error-code tracepoint's).
-fn attributable(m: Metric) -> bool {
-    !matches!(m, Metric::FirstTouch)
+fn attributable(m: ReportClass) -> bool {
+    !matches!(m, ReportClass::FirstTouch)
 }
 
 fn parse_classes(s: &str) -> Result<ClassList, String> {
@@ -83,9 +83,9 @@ fn parse_classes(s: &str) -> Result<ClassList, String> {
     }
     let mut v = Vec::new();
     for name in s.split(',') {
-        let m = Metric::from_name(name.trim()).ok_or_else(|| {
+        let m = ReportClass::from_name(name.trim()).ok_or_else(|| {
             let known: Vec<&str> =
-                Metric::ALL.iter().filter(|m| attributable(**m)).map(|m| m.name()).collect();
+                ReportClass::ALL.iter().filter(|m| attributable(**m)).map(|m| m.name()).collect();
             format!("{name:?} is not a class (known: {})", known.join(", "))
         })?;
         if !attributable(m) {
@@ -99,11 +99,11 @@ fn parse_classes(s: &str) -> Result<ClassList, String> {
 }
 
 /// The kernel classes (`ClassSet` bits) measuring these report classes here.
-fn bits(list: &ClassList, avail: &[(Metric, Availability)]) -> u32 {
+fn bits(list: &ClassList, avail: &[(ReportClass, Availability)]) -> u32 {
     list.0
         .iter()
         .filter_map(|m| match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
-            Some(Availability::Measured { class, .. }) if !Class::ERROR_CODE.contains(class) => {
+            Some(Availability::Measured { class, .. }) if !KernelClass::ERROR_CODE.contains(class) => {
                 Some(class.bit())
             }
             _ => None,
@@ -116,13 +116,15 @@ fn bits(list: &ClassList, avail: &[(Metric, Availability)]) -> u32 {
 /// when all can).
 pub fn attributable_here(
     list: &ClassList,
-    avail: &[(Metric, Availability)],
-) -> (Vec<Metric>, Option<String>) {
+    avail: &[(ReportClass, Availability)],
+) -> (Vec<ReportClass>, Option<String>) {
     let mut yes = Vec::new();
     let mut no = Vec::new();
     for m in &list.0 {
         match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
-            Some(Availability::Measured { class, .. }) if !Class::ERROR_CODE.contains(class) => yes.push(*m),
+            Some(Availability::Measured { class, .. }) if !KernelClass::ERROR_CODE.contains(class) => {
+                yes.push(*m)
+            }
             Some(Availability::Measured { .. }) => no.push(format!(
                 "{m} (counted from the exception tracepoint here, which has no fault path to attribute)"
             )),
@@ -163,17 +165,9 @@ impl Attribution {
     }
 
     /// The `CONFIG` entries for the kernel side.
-    pub fn config(&self, avail: &[(Metric, Availability)]) -> Vec<(Config, u32)> {
+    pub fn config(&self, avail: &[(ReportClass, Availability)]) -> Vec<(Config, u32)> {
         let stacks = bits(&self.opts.stacks, avail);
-        let contpte = [
-            Class::ContpteUnfold,
-            Class::ContpteFold,
-            Class::ContpteConvert,
-            Class::ContpteTryUnfold,
-            Class::ContpteFoldAttempt,
-        ]
-        .iter()
-        .fold(0, |a, c| a | c.bit());
+        let contpte = KernelClass::CONTPTE.iter().fold(0, |a, c| a | c.bit());
         vec![
             (Config::Mappings, self.mappings.is_ok() as u32),
             (Config::SiteClasses, bits(&self.opts.sites, avail)),
@@ -241,7 +235,7 @@ mod tests {
     #[test]
     fn class_lists() {
         assert_eq!(parse_classes("none").unwrap(), ClassList::default());
-        assert_eq!(parse_classes("copy,reuse,copy").unwrap().0, vec![Metric::Reuse, Metric::Copy]);
+        assert_eq!(parse_classes("copy,reuse,copy").unwrap().0, vec![ReportClass::Reuse, ReportClass::Copy]);
         assert!(parse_classes("cpoy").unwrap_err().contains("not a class"));
         assert!(parse_classes("first_touch").unwrap_err().contains("error code"));
     }
@@ -265,19 +259,25 @@ mod tests {
     #[test]
     fn kernel_config_follows_what_is_measured() {
         let avail = vec![
-            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
             (
-                Metric::ContpteUnfold,
-                Availability::Measured { class: Class::ContpteUnfold, timed: false, source: "k" },
+                ReportClass::Copy,
+                Availability::Measured { class: KernelClass::Copy, timed: true, source: "k" },
             ),
-            (Metric::Spurious, Availability::NotMeasurable("x".into())),
+            (
+                ReportClass::ContpteUnfold,
+                Availability::Measured { class: KernelClass::ContpteUnfold, timed: false, source: "k" },
+            ),
+            (ReportClass::Spurious, Availability::NotMeasurable("x".into())),
         ];
         let o = AttribOpts { stacks: parse_classes("copy,contpte_unfold").unwrap(), ..Default::default() };
         let a = Attribution::new(o, Ok(()));
         let c: BTreeMap<u32, u32> = a.config(&avail).into_iter().map(|(k, v)| (k.index(), v)).collect();
         assert_eq!(c[&Config::Mappings.index()], 1);
-        assert_eq!(c[&Config::SiteClasses.index()], Class::Copy.bit() | Class::ContpteUnfold.bit());
-        assert_eq!(c[&Config::UserStackClasses.index()], Class::Copy.bit());
-        assert_eq!(c[&Config::KernelStackClasses.index()], Class::ContpteUnfold.bit());
+        assert_eq!(
+            c[&Config::SiteClasses.index()],
+            KernelClass::Copy.bit() | KernelClass::ContpteUnfold.bit()
+        );
+        assert_eq!(c[&Config::UserStackClasses.index()], KernelClass::Copy.bit());
+        assert_eq!(c[&Config::KernelStackClasses.index()], KernelClass::ContpteUnfold.bit());
     }
 }

@@ -14,7 +14,7 @@ use faultscope_common::{
     fault::Origin,
     hist,
     maps::ClassSetKey,
-    Class, PhaseId, Stat, StatKey,
+    KernelClass, PhaseId, Stat, StatKey,
 };
 
 /// Counts per [`Origin`], in `Origin::ALL` order.
@@ -140,13 +140,13 @@ pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId),
     for (k, v) in sets {
         let set = ClassSet(k.set);
         let a = out.entry((k.tgid, k.phase)).or_default();
-        if set.has(Class::Faults) && !set.has(Class::Retry) && !set.has(Class::Error) {
+        if set.has(KernelClass::Faults) && !set.has(KernelClass::Retry) && !set.has(KernelClass::Error) {
             a.completed += v.count;
-            if set.has(Class::Major) {
+            if set.has(KernelClass::Major) {
                 a.major += v.count;
             }
         }
-        if set.has(Class::TpFaults) {
+        if set.has(KernelClass::TpFaults) {
             a.exceptions[set.origin() as usize] += v.count;
         }
     }
@@ -176,7 +176,7 @@ impl Snapshot {
 
     /// One class of one process, summed over phases (`phase == None`) or in
     /// one phase.
-    pub fn get_in(&self, tgid: u32, phase: Option<PhaseId>, class: Class) -> Option<Stat> {
+    pub fn get_in(&self, tgid: u32, phase: Option<PhaseId>, class: KernelClass) -> Option<Stat> {
         if let Some(p) = phase {
             // One key: a lookup, not a walk over the process's phases.
             return self.stats.get(&StatKey::new(tgid, p, class as u16)).copied();
@@ -190,12 +190,12 @@ impl Snapshot {
         out
     }
 
-    pub fn get(&self, tgid: u32, class: Class) -> Option<Stat> {
+    pub fn get(&self, tgid: u32, class: KernelClass) -> Option<Stat> {
         self.get_in(tgid, None, class)
     }
 
     /// One class's count by origin, over the run or in one phase.
-    pub fn origins_in(&self, tgid: u32, phase: Option<PhaseId>, class: Class) -> ByOrigin {
+    pub fn origins_in(&self, tgid: u32, phase: Option<PhaseId>, class: KernelClass) -> ByOrigin {
         let mut out = ByOrigin::default();
         let lo = StatKey { tgid, ..StatKey::default() };
         for (k, v) in self.origins.range(lo..).take_while(|(k, _)| k.tgid == tgid) {
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(m.max_ns, 300);
         assert_eq!(m.sum_ns, 600);
 
-        let key = StatKey::new(7, 0, Class::Faults as u16);
+        let key = StatKey::new(7, 0, KernelClass::Faults as u16);
         let early = Snapshot { stats: [(key, a)].into(), ..Snapshot::default() };
         let late = Snapshot { stats: [(key, m)].into(), ..Snapshot::default() };
         let d = late.since(&early);
@@ -406,9 +406,9 @@ mod tests {
         assert_eq!(ds.count, 1);
         assert_eq!(ds.sum_ns, 300);
         assert_eq!(ds.max_ns, 300);
-        assert_eq!(late.get(7, Class::Faults).unwrap().count, 3);
-        assert!(late.get(7, Class::Copy).is_none());
-        assert!(late.get(8, Class::Faults).is_none());
+        assert_eq!(late.get(7, KernelClass::Faults).unwrap().count, 3);
+        assert!(late.get(7, KernelClass::Copy).is_none());
+        assert!(late.get(8, KernelClass::Faults).is_none());
     }
 
     /// What the kernel check compares: `mm_account_fault()` counts a
@@ -417,28 +417,29 @@ mod tests {
     #[test]
     fn accounted_faults_leave_out_retries_and_errors() {
         use faultscope_common::class::ClassSet;
-        let set =
-            |cs: &[Class], o: Origin| cs.iter().fold(ClassSet::default(), |s, c| s.with(*c)).with_origin(o).0;
+        let set = |cs: &[KernelClass], o: Origin| {
+            cs.iter().fold(ClassSet::default(), |s, c| s.with(*c)).with_origin(o).0
+        };
         let n = |k: u64| Stat { count: k, ..Stat::ZERO };
         let mut sets = BTreeMap::new();
         let key = |s| ClassSetKey { tgid: 7, phase: 1, set: s };
-        sets.insert(key(set(&[Class::Faults, Class::Reuse], Origin::User)), n(10));
-        sets.insert(key(set(&[Class::Faults, Class::Copy], Origin::Kernel)), n(4));
-        sets.insert(key(set(&[Class::Faults, Class::Copy], Origin::Gup)), n(3));
-        sets.insert(key(set(&[Class::Faults, Class::Retry], Origin::User)), n(2));
-        sets.insert(key(set(&[Class::Faults, Class::Major], Origin::User)), n(2));
-        sets.insert(key(set(&[Class::Faults, Class::Error], Origin::Kernel)), n(1));
-        sets.insert(key(set(&[Class::TpFaults], Origin::Kernel)), n(5));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Reuse], Origin::User)), n(10));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Copy], Origin::Kernel)), n(4));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Copy], Origin::Gup)), n(3));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Retry], Origin::User)), n(2));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Major], Origin::User)), n(2));
+        sets.insert(key(set(&[KernelClass::Faults, KernelClass::Error], Origin::Kernel)), n(1));
+        sets.insert(key(set(&[KernelClass::TpFaults], Origin::Kernel)), n(5));
         let a = accounted(&sets)[&(7, 1)];
         assert_eq!((a.completed, a.major), (10 + 4 + 3 + 2, 2));
         assert_eq!(a.exceptions, [0, 5, 0]);
         let o = per_origin(&sets);
-        assert_eq!(o[&StatKey::new(7, 1, Class::Copy as u16)], [0, 4, 3]);
-        assert_eq!(o[&StatKey::new(7, 1, Class::Faults as u16)], [14, 5, 3]);
+        assert_eq!(o[&StatKey::new(7, 1, KernelClass::Copy as u16)], [0, 4, 3]);
+        assert_eq!(o[&StatKey::new(7, 1, KernelClass::Faults as u16)], [14, 5, 3]);
         // The per-class totals are those of every origin.
-        assert_eq!(per_class(&sets)[&StatKey::new(7, 1, Class::Copy as u16)].count, 7);
+        assert_eq!(per_class(&sets)[&StatKey::new(7, 1, KernelClass::Copy as u16)].count, 7);
         let snap = Snapshot { origins: o, accounted: accounted(&sets), ..Snapshot::default() };
-        assert_eq!(snap.origins_in(7, None, Class::Copy), [0, 4, 3]);
+        assert_eq!(snap.origins_in(7, None, KernelClass::Copy), [0, 4, 3]);
         assert_eq!(snap.accounted_of(7).completed, 19);
         assert_eq!(snap.since(&snap).accounted_of(7).completed, 0);
     }
@@ -449,17 +450,17 @@ mod tests {
     fn phase_ids_above_u16_round_trip() {
         let wide: PhaseId = 65_536 + 7;
         let mut stats = BTreeMap::new();
-        stats.insert(StatKey::new(7, wide, Class::Faults as u16), stat_of(&[100, 200]));
-        stats.insert(StatKey::new(7, 7, Class::Faults as u16), stat_of(&[300]));
-        stats.insert(StatKey::new(7, PhaseId::MAX, Class::Faults as u16), stat_of(&[400]));
+        stats.insert(StatKey::new(7, wide, KernelClass::Faults as u16), stat_of(&[100, 200]));
+        stats.insert(StatKey::new(7, 7, KernelClass::Faults as u16), stat_of(&[300]));
+        stats.insert(StatKey::new(7, PhaseId::MAX, KernelClass::Faults as u16), stat_of(&[400]));
         let snap = Snapshot { stats, ..Snapshot::default() };
-        assert_eq!(snap.get_in(7, Some(wide), Class::Faults).unwrap().count, 2);
-        assert_eq!(snap.get_in(7, Some(7), Class::Faults).unwrap().count, 1);
-        assert_eq!(snap.get_in(7, Some(PhaseId::MAX), Class::Faults).unwrap().count, 1);
-        assert_eq!(snap.get(7, Class::Faults).unwrap().count, 4);
+        assert_eq!(snap.get_in(7, Some(wide), KernelClass::Faults).unwrap().count, 2);
+        assert_eq!(snap.get_in(7, Some(7), KernelClass::Faults).unwrap().count, 1);
+        assert_eq!(snap.get_in(7, Some(PhaseId::MAX), KernelClass::Faults).unwrap().count, 1);
+        assert_eq!(snap.get(7, KernelClass::Faults).unwrap().count, 4);
         assert_eq!(snap.phases_of(7), vec![7, wide, PhaseId::MAX]);
         let rest = snap.without_phase(7, wide);
-        assert!(rest.get_in(7, Some(wide), Class::Faults).is_none());
-        assert_eq!(rest.get(7, Class::Faults).unwrap().count, 2);
+        assert!(rest.get_in(7, Some(wide), KernelClass::Faults).is_none());
+        assert_eq!(rest.get(7, KernelClass::Faults).unwrap().count, 2);
     }
 }

@@ -28,7 +28,7 @@ use crate::{
     error::Refusal,
     kernel::{
         self,
-        classes::{self, Availability, Metric},
+        classes::{self, Availability, ReportClass},
         footprint::{self, Sizes},
         probes::{self, BackendChoice},
         session::Session,
@@ -56,7 +56,7 @@ pub struct ProbeOpts {
 /// A tracing session with its phase timeline and the processes it knows.
 pub struct Recorder {
     pub session: Session,
-    pub avail: Vec<(Metric, Availability)>,
+    pub avail: Vec<(ReportClass, Availability)>,
     pub timeline: Timeline,
     pub comms: BTreeMap<u32, String>,
     /// Traced processes still running.
@@ -163,7 +163,7 @@ impl Recorder {
             let counted_elsewhere = list.0.iter().any(|m| {
                 avail.iter().any(|(x, a)| {
                     x == m
-                        && matches!(a, Availability::Measured { class, .. } if faultscope_common::Class::ERROR_CODE.contains(class))
+                        && matches!(a, Availability::Measured { class, .. } if faultscope_common::KernelClass::ERROR_CODE.contains(class))
                 })
             });
             if let (true, (_, Some(why))) = (counted_elsewhere, attributable_here(list, &avail)) {

@@ -5,60 +5,43 @@
 use std::{collections::BTreeMap, fmt};
 
 use faultscope_common::{
+    catalogue,
     class::ClassSet,
-    Class,
+    KernelClass,
     Program::{self, *},
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use Need::{Any, One};
 
-/// A class as the report shows it: the one catalogue that the report's keys,
-/// the text tables, diff, verify, findings and the tests derive from. The
-/// JSON key is the snake_case name; the order is the report's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Metric {
-    Faults,
-    WriteFaults,
-    WpFaults,
-    Reuse,
-    Copy,
-    WpShared,
-    Spurious,
-    HugePmdWp,
-    ContpteUnfold,
-    ContpteFold,
-    ContpteConvert,
-    ContpteTryUnfold,
-    ContpteFoldAttempt,
-    FirstTouch,
-    Major,
-    Retry,
-    Error,
+catalogue! {
+    /// A class as the report shows it: the one catalogue that the report's keys,
+    /// the text tables, diff, verify, findings and the tests derive from. The
+    /// JSON key is the snake_case name; the order is the report's order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    pub enum ReportClass: u8 {
+        Faults = 0,
+        WriteFaults = 1,
+        WpFaults = 2,
+        Reuse = 3,
+        Copy = 4,
+        WpShared = 5,
+        Spurious = 6,
+        HugePmdWp = 7,
+        ContpteUnfold = 8,
+        ContpteFold = 9,
+        ContpteConvert = 10,
+        ContpteTryUnfold = 11,
+        ContpteFoldAttempt = 12,
+        FirstTouch = 13,
+        Major = 14,
+        Retry = 15,
+        Error = 16,
+    }
 }
 
-impl Metric {
-    pub const ALL: [Metric; 17] = [
-        Metric::Faults,
-        Metric::WriteFaults,
-        Metric::WpFaults,
-        Metric::Reuse,
-        Metric::Copy,
-        Metric::WpShared,
-        Metric::Spurious,
-        Metric::HugePmdWp,
-        Metric::ContpteUnfold,
-        Metric::ContpteFold,
-        Metric::ContpteConvert,
-        Metric::ContpteTryUnfold,
-        Metric::ContpteFoldAttempt,
-        Metric::FirstTouch,
-        Metric::Major,
-        Metric::Retry,
-        Metric::Error,
-    ];
-
+impl ReportClass {
     pub fn spec(self) -> &'static ClassSpec {
         &CLASSES[self as usize]
     }
@@ -68,22 +51,22 @@ impl Metric {
         self.spec().name
     }
 
-    pub fn from_name(name: &str) -> Option<Metric> {
-        Metric::ALL.iter().copied().find(|m| m.name() == name)
+    pub fn from_name(name: &str) -> Option<ReportClass> {
+        ReportClass::ALL.iter().copied().find(|m| m.name() == name)
     }
 
     /// The columns of the compact tables (live view, bench summary).
-    pub fn summary() -> impl Iterator<Item = Metric> {
-        Metric::ALL.into_iter().filter(|m| m.spec().columns.summary)
+    pub fn summary() -> impl Iterator<Item = ReportClass> {
+        ReportClass::ALL.into_iter().filter(|m| m.spec().columns.summary)
     }
 
     /// The classes diff compares.
-    pub fn compared() -> impl Iterator<Item = Metric> {
-        Metric::ALL.into_iter().filter(|m| m.spec().columns.diff)
+    pub fn compared() -> impl Iterator<Item = ReportClass> {
+        ReportClass::ALL.into_iter().filter(|m| m.spec().columns.diff)
     }
 }
 
-impl std::fmt::Display for Metric {
+impl std::fmt::Display for ReportClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
@@ -104,7 +87,7 @@ const FULL_ONLY: Columns = Columns { summary: false, diff: false };
 
 /// Where a reported class can be measured from, in order of preference.
 pub struct ClassSpec {
-    pub metric: Metric,
+    pub metric: ReportClass,
     /// JSON key (schema faultscope/1); equals the serde name of `metric`.
     pub name: &'static str,
     pub columns: Columns,
@@ -112,7 +95,7 @@ pub struct ClassSpec {
 }
 
 pub struct Source {
-    pub class: Class,
+    pub class: KernelClass,
     /// What must all be attached.
     pub needs: &'static [Need],
     /// Latency comes with it (timed by the handle_mm_fault kretprobe).
@@ -148,18 +131,18 @@ const FAULT: [Need; 2] = [One(FaultEntry), One(FaultReturn)];
 
 pub const CLASSES: &[ClassSpec] = &[
     ClassSpec {
-        metric: Metric::Faults,
+        metric: ReportClass::Faults,
         name: "faults",
         columns: MAIN,
         sources: &[
             Source {
-                class: Class::Faults,
+                class: KernelClass::Faults,
                 needs: &FAULT,
                 timed: true,
                 describe: "kprobe handle_mm_fault (user faults, each call)",
             },
             Source {
-                class: Class::TpFaults,
+                class: KernelClass::TpFaults,
                 needs: &[One(PageFaultUser)],
                 timed: false,
                 describe: "tracepoint exceptions:page_fault_user",
@@ -167,18 +150,18 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
-        metric: Metric::WriteFaults,
+        metric: ReportClass::WriteFaults,
         name: "write_faults",
         columns: DIFF,
         sources: &[
             Source {
-                class: Class::WriteFaults,
+                class: KernelClass::WriteFaults,
                 needs: &FAULT,
                 timed: true,
                 describe: "kprobe handle_mm_fault, FAULT_FLAG_WRITE",
             },
             Source {
-                class: Class::TpWrite,
+                class: KernelClass::TpWrite,
                 needs: &[One(PageFaultUser)],
                 timed: false,
                 describe: "tracepoint exceptions:page_fault_user, error_code WRITE",
@@ -186,18 +169,18 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
-        metric: Metric::WpFaults,
+        metric: ReportClass::WpFaults,
         name: "wp_faults",
         columns: MAIN,
         sources: &[
             Source {
-                class: Class::WpFaults,
+                class: KernelClass::WpFaults,
                 needs: &[One(FaultEntry), One(FaultReturn), One(WpPage)],
                 timed: true,
                 describe: "kprobe do_wp_page within a user fault",
             },
             Source {
-                class: Class::TpPresentWrite,
+                class: KernelClass::TpPresentWrite,
                 needs: &[One(PageFaultUser)],
                 timed: false,
                 describe:
@@ -206,12 +189,12 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
-        metric: Metric::Reuse,
+        metric: ReportClass::Reuse,
         name: "reuse",
         columns: MAIN,
         sources: &[
             Source {
-                class: Class::Reuse,
+                class: KernelClass::Reuse,
                 needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap), One(DirtyShared)],
                 timed: true,
                 describe: "do_wp_page without folio_add_new_anon_rmap or fault_dirty_shared_page",
@@ -219,7 +202,7 @@ pub const CLASSES: &[ClassSpec] = &[
             // Without fault_dirty_shared_page a shared mapping's write-notify
             // fault looks like a reuse; the source says so.
             Source {
-                class: Class::Reuse,
+                class: KernelClass::Reuse,
                 needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap)],
                 timed: true,
                 describe: "do_wp_page without folio_add_new_anon_rmap (includes write-notify faults of shared mappings: fault_dirty_shared_page is not probed)",
@@ -227,143 +210,143 @@ pub const CLASSES: &[ClassSpec] = &[
         ],
     },
     ClassSpec {
-        metric: Metric::Copy,
+        metric: ReportClass::Copy,
         name: "copy",
         columns: MAIN,
         sources: &[Source {
-            class: Class::Copy,
+            class: KernelClass::Copy,
             needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(NewAnonRmap)],
             timed: true,
             describe: "do_wp_page with folio_add_new_anon_rmap",
         }],
     },
     ClassSpec {
-        metric: Metric::WpShared,
+        metric: ReportClass::WpShared,
         name: "wp_shared",
         columns: DIFF,
         sources: &[Source {
-            class: Class::WpShared,
+            class: KernelClass::WpShared,
             needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(DirtyShared)],
             timed: true,
             describe: "do_wp_page with fault_dirty_shared_page: write-notify of a shared mapping, no COW",
         }],
     },
     ClassSpec {
-        metric: Metric::Spurious,
+        metric: ReportClass::Spurious,
         name: "spurious",
         columns: MAIN,
         sources: &[Source {
-            class: Class::Spurious,
+            class: KernelClass::Spurious,
             needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(HugePmdWp), One(NewAnonRmap), Any(&[PageFaultUser, MemAbort, AccessFlags])],
             timed: true,
             describe: "write fault on a present page (x86 error code PROT, else the present-entry path) that reached no write-protect or new-folio path",
         }],
     },
     ClassSpec {
-        metric: Metric::HugePmdWp,
+        metric: ReportClass::HugePmdWp,
         name: "huge_pmd_wp",
         columns: MAIN,
         sources: &[Source {
-            class: Class::HugePmdWp,
+            class: KernelClass::HugePmdWp,
             needs: &[One(FaultEntry), One(FaultReturn), One(HugePmdWp)],
             timed: true,
             describe: "kprobe do_huge_pmd_wp_page within a user fault",
         }],
     },
     ClassSpec {
-        metric: Metric::ContpteUnfold,
+        metric: ReportClass::ContpteUnfold,
         name: "contpte_unfold",
         columns: MAIN,
         sources: &[Source {
-            class: Class::ContpteUnfold,
+            class: KernelClass::ContpteUnfold,
             needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert, new PTE without PTE_CONT",
         }],
     },
     ClassSpec {
-        metric: Metric::ContpteFold,
+        metric: ReportClass::ContpteFold,
         name: "contpte_fold",
         columns: DIFF,
         sources: &[Source {
-            class: Class::ContpteFold,
+            class: KernelClass::ContpteFold,
             needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert, new PTE with PTE_CONT",
         }],
     },
     ClassSpec {
-        metric: Metric::ContpteConvert,
+        metric: ReportClass::ContpteConvert,
         name: "contpte_convert",
         columns: DIFF,
         sources: &[Source {
-            class: Class::ContpteConvert,
+            class: KernelClass::ContpteConvert,
             needs: &[One(ContpteConvert)],
             timed: false,
             describe: "kprobe contpte_convert",
         }],
     },
     ClassSpec {
-        metric: Metric::ContpteTryUnfold,
+        metric: ReportClass::ContpteTryUnfold,
         name: "contpte_try_unfold",
         columns: FULL_ONLY,
         sources: &[Source {
-            class: Class::ContpteTryUnfold,
+            class: KernelClass::ContpteTryUnfold,
             needs: &[One(ContpteTryUnfold)],
             timed: false,
             describe: "kprobe __contpte_try_unfold",
         }],
     },
     ClassSpec {
-        metric: Metric::ContpteFoldAttempt,
+        metric: ReportClass::ContpteFoldAttempt,
         name: "contpte_fold_attempt",
         columns: FULL_ONLY,
         sources: &[Source {
-            class: Class::ContpteFoldAttempt,
+            class: KernelClass::ContpteFoldAttempt,
             needs: &[One(ContpteTryFold)],
             timed: false,
             describe: "kprobe __contpte_try_fold",
         }],
     },
     ClassSpec {
-        metric: Metric::FirstTouch,
+        metric: ReportClass::FirstTouch,
         name: "first_touch",
         columns: DIFF,
         sources: &[Source {
-            class: Class::TpNotPresent,
+            class: KernelClass::TpNotPresent,
             needs: &[One(PageFaultUser)],
             timed: false,
             describe: "tracepoint exceptions:page_fault_user, error_code without PROT",
         }],
     },
     ClassSpec {
-        metric: Metric::Major,
+        metric: ReportClass::Major,
         name: "major",
         columns: FULL_ONLY,
         sources: &[Source {
-            class: Class::Major,
+            class: KernelClass::Major,
             needs: &FAULT,
             timed: true,
             describe: "handle_mm_fault returned VM_FAULT_MAJOR",
         }],
     },
     ClassSpec {
-        metric: Metric::Retry,
+        metric: ReportClass::Retry,
         name: "retry",
         columns: FULL_ONLY,
         sources: &[Source {
-            class: Class::Retry,
+            class: KernelClass::Retry,
             needs: &FAULT,
             timed: true,
             describe: "handle_mm_fault returned VM_FAULT_RETRY",
         }],
     },
     ClassSpec {
-        metric: Metric::Error,
+        metric: ReportClass::Error,
         name: "error",
         columns: FULL_ONLY,
         sources: &[Source {
-            class: Class::Error,
+            class: KernelClass::Error,
             needs: &FAULT,
             timed: true,
             describe: "handle_mm_fault returned VM_FAULT_ERROR",
@@ -377,29 +360,29 @@ pub const CLASSES: &[ClassSpec] = &[
 /// or `TpFaults` (tracepoint mode); its kind is the first rule its set
 /// matches, so each fault is of exactly one kind and the kinds add up to
 /// the faults.
-pub const FAULT_KINDS: &[(&str, Class)] = &[
-    ("copy", Class::Copy),
-    ("reuse", Class::Reuse),
-    ("wp_shared", Class::WpShared),
-    ("huge_pmd_wp", Class::HugePmdWp),
-    ("spurious", Class::Spurious),
+pub const FAULT_KINDS: &[(&str, KernelClass)] = &[
+    ("copy", KernelClass::Copy),
+    ("reuse", KernelClass::Reuse),
+    ("wp_shared", KernelClass::WpShared),
+    ("huge_pmd_wp", KernelClass::HugePmdWp),
+    ("spurious", KernelClass::Spurious),
     // A write-protect fault none of the above took (a retry, an error, or
     // a class not measurable here).
-    ("wp_other", Class::WpFaults),
+    ("wp_other", KernelClass::WpFaults),
     // Tracepoint mode: a write to a present page (wp or spurious).
-    ("present_write", Class::TpPresentWrite),
+    ("present_write", KernelClass::TpPresentWrite),
     // A write that took no write-protect path: a page not present (first
     // touch, swap-in), or spurious where that is not measurable.
-    ("other_write", Class::WriteFaults),
-    ("other_write", Class::TpWrite),
-    ("read", Class::Faults),
-    ("read", Class::TpFaults),
+    ("other_write", KernelClass::WriteFaults),
+    ("other_write", KernelClass::TpWrite),
+    ("read", KernelClass::Faults),
+    ("read", KernelClass::TpFaults),
 ];
 
 /// The kind of a fault of class set `set`, or None when the set is not a
 /// fault (contpte events, kprobe mode's separate error-code sets).
 pub fn fault_kind(set: ClassSet) -> Option<&'static str> {
-    if !set.has(Class::Faults) && !set.has(Class::TpFaults) {
+    if !set.has(KernelClass::Faults) && !set.has(KernelClass::TpFaults) {
         return None;
     }
     FAULT_KINDS.iter().find(|(_, c)| set.has(*c)).map(|(k, _)| *k)
@@ -407,8 +390,8 @@ pub fn fault_kind(set: ClassSet) -> Option<&'static str> {
 
 /// The kinds that can occur given what is measured (serve declares them
 /// at 0), in the table's order, each once.
-pub fn fault_kinds_here(avail: &[(Metric, Availability)]) -> Vec<&'static str> {
-    let measured = |c: Class| {
+pub fn fault_kinds_here(avail: &[(ReportClass, Availability)]) -> Vec<&'static str> {
+    let measured = |c: KernelClass| {
         avail.iter().any(|(_, a)| matches!(a, Availability::Measured { class, .. } if *class == c))
     };
     let mut out: Vec<&'static str> = Vec::new();
@@ -433,7 +416,7 @@ pub fn reason_code(why: &str) -> String {
 /// How a class is measured in this run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Availability {
-    Measured { class: Class, timed: bool, source: &'static str },
+    Measured { class: KernelClass, timed: bool, source: &'static str },
     NotMeasurable(String),
 }
 
@@ -442,7 +425,7 @@ pub enum Availability {
 pub fn availability(
     attached: impl Fn(Program) -> bool,
     reason: impl Fn(Program) -> Option<String>,
-) -> Vec<(Metric, Availability)> {
+) -> Vec<(ReportClass, Availability)> {
     CLASSES
         .iter()
         .map(|spec| {
@@ -480,18 +463,20 @@ pub fn availability(
 
 /// The `ClassSet` bits of the error-code classes the report takes from the
 /// tracepoint: the kernel side counts only these.
-pub fn error_code_classes(avail: &[(Metric, Availability)]) -> u32 {
+pub fn error_code_classes(avail: &[(ReportClass, Availability)]) -> u32 {
     avail
         .iter()
         .filter_map(|(_, a)| match a {
-            Availability::Measured { class, .. } if Class::ERROR_CODE.contains(class) => Some(class.bit()),
+            Availability::Measured { class, .. } if KernelClass::ERROR_CODE.contains(class) => {
+                Some(class.bit())
+            }
             _ => None,
         })
         .fold(0, |m, b| m | b)
 }
 
 /// One line saying what is measured here and what is not, and why.
-pub fn measured_line(avail: &[(Metric, Availability)]) -> String {
+pub fn measured_line(avail: &[(ReportClass, Availability)]) -> String {
     let measured: Vec<&str> = avail
         .iter()
         .filter(|(_, a)| matches!(a, Availability::Measured { .. }))
@@ -519,9 +504,12 @@ mod tests {
     #[test]
     fn measured_line_groups_reasons() {
         let avail = vec![
-            (Metric::Faults, Availability::Measured { class: Class::TpFaults, timed: false, source: "t" }),
-            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
-            (Metric::Copy, Availability::NotMeasurable("no PMU".into())),
+            (
+                ReportClass::Faults,
+                Availability::Measured { class: KernelClass::TpFaults, timed: false, source: "t" },
+            ),
+            (ReportClass::Reuse, Availability::NotMeasurable("no PMU".into())),
+            (ReportClass::Copy, Availability::NotMeasurable("no PMU".into())),
         ];
         assert_eq!(
             measured_line(&avail),
@@ -533,9 +521,9 @@ mod tests {
     fn every_fault_is_of_exactly_one_kind() {
         // Every set the fault path can make (its classes, in any
         // combination), and the tracepoint's.
-        let kprobe: Vec<Class> = Class::FAULT_RETURN.to_vec();
-        let tp: Vec<Class> = Class::ERROR_CODE.to_vec();
-        for (base, classes) in [(Class::Faults, kprobe), (Class::TpFaults, tp)] {
+        let kprobe: Vec<KernelClass> = KernelClass::FAULT_RETURN.to_vec();
+        let tp: Vec<KernelClass> = KernelClass::ERROR_CODE.to_vec();
+        for (base, classes) in [(KernelClass::Faults, kprobe), (KernelClass::TpFaults, tp)] {
             for bits in 0u32..(1 << classes.len()) {
                 let mut set = ClassSet::default().with(base);
                 for (i, c) in classes.iter().enumerate() {
@@ -549,21 +537,38 @@ mod tests {
             }
         }
         // Not faults: contpte events, kprobe mode's first_touch sets.
-        assert_eq!(fault_kind(ClassSet::default().with(Class::ContpteUnfold)), None);
-        assert_eq!(fault_kind(ClassSet::default().with(Class::TpNotPresent)), None);
+        assert_eq!(fault_kind(ClassSet::default().with(KernelClass::ContpteUnfold)), None);
+        assert_eq!(fault_kind(ClassSet::default().with(KernelClass::TpNotPresent)), None);
         assert_eq!(reason_code("needs wp_page: kprobe refused"), "needs:wp_page");
         assert_eq!(reason_code("needs page_fault_user|mem_abort: x"), "needs:page_fault_user|mem_abort");
     }
 
     #[test]
     fn catalogue_is_in_metric_order_and_names_are_serde_names() {
-        assert_eq!(CLASSES.len(), Metric::ALL.len());
-        for (i, m) in Metric::ALL.iter().enumerate() {
+        assert_eq!(CLASSES.len(), ReportClass::ALL.len());
+        for (i, m) in ReportClass::ALL.iter().enumerate() {
             assert_eq!(*m as usize, i);
             assert_eq!(CLASSES[i].metric, *m, "CLASSES[{i}]");
             let json = serde_json::to_string(m).unwrap();
             assert_eq!(json, format!("\"{}\"", m.name()));
-            assert_eq!(Metric::from_name(m.name()), Some(*m));
+            assert_eq!(ReportClass::from_name(m.name()), Some(*m));
+        }
+    }
+
+    #[test]
+    fn every_kernel_class_is_the_source_of_a_report_class() {
+        // A kernel class no report class reads would be counted and never
+        // shown; a report class without a source could never be measured.
+        for c in KernelClass::ALL {
+            assert!(
+                CLASSES.iter().any(|spec| spec.sources.iter().any(|s| s.class == c)),
+                "{c:?} is the source of no report class"
+            );
+        }
+        assert!(CLASSES.iter().all(|spec| !spec.sources.is_empty()));
+        // The ABI: each kernel class's value is its place in ALL.
+        for (i, c) in KernelClass::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?}");
         }
     }
 
@@ -571,11 +576,11 @@ mod tests {
     const KPROBES_AND_TP: [Program; 6] =
         [FaultEntry, FaultReturn, WpPage, HugePmdWp, NewAnonRmap, PageFaultUser];
 
-    fn avail(on: &[Program]) -> Vec<(Metric, Availability)> {
+    fn avail(on: &[Program]) -> Vec<(ReportClass, Availability)> {
         availability(|p| on.contains(&p), |p| Some(format!("{p} missing")))
     }
 
-    fn get(v: &[(Metric, Availability)], n: &str) -> Availability {
+    fn get(v: &[(ReportClass, Availability)], n: &str) -> Availability {
         v.iter().find(|(k, _)| k.name() == n).unwrap().1.clone()
     }
 
@@ -584,10 +589,16 @@ mod tests {
         let v = avail(&[PageFaultUser, TaskNewtask]);
         assert!(matches!(
             get(&v, "faults"),
-            Availability::Measured { class: Class::TpFaults, timed: false, .. }
+            Availability::Measured { class: KernelClass::TpFaults, timed: false, .. }
         ));
-        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::TpPresentWrite, .. }));
-        assert!(matches!(get(&v, "first_touch"), Availability::Measured { class: Class::TpNotPresent, .. }));
+        assert!(matches!(
+            get(&v, "wp_faults"),
+            Availability::Measured { class: KernelClass::TpPresentWrite, .. }
+        ));
+        assert!(matches!(
+            get(&v, "first_touch"),
+            Availability::Measured { class: KernelClass::TpNotPresent, .. }
+        ));
         match get(&v, "reuse") {
             Availability::NotMeasurable(r) => assert!(r.contains("fault_entry missing"), "{r}"),
             other => panic!("{other:?}"),
@@ -600,11 +611,11 @@ mod tests {
         let tp = avail(&[PageFaultUser]);
         assert_eq!(
             error_code_classes(&tp),
-            Class::ERROR_CODE.iter().fold(0, |m, c| m | c.bit()),
+            KernelClass::ERROR_CODE.iter().fold(0, |m, c| m | c.bit()),
             "without kprobes every error-code class is reported"
         );
         let kp = avail(&KPROBES_AND_TP);
-        assert_eq!(error_code_classes(&kp), Class::TpNotPresent.bit(), "with kprobes only first_touch");
+        assert_eq!(error_code_classes(&kp), KernelClass::TpNotPresent.bit(), "with kprobes only first_touch");
     }
 
     #[test]
@@ -612,10 +623,10 @@ mod tests {
         let v = avail(&KPROBES_AND_TP);
         assert!(matches!(
             get(&v, "faults"),
-            Availability::Measured { class: Class::Faults, timed: true, .. }
+            Availability::Measured { class: KernelClass::Faults, timed: true, .. }
         ));
-        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: Class::WpFaults, .. }));
-        assert!(matches!(get(&v, "spurious"), Availability::Measured { class: Class::Spurious, .. }));
+        assert!(matches!(get(&v, "wp_faults"), Availability::Measured { class: KernelClass::WpFaults, .. }));
+        assert!(matches!(get(&v, "spurious"), Availability::Measured { class: KernelClass::Spurious, .. }));
     }
 
     #[test]
@@ -623,7 +634,7 @@ mod tests {
         let base = KPROBES_AND_TP;
         let v = avail(&base);
         match get(&v, "reuse") {
-            Availability::Measured { class: Class::Reuse, source, .. } => {
+            Availability::Measured { class: KernelClass::Reuse, source, .. } => {
                 assert!(source.contains("includes write-notify"), "{source}")
             }
             other => panic!("{other:?}"),
@@ -633,7 +644,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let v = avail(&[&base[..], &[DirtyShared]].concat());
-        assert!(matches!(get(&v, "wp_shared"), Availability::Measured { class: Class::WpShared, .. }));
+        assert!(matches!(get(&v, "wp_shared"), Availability::Measured { class: KernelClass::WpShared, .. }));
         match get(&v, "reuse") {
             Availability::Measured { source, .. } => assert!(!source.contains("includes"), "{source}"),
             other => panic!("{other:?}"),

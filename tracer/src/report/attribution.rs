@@ -8,7 +8,7 @@ use std::{cell::RefCell, collections::BTreeMap, fmt::Write as _};
 
 use faultscope_common::{
     attrib::{ClassCounts, ADDR_GRANULE, START_IS_ADDR},
-    Class, PhaseId,
+    KernelClass, PhaseId,
 };
 
 use super::schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, StackRow};
@@ -19,13 +19,13 @@ use crate::{
         stacks::FoldedStacks,
     },
     collect::{attribution::Attribution as Attrib, collector::Snapshot},
-    kernel::classes::{Availability, Metric},
+    kernel::classes::{Availability, ReportClass},
 };
 
 /// What naming needs beyond the snapshot.
 pub struct Namer<'a> {
     pub attrib: &'a Attrib,
-    pub avail: &'a [(Metric, Availability)],
+    pub avail: &'a [(ReportClass, Availability)],
     pub symbolizer: RefCell<SiteSymbolizer>,
     /// The frames (leaf first) of a stack id.
     pub frames: &'a dyn Fn(i32) -> Vec<u64>,
@@ -34,25 +34,25 @@ pub struct Namer<'a> {
 impl<'a> Namer<'a> {
     pub fn new(
         attrib: &'a Attrib,
-        avail: &'a [(Metric, Availability)],
+        avail: &'a [(ReportClass, Availability)],
         frames: &'a dyn Fn(i32) -> Vec<u64>,
     ) -> Self {
         Namer { attrib, avail, symbolizer: RefCell::new(SiteSymbolizer::new()), frames }
     }
 
     /// The measured report classes and the kernel class each is counted by.
-    fn metrics(&self) -> impl Iterator<Item = (Metric, Class)> + '_ {
+    fn metrics(&self) -> impl Iterator<Item = (ReportClass, KernelClass)> + '_ {
         self.avail.iter().filter_map(|(m, a)| match a {
             Availability::Measured { class, .. } => Some((*m, *class)),
             _ => None,
         })
     }
 
-    fn metric_of(&self, class: u32) -> Option<Metric> {
+    fn metric_of(&self, class: u32) -> Option<ReportClass> {
         self.metrics().find(|(_, c)| *c as u32 == class).map(|(m, _)| m)
     }
 
-    fn counts(&self, c: &ClassCounts) -> BTreeMap<Metric, u64> {
+    fn counts(&self, c: &ClassCounts) -> BTreeMap<ReportClass, u64> {
         self.metrics()
             .filter_map(|(m, class)| c.counts.get(class as usize).copied().filter(|n| *n > 0).map(|n| (m, n)))
             .collect()
@@ -97,7 +97,7 @@ pub fn attribution(
     }
 
     // Sites: per class, the top (ip, system call) pairs, named.
-    let mut per_class: BTreeMap<Metric, BTreeMap<(u64, u32), u64>> = BTreeMap::new();
+    let mut per_class: BTreeMap<ReportClass, BTreeMap<(u64, u32), u64>> = BTreeMap::new();
     for (k, v) in snap.sites.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
         if let Some(m) = n.metric_of(k.class) {
             *per_class.entry(m).or_default().entry((k.ip, k.syscall)).or_insert(0) += v;
@@ -124,7 +124,7 @@ pub fn attribution(
     }
 
     // Stacks: per (class, user stack, kernel stack, kernel caller).
-    let mut stacks: BTreeMap<(Metric, i32, i32, u64), u64> = BTreeMap::new();
+    let mut stacks: BTreeMap<(ReportClass, i32, i32, u64), u64> = BTreeMap::new();
     for (k, v) in snap.stacks.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
         if let Some(m) = n.metric_of(k.class) {
             *stacks.entry((m, k.user_stack, k.kernel_stack, k.kernel_caller)).or_insert(0) += v;
@@ -182,7 +182,7 @@ fn mapping_row(
     history: Option<&MapsHistory>,
     start: u64,
     at: u64,
-    counts: BTreeMap<Metric, u64>,
+    counts: BTreeMap<ReportClass, u64>,
 ) -> MappingRow {
     let addr = start & !START_IS_ADDR;
     let found = history.and_then(|h| {
@@ -259,11 +259,12 @@ fn name_ips(
 /// The "by mapping" and "top sites" tables of one span.
 pub fn to_text(out: &mut String, a: &Attribution) {
     if !a.mappings.is_empty() {
-        let mut classes: Vec<Metric> = a.mappings.iter().flat_map(|r| r.counts.keys().copied()).collect();
+        let mut classes: Vec<ReportClass> =
+            a.mappings.iter().flat_map(|r| r.counts.keys().copied()).collect();
         classes.sort();
         classes.dedup();
         classes.retain(|m| m.spec().columns.summary);
-        let mut rows: Vec<(String, &BTreeMap<Metric, u64>)> = a
+        let mut rows: Vec<(String, &BTreeMap<ReportClass, u64>)> = a
             .mappings
             .iter()
             .map(|r| (format!("{} ({})", safe(&r.mapping), crate::units::size_or_unknown(r.size)), &r.counts))
@@ -362,7 +363,7 @@ mod tests {
 7ffd1c7b9000-7ffd1c7da000 rw-p 00000000 00:00 0                          [stack]
 ";
 
-    fn counts(pairs: &[(Class, u64)]) -> ClassCounts {
+    fn counts(pairs: &[(KernelClass, u64)]) -> ClassCounts {
         let mut c = ClassCounts::ZERO;
         for (k, n) in pairs {
             c.counts[*k as usize] = *n;
@@ -370,11 +371,17 @@ mod tests {
         c
     }
 
-    fn fixture(max_mappings: usize) -> (Snapshot, Attrib, Vec<(Metric, Availability)>) {
+    fn fixture(max_mappings: usize) -> (Snapshot, Attrib, Vec<(ReportClass, Availability)>) {
         let avail = vec![
-            (Metric::Reuse, Availability::Measured { class: Class::Reuse, timed: true, source: "k" }),
-            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
-            (Metric::ContpteUnfold, Availability::NotMeasurable("arm64 only".into())),
+            (
+                ReportClass::Reuse,
+                Availability::Measured { class: KernelClass::Reuse, timed: true, source: "k" },
+            ),
+            (
+                ReportClass::Copy,
+                Availability::Measured { class: KernelClass::Copy, timed: true, source: "k" },
+            ),
+            (ReportClass::ContpteUnfold, Availability::NotMeasurable("arm64 only".into())),
         ];
         let opts = AttribOpts { max_mappings, sites: Default::default(), ..AttribOpts::default() };
         let mut a = Attrib::new(opts, Ok(()));
@@ -394,13 +401,14 @@ mod tests {
         let mut put = |phase, start, c| {
             snap.mappings.insert(MappingKey { tgid: 7, phase, start }, c);
         };
-        put(1, 0x555d3e04e000, counts(&[(Class::Reuse, 10), (Class::Copy, 2)]));
-        put(1, 0x7f0000000000, counts(&[(Class::Reuse, 1024)]));
-        put(1, 0x7f0000400000, counts(&[(Class::Copy, 5)]));
-        put(1, 0x7f0000800000, counts(&[(Class::Copy, 512)]));
-        put(2, 0x7f0000800000, counts(&[(Class::Copy, 1)]));
-        put(1, addr_key(0x7ffd1c7b0123), counts(&[(Class::Reuse, 3)]));
-        snap.sites.insert(SiteKey { tgid: 7, phase: 1, ip: 0, class: Class::Copy as u32, syscall: 0 }, 4);
+        put(1, 0x555d3e04e000, counts(&[(KernelClass::Reuse, 10), (KernelClass::Copy, 2)]));
+        put(1, 0x7f0000000000, counts(&[(KernelClass::Reuse, 1024)]));
+        put(1, 0x7f0000400000, counts(&[(KernelClass::Copy, 5)]));
+        put(1, 0x7f0000800000, counts(&[(KernelClass::Copy, 512)]));
+        put(2, 0x7f0000800000, counts(&[(KernelClass::Copy, 1)]));
+        put(1, addr_key(0x7ffd1c7b0123), counts(&[(KernelClass::Reuse, 3)]));
+        snap.sites
+            .insert(SiteKey { tgid: 7, phase: 1, ip: 0, class: KernelClass::Copy as u32, syscall: 0 }, 4);
         (snap, a, avail)
     }
 
@@ -425,14 +433,14 @@ mod tests {
         // An event outside a fault: named by the containing mapping, not exact.
         assert!(!r.mappings[4].exact);
         assert_eq!(r.mappings[1].size, 2 << 20);
-        let sum = |m: Metric| r.mappings.iter().filter_map(|x| x.counts.get(&m)).sum::<u64>();
-        assert_eq!((sum(Metric::Reuse), sum(Metric::Copy)), (10 + 1024 + 3, 2 + 5 + 512));
+        let sum = |m: ReportClass| r.mappings.iter().filter_map(|x| x.counts.get(&m)).sum::<u64>();
+        assert_eq!((sum(ReportClass::Reuse), sum(ReportClass::Copy)), (10 + 1024 + 3, 2 + 5 + 512));
         // Not measurable classes have no counts in the rows.
-        assert!(r.mappings.iter().all(|m| !m.counts.contains_key(&Metric::ContpteUnfold)));
+        assert!(r.mappings.iter().all(|m| !m.counts.contains_key(&ReportClass::ContpteUnfold)));
         assert_eq!(
             r.sites,
             vec![SiteRow {
-                class: Metric::Copy,
+                class: ReportClass::Copy,
                 ip: 0,
                 site: "[no fault]".into(),
                 mapping: None,
@@ -449,7 +457,7 @@ mod tests {
     fn stacks_add_up_per_class_and_stack_and_fold_for_flame_graphs() {
         use faultscope_common::attrib::{StackKey, NO_STACK};
         let (mut snap, a, avail) = fixture(16);
-        let key = |phase, class: Class, user| StackKey {
+        let key = |phase, class: KernelClass, user| StackKey {
             tgid: 7,
             phase,
             class: class as u32,
@@ -458,9 +466,9 @@ mod tests {
             _pad: 0,
             kernel_caller: 0,
         };
-        snap.stacks.insert(key(1, Class::Copy, 5), 3);
-        snap.stacks.insert(key(2, Class::Copy, 5), 2);
-        snap.stacks.insert(key(1, Class::Reuse, 6), 1);
+        snap.stacks.insert(key(1, KernelClass::Copy, 5), 3);
+        snap.stacks.insert(key(2, KernelClass::Copy, 5), 2);
+        snap.stacks.insert(key(1, KernelClass::Reuse, 6), 1);
         // Leaf first, as the kernel's stack map has them: both stacks are
         // in the anonymous mappings of the fixture (no file to symbolize).
         let frames = |id: i32| match id {
@@ -471,7 +479,7 @@ mod tests {
         let n = Namer::new(&a, &avail, &frames);
         let r = attribution(&snap, &n, 7, None, 150);
         assert_eq!(r.stacks.len(), 2);
-        let copy = r.stacks.iter().find(|s| s.class == Metric::Copy).unwrap();
+        let copy = r.stacks.iter().find(|s| s.class == ReportClass::Copy).unwrap();
         assert_eq!(copy.count, 5);
         // Outermost first in the report.
         assert_eq!(copy.user, ["[anon:faultscope-named]+0x20", "anon+0x10"]);
@@ -513,12 +521,12 @@ mod tests {
         assert_eq!(r.mappings.len(), 2);
         let o = r.mappings_other.as_ref().unwrap();
         assert_eq!(o.entries, 3);
-        let sum = |m: Metric| {
+        let sum = |m: ReportClass| {
             r.mappings.iter().filter_map(|x| x.counts.get(&m)).sum::<u64>()
                 + o.counts.get(&m).copied().unwrap_or(0)
         };
         // The whole run: phase 2's copy too.
-        assert_eq!((sum(Metric::Reuse), sum(Metric::Copy)), (1037, 520));
+        assert_eq!((sum(ReportClass::Reuse), sum(ReportClass::Copy)), (1037, 520));
         let mut t = String::new();
         to_text(&mut t, &r);
         assert!(t.contains("other (3 mappings)"), "{t}");

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use faultscope_common::{Class, Origin, PhaseId};
+use faultscope_common::{KernelClass, Origin, PhaseId};
 
 use super::{
     attribution::{attribution, Namer},
@@ -21,7 +21,7 @@ use crate::{
         phases::{Lifetime, Timeline},
     },
     kernel::{
-        classes::{Availability, Metric},
+        classes::{Availability, ReportClass},
         session,
     },
 };
@@ -30,7 +30,7 @@ use crate::{
 pub struct Context<'a> {
     pub kernel: String,
     pub arch: &'static str,
-    pub availability: &'a [(Metric, Availability)],
+    pub availability: &'a [(ReportClass, Availability)],
     pub probes: &'a [session::ProbeStatus],
     pub comms: &'a BTreeMap<u32, String>,
     /// When each traced process existed (see `Lifetime`).
@@ -52,9 +52,9 @@ pub struct Context<'a> {
 
 /// The mode in one word: kprobes when the fault path is probed, else the
 /// tracepoint-only fallback.
-pub fn mode(avail: &[(Metric, Availability)]) -> Mode {
-    match avail.iter().find(|(m, _)| *m == Metric::Faults) {
-        Some((_, Availability::Measured { class: Class::Faults, .. })) => Mode::Kprobe,
+pub fn mode(avail: &[(ReportClass, Availability)]) -> Mode {
+    match avail.iter().find(|(m, _)| *m == ReportClass::Faults) {
+        Some((_, Availability::Measured { class: KernelClass::Faults, .. })) => Mode::Kprobe,
         Some((_, Availability::Measured { .. })) => Mode::Tracepoint,
         _ => Mode::None,
     }
@@ -78,7 +78,7 @@ fn class_value(
             let by = snap.origins_in(tgid, phase, *class);
             // The exception tracepoints see no get_user_pages fault, and
             // kernel-mode faults only where page_fault_kernel is traced.
-            let exception = Class::ERROR_CODE.contains(class);
+            let exception = KernelClass::ERROR_CODE.contains(class);
             let origins = Origins {
                 user: by[Origin::User as usize],
                 kernel: (!exception || ctx.kernel_exceptions).then_some(by[Origin::Kernel as usize]),
@@ -347,14 +347,14 @@ mod tests {
     fn no_fault_path_is_tracepoint_mode() {
         let avail = vec![
             (
-                Metric::Faults,
+                ReportClass::Faults,
                 Availability::Measured {
-                    class: faultscope_common::Class::TpFaults,
+                    class: faultscope_common::KernelClass::TpFaults,
                     timed: false,
                     source: "t",
                 },
             ),
-            (Metric::Reuse, Availability::NotMeasurable("no PMU".into())),
+            (ReportClass::Reuse, Availability::NotMeasurable("no PMU".into())),
         ];
         assert_eq!(mode(&avail), Mode::Tracepoint);
     }
@@ -365,16 +365,25 @@ mod tests {
         for v in [400u64, 420, 450, 5000] {
             s.record(Some(v));
         }
-        stats.insert(StatKey { tgid: 42, phase: 0, class: Class::Faults as u16, ..Default::default() }, s);
+        stats.insert(
+            StatKey { tgid: 42, phase: 0, class: KernelClass::Faults as u16, ..Default::default() },
+            s,
+        );
         Snapshot { stats, ..Snapshot::default() }
     }
 
     #[test]
     fn report_shape() {
         let avail = vec![
-            (Metric::Faults, Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
-            (Metric::Reuse, Availability::NotMeasurable("no kprobe PMU".into())),
-            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
+            (
+                ReportClass::Faults,
+                Availability::Measured { class: KernelClass::Faults, timed: true, source: "k" },
+            ),
+            (ReportClass::Reuse, Availability::NotMeasurable("no kprobe PMU".into())),
+            (
+                ReportClass::Copy,
+                Availability::Measured { class: KernelClass::Copy, timed: true, source: "k" },
+            ),
         ];
         let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
         let timeline = Timeline::new(0, 0);

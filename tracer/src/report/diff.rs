@@ -10,7 +10,7 @@ use super::{
     file::Loaded,
     schema::{Attribution, Classes, MappingRow, Process, Report},
 };
-use crate::kernel::classes::Metric;
+use crate::kernel::classes::ReportClass;
 
 /// What makes two workloads comparable: bench parameters, else the
 /// processes' names.
@@ -61,7 +61,7 @@ fn main_process<'a>(r: &'a Report, comm: Option<&str>) -> Option<&'a Process> {
     }
 }
 
-fn cell(classes: Option<&Classes>, m: Metric) -> (String, Option<f64>) {
+fn cell(classes: Option<&Classes>, m: ReportClass) -> (String, Option<f64>) {
     match classes.and_then(|c| c.get(&m)) {
         Some(v) => match v.count() {
             Some(n) => (n.to_string(), Some(n as f64)),
@@ -141,7 +141,7 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
     let mut by_mapping = String::new();
     for (name, ca, cb, aa, ab) in scopes {
         mapping_rows(&mut by_mapping, &name, aa, ab);
-        for m in Metric::compared() {
+        for m in ReportClass::compared() {
             let (ta, va) = cell(ca, m);
             let (tb, vb) = cell(cb, m);
             // Nothing to compare: both zero, or both not measurable.
@@ -215,7 +215,7 @@ fn all_processes<'a>(
 
 /// A class's origins, A beside B, where either run has faults the kernel
 /// took for the process (a user-only class needs no split).
-fn origin_rows(out: &mut String, scope: &str, m: Metric, a: Option<&Classes>, b: Option<&Classes>) {
+fn origin_rows(out: &mut String, scope: &str, m: ReportClass, a: Option<&Classes>, b: Option<&Classes>) {
     let get = |c: Option<&Classes>, o: &str| c.and_then(|c| c.get(&m)).and_then(|v| v.origin_count(o));
     let kernel_side = ["kernel", "gup"].iter().any(|o| get(a, o).unwrap_or(0) + get(b, o).unwrap_or(0) > 0);
     if !kernel_side {
@@ -254,7 +254,7 @@ fn mapping_key(r: &MappingRow) -> String {
 /// The per-mapping rows of one scope, A beside B.
 fn mapping_rows(out: &mut String, scope: &str, a: &Attribution, b: &Attribution) {
     let sum = |x: &Attribution| {
-        let mut m: BTreeMap<String, BTreeMap<Metric, u64>> = BTreeMap::new();
+        let mut m: BTreeMap<String, BTreeMap<ReportClass, u64>> = BTreeMap::new();
         for r in &x.mappings {
             let e = m.entry(mapping_key(r)).or_default();
             for (c, n) in &r.counts {
@@ -266,7 +266,7 @@ fn mapping_rows(out: &mut String, scope: &str, a: &Attribution, b: &Attribution)
     let (ma, mb) = (sum(a), sum(b));
     let keys: std::collections::BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
     for k in keys {
-        for m in Metric::compared() {
+        for m in ReportClass::compared() {
             let va = ma.get(k).and_then(|c| c.get(&m)).copied().unwrap_or(0);
             let vb = mb.get(k).and_then(|c| c.get(&m)).copied().unwrap_or(0);
             if va == 0 && vb == 0 {
@@ -288,9 +288,9 @@ mod tests {
 
     fn bench(kernel: &str, folio: &str, reuse: u64) -> Loaded {
         let mut p =
-            process(5, vec![phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, reuse)]))]);
-        p.classes = classes(&[(Metric::Reuse, reuse)]);
-        p.classes.insert(Metric::Spurious, not_measurable("x"));
+            process(5, vec![phase("mark:write", PhaseKind::Mark, classes(&[(ReportClass::Reuse, reuse)]))]);
+        p.classes = classes(&[(ReportClass::Reuse, reuse)]);
+        p.classes.insert(ReportClass::Spurious, not_measurable("x"));
         p.comm = "faultscope-bench".into();
         let report = Report {
             kernel: kernel.into(),
@@ -329,7 +329,7 @@ mod tests {
                 latency: None,
                 source: "k".into(),
             });
-            l.report.processes[0].classes.insert(Metric::Copy, v);
+            l.report.processes[0].classes.insert(ReportClass::Copy, v);
             l
         };
         let d = diff(&with(0), &with(40));
@@ -349,7 +349,7 @@ mod tests {
                 .map(|(pid, comm, n)| {
                     let mut p = process(*pid, vec![]);
                     p.comm = comm.to_string();
-                    p.classes = classes(&[(Metric::Faults, *n)]);
+                    p.classes = classes(&[(ReportClass::Faults, *n)]);
                     p
                 })
                 .collect();
@@ -377,7 +377,7 @@ mod tests {
             end: start + 4096,
             size: 4096,
             exact: true,
-            counts: [(Metric::Reuse, n)].into(),
+            counts: [(ReportClass::Reuse, n)].into(),
         };
         let mut a = bench("7.3", "64K", 10);
         let mut b = bench("7.3+patch", "64K", 2);

@@ -84,7 +84,7 @@ pub fn write(p: &Path, r: &Report) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::classes::Metric;
+    use crate::kernel::classes::ReportClass;
 
     fn load_str(s: &str) -> Result<Loaded, Refusal> {
         parse("r.json".into(), s)
@@ -141,9 +141,11 @@ mod tests {
         ))
         .unwrap();
         let p = &r.report.processes[0];
-        assert_eq!(p.count(Metric::Faults), Some(5));
-        assert!(matches!(&p.classes[&Metric::Reuse], ClassValue::NotMeasurable(n) if n.reason == "no PMU"));
-        assert_eq!(p.count(Metric::Copy), None);
+        assert_eq!(p.count(ReportClass::Faults), Some(5));
+        assert!(
+            matches!(&p.classes[&ReportClass::Reuse], ClassValue::NotMeasurable(n) if n.reason == "no PMU")
+        );
+        assert_eq!(p.count(ReportClass::Copy), None);
     }
 
     #[test]

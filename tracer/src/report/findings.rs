@@ -5,7 +5,7 @@ use crate::term::safe;
 use std::collections::BTreeMap;
 
 use super::schema::{present_write_faults, Attribution, CheckResult, ClassValue, Finding, Number, Report};
-use crate::kernel::classes::Metric;
+use crate::kernel::classes::ReportClass;
 
 /// COW copies while a child lives that are worth saying.
 const COPY_NOTABLE: u64 = 16;
@@ -16,7 +16,7 @@ fn numbers<const N: usize>(kv: [(&str, Number); N]) -> BTreeMap<String, Number> 
 
 /// Where the events of `m` in a span happened: its top mapping (name and
 /// address range, share of `total`) and top site, as a clause to append.
-fn where_(a: &Attribution, m: Metric, total: u64) -> String {
+fn where_(a: &Attribution, m: ReportClass, total: u64) -> String {
     let mut s = String::new();
     if let Some((row, n)) = a.top_mapping(m).filter(|_| total > 0) {
         // An unnamed range is named by its addresses already.
@@ -62,8 +62,8 @@ pub fn findings(r: &Report) -> Vec<Finding> {
             let mut add = |rule: &str, text: String, numbers: BTreeMap<String, Number>| {
                 out.push(Finding { rule: rule.into(), pid, phase: s.name.clone(), text, numbers })
             };
-            let reuse = c(Metric::Reuse).unwrap_or(0);
-            let copy = c(Metric::Copy).unwrap_or(0);
+            let reuse = c(ReportClass::Reuse).unwrap_or(0);
+            let copy = c(ReportClass::Copy).unwrap_or(0);
             let is_write_step = s.name == "mark:write";
             if let (Some(f), Some(b), true) = (folio, bench, is_write_step) {
                 let folios = b.folios.max(1);
@@ -83,7 +83,7 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                 // gives: one reuse fault per folio (plus the bench's own few).
                 let ratio = reuse as f64 / folios as f64;
                 if reuse >= folios && ratio < 2.0 && copy < folios {
-                    let contpte = match c(Metric::ContpteUnfold) {
+                    let contpte = match c(ReportClass::ContpteUnfold) {
                         Some(0) => "; no contpte block was unfolded",
                         _ => "",
                     };
@@ -106,27 +106,27 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     );
                 }
             }
-            if let Some(sp) = c(Metric::Spurious).filter(|n| *n > 0) {
+            if let Some(sp) = c(ReportClass::Spurious).filter(|n| *n > 0) {
                 let present = present_write_faults(c);
                 let pct = 100.0 * sp as f64 / present as f64;
                 add(
                     "spurious-write-faults",
                     format!(
                         "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages{}",
-                        where_(&s.attribution, Metric::Spurious, sp)
+                        where_(&s.attribution, ReportClass::Spurious, sp)
                     ),
                     numbers([("spurious", sp.into()), ("present_write_faults", present.into()), ("percent", pct.into())]),
                 );
             }
-            if let Some(unfold) = c(Metric::ContpteUnfold).filter(|n| *n > 0) {
+            if let Some(unfold) = c(ReportClass::ContpteUnfold).filter(|n| *n > 0) {
                 // Folds anywhere later in the run count as "folded again".
-                let folded = p.count(Metric::ContpteFold);
+                let folded = p.count(ReportClass::ContpteFold);
                 let tail = match folded {
                     Some(0) => ", and none was folded again in the run".to_string(),
                     Some(n) => format!(", and {n} blocks were folded in the run"),
                     None => String::new(),
                 };
-                let via = c(Metric::ContpteTryUnfold)
+                let via = c(ReportClass::ContpteTryUnfold)
                     .map(|t| format!(", {t} through __contpte_try_unfold"))
                     .unwrap_or_default();
                 let mut n = numbers([("contpte_unfold", unfold.into())]);
@@ -137,16 +137,16 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     "contpte-unfold",
                     format!(
                         "{unfold} contpte blocks were unfolded{via}{tail}{}",
-                        where_(&s.attribution, Metric::ContpteUnfold, unfold)
+                        where_(&s.attribution, ReportClass::ContpteUnfold, unfold)
                     ),
                     n,
                 );
             }
             // Write-protect faults that are not COW at all: a reader who
             // sums reuse + copy would miss them.
-            if let Some(shared) = c(Metric::WpShared).filter(|n| *n > 0) {
+            if let Some(shared) = c(ReportClass::WpShared).filter(|n| *n > 0) {
                 let mut n = numbers([("wp_shared", shared.into())]);
-                if let Some(wp) = c(Metric::WpFaults) {
+                if let Some(wp) = c(ReportClass::WpFaults) {
                     n.insert("wp_faults".into(), wp.into());
                 }
                 add(
@@ -160,14 +160,14 @@ pub fn findings(r: &Report) -> Vec<Finding> {
             // COW copies only the kernel took: a read(2) or recv(2) into
             // memory shared with a child, get_user_pages (O_DIRECT,
             // io_uring, /proc/PID/mem). A user-mode view misses them.
-            let by = |o| s.classes.get(&Metric::Copy).and_then(|v| v.origin_count(o)).unwrap_or(0);
+            let by = |o| s.classes.get(&ReportClass::Copy).and_then(|v| v.origin_count(o)).unwrap_or(0);
             let (kernel, gup) = (by("kernel"), by("gup"));
             if kernel + gup >= COPY_NOTABLE {
                 let site = s
                     .attribution
                     .sites
                     .iter()
-                    .filter(|x| x.class == Metric::Copy && x.syscall.is_some())
+                    .filter(|x| x.class == ReportClass::Copy && x.syscall.is_some())
                     .max_by_key(|x| (x.count, std::cmp::Reverse(x.ip)))
                     .map(|x| {
                         format!(
@@ -195,7 +195,7 @@ pub fn findings(r: &Report) -> Vec<Finding> {
                     "copy-while-child-alive",
                     format!(
                         "{copy} COW copies while a forked child shared the memory{}",
-                        where_(&s.attribution, Metric::Copy, copy)
+                        where_(&s.attribution, ReportClass::Copy, copy)
                     ),
                     numbers([("copy", copy.into())]),
                 );
@@ -216,7 +216,7 @@ pub fn findings(r: &Report) -> Vec<Finding> {
             });
         }
         // Once per process: what could not be measured.
-        for m in [Metric::Reuse, Metric::Copy, Metric::Spurious] {
+        for m in [ReportClass::Reuse, ReportClass::Copy, ReportClass::Spurious] {
             if let Some(ClassValue::NotMeasurable(n)) = p.classes.get(&m) {
                 out.push(Finding {
                     rule: "not-measurable".into(),
@@ -262,12 +262,12 @@ mod tests {
         Bench, PhaseKind,
     };
 
-    fn report(folio: &str, child: &str, write: &[(Metric, u64)]) -> Report {
+    fn report(folio: &str, child: &str, write: &[(ReportClass, u64)]) -> Report {
         let mut p = process(
             9,
             vec![
-                phase("mark:fork", PhaseKind::Mark, classes(&[(Metric::Copy, 0)])),
-                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(Metric::Copy, 30)])),
+                phase("mark:fork", PhaseKind::Mark, classes(&[(ReportClass::Copy, 0)])),
+                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(ReportClass::Copy, 30)])),
                 phase("mark:write", PhaseKind::Mark, classes(write)),
             ],
         );
@@ -285,21 +285,28 @@ mod tests {
 
     #[test]
     fn reuse_page_by_page() {
-        let r = report("64K", "exit", &[(Metric::Reuse, 16384), (Metric::Copy, 2), (Metric::Spurious, 0)]);
+        let r = report(
+            "64K",
+            "exit",
+            &[(ReportClass::Reuse, 16384), (ReportClass::Copy, 2), (ReportClass::Spurious, 0)],
+        );
         let f = findings(&r);
         let x = f.iter().find(|f| f.rule == "large-folio-reuse-per-page").unwrap();
         assert_eq!(x.phase, "mark:write");
         assert!(x.text.contains("16.0 reuse faults per folio"), "{}", x.text);
         // 4K pages: nothing to say about reuse.
-        let r = report("4K", "exit", &[(Metric::Reuse, 16384)]);
+        let r = report("4K", "exit", &[(ReportClass::Reuse, 16384)]);
         assert!(!rules(&r).contains(&"large-folio-reuse-per-page".into()));
     }
 
     #[test]
     fn whole_folio_reuse() {
         // 64K: 1,030 reuse faults for 1,024 folios (the bench's own few on top).
-        let r =
-            report("64K", "exit", &[(Metric::Reuse, 1030), (Metric::Copy, 2), (Metric::ContpteUnfold, 0)]);
+        let r = report(
+            "64K",
+            "exit",
+            &[(ReportClass::Reuse, 1030), (ReportClass::Copy, 2), (ReportClass::ContpteUnfold, 0)],
+        );
         let f = findings(&r);
         let x = f.iter().find(|f| f.rule == "large-folio-reuse-whole").unwrap();
         assert_eq!(x.phase, "mark:write");
@@ -310,7 +317,7 @@ mod tests {
         assert_eq!(x.numbers["reuse"], Number::Int(1030));
         assert!(!rules(&r).contains(&"large-folio-reuse-per-page".into()));
         // x86: contpte not measurable, nothing said of it.
-        let r = report("2M", "exit", &[(Metric::Reuse, 1036)]);
+        let r = report("2M", "exit", &[(ReportClass::Reuse, 1036)]);
         let x = findings(&r).into_iter().find(|f| f.rule == "large-folio-reuse-whole").unwrap();
         assert!(
             x.text.ends_with("folios of 512 pages): one fault made the whole exclusive folio writable"),
@@ -319,10 +326,10 @@ mod tests {
         );
         // Page by page, copied, or 4K pages: not this shape.
         for (folio, w) in [
-            ("64K", [(Metric::Reuse, 16384), (Metric::Copy, 0)]),
-            ("64K", [(Metric::Reuse, 10), (Metric::Copy, 16390)]),
-            ("64K", [(Metric::Reuse, 1030), (Metric::Copy, 15360)]),
-            ("4K", [(Metric::Reuse, 1030), (Metric::Copy, 0)]),
+            ("64K", [(ReportClass::Reuse, 16384), (ReportClass::Copy, 0)]),
+            ("64K", [(ReportClass::Reuse, 10), (ReportClass::Copy, 16390)]),
+            ("64K", [(ReportClass::Reuse, 1030), (ReportClass::Copy, 15360)]),
+            ("4K", [(ReportClass::Reuse, 1030), (ReportClass::Copy, 0)]),
         ] {
             let r = report(folio, "exit", &w);
             assert!(!rules(&r).contains(&"large-folio-reuse-whole".into()), "{folio} {w:?}");
@@ -331,31 +338,34 @@ mod tests {
 
     #[test]
     fn copy_after_exit() {
-        let r = report("64K", "exit", &[(Metric::Reuse, 10), (Metric::Copy, 16390)]);
+        let r = report("64K", "exit", &[(ReportClass::Reuse, 10), (ReportClass::Copy, 16390)]);
         let f = findings(&r);
         let x = f.iter().find(|f| f.rule == "large-folio-copy-after-exit").unwrap();
         assert!(x.text.contains("16.0 per folio"), "{}", x.text);
         // With the child alive, copies are expected: no such finding.
-        let r = report("64K", "alive", &[(Metric::Copy, 16390)]);
+        let r = report("64K", "alive", &[(ReportClass::Copy, 16390)]);
         assert!(!rules(&r).contains(&"large-folio-copy-after-exit".into()));
     }
 
     #[test]
     fn shared_write_notify_is_said_apart_from_cow() {
-        let r = report("4K", "exit", &[(Metric::WpFaults, 4100), (Metric::WpShared, 4096)]);
+        let r = report("4K", "exit", &[(ReportClass::WpFaults, 4100), (ReportClass::WpShared, 4096)]);
         let f = findings(&r);
         let x = f.iter().find(|f| f.rule == "shared-write-notify").unwrap();
         assert_eq!(x.phase, "mark:write");
         assert!(x.text.starts_with("4096 write-protect faults were on shared mappings"), "{}", x.text);
         assert_eq!(x.numbers["wp_faults"], Number::Int(4100));
-        let r = report("4K", "exit", &[(Metric::WpShared, 0)]);
+        let r = report("4K", "exit", &[(ReportClass::WpShared, 0)]);
         assert!(!rules(&r).contains(&"shared-write-notify".into()));
     }
 
     #[test]
     fn spurious_share() {
-        let r =
-            report("4K", "exit", &[(Metric::WpFaults, 900), (Metric::Spurious, 100), (Metric::HugePmdWp, 0)]);
+        let r = report(
+            "4K",
+            "exit",
+            &[(ReportClass::WpFaults, 900), (ReportClass::Spurious, 100), (ReportClass::HugePmdWp, 0)],
+        );
         let f = findings(&r);
         let x = f.iter().find(|f| f.rule == "spurious-write-faults").unwrap();
         assert!(
@@ -372,7 +382,11 @@ mod tests {
         let r = report(
             "64K",
             "exit",
-            &[(Metric::ContpteUnfold, 512), (Metric::ContpteFold, 0), (Metric::ContpteTryUnfold, 0)],
+            &[
+                (ReportClass::ContpteUnfold, 512),
+                (ReportClass::ContpteFold, 0),
+                (ReportClass::ContpteTryUnfold, 0),
+            ],
         );
         let x = findings(&r).into_iter().find(|f| f.rule == "contpte-unfold").unwrap();
         assert!(
@@ -380,7 +394,7 @@ mod tests {
             "{}",
             x.text
         );
-        let r = report("64K", "exit", &[(Metric::ContpteUnfold, 512), (Metric::ContpteFold, 88)]);
+        let r = report("64K", "exit", &[(ReportClass::ContpteUnfold, 512), (ReportClass::ContpteFold, 88)]);
         let x = findings(&r).into_iter().find(|f| f.rule == "contpte-unfold").unwrap();
         assert!(x.text.contains("and 88 blocks were folded in the run"), "{}", x.text);
     }
@@ -397,7 +411,7 @@ mod tests {
                 end: 0x9000,
                 size: 0x8000,
                 exact: true,
-                counts: [(Metric::Copy, 27)].into(),
+                counts: [(ReportClass::Copy, 27)].into(),
             },
             MappingRow {
                 mapping: "[stack]".into(),
@@ -405,11 +419,11 @@ mod tests {
                 end: 0x8000,
                 size: 0x100,
                 exact: true,
-                counts: [(Metric::Copy, 3)].into(),
+                counts: [(ReportClass::Copy, 3)].into(),
             },
         ];
         alive.attribution.sites = vec![SiteRow {
-            class: Metric::Copy,
+            class: ReportClass::Copy,
             ip: 0x42,
             site: "zmalloc+0x3c (redis-server)".into(),
             mapping: Some("[heap]".into()),
@@ -430,7 +444,7 @@ mod tests {
     #[test]
     fn copies_while_child_alive_and_not_measurable() {
         let mut r = report("64K", "exit", &[]);
-        r.processes[0].classes.insert(Metric::Spurious, not_measurable("no kprobe PMU"));
+        r.processes[0].classes.insert(ReportClass::Spurious, not_measurable("no kprobe PMU"));
         let f = findings(&r);
         assert!(f.iter().any(|f| f.rule == "copy-while-child-alive"
             && f.phase == "mark:fork"
@@ -439,7 +453,7 @@ mod tests {
         r.processes[0].classes.clear();
         assert!(!rules(&r).contains(&"not-measurable".into()));
         // A few copies (the process's own stack and heap) are not a finding.
-        r.processes[0].phases[1].classes = classes(&[(Metric::Copy, 3)]);
+        r.processes[0].phases[1].classes = classes(&[(ReportClass::Copy, 3)]);
         assert!(!rules(&r).contains(&"copy-while-child-alive".into()));
     }
 }

@@ -8,7 +8,7 @@ use crate::term::safe;
 use std::{fmt::Write as _, io::IsTerminal as _, path::Path};
 
 use super::schema::Report;
-use crate::kernel::classes::Metric;
+use crate::kernel::classes::ReportClass;
 
 pub fn enabled() -> bool {
     std::io::stdout().is_terminal()
@@ -37,14 +37,14 @@ pub fn frame(r: &Report, phase: &str, elapsed_s: f64, footer: &str) -> String {
     let mut out = String::from("\x1b[H\x1b[J");
     let _ = writeln!(out, "faultscope  {elapsed_s:.0}s  phase: {}", safe(phase));
     let _ = write!(out, "{:>8} {:<16}", "PID", "COMM");
-    for m in Metric::summary() {
+    for m in ReportClass::summary() {
         let _ = write!(out, " {:>11}", m.name());
     }
     out.push('\n');
     for p in &r.processes {
         let comm = if p.comm.is_empty() { "?".to_string() } else { safe(&p.comm) };
         let _ = write!(out, "{:>8} {comm:<16}", p.pid);
-        for m in Metric::summary() {
+        for m in ReportClass::summary() {
             let cell = p.count(m).map(|n| n.to_string()).unwrap_or_else(|| "n/m".into());
             let _ = write!(out, " {cell:>11}");
         }

@@ -44,7 +44,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use faultscope_common::{hist, Class, Origin, PhaseId, Stat, StatKey};
+use faultscope_common::{hist, KernelClass, Origin, PhaseId, Stat, StatKey};
 use prometheus_client::{
     encoding::{text::encode, EncodeMetric, MetricEncoder, NoLabelSet},
     metrics::{counter::Counter, family::Family, gauge::Gauge, MetricType, TypedMetric},
@@ -53,7 +53,7 @@ use prometheus_client::{
 
 use crate::{
     collect::{collector::Snapshot, phases::PhaseKind},
-    kernel::classes::{self, Availability, Metric},
+    kernel::classes::{self, Availability, ReportClass},
 };
 
 type Labels = Vec<(&'static str, String)>;
@@ -184,11 +184,11 @@ pub struct Metrics {
     kinds: Vec<&'static str>,
     last_drops: BTreeMap<String, u64>,
     /// Timed metrics, by kernel class.
-    classes: Vec<(Metric, Class, bool)>,
+    classes: Vec<(ReportClass, KernelClass, bool)>,
 }
 
 impl Metrics {
-    pub fn new(info: &BuildInfo, avail: &[(Metric, Availability)], opts: LabelOpts) -> Metrics {
+    pub fn new(info: &BuildInfo, avail: &[(ReportClass, Availability)], opts: LabelOpts) -> Metrics {
         let mut registry = Registry::default();
         let faults = Family::<Labels, Counter>::default();
         let class_faults = Family::<Labels, Counter>::default();
@@ -521,11 +521,17 @@ pub fn kind_name(k: PhaseKind) -> &'static str {
 mod tests {
     use super::*;
 
-    fn avail() -> Vec<(Metric, Availability)> {
+    fn avail() -> Vec<(ReportClass, Availability)> {
         vec![
-            (Metric::Faults, Availability::Measured { class: Class::Faults, timed: true, source: "k" }),
-            (Metric::Copy, Availability::Measured { class: Class::Copy, timed: true, source: "k" }),
-            (Metric::Reuse, Availability::NotMeasurable("needs wp_page: no kprobe PMU".into())),
+            (
+                ReportClass::Faults,
+                Availability::Measured { class: KernelClass::Faults, timed: true, source: "k" },
+            ),
+            (
+                ReportClass::Copy,
+                Availability::Measured { class: KernelClass::Copy, timed: true, source: "k" },
+            ),
+            (ReportClass::Reuse, Availability::NotMeasurable("needs wp_page: no kprobe PMU".into())),
         ]
     }
 
@@ -547,7 +553,7 @@ mod tests {
         s
     }
 
-    fn snap(entries: &[(u32, PhaseId, Class, Stat)]) -> Snapshot {
+    fn snap(entries: &[(u32, PhaseId, KernelClass, Stat)]) -> Snapshot {
         let mut snap = Snapshot::default();
         for (pid, ph, c, s) in entries {
             snap.stats.insert(StatKey::new(*pid, *ph, *c as u16), *s);
@@ -575,7 +581,7 @@ mod tests {
     #[test]
     fn names_and_label_sets() {
         let mut m = metrics();
-        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400, 500]))]), kind, redis);
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400, 500]))]), kind, redis);
         m.update_drops(&[("stats_map_full".to_string(), 0)].into());
         m.fork("redis-server");
         let t = m.encode();
@@ -601,7 +607,7 @@ mod tests {
         let info =
             BuildInfo { version: "v".into(), kernel: "k".into(), arch: "a".into(), backend: "b".into() };
         let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false });
-        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400]))]), kind, redis);
         assert!(m.encode().contains(
             "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
@@ -610,8 +616,8 @@ mod tests {
     #[test]
     fn origins_are_series_of_their_own_that_add_up_to_the_class() {
         let mut m = metrics();
-        let mut sn = snap(&[(7, 0, Class::Copy, stat(&[100, 200, 300, 400]))]);
-        sn.origins.insert(StatKey::new(7, 0, Class::Copy as u16), [1, 2, 1]);
+        let mut sn = snap(&[(7, 0, KernelClass::Copy, stat(&[100, 200, 300, 400]))]);
+        sn.origins.insert(StatKey::new(7, 0, KernelClass::Copy as u16), [1, 2, 1]);
         m.update(&sn, kind, redis);
         let t = m.encode();
         let v = |o: &str| {
@@ -624,7 +630,7 @@ mod tests {
         };
         assert_eq!((v("user"), v("kernel"), v("gup")), (Some(1.0), Some(2.0), Some(1.0)), "{t}");
         // Later counts add only what is new.
-        sn.origins.insert(StatKey::new(7, 0, Class::Copy as u16), [1, 5, 1]);
+        sn.origins.insert(StatKey::new(7, 0, KernelClass::Copy as u16), [1, 5, 1]);
         m.update(&sn, kind, redis);
         let t = m.encode();
         assert_eq!(
@@ -641,17 +647,17 @@ mod tests {
         use faultscope_common::{class::ClassSet, maps::ClassSetKey};
         let mut m = metrics();
         let sets = [
-            (ClassSet::default().with(Class::Faults), 5u64),
-            (ClassSet::default().with(Class::Faults).with(Class::WriteFaults), 3),
+            (ClassSet::default().with(KernelClass::Faults), 5u64),
+            (ClassSet::default().with(KernelClass::Faults).with(KernelClass::WriteFaults), 3),
             (
                 ClassSet::default()
-                    .with(Class::Faults)
-                    .with(Class::WriteFaults)
-                    .with(Class::WpFaults)
-                    .with(Class::Copy),
+                    .with(KernelClass::Faults)
+                    .with(KernelClass::WriteFaults)
+                    .with(KernelClass::WpFaults)
+                    .with(KernelClass::Copy),
                 2,
             ),
-            (ClassSet::default().with(Class::ContpteUnfold), 9),
+            (ClassSet::default().with(KernelClass::ContpteUnfold), 9),
         ];
         let mut raw = std::collections::BTreeMap::new();
         for (pid, comm_pid) in [(7u32, 0u32), (8, 1)] {
@@ -709,7 +715,7 @@ mod tests {
     #[test]
     fn a_hostile_process_name_forges_no_series() {
         let mut m = metrics();
-        let sn = snap(&[(7, 0, Class::Faults, stat(&[100]))]);
+        let sn = snap(&[(7, 0, KernelClass::Faults, stat(&[100]))]);
         m.update(&sn, kind, |_| Some(ProcLabels { comm: "x\"} 9e9\nf{a=\"\\".into(), cgroup: None }));
         let t = m.encode();
         let series: Vec<&str> =
@@ -750,7 +756,7 @@ mod tests {
         assert!(!t.contains("class=\"reuse\",phase_kind"));
         assert!(!t.contains("faultscope_fault_duration_seconds_count{"));
         // The first counts go into the declared series.
-        m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2]))]), kind, redis);
+        m.update(&snap(&[(7, 1, KernelClass::Copy, stat(&[1, 2]))]), kind, redis);
         let key =
             "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
         assert_eq!(sample(&m.encode(), key), Some(2.0));
@@ -759,7 +765,7 @@ mod tests {
     #[test]
     fn prometheus_text_format() {
         let mut m = metrics();
-        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400]))]), kind, redis);
         let t = to_text_004(&m.encode());
         assert!(t.contains("# TYPE faultscope_class_faults_total counter\n"));
         assert!(t.contains("# HELP faultscope_class_faults_total "));
@@ -771,7 +777,7 @@ mod tests {
     fn buckets_are_the_kernels_cumulative_with_exact_count_and_sum() {
         let vals = [0u64, 3, 400, 420, 450, 5000, 123_456, 1 << 41];
         let mut m = metrics();
-        m.update(&snap(&[(7, 0, Class::Faults, stat(&vals))]), kind, redis);
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&vals))]), kind, redis);
         let t = m.encode();
         let pre = "faultscope_fault_duration_seconds";
         let lab = "class=\"faults\",comm=\"redis-server\"";
@@ -806,7 +812,7 @@ mod tests {
         // A histogram of fast faults only has every bucket too, from its
         // first scrape: none appears later.
         let mut m = metrics();
-        m.update(&snap(&[(7, 0, Class::Faults, stat(&[400]))]), kind, redis);
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400]))]), kind, redis);
         let t = m.encode();
         let n = t.lines().filter(|l| l.starts_with(&format!("{pre}_bucket{{le="))).count();
         assert_eq!(n, hist::NBUCKETS, "{t}");
@@ -817,11 +823,11 @@ mod tests {
         let mut m = metrics();
         let key =
             "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
-        m.update(&snap(&[(7, 1, Class::Copy, stat(&[1, 2, 3]))]), kind, redis);
+        m.update(&snap(&[(7, 1, KernelClass::Copy, stat(&[1, 2, 3]))]), kind, redis);
         assert_eq!(sample(&m.encode(), key), Some(3.0));
         // More in the same phase, then a second child-alive phase.
         m.update(
-            &snap(&[(7, 1, Class::Copy, stat(&[1, 2, 3, 4])), (7, 2, Class::Copy, stat(&[5]))]),
+            &snap(&[(7, 1, KernelClass::Copy, stat(&[1, 2, 3, 4])), (7, 2, KernelClass::Copy, stat(&[5]))]),
             kind,
             redis,
         );
@@ -830,13 +836,13 @@ mod tests {
         // as pid 9 and counts from 0: the series goes on from 5.
         m.forget(|tgid, _| tgid == 7);
         assert_eq!(m.held(), 0);
-        m.update(&snap(&[(9, 1, Class::Copy, stat(&[1, 1]))]), kind, redis);
+        m.update(&snap(&[(9, 1, KernelClass::Copy, stat(&[1, 1]))]), kind, redis);
         let t = m.encode();
         assert_eq!(sample(&t, key), Some(7.0));
         let h = "faultscope_fault_duration_seconds_count{class=\"copy\",comm=\"redis-server\"}";
         assert_eq!(sample(&t, h), Some(7.0));
         // The same snapshot again adds nothing.
-        m.update(&snap(&[(9, 1, Class::Copy, stat(&[1, 1]))]), kind, redis);
+        m.update(&snap(&[(9, 1, KernelClass::Copy, stat(&[1, 1]))]), kind, redis);
         assert_eq!(sample(&m.encode(), key), Some(7.0));
         // Drops: the kernel's cumulative counters, added as they grow.
         m.update_drops(&[("x".to_string(), 2)].into());

@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use crate::collect::phases::PhaseKind;
-use crate::kernel::classes::Metric;
+use crate::kernel::classes::ReportClass;
 
 pub const SCHEMA: &str = "faultscope/1";
 
@@ -107,7 +107,7 @@ pub use crate::kernel::session::ProgramCost;
 
 /// The classes of one process over a span; every class of the catalogue is
 /// present, measured or not.
-pub type Classes = BTreeMap<Metric, ClassValue>;
+pub type Classes = BTreeMap<ReportClass, ClassValue>;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Process {
@@ -237,7 +237,7 @@ pub struct MappingRow {
     /// event outside a fault), or none was found (`unresolved`).
     pub exact: bool,
     /// Counts of the measured classes in this mapping (zeros left out).
-    pub counts: BTreeMap<Metric, u64>,
+    pub counts: BTreeMap<ReportClass, u64>,
 }
 
 /// What was folded into one `other` row.
@@ -246,14 +246,14 @@ pub struct MappingRow {
 pub struct Folded {
     /// How many entries were folded.
     pub entries: u64,
-    pub counts: BTreeMap<Metric, u64>,
+    pub counts: BTreeMap<ReportClass, u64>,
 }
 
 /// A faulting user instruction of a class.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SiteRow {
-    pub class: Metric,
+    pub class: ReportClass,
     pub ip: u64,
     /// `func+0x3c (module)`; `module+0x… (build id …)` where stripped;
     /// `[no fault]` for events outside a fault (a syscall).
@@ -271,7 +271,7 @@ pub struct SiteRow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FoldedSites {
-    pub class: Metric,
+    pub class: ReportClass,
     pub entries: u64,
     pub count: u64,
 }
@@ -281,7 +281,7 @@ pub struct FoldedSites {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StackRow {
-    pub class: Metric,
+    pub class: ReportClass,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -299,12 +299,12 @@ pub struct AttributionInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mappings_reason: Option<String>,
     /// The classes whose sites are counted (and measurable here).
-    pub site_classes: Vec<Metric>,
+    pub site_classes: Vec<ReportClass>,
     /// The classes asked for whose sites cannot be counted here, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sites_reason: Option<String>,
     /// The classes whose stacks are counted.
-    pub stack_classes: Vec<Metric>,
+    pub stack_classes: Vec<ReportClass>,
     /// The classes asked for whose stacks cannot be counted here, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stacks_reason: Option<String>,
@@ -416,11 +416,11 @@ pub struct Interval {
 pub struct IntervalProcess {
     pub pid: u32,
     /// Measured classes only.
-    pub counts: BTreeMap<Metric, u64>,
+    pub counts: BTreeMap<ReportClass, u64>,
     /// The p99 latency in the interval of the timed classes that had
     /// faults in it (from the kernel's histogram of the interval).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub p99_ns: BTreeMap<Metric, u64>,
+    pub p99_ns: BTreeMap<ReportClass, u64>,
 }
 
 /// `bench`: the workload's parameters and its own view of each step.
@@ -526,7 +526,7 @@ pub struct Span {
     pub attribution: Attribution,
 }
 
-fn add_counts(into: &mut BTreeMap<Metric, u64>, from: &BTreeMap<Metric, u64>) {
+fn add_counts(into: &mut BTreeMap<ReportClass, u64>, from: &BTreeMap<ReportClass, u64>) {
     for (m, n) in from {
         *into.entry(*m).or_insert(0) += n;
     }
@@ -575,7 +575,7 @@ pub fn sum_attribution<'a>(parts: impl IntoIterator<Item = &'a Attribution>) -> 
             }
         }
     }
-    let total = |c: &BTreeMap<Metric, u64>| c.values().sum::<u64>();
+    let total = |c: &BTreeMap<ReportClass, u64>| c.values().sum::<u64>();
     out.mappings.sort_by(|a, b| total(&b.counts).cmp(&total(&a.counts)).then(a.start.cmp(&b.start)));
     out.sites.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)).then(a.ip.cmp(&b.ip)));
     out.stacks.sort_by(|a, b| a.class.cmp(&b.class).then(b.count.cmp(&a.count)));
@@ -584,7 +584,7 @@ pub fn sum_attribution<'a>(parts: impl IntoIterator<Item = &'a Attribution>) -> 
 
 impl Attribution {
     /// The mapping with the most events of `m`, and that count.
-    pub fn top_mapping(&self, m: Metric) -> Option<(&MappingRow, u64)> {
+    pub fn top_mapping(&self, m: ReportClass) -> Option<(&MappingRow, u64)> {
         self.mappings
             .iter()
             .filter_map(|r| r.counts.get(&m).map(|n| (r, *n)))
@@ -593,7 +593,7 @@ impl Attribution {
     }
 
     /// The site with the most events of `m`.
-    pub fn top_site(&self, m: Metric) -> Option<&SiteRow> {
+    pub fn top_site(&self, m: ReportClass) -> Option<&SiteRow> {
         self.sites.iter().filter(|s| s.class == m).max_by_key(|s| (s.count, std::cmp::Reverse(s.ip)))
     }
 }
@@ -667,21 +667,24 @@ impl Process {
         self.spans().into_iter().find(|s| s.name == name)
     }
 
-    pub fn count(&self, m: Metric) -> Option<u64> {
+    pub fn count(&self, m: ReportClass) -> Option<u64> {
         self.classes.get(&m).and_then(ClassValue::count)
     }
 }
 
 impl Span {
-    pub fn count(&self, m: Metric) -> Option<u64> {
+    pub fn count(&self, m: ReportClass) -> Option<u64> {
         self.classes.get(&m).and_then(ClassValue::count)
     }
 }
 
 /// Write faults on present pages, the denominator of the spurious share:
 /// write-protect faults (PTE and PMD) plus the spurious ones themselves.
-pub fn present_write_faults(count: impl Fn(Metric) -> Option<u64>) -> u64 {
-    [Metric::WpFaults, Metric::HugePmdWp, Metric::Spurious].iter().filter_map(|m| count(*m)).sum()
+pub fn present_write_faults(count: impl Fn(ReportClass) -> Option<u64>) -> u64 {
+    [ReportClass::WpFaults, ReportClass::HugePmdWp, ReportClass::Spurious]
+        .iter()
+        .filter_map(|m| count(*m))
+        .sum()
 }
 
 impl Report {
@@ -723,7 +726,7 @@ pub mod testing {
         ClassValue::NotMeasurable(NotMeasurable { measurable: false, reason: reason.into() })
     }
 
-    pub fn classes(counts: &[(Metric, u64)]) -> Classes {
+    pub fn classes(counts: &[(ReportClass, u64)]) -> Classes {
         counts.iter().map(|(m, n)| (*m, measured(*n))).collect()
     }
 
@@ -776,13 +779,13 @@ mod tests {
         let mut p = process(
             7,
             vec![
-                phase("before-fork", PhaseKind::BeforeFork, classes(&[(Metric::Faults, 3)])),
-                phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, 16)])),
+                phase("before-fork", PhaseKind::BeforeFork, classes(&[(ReportClass::Faults, 3)])),
+                phase("mark:write", PhaseKind::Mark, classes(&[(ReportClass::Reuse, 16)])),
             ],
         );
-        p.classes = classes(&[(Metric::Faults, 3), (Metric::Reuse, 16)]);
-        p.classes.insert(Metric::ContpteUnfold, not_measurable("arm64 only"));
-        if let Some(ClassValue::Measured(m)) = p.classes.get_mut(&Metric::Faults) {
+        p.classes = classes(&[(ReportClass::Faults, 3), (ReportClass::Reuse, 16)]);
+        p.classes.insert(ReportClass::ContpteUnfold, not_measurable("arm64 only"));
+        if let Some(ClassValue::Measured(m)) = p.classes.get_mut(&ReportClass::Faults) {
             m.latency = Some(Latency { p50_ns: 1, p99_ns: 2, max_ns: 3, mean_ns: 2 });
         }
         Report {
@@ -831,15 +834,19 @@ mod tests {
         let p = process(
             1,
             vec![
-                phase("mark:fork", PhaseKind::Mark, classes(&[(Metric::Copy, 1)])),
-                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(Metric::Copy, 5)])),
-                phase("fork#1 after-child-exit", PhaseKind::AfterChildExit, classes(&[(Metric::Copy, 2)])),
-                phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Copy, 100)])),
+                phase("mark:fork", PhaseKind::Mark, classes(&[(ReportClass::Copy, 1)])),
+                phase("fork#1 child-alive", PhaseKind::ChildAlive, classes(&[(ReportClass::Copy, 5)])),
+                phase(
+                    "fork#1 after-child-exit",
+                    PhaseKind::AfterChildExit,
+                    classes(&[(ReportClass::Copy, 2)]),
+                ),
+                phase("mark:write", PhaseKind::Mark, classes(&[(ReportClass::Copy, 100)])),
             ],
         );
         let s = p.spans();
         assert_eq!(s.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["mark:fork", "mark:write"]);
-        assert_eq!(s[0].count(Metric::Copy), Some(8));
+        assert_eq!(s[0].count(ReportClass::Copy), Some(8));
         assert!(s[0].child_alive && !s[1].child_alive);
         let p = process(2, vec![phase("before-fork", PhaseKind::BeforeFork, classes(&[]))]);
         assert_eq!(p.spans()[0].name, "before-fork");

@@ -11,7 +11,7 @@ use super::{
     file::Loaded,
     schema::{present_write_faults, ClassValue, Report},
 };
-use crate::{error::Refusal, kernel::classes::Metric};
+use crate::{error::Refusal, kernel::classes::ReportClass};
 
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_NOT_MEASURABLE: i32 = 3;
@@ -37,7 +37,7 @@ pub enum Op {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expect {
     pub text: String,
-    pub class: Metric,
+    pub class: ReportClass,
     /// `user`, `kernel` or `gup`: only the class's faults of that origin.
     pub origin: Option<&'static str>,
     pub per: Option<Per>,
@@ -86,8 +86,8 @@ pub fn parse(text: &str) -> Result<Expect, String> {
             }
         },
     };
-    let Some(class) = Metric::from_name(class) else {
-        let known: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+    let Some(class) = ReportClass::from_name(class) else {
+        let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
         return Err(format!("{text:?}: {class:?} is not a class (known: {})", known.join(", ")));
     };
     let (num, percent) = match rhs.strip_suffix('%') {
@@ -120,7 +120,7 @@ pub enum Verdict {
 
 /// The class `m`, or its faults of `origin`, summed over the processes
 /// and phases asked for.
-fn sum_class(r: &Report, m: Metric, origin: Option<&str>, o: &Scope) -> Result<u64, Verdict> {
+fn sum_class(r: &Report, m: ReportClass, origin: Option<&str>, o: &Scope) -> Result<u64, Verdict> {
     let mut total: u64 = 0;
     let mut found = false;
     for p in &r.processes {
@@ -179,16 +179,16 @@ pub fn check(r: &Report, e: &Expect, o: &Scope) -> Verdict {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
-        } else if e.class == Metric::Spurious {
+        } else if e.class == ReportClass::Spurious {
             present_write_faults(|m| {
-                if m == Metric::Spurious {
+                if m == ReportClass::Spurious {
                     Some(v as u64)
                 } else {
                     sum_class(r, m, None, o).ok()
                 }
             }) as f64
         } else {
-            match sum_class(r, Metric::Faults, None, o) {
+            match sum_class(r, ReportClass::Faults, None, o) {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
@@ -302,15 +302,15 @@ mod tests {
 
     fn report(unfold: ClassValue) -> Report {
         let mut p =
-            process(1, vec![phase("mark:write", PhaseKind::Mark, classes(&[(Metric::Reuse, 16000)]))]);
+            process(1, vec![phase("mark:write", PhaseKind::Mark, classes(&[(ReportClass::Reuse, 16000)]))]);
         p.classes = classes(&[
-            (Metric::Faults, 20000),
-            (Metric::WpFaults, 16384),
-            (Metric::HugePmdWp, 0),
-            (Metric::Spurious, 164),
-            (Metric::Reuse, 16384),
+            (ReportClass::Faults, 20000),
+            (ReportClass::WpFaults, 16384),
+            (ReportClass::HugePmdWp, 0),
+            (ReportClass::Spurious, 164),
+            (ReportClass::Reuse, 16384),
         ]);
-        p.classes.insert(Metric::ContpteUnfold, unfold);
+        p.classes.insert(ReportClass::ContpteUnfold, unfold);
         Report {
             bench: Some(Bench { folios: 1024, pages: 16384, ..Bench::default() }),
             processes: vec![p],
@@ -323,7 +323,7 @@ mod tests {
         let e = parse("contpte_unfold=0").unwrap();
         assert_eq!(
             (e.class, e.op, e.value, e.percent, e.per),
-            (Metric::ContpteUnfold, Op::Eq, 0.0, false, None)
+            (ReportClass::ContpteUnfold, Op::Eq, 0.0, false, None)
         );
         let e = parse("spurious <= 1%").unwrap();
         assert_eq!((e.op, e.value, e.percent), (Op::Le, 1.0, true));
@@ -335,7 +335,7 @@ mod tests {
         assert!(parse("reuse<=x").is_err());
         // Spaces around the parts, never inside a number; finite numbers only.
         let e = parse(" reuse / folio <= 1 ").unwrap();
-        assert_eq!((e.class, e.per, e.value), (Metric::Reuse, Some(Per::Folio), 1.0));
+        assert_eq!((e.class, e.per, e.value), (ReportClass::Reuse, Some(Per::Folio), 1.0));
         assert_eq!(parse("spurious <= 1 %").unwrap().value, 1.0);
         for bad in ["reuse<1 0", "reuse<nan", "reuse<inf", "reuse<-inf", "reuse<1e999", "re use<1"] {
             assert!(parse(bad).is_err(), "{bad}");
@@ -343,7 +343,7 @@ mod tests {
         // A typo is refused, not read as a failed check.
         assert!(parse("resue=0").unwrap_err().contains("not a class"));
         let e = parse("copy.kernel<=10").unwrap();
-        assert_eq!((e.class, e.origin, e.value), (Metric::Copy, Some("kernel"), 10.0));
+        assert_eq!((e.class, e.origin, e.value), (ReportClass::Copy, Some("kernel"), 10.0));
         assert_eq!(parse("reuse.gup/page<=1").unwrap().per, Some(Per::Page));
         assert!(parse("copy.kernal<=1").unwrap_err().contains("the origins are user, kernel, gup"));
     }
@@ -360,7 +360,7 @@ mod tests {
                 source: "kprobe".into(),
             })
         };
-        r.processes[0].classes.insert(Metric::Copy, copy(30, Some(20)));
+        r.processes[0].classes.insert(ReportClass::Copy, copy(30, Some(20)));
         let o = opts(None);
         let v = |t: &str, r: &Report| check(r, &parse(t).unwrap(), &o);
         assert!(matches!(v("copy.kernel<=10", &r), Verdict::Fail(m) if m.contains("copy.kernel is 30")));
@@ -369,13 +369,15 @@ mod tests {
         // 30 of the 150 copies.
         assert!(matches!(v("copy.kernel<=20%", &r), Verdict::Pass(m) if m.contains("20% (30 of 150)")));
         // GUP unseen (tracepoint mode): not measurable, never 0.
-        r.processes[0].classes.insert(Metric::Copy, copy(30, None));
+        r.processes[0].classes.insert(ReportClass::Copy, copy(30, None));
         assert!(matches!(v("copy.gup=0", &r), Verdict::NotMeasurable(m) if m.contains("copy.gup")));
     }
 
     #[test]
     fn verdicts() {
-        let r = report(classes(&[(Metric::ContpteUnfold, 512)]).remove(&Metric::ContpteUnfold).unwrap());
+        let r = report(
+            classes(&[(ReportClass::ContpteUnfold, 512)]).remove(&ReportClass::ContpteUnfold).unwrap(),
+        );
         let o = opts(None);
         assert!(
             matches!(check(&r, &parse("contpte_unfold=0").unwrap(), &o), Verdict::Fail(m) if m.contains("is 512"))

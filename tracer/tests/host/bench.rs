@@ -1,0 +1,221 @@
+//! bench: its exact write step, the THP knobs it sets and restores (also
+//! after SIGKILL), its threads and child.
+
+use super::*;
+
+/// The bench's write step (its mark and the phases up to the next mark).
+fn bench_write(report: &Report) -> (u64, u64) {
+    let p = report.bench_process().expect("the bench process");
+    let wp = p.span("mark:write").expect("mark:write").count(ReportClass::WpFaults).expect("wp_faults");
+    (wp, report.bench.as_ref().unwrap().pages)
+}
+
+#[test]
+fn bench_counts_its_write_phase_exactly() {
+    let _t = host_test();
+    let d = tmp();
+    for folio in ["4K", "64K", "2M"] {
+        let r = bench(
+            &["seq", "--size", "32M", "--folio", folio, "--time-stores"],
+            &d.path().join(format!("{folio}.json")),
+        );
+        let b = r.bench.as_ref().unwrap();
+        assert_eq!(b.folio_check.whole_folios, b.folio_check.blocks, "{folio}: {b:?}");
+        assert_eq!(b.mapping, "pte");
+        let (wp, pages) = bench_write(&r);
+        // Kprobe or tracepoint mode alike, one write-protect fault per page;
+        // the few others are the bench's own stack pages.
+        assert!((pages..=pages + 8).contains(&wp), "{folio}: wp {wp} for {pages} pages");
+        // The workload's own count of the same phase.
+        let minflt = b.step("write").unwrap().minflt as u64;
+        assert!((pages..=pages + 8).contains(&minflt), "{folio}: getrusage {minflt}");
+        assert_eq!(b.store_latency.unwrap().n, pages);
+    }
+    // PMD-mapped THPs: one write-protect fault per 2M, not per page.
+    let r = bench(&["seq", "--size", "32M", "--folio", "2M", "--pmd"], &d.path().join("pmd.json"));
+    assert_eq!(r.bench.as_ref().unwrap().folio_check.pmd_mapped_bytes, 32 << 20);
+    let (wp, _) = bench_write(&r);
+    assert!(wp <= 16 + 8, "PMD-mapped: {wp} write-protect faults for 16 THPs");
+}
+
+#[test]
+fn bench_restores_sysfs_knobs_when_terminated() {
+    let _t = host_test();
+    let knobs = [
+        "/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled",
+        "/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
+    ];
+    let before: Vec<String> = knobs.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect();
+    let child = Command::new(BIN)
+        .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    sleep(Duration::from_millis(400));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    // SIGTERM is deferred until the knobs are back and the probes gone.
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{:?}", out.status);
+    let after: Vec<String> = knobs.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect();
+    assert_eq!(before, after);
+}
+
+fn thp_knobs() -> Vec<String> {
+    THP_KNOBS.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect()
+}
+
+/// Puts the THP settings back as they were, whatever a test did.
+struct RestoreThp(Vec<String>);
+
+impl Drop for RestoreThp {
+    fn drop(&mut self) {
+        for (k, v) in THP_KNOBS.iter().zip(&self.0) {
+            let sel = v
+                .split_whitespace()
+                .find(|w| w.starts_with('['))
+                .map(|w| w.trim_matches(['[', ']']).to_string())
+                .unwrap_or_else(|| v.trim().to_string());
+            let _ = std::fs::write(k, sel);
+        }
+    }
+}
+
+/// A `bench --folio 64K` over 1G, SIGKILLed once it has set the knobs.
+fn bench_killed_with_knobs_set() {
+    let mut child = Command::new(BIN)
+        .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let set = || {
+        let k = thp_knobs();
+        k[0].contains("[always]") && k[2].trim() == "3600000"
+    };
+    while !set() {
+        assert!(t.elapsed() < Duration::from_secs(20), "bench never set the knobs");
+        assert!(child.try_wait().unwrap().is_none(), "bench ended before it was killed");
+        sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn bench_thp_settings_come_back_after_sigkill() {
+    let _t = host_test();
+    let before = thp_knobs();
+    let _restore = RestoreThp(before.clone());
+    bench_killed_with_knobs_set();
+    assert_ne!(thp_knobs(), before, "SIGKILL left the knobs as the bench set them");
+    // The next bench restores the originals first, and never saves the
+    // killed bench's values as the originals.
+    let out = faultscope(&["bench", "seq", "--size", "4M", "--folio", "64K"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("restored the THP settings"));
+    assert_eq!(thp_knobs(), before);
+    // Any faultscope command as root restores them too.
+    bench_killed_with_knobs_set();
+    let out = faultscope(&["probes"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("restored the THP settings"));
+    assert_eq!(thp_knobs(), before);
+    assert!(!Path::new("/run/faultscope/bench-thp.state").exists());
+}
+
+/// A cgroup (v1 pids controller) allowing `max` tasks, removed with it.
+struct PidsCgroup(PathBuf);
+
+impl PidsCgroup {
+    fn new(max: u32) -> Option<PidsCgroup> {
+        let root = Path::new("/sys/fs/cgroup/pids");
+        let root = if root.join("cgroup.procs").exists() { root } else { Path::new("/sys/fs/cgroup") };
+        let d = root.join(format!("faultscope-test-{}", std::process::id()));
+        std::fs::create_dir(&d).ok()?;
+        std::fs::write(d.join("pids.max"), max.to_string()).ok()?;
+        Some(PidsCgroup(d))
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn bench_that_cannot_start_a_thread_says_so() {
+    let _t = host_test();
+    // bench, its forked child (waited for) and one writer: the second
+    // writer thread cannot be started.
+    let Some(cg) = PidsCgroup::new(2) else {
+        eprintln!("no pids cgroup to limit threads with: skipped");
+        return;
+    };
+    let procs = std::ffi::CString::new(cg.0.join("cgroup.procs").to_str().unwrap()).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["bench", "threads", "--threads", "8", "--size", "16M"]);
+    // SAFETY: open/write/close only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(fd);
+            Ok(())
+        })
+    };
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert!(stderr.contains("could not start writer thread 2 of 8"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    drop(cg);
+}
+
+fn is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[test]
+fn bench_child_alive_dies_with_the_bench() {
+    let _t = host_test();
+    let mut bench = Command::new(BIN)
+        .args(["bench", "seq", "--child", "alive", "--size", "1G"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let child = loop {
+        if let Some(&c) = children(bench.id()).first() {
+            break c;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "bench never forked");
+        assert!(bench.try_wait().unwrap().is_none(), "bench ended before it was killed");
+        sleep(Duration::from_millis(5));
+    };
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    let t = Instant::now();
+    while !is_gone(child) && t.elapsed() < Duration::from_secs(3) {
+        sleep(Duration::from_millis(20));
+    }
+    let gone = is_gone(child);
+    if !gone {
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    }
+    assert!(gone, "the bench's child {child} outlived it");
+}

@@ -1,0 +1,254 @@
+//! The traced command and the end of a run: exit statuses, signals, a
+//! closed stdout, marks, stale sockets.
+
+use super::*;
+
+#[test]
+fn sigterm_and_sigint_end_the_run_cleanly() {
+    let _t = host_test();
+    for (sig, end) in [(libc::SIGTERM, "terminated"), (libc::SIGINT, "interrupted")] {
+        let d = tmp();
+        let fs = d.path().join("fs.json");
+        let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+        let tracer = Command::new(BIN)
+            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once attached (on a loaded machine the attach takes seconds).
+        wait_attached(&tracer);
+        unsafe { libc::kill(tracer.id() as i32, sig) };
+        let out = tracer.wait_with_output().unwrap();
+        target.kill().unwrap();
+        target.wait().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(read_report(&fs).end.as_deref(), Some(end));
+        assert_nothing_left();
+    }
+}
+
+#[test]
+fn a_closed_stdout_ends_the_run_and_keeps_the_report() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    // record --interval ... | head -1
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string(), "--interval", "0.2", "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let tpid = tracer.id();
+    let mut first = String::new();
+    BufReader::new(tracer.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    assert!(first.starts_with("--- interval 1"), "{first:?}");
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(read_report(&fs).end.as_deref(), Some("stdout closed"));
+    assert!(!Path::new(&format!("/run/faultscope/record-{tpid}.sock")).exists(), "socket left");
+    // bench | (nothing reads)
+    let bj = d.path().join("bench.json");
+    let mut bench = Command::new(BIN)
+        .args(["bench", "seq", "--size", "4M", "--json", bj.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(bench.stdout.take());
+    let out = bench.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(read_report(&bj).bench.is_some());
+}
+
+#[test]
+fn sigkill_keeps_the_old_report_and_sighup_ends_the_run() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let start = || {
+        Command::new(BIN)
+            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    std::fs::write(&fs, "the earlier report").unwrap();
+    let mut tracer = start();
+    wait_attached(&tracer);
+    tracer.kill().unwrap();
+    tracer.wait().unwrap();
+    assert_eq!(std::fs::read_to_string(&fs).unwrap(), "the earlier report");
+    assert_eq!(entries(d.path()), BTreeSet::from(["fs.json".to_string()]));
+    let tracer = start();
+    wait_attached(&tracer);
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGHUP) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_report(&fs).end.as_deref(), Some("hung up"));
+}
+
+#[test]
+fn stale_sockets_are_removed() {
+    let _t = host_test();
+    let sock = |pid: u32| PathBuf::from(format!("/run/faultscope/record-{pid}.sock"));
+    // A recorder killed by SIGKILL leaves its socket; the next command
+    // removes it.
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dead = tracer.id();
+    wait_attached(&tracer);
+    assert!(sock(dead).exists());
+    tracer.kill().unwrap();
+    tracer.wait().unwrap();
+    assert!(sock(dead).exists(), "SIGKILL cannot remove the socket");
+    assert_refused(
+        &faultscope(&["mark", "--recorder", &dead.to_string(), "x"]),
+        &format!("no faultscope record with pid {dead}"),
+    );
+    assert!(!sock(dead).exists(), "the stale socket is still there");
+    // The pid is reused by a process that is no recorder: it is not taken
+    // for one.
+    let reused = target.id();
+    drop(std::os::unix::net::UnixListener::bind(sock(reused)).unwrap());
+    assert_refused(
+        &faultscope(&["mark", "--recorder", &reused.to_string(), "x"]),
+        &format!("no faultscope record with pid {reused}"),
+    );
+    assert!(!sock(reused).exists());
+    // Any command as root clears them.
+    drop(std::os::unix::net::UnixListener::bind(sock(reused)).unwrap());
+    assert!(faultscope(&["schema"]).status.success());
+    assert!(!sock(reused).exists());
+    target.kill().unwrap();
+    target.wait().unwrap();
+}
+
+#[test]
+fn the_recorded_command_starts_with_default_signals() {
+    let _t = host_test();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["record", "--", "cat", "/proc/self/status"]);
+    // faultscope itself starts with SIGUSR2 blocked.
+    // SAFETY: signal-mask calls only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR2);
+            libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        })
+    };
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mask = |key: &str| -> u64 {
+        let line =
+            text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{key} in {text}"));
+        u64::from_str_radix(line.trim(), 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "the command inherited a blocked signal");
+    let sigpipe = 1u64 << (libc::SIGPIPE - 1);
+    assert_eq!(mask("SigIgn:") & sigpipe, 0, "the command runs with SIGPIPE ignored");
+}
+
+#[test]
+fn a_command_that_cannot_be_executed_is_said() {
+    let _t = host_test();
+    let d = tmp();
+    let bad = d.path().join("not-a-binary");
+    std::fs::write(&bad, [0u8, 1, 2, 3]).unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = faultscope(&["record", "--", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    assert!(stderr.contains(&format!("cannot run {}: Exec format error", bad.display())), "{stderr}");
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert_refused(&faultscope(&["record", "--", bad.to_str().unwrap()]), "not executable");
+}
+
+#[test]
+fn mark_serves_clients_without_stalling_and_needs_root() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let tracer = Command::new(BIN)
+        .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let recorder = tracer.id().to_string();
+    wait_attached(&tracer);
+    // A client that connects and says nothing holds nobody up.
+    let mut silent =
+        std::os::unix::net::UnixStream::connect(format!("/run/faultscope/record-{recorder}.sock")).unwrap();
+    sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    let out = faultscope(&["mark", "--recorder", &recorder, "during"]);
+    let took = t.elapsed();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(took < Duration::from_millis(1000), "the mark took {took:?} behind a silent client");
+    // The silent client is answered once it times out, not hung up on early.
+    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reply = String::new();
+    silent.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("error timed out"), "{reply:?}");
+    // Another user is told that mark needs root, not that no recorder runs.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "mark", "--recorder", &recorder, "x"])
+        .output()
+        .unwrap();
+    assert_refused(&out, "needs root");
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let names: Vec<&str> = r.processes[0].phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["before-fork", "mark:during"]);
+}
+
+/// The command's status is record's (as `time` and `perf stat` give it),
+/// and a run that ends first (--duration) ends the command too.
+#[test]
+fn record_exits_with_the_commands_status_and_ends_it_with_the_run() {
+    let _t = host_test();
+    assert_eq!(faultscope(&["record", "--", "false"]).status.code(), Some(1));
+    assert_eq!(faultscope(&["record", "--", "sh", "-c", "exit 7"]).status.code(), Some(7));
+    let d = tmp();
+    let (fs, pidfile) = (d.path().join("fs.json"), d.path().join("pid"));
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let t = std::time::Instant::now();
+    let out =
+        faultscope(&["record", "--duration", "1", "--json", fs.to_str().unwrap(), "--", "sh", "-c", &script]);
+    // SIGTERM: 128 + 15, as a shell gives.
+    assert_eq!(out.status.code(), Some(143), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(t.elapsed() < Duration::from_secs(20));
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the command was left running");
+    let r = read_report(&fs);
+    assert_eq!(r.command_exit_status, Some(143));
+    // Its exit came before the last read: its kernel check is exact.
+    let k = r.processes[0].kernel_check.as_ref().unwrap();
+    assert_eq!(k.kernel_low, k.kernel_high, "{k:?}");
+}

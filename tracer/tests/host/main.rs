@@ -1,0 +1,284 @@
+//! Host tests: faultscope on the build machine's own kernel (tracepoint mode
+//! where kprobes are missing, kprobe mode where present), checked against the
+//! workload's page arithmetic, getrusage and the kernel's own counts. Needs
+//! root. One file per concern; this one is the harness they share.
+//!
+//! How to add a test:
+//! 1. Put it in the file of its concern (or a new `mod` below).
+//! 2. Start it with `let _t = host_test();`: the tests attach to the one
+//!    kernel, so they run one at a time, and when the test ends the harness
+//!    checks that no faultscope BPF program is left loaded.
+//! 3. Check against a count made another way (the workload's pages,
+//!    getrusage, `/proc`), within `TOLERANCE` where the kernel's own
+//!    choices enter, never an exact number that depends on timing.
+//! 4. Use `faultscope(args)` for a run to completion, `Served` for a serve.
+
+use std::{
+    path::Path,
+    process::{Command, Output, Stdio},
+    sync::Mutex,
+    thread::sleep,
+    time::Duration,
+};
+
+use faultscope::{
+    kernel::classes::ReportClass,
+    report::{
+        file,
+        schema::{Mode, Phase, Process, Report},
+    },
+};
+use faultscope_common::Program;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
+/// The workload's faults outside the write phase that share its classes
+/// (exec-time COW of data pages, stack/heap pages after fork): 20-50 here.
+const TOLERANCE: u64 = 64;
+/// Names of faultscope's BPF programs, from the one catalogue.
+fn programs() -> impl Iterator<Item = &'static str> {
+    Program::ALL.iter().map(|p| p.name())
+}
+
+/// Host tests attach to the one kernel: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+fn faultscope(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("running faultscope")
+}
+
+/// The workload's own report (not faultscope's).
+fn read_json(p: &Path) -> Value {
+    let text = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", p.display()))
+}
+
+/// A faultscope report, read back through the schema types.
+fn read_report(p: &Path) -> Report {
+    file::load(p).unwrap_or_else(|e| panic!("{e}")).report
+}
+
+fn process(report: &Report, pid: u64) -> &Process {
+    report.process(pid as u32).unwrap_or_else(|| panic!("no process {pid} in {report:#?}"))
+}
+
+fn count(p: &Process, m: ReportClass) -> u64 {
+    p.count(m).unwrap_or_else(|| panic!("class {m} has no count: {:?}", p.classes.get(&m)))
+}
+
+/// The live BPF programs of faultscope (every one of `Program::ALL`), by
+/// name (independent of faultscope: asks the kernel through
+/// BPF_PROG_GET_NEXT_ID). The kernel keeps 15 bytes of a name
+/// (BPF_OBJ_NAME_LEN is 16), hence the prefix match.
+fn leftover_programs() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| programs().any(|ours| ours.starts_with(n.as_str()) && !n.is_empty()))
+        .collect()
+}
+
+/// What every test holds: the lock, and the check that nothing is left
+/// loaded at its end (skipped when the test already failed).
+struct HostTest(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+
+impl Drop for HostTest {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_nothing_left();
+        }
+    }
+}
+
+fn host_test() -> HostTest {
+    HostTest(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn assert_nothing_left() {
+    // Program release after the last fd closes is synchronous for kprobes
+    // and tracepoints; allow the exiting process a moment.
+    for _ in 0..50 {
+        if leftover_programs().is_empty() {
+            return;
+        }
+        sleep(Duration::from_millis(100));
+    }
+    panic!("faultscope left BPF programs loaded: {:?}", leftover_programs());
+}
+
+/// `faultscope record --json -- faultscope workload --size SIZE`: the output,
+/// the report and the workload's own report.
+fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {
+    let (fs, wl) = (d.join("fs.json"), d.join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "--size",
+        size,
+        "--thp",
+        "never",
+        "--child",
+        "exit",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (report, wl) = (read_report(&fs), read_json(&wl));
+    (out, report, wl)
+}
+
+fn assert_refused(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in {stderr:?}");
+}
+
+/// A phase of a process by name prefix.
+fn phase<'a>(p: &'a Process, prefix: &str) -> &'a Phase {
+    p.phases
+        .iter()
+        .find(|ph| ph.name.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no phase {prefix}: {:#?}", p.phases))
+}
+
+fn bench(args: &[&str], json: &Path) -> Report {
+    let mut a = vec!["bench"];
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["--json", json.to_str().unwrap()]);
+    let out = faultscope(&a);
+    assert!(out.status.success(), "bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    read_report(json)
+}
+
+// ---- files, signals and CLI hardening ----
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead as _, BufReader, Read as _},
+    os::unix::{
+        fs::{MetadataExt as _, PermissionsExt as _},
+        process::CommandExt as _,
+    },
+    path::PathBuf,
+    time::Instant,
+};
+
+/// A user made for one test (useradd), removed with it (userdel).
+struct TestUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl TestUser {
+    fn new() -> TestUser {
+        let name = format!("fsh8b{}", std::process::id());
+        let st = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", &name])
+            .status()
+            .expect("useradd");
+        assert!(st.success(), "useradd {name}: {st}");
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id").args([flag, &name]).output().unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        let (uid, gid) = (id("-u"), id("-g"));
+        TestUser { name, uid, gid }
+    }
+
+    /// Makes `p` (a file, directory or symlink itself) the user's.
+    fn own(&self, p: &Path) {
+        std::os::unix::fs::lchown(p, Some(self.uid), Some(self.gid)).unwrap();
+    }
+
+    /// A symlink at `at` to `to`, owned by the user.
+    fn plant(&self, to: &Path, at: &Path) {
+        std::os::unix::fs::symlink(to, at).unwrap();
+        self.own(at);
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.name).status();
+    }
+}
+
+/// The next `n` pids the kernel will hand out (in order, from the last one
+/// given out), for names an attacker would plant ahead of time.
+fn next_pids(n: u32) -> Vec<u32> {
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse().unwrap();
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    // pids wrap to 300 (RESERVED_PIDS) after pid_max.
+    (1..=n).map(|i| last + i).map(|p| if p >= max { 300 + (p - max) } else { p }).collect()
+}
+
+/// The names in a directory.
+fn entries(d: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+const THP_KNOBS: [&str; 3] = [
+    "/sys/kernel/mm/transparent_hugepage/hugepages-64kB/enabled",
+    "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/enabled",
+    "/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
+];
+
+/// The children of a process (its main thread's: bench forks from it).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Waits until `record` (pid `tracer`) listens for marks, which it does once
+/// attached and its targets are added.
+fn wait_attached(tracer: &std::process::Child) {
+    let sock = faultscope::cmd::mark::socket_path(tracer.id());
+    for _ in 0..300 {
+        if sock.exists() {
+            return;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    panic!("faultscope record did not attach within 15 s ({} missing)", sock.display());
+}
+
+/// The kernel check of `p`: the kernel's own count over the run, exact
+/// (read by the kernel at the exec and at each thread's exit), and what
+/// faultscope's count leaves to it.
+fn kernel_check(p: &Process) -> (u64, i64) {
+    use faultscope::report::schema::CheckResult;
+    let k = p.kernel_check.as_ref().expect("the report has a kernel check");
+    let (lo, hi) = (k.kernel_low.unwrap(), k.kernel_high.unwrap());
+    assert_eq!(lo, hi, "exec to exit is read by the kernel: an exact bracket ({k:?})");
+    match k.result {
+        // Tracepoint mode: what no exception shows (get_user_pages).
+        CheckResult::Derived => {
+            let (g0, g1) = k.gup_derived.unwrap();
+            assert_eq!(g0, g1, "{k:?}");
+            (lo, g0)
+        }
+        CheckResult::Equal => (lo, 0),
+        other => panic!("kernel check {other:?}: {k:?}"),
+    }
+}
+
+mod attribution;
+mod bench;
+mod command;
+mod hardening;
+mod record;
+mod serve;
+mod verify_diff;

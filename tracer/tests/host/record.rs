@@ -1,0 +1,523 @@
+//! Counting and phases: record against page arithmetic, getrusage and the
+//! kernel's own count; targets, their children, threads and exits.
+
+use super::*;
+
+fn phase_count(p: &Phase, m: ReportClass) -> u64 {
+    p.classes
+        .get(&m)
+        .and_then(|v| v.count())
+        .unwrap_or_else(|| panic!("class {m} has no count in {}", p.name))
+}
+
+/// Asserts the fork / child-exit / write scenario's arithmetic on a report
+/// of the workload's process.
+/// `attached_late`: faultscope attached with -p while the workload slept, so
+/// the faults of its start-up are not in the report.
+fn check_fork_write(report: &Report, wl: &Value, attached_late: bool) {
+    let pid = wl["pid"].as_u64().unwrap();
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(report, pid);
+    // The writes come after the child's exit: that phase's count, not the
+    // whole process's (its start-up's COW faults vary with the machine).
+    let wp: u64 = p
+        .phases
+        .iter()
+        .filter(|ph| ph.name.ends_with("after-child-exit"))
+        .map(|ph| phase_count(ph, ReportClass::WpFaults))
+        .sum();
+    assert!(
+        (pages..=pages + TOLERANCE).contains(&wp),
+        "wp_faults {wp} after the child's exit for {pages} pages written after fork ({:?} mode; phases {:?})",
+        report.mode,
+        p.phases.iter().map(|ph| ph.name.as_str()).collect::<Vec<_>>()
+    );
+    // The workload's own count of write-phase faults: exactly one per page.
+    let write_minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap();
+    assert!((pages..=pages + 2).contains(&write_minflt), "getrusage write phase {write_minflt}");
+    // All faults since exec against getrusage (which also counts the few
+    // faults of the forked child before its exec).
+    let faults = count(p, ReportClass::Faults);
+    let retries = p.count(ReportClass::Retry).unwrap_or(0);
+    let minflt = if attached_late {
+        wl["minflt_since_main"].as_u64().unwrap()
+    } else {
+        wl["minflt_total"].as_u64().unwrap() + wl["majflt_total"].as_u64().unwrap()
+    };
+    assert!(
+        (faults - retries).abs_diff(minflt) <= TOLERANCE,
+        "faults {faults} (retries {retries}) vs getrusage minflt+majflt {minflt}"
+    );
+    match report.mode {
+        Mode::Tracepoint => {
+            // The kprobe-only classes say so, never 0.
+            for m in [ReportClass::Reuse, ReportClass::Copy, ReportClass::Spurious, ReportClass::HugePmdWp] {
+                match &p.classes[&m] {
+                    faultscope::report::schema::ClassValue::NotMeasurable(n) => {
+                        assert!(!n.measurable && n.reason.len() > 10, "{m}: {n:?}")
+                    }
+                    v => panic!("{m} is measured in tracepoint mode: {v:?}"),
+                }
+            }
+            let ft = count(p, ReportClass::FirstTouch);
+            assert!(ft >= pages, "first_touch {ft}");
+        }
+        Mode::Kprobe => {
+            let reuse = count(p, ReportClass::Reuse);
+            assert!((pages..=pages + TOLERANCE).contains(&reuse), "reuse {reuse}");
+        }
+        m => panic!("unexpected mode {m:?}"),
+    }
+}
+
+#[test]
+fn record_command_counts_write_protect_faults() {
+    let _t = host_test();
+    let d = tmp();
+    let (out, report, wl) = record_workload(d.path(), "64M");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("faultscope: measuring"), "{stderr}");
+    assert_eq!(report.schema, "faultscope/1");
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
+    assert_eq!(report.command_exit_status, Some(0));
+    check_fork_write(&report, &wl, false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("wp_faults"), "{text}");
+}
+
+#[test]
+fn record_pid_follows_a_running_process_to_its_exit() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut child = Command::new(BIN)
+        .args([
+            "workload",
+            "--size",
+            "32M",
+            "--thp",
+            "never",
+            "--start-delay",
+            "2",
+            "--out",
+            wl.to_str().unwrap(),
+        ])
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let tracer = Command::new(BIN)
+        .args(["record", "-p", &pid, "--interval", "0.3", "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    // The child was reaped by us; faultscope sees its exit and stops.
+    let out = tracer.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&fs);
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
+    check_fork_write(&report, &read_json(&wl), true);
+    // The interval time series adds up to the whole run.
+    let p = process(&report, pid.parse().unwrap());
+    let series: u64 = report
+        .intervals
+        .as_ref()
+        .expect("intervals")
+        .iter()
+        .flat_map(|i| i.processes.iter())
+        .filter(|x| x.pid == p.pid)
+        .map(|x| x.counts[&ReportClass::WpFaults])
+        .sum();
+    assert_eq!(series, count(p, ReportClass::WpFaults));
+}
+
+#[test]
+fn every_program_passes_the_verifier() {
+    let _t = host_test();
+    let out = faultscope(&["probes", "--load"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    for p in programs() {
+        assert!(text.contains(&format!("verifier: {p}: ok")), "{p} not accepted:\n{text}");
+    }
+}
+
+#[test]
+fn automatic_phases_split_the_fork_scenario() {
+    let _t = host_test();
+    let d = tmp();
+    let (_, report, wl) = record_workload(d.path(), "32M");
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let names: Vec<&str> = p.phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["before-fork", "fork#1 child-alive", "fork#1 after-child-exit"], "{names:?}");
+    // Populate happens before the fork; the writes after the child exited.
+    let before = phase(p, "before-fork");
+    assert!(phase_count(before, ReportClass::Faults) >= pages);
+    let after = phase(p, "fork#1 after-child-exit");
+    let wp = phase_count(after, ReportClass::WpFaults);
+    assert!((pages..=pages + TOLERANCE).contains(&wp), "wp after child exit {wp}");
+    assert!(phase(p, "fork#1 child-alive").end_ns.unwrap() <= after.start_ns);
+}
+
+#[test]
+fn marks_from_the_command_line_and_signals() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let tracer = Command::new(BIN)
+        .args([
+            "record",
+            "-p",
+            &target.id().to_string(),
+            "--mark-on-signal",
+            "USR1",
+            "--json",
+            fs.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The recorder takes marks once it has attached (seconds on a loaded
+    // machine): until then mark says there is none, and is asked again.
+    let mut tries = 0;
+    let out = loop {
+        let out = Command::new(BIN)
+            .args(["mark", "--recorder", &tracer.id().to_string(), "BGSAVE done"])
+            .output()
+            .unwrap();
+        tries += 1;
+        if out.status.success()
+            || tries == 300
+            || !String::from_utf8_lossy(&out.stderr).contains("is running")
+        {
+            break out;
+        }
+        sleep(Duration::from_millis(100));
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "phase mark:BGSAVE done");
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGUSR1) };
+    sleep(Duration::from_millis(300));
+    unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) };
+    let out = tracer.wait_with_output().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let names: Vec<&str> = r.processes[0].phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(names, ["before-fork", "mark:BGSAVE done", "mark:signal#1"]);
+    // No recorder left: mark is refused.
+    assert_refused(&faultscope(&["mark", "x"]), "no faultscope record is running");
+}
+
+// ---- lifecycle hardening ----
+
+/// The faultscope these tests run: `FAULTSCOPE_HOST_TEST_BIN` (an older
+/// build, to see them fail there), else this build.
+fn fs_bin() -> String {
+    std::env::var("FAULTSCOPE_HOST_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+}
+
+/// The child processes of `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
+/// Item 1: `record -p` while a child forked before attach still shares the
+/// memory. The first phase says so, the child's exit starts the next one,
+/// and the writes after it land there.
+#[test]
+fn a_child_forked_before_attach_is_seen() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut work = Command::new(BIN)
+        .args(["workload", "--size", "32M", "--thp", "never", "--child-lifetime", "60"])
+        .args(["--out", wl.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let pid = work.id();
+    let mut child = None;
+    for _ in 0..200 {
+        child = children_of(pid).first().copied();
+        if child.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let child = child.expect("the workload forked no child");
+    let tracer = Command::new(fs_bin())
+        .args(["record", "-p", &pid.to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    sleep(Duration::from_millis(200));
+    unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    assert!(work.wait().unwrap().success());
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report = read_report(&fs);
+    let wl = read_json(&wl);
+    let pages = wl["pages"].as_u64().unwrap();
+    let p = process(&report, pid as u64);
+    let names: Vec<&str> = p.phases.iter().map(|x| x.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            format!("attached: child-alive (pid {child}, forked before attach)"),
+            format!("after-child-exit (pid {child}, forked before attach)")
+        ],
+        "{stderr}"
+    );
+    assert_eq!(
+        (p.phases[0].kind, p.phases[0].children_alive),
+        (faultscope::collect::phases::PhaseKind::ChildAlive, 1)
+    );
+    let wp = phase_count(&p.phases[1], ReportClass::WpFaults);
+    assert!((pages..=pages + TOLERANCE).contains(&wp), "wp after the child's exit {wp}, pages {pages}");
+    assert!(phase_count(&p.phases[0], ReportClass::WpFaults) < TOLERANCE);
+    assert!(stderr.contains(&format!("pid {child}, forked by {pid} before attach")), "{stderr}");
+}
+
+/// Item 6: the main thread exits first (exit(2), as pthread_exit does) and
+/// another thread then runs the whole workload; the process is gone only
+/// when its last thread exits. Both ways of telling the last thread: the
+/// tracepoint's `group_dead` where the kernel has it, and
+/// `signal->live` (what 6.12 needs).
+#[test]
+fn a_process_lives_until_its_last_thread_exits() {
+    let _t = host_test();
+    for via in ["", "signal-live"] {
+        let d = tmp();
+        let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+        let out = Command::new(fs_bin())
+            .env("FAULTSCOPE_EXIT_VIA", via)
+            .args(["record", "--json", fs.to_str().unwrap(), "--", BIN, "workload", "--leader-exit", "0.5"])
+            .args(["--size", "32M", "--thp", "never", "--child", "exit", "--out", wl.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{via}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = read_report(&fs);
+        assert_eq!(report.end.as_deref(), Some("all targets exited"), "{via}");
+        assert_eq!(report.command_exit_status, Some(0), "{via}");
+        let wl = read_json(&wl);
+        let p = process(&report, wl["pid"].as_u64().unwrap());
+        eprintln!(
+            "exit via {:?}: faults {} wp_faults {} for {} pages, getrusage minflt {}",
+            if via.is_empty() { "best" } else { via },
+            count(p, ReportClass::Faults),
+            count(p, ReportClass::WpFaults),
+            wl["pages"],
+            wl["minflt_total"]
+        );
+        check_fork_write(&report, &wl, false);
+    }
+}
+
+/// clone3(2) with `set_tid`: a new process with pid `pid` (free, reaped)
+/// that execs `argv`. Root only.
+fn spawn_with_pid(pid: u32, argv: &[&str]) -> u32 {
+    use std::ffi::CString;
+    let cargs: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
+    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+    ptrs.push(std::ptr::null());
+    let set_tid: [libc::pid_t; 1] = [pid as libc::pid_t];
+    // struct clone_args (CLONE_ARGS_SIZE_VER1): flags, pidfd, child_tid,
+    // parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size.
+    let mut args = [0u64; 10];
+    args[4] = libc::SIGCHLD as u64;
+    args[8] = set_tid.as_ptr() as u64;
+    args[9] = 1;
+    // SAFETY: a fork-like clone3; the child only execs or _exits.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, args.as_ptr(), std::mem::size_of_val(&args)) };
+    if r == 0 {
+        unsafe {
+            libc::execv(ptrs[0], ptrs.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    assert!(r > 0, "clone3 with set_tid {pid}: {}", std::io::Error::last_os_error());
+    assert_eq!(r as u32, pid);
+    r as u32
+}
+
+/// Item 5: a new process that takes an exited target's pid at once is not
+/// counted as the target (nor renames it): the target leaves the kernel's
+/// traced set at its exit, not when user space next drains events.
+#[test]
+fn a_reused_pid_is_not_the_exited_target() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = target.id();
+    let tracer = Command::new(fs_bin())
+        .args(["record", "-p", &pid.to_string(), "--json", fs.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    target.kill().unwrap();
+    target.wait().unwrap();
+    // The pid is free: a workload takes it at once, well inside the 50 ms
+    // in which faultscope drains events.
+    let again = spawn_with_pid(
+        pid,
+        &[BIN, "workload", "--size", "16M", "--thp", "never", "--out", wl.to_str().unwrap()],
+    );
+    let mut st = 0;
+    unsafe { libc::waitpid(again as i32, &mut st, 0) };
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "workload status {st:#x}");
+    assert_eq!(read_json(&wl)["pid"].as_u64(), Some(pid as u64), "the workload took the pid");
+    let out = tracer.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&fs);
+    assert_eq!(report.end.as_deref(), Some("all targets exited"));
+    let p = process(&report, pid as u64);
+    // sleep faults nothing while it sleeps; the workload's faults are not its.
+    assert_eq!((p.comm.as_str(), count(p, ReportClass::Faults)), ("sleep", 0), "{p:#?}");
+}
+
+/// `record --follow-children -- sh -c 'N × /bin/true'`: the JSON size, the
+/// recorder's peak RSS and the phases each process carries.
+fn follow_children_run(n: u32) -> (u64, u64, Report) {
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let script = format!("i=0; while [ $i -lt {n} ]; do /bin/true; i=$((i+1)); done");
+    // Reaped below by wait4, for its rusage.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(fs_bin())
+        .args(["record", "--follow-children", "--max-stats", "65536", "--json", fs.to_str().unwrap()])
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut st = 0;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // wait4: the recorder's own peak RSS (KiB).
+    let r = unsafe { libc::wait4(child.id() as i32, &mut st, 0, &mut ru) };
+    assert_eq!(r, child.id() as i32);
+    assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "status {st:#x}");
+    let bytes = std::fs::metadata(&fs).unwrap().len();
+    (bytes, ru.ru_maxrss as u64, read_report(&fs))
+}
+
+/// Item 4: a process carries only the phases it lived in (or faulted in),
+/// so the report grows linearly with processes + phases, not with their
+/// product.
+#[test]
+fn follow_children_reports_grow_linearly() {
+    let _t = host_test();
+    let (j100, rss100, r100) = follow_children_run(100);
+    let (j400, rss400, r400) = follow_children_run(400);
+    eprintln!(
+        "follow-children: 100 children: JSON {j100} bytes, RSS {rss100} KiB; 400 children: JSON {j400} bytes, RSS {rss400} KiB"
+    );
+    for (n, r) in [(100, &r100), (400, &r400)] {
+        assert_eq!(r.processes.len(), n + 1, "the shell and its {n} children");
+        let phases: usize = r.processes.iter().map(|p| p.phases.len()).max().unwrap();
+        assert!(phases >= 2 * n, "the shell carries every phase: {phases}");
+        // Each child lived through its fork and its exec, nothing else.
+        let most = r.processes.iter().map(|p| p.phases.len()).filter(|&l| l < phases).max().unwrap();
+        assert!(most <= 4, "a child carries {most} phases");
+        assert_eq!(r.drops.values().sum::<u64>(), 0, "{:?}", r.drops);
+    }
+    assert!(
+        j400 <= j100 * 9 / 2 + (64 << 10),
+        "JSON {j400} bytes at 400 children vs {j100} at 100: not linear"
+    );
+    assert!(rss400 <= rss100 * 9 / 2, "RSS {rss400} KiB at 400 children vs {rss100} at 100: not linear");
+}
+
+/// A reader's faults are the kernel's, in read(2) (copy_to_user into its
+/// buffer): counted with their origin, and the kernel's own count of the
+/// process over the run is faultscope's (tracepoint mode: up to the
+/// get_user_pages faults it derives, none here).
+#[test]
+fn a_readers_faults_are_the_kernels_and_match_its_own_count() {
+    let _t = host_test();
+    let d = tmp();
+    let (file, fs) = (d.path().join("big.bin"), d.path().join("fs.json"));
+    std::fs::write(&file, vec![0x5au8; 16 << 20]).unwrap();
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        "dd",
+        &format!("if={}", file.display()),
+        "of=/dev/null",
+        "bs=16M",
+        "count=1",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let p = &r.processes[0];
+    let faults = p.classes.get(&ReportClass::Faults).unwrap();
+    let kernel = faults.origin_count("kernel").expect("kernel-mode faults are measured");
+    // dd's 16M buffer is first written by read(2): 4096 pages.
+    assert!(kernel >= 4096, "kernel-origin faults {kernel}: {faults:?}");
+    assert!(faults.origin_count("user").unwrap() < 4096, "{faults:?}");
+    let (total, gup) = kernel_check(p);
+    assert_eq!(total, faults.count().unwrap() + gup.max(0) as u64 - (-gup).max(0) as u64);
+    // dd makes no get_user_pages call after its exec.
+    assert!(gup.abs() <= 4, "derived GUP faults {gup}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kernel check: "), "{text}");
+}
+
+/// A process whose main thread exits early and whose other thread runs on
+/// (`workload --leader-exit`): the kernel sums each thread's final count at
+/// its exit, and the total equals faultscope's and, within the faults of
+/// its last steps, the workload's own getrusage.
+#[test]
+fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "--size",
+        "16M",
+        "--thp",
+        "never",
+        "--leader-exit",
+        "0.2",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (r, wl) = (read_report(&fs), read_json(&wl));
+    let p = process(&r, wl["pid"].as_u64().unwrap());
+    let (total, gup) = kernel_check(p);
+    assert!(gup.abs() <= 4, "derived GUP faults {gup}");
+    assert_eq!(total as i64, count(p, ReportClass::Faults) as i64 + gup);
+    // getrusage(RUSAGE_SELF) sums the live and exited threads. The run's
+    // window starts at the exec: it holds the faults from the workload's
+    // start on, and no more than its whole count (the forked child's
+    // faults before the exec included) and those of its last steps.
+    let all = wl["minflt_total"].as_u64().unwrap() + wl["majflt_total"].as_u64().unwrap();
+    let since_main = wl["minflt_since_main"].as_u64().unwrap();
+    let pages = wl["pages"].as_u64().unwrap();
+    assert!(
+        since_main >= 2 * pages && since_main <= total && total <= all + TOLERANCE,
+        "getrusage {since_main} since main, {all} in all; kernel {total}"
+    );
+}

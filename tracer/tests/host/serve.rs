@@ -1,0 +1,586 @@
+//! serve: counts against getrusage by pid, comm and cgroup, phase kinds,
+//! HTTP under idle, slow and hostile clients, descriptors running out.
+
+use super::*;
+
+/// One GET /metrics, the body.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+fn sample(text: &str, prefix: &str) -> u64 {
+    text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn serve_pid_counts_match_getrusage_and_sigterm_ends_it() {
+    let _t = host_test();
+    let port = 9871;
+    // Waits for a line on stdin, touches 2048 new pages, prints its minflt
+    // for that, and waits for the next line to exit.
+    let script = "import sys,resource\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
+b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
+    let mut wl = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = wl.id().to_string();
+    let serve = Command::new(BIN)
+        .args(["serve", "-p", &pid, "--port", &port.to_string(), "--tick", "0.2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ends serve when an assertion fails before the SIGTERM below.
+    struct Term(u32);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
+        }
+    }
+    let _term = Term(serve.id());
+    sleep(Duration::from_millis(2500));
+    let before = sample(&scrape(port), "faultscope_class_faults_total{class=\"faults\"");
+    use std::io::{BufRead, Write};
+    let mut stdin = wl.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(wl.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let minflt: u64 = line.trim().parse().unwrap();
+    sleep(Duration::from_millis(1000));
+    let text = scrape(port);
+    let faults: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(minflt >= 2048, "{minflt}");
+    let delta = faults - before;
+    assert!(
+        delta >= minflt && delta <= minflt + TOLERANCE,
+        "{delta} faults counted, getrusage {minflt}\n{text}"
+    );
+    assert!(text.contains("faultscope_build_info{"), "{text}");
+    // The kinds partition the faults: their sum is the faults class.
+    let kinds: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("faultscope_faults_total{kind="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(kinds, faults, "{text}");
+    stdin.write_all(b"bye\n").unwrap();
+    wl.wait().unwrap();
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    let out = serve.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Waits until `serve` answers on `port` (loading and attaching take a while).
+fn wait_serving(port: u16) {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        sleep(Duration::from_millis(100));
+    }
+    panic!("serve never listened on {port}");
+}
+
+/// The sum of the `faults` counters whose labels include `label`.
+fn faults_with(text: &str, label: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\"") && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `serve` with `args`, ended by SIGTERM when dropped.
+struct Served(Option<std::process::Child>);
+impl Served {
+    fn start(args: &[&str]) -> Served {
+        let c = Command::new(BIN).arg("serve").args(args).stderr(Stdio::piped()).spawn().unwrap();
+        Served(Some(c))
+    }
+    /// SIGTERM, and its stderr; it must end cleanly.
+    fn stop(mut self) -> String {
+        let c = self.0.take().unwrap();
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{err}");
+        err
+    }
+}
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A Python that waits for a line, touches 2048 new pages, prints its
+/// minflt for that, and exits at the next line; run as `exe` (its comm).
+fn paced_python(
+    exe: &Path,
+) -> (std::process::Child, std::process::ChildStdin, std::io::BufReader<std::process::ChildStdout>) {
+    let script = "import sys,resource\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
+b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
+    let mut c =
+        Command::new(exe).args(["-c", script]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let stdin = c.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(c.stdout.take().unwrap());
+    (c, stdin, stdout)
+}
+
+#[test]
+fn serve_comm_picks_up_an_exec_and_follows_a_restart() {
+    use std::io::{BufRead, Write};
+    let _t = host_test();
+    let port = 9872;
+    let dir = tmp();
+    // A comm of its own: exec through a link of that name.
+    let exe = dir.path().join("fs-commtest");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    let served = Served::start(&["--comm", "fs-commtest", "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    let mut total = 0;
+    let mut pids = Vec::new();
+    // The first run, then the "restarted" one under a new pid: the counter
+    // goes on from the first's count.
+    for _ in 0..2 {
+        let (mut c, mut stdin, mut stdout) = paced_python(&exe);
+        pids.push(c.id());
+        // Found by the /proc scan within a tick.
+        sleep(Duration::from_millis(1000));
+        let before = faults_with(&scrape(port), "comm=\"fs-commtest\"");
+        stdin.write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let minflt: u64 = line.trim().parse().unwrap();
+        assert!(minflt >= 2048, "{minflt}");
+        sleep(Duration::from_millis(800));
+        let text = scrape(port);
+        let now = faults_with(&text, "comm=\"fs-commtest\"");
+        let delta = now - before;
+        assert!(
+            delta >= minflt && delta <= minflt + TOLERANCE,
+            "pid {}: {delta} counted, getrusage {minflt}\n{text}",
+            c.id()
+        );
+        assert!(now >= total + delta, "the counter went back: {total} then {now}");
+        total = now;
+        stdin.write_all(b"bye\n").unwrap();
+        c.wait().unwrap();
+        sleep(Duration::from_millis(400));
+    }
+    let err = served.stop();
+    for pid in pids {
+        assert!(err.contains(&format!("tracing pid {pid} (fs-commtest)")), "{pid}: {err}");
+    }
+}
+
+#[test]
+fn serve_phase_kinds_are_each_processes_own() {
+    use std::io::{BufRead, Write};
+    let _t = host_test();
+    let port = 9874;
+    let dir = tmp();
+    let python = std::fs::canonicalize("/usr/bin/python3").unwrap();
+    let link = |name: &str| {
+        let exe = dir.path().join(name);
+        std::os::unix::fs::symlink(&python, &exe).unwrap();
+        exe
+    };
+    let (forker, writer) = (link("fs-kindfork"), link("fs-kindwrite"));
+    let port_s = port.to_string();
+    let served = Served::start(&[
+        "--comm",
+        "fs-kindfork",
+        "--comm",
+        "fs-kindwrite",
+        "--port",
+        &port_s,
+        "--tick",
+        "0.2",
+    ]);
+    wait_serving(port);
+    // At a line, forks a child that lives until the next one.
+    let script = "import os,sys\nsys.stdin.readline()\nr,w=os.pipe()\npid=os.fork()\n\
+if pid==0:\n    os.close(w)\n    os.read(r,1)\n    os._exit(0)\n\
+os.close(r)\nprint(pid,flush=True)\nsys.stdin.readline()\nos.close(w)\nos.waitpid(pid,0)\n";
+    let mut f = Command::new(&forker)
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut f_in = f.stdin.take().unwrap();
+    let mut f_out = std::io::BufReader::new(f.stdout.take().unwrap());
+    let (mut w, mut w_in, mut w_out) = paced_python(&writer);
+    // Both found by the /proc scan.
+    sleep(Duration::from_millis(1000));
+    f_in.write_all(b"fork\n").unwrap();
+    let mut line = String::new();
+    f_out.read_line(&mut line).unwrap();
+    sleep(Duration::from_millis(600));
+    // The forker's child is alive; the writer has forked nothing: its
+    // faults are its own before-fork ones, not the forker's child-alive.
+    let mine = "phase_kind=\"before-fork\",comm=\"fs-kindwrite\"";
+    let before = faults_with(&scrape(port), mine);
+    w_in.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    w_out.read_line(&mut line).unwrap();
+    let minflt: u64 = line.trim().parse().unwrap();
+    sleep(Duration::from_millis(800));
+    let text = scrape(port);
+    let delta = faults_with(&text, mine) - before;
+    assert!(
+        delta >= minflt && delta <= minflt + TOLERANCE,
+        "{delta} counted before-fork, getrusage {minflt}\n{text}"
+    );
+    assert_eq!(faults_with(&text, "phase_kind=\"child-alive\",comm=\"fs-kindwrite\""), 0, "{text}");
+    assert!(faults_with(&text, "phase_kind=\"child-alive\",comm=\"fs-kindfork\"") > 0, "{text}");
+    for stdin in [&mut f_in, &mut w_in] {
+        stdin.write_all(b"bye\n").unwrap();
+    }
+    f.wait().unwrap();
+    w.wait().unwrap();
+    served.stop();
+}
+
+/// The cgroup v2 mount (`/sys/fs/cgroup` itself, or `unified` in the hybrid
+/// layout).
+fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let m = mounts.lines().find(|l| l.split(' ').nth(2) == Some("cgroup2")).expect("no cgroup2 mount");
+    PathBuf::from(m.split(' ').nth(1).unwrap())
+}
+
+#[test]
+fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
+    let _t = host_test();
+    let port = 9873;
+    let cg = cgroup2_root().join(format!("faultscope-test-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    struct Rmdir(PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            // Empty once its processes are reaped.
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.0).is_ok() {
+                    return;
+                }
+                sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let _rm = Rmdir(cg.clone());
+    let served =
+        Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    sleep(Duration::from_millis(500));
+    // Outside: 16384 pages, at the same time.
+    let outside = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import time\nb=bytearray(16384*4096)\nfor j in range(0,len(b),4096): b[j]=1\ntime.sleep(1)\n",
+        ])
+        .spawn()
+        .unwrap();
+    // Inside: joins the cgroup, execs, touches 2048 pages and exits at once
+    // (within a tick: only the kernel's filter can see it), printing its
+    // whole minflt and that of the touching.
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let inside = Command::new("sh")
+        .args([
+            "-c",
+            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
+    let out = String::from_utf8_lossy(&inside.stdout).to_string();
+    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let (touch, whole) = (v[0], v[1]);
+    let mut outside = outside;
+    assert!(outside.wait().unwrap().success());
+    sleep(Duration::from_millis(800));
+    let text = scrape(port);
+    let counted = faults_with(&text, "");
+    assert!(touch >= 2048, "{out}");
+    // From its first event in the cgroup to its exit: at least the touching,
+    // at most its whole life; the other's 16384 pages are not there.
+    assert!(counted >= touch && counted <= whole + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    assert!(text.contains("comm=\"python3\""), "{text}");
+    served.stop();
+}
+
+/// One HTTP request to serve, the whole reply.
+fn http(port: u16, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    // A reset (a connection past the cap) reads as an empty reply.
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// serve under a hostile host: the port it got is said (`--port 0`), HEAD
+/// and `/` are answered, idle connections past the cap cannot keep a
+/// scrape out, a hostile tick is refused, and SIGHUP ends it cleanly.
+#[test]
+fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
+    let _t = host_test();
+    let out = faultscope(&["serve", "-p", "1", "--tick", "1e-10"]);
+    assert_eq!(out.status.code(), Some(2));
+    let mut target = Command::new("sleep").arg("60").spawn().unwrap();
+    let mut serve = Command::new(BIN)
+        .args(["serve", "-p", &target.id().to_string(), "--port", "0", "--tick", "0.2"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ends serve when an assertion fails first.
+    struct Term(u32);
+    impl Drop for Term {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
+        }
+    }
+    let _term = Term(serve.id());
+    use std::io::BufRead as _;
+    let mut lines = std::io::BufReader::new(serve.stderr.take().unwrap()).lines();
+    let port: u16 = loop {
+        let l = lines.next().expect("serve said where it serves").unwrap();
+        if let Some(rest) = l.strip_prefix("faultscope: serving OpenMetrics on http://127.0.0.1:") {
+            break rest.trim_end_matches("/metrics").parse().unwrap();
+        }
+    };
+    assert_ne!(port, 0);
+    // Idle clients, more than the cap: past it they are closed at once, so
+    // serve's descriptors stay bounded, and once the idle ones time out
+    // (5 s) a scrape gets in.
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", serve.id())).unwrap().count();
+    let before = fds();
+    let idle: Vec<_> =
+        (0..200).filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    sleep(Duration::from_millis(500));
+    let held = fds() - before;
+    assert!(held <= 64 + 4, "serve holds {held} more descriptors with 200 idle clients (cap 64)");
+    let answered = (0..40).any(|_| {
+        let ok = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").starts_with("HTTP/1.1 200");
+        if !ok {
+            sleep(Duration::from_millis(500));
+        }
+        ok
+    });
+    assert!(answered, "no scrape answered within 20 s of 200 idle clients");
+    let head = http(port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"), "{head}");
+    assert!(http(port, "GET / HTTP/1.1\r\nConnection: close\r\n\r\n").contains("href=\"/metrics\""));
+    let scrape = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert!(scrape.contains("faultscope_build_info"), "{scrape}");
+    // Keep-alive: a bare-LF request, then a gzip'd scrape on the same
+    // connection; a POST is refused.
+    {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"GET / HTTP/1.1\nHost: x\n\n").unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let head_end = |b: &[u8]| b.windows(4).position(|w| w == b"\r\n\r\n");
+        while head_end(&buf).is_none() {
+            let n = c.read(&mut chunk).unwrap();
+            assert!(n > 0, "closed after the first reply: {}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let h = head_end(&buf).unwrap();
+        let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap();
+        while buf.len() < h + 4 + len {
+            let n = c.read(&mut chunk).unwrap();
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        c.write_all(b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n").unwrap();
+        let mut rest = Vec::new();
+        c.read_to_end(&mut rest).unwrap();
+        let h = head_end(&rest).expect("a second reply on the same connection");
+        let head = String::from_utf8_lossy(&rest[..h]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200") && head.contains("content-encoding: gzip"), "{head}");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&rest[h + 4..]).read_to_string(&mut text).unwrap();
+        assert!(text.contains("faultscope_build_info"), "{text}");
+        let post = http(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+    }
+    drop(idle);
+    unsafe { libc::kill(serve.id() as i32, libc::SIGHUP) };
+    let st = serve.wait().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+}
+
+/// A Python run as `exe` (its comm) that touches 2048 new pages and exits at
+/// once; its output: the minflt of the touching, then of its whole life.
+fn short_python(exe: &Path) -> (u64, u64) {
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let out = Command::new(exe).args(["-c", script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Vec<u64> =
+        String::from_utf8_lossy(&out.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect();
+    assert!(v[0] >= 2048, "{v:?}");
+    (v[0], v[1])
+}
+
+/// `serve --comm`: a program that lives far less than a tick is counted
+/// from its exec (the kernel adopts it there), bounded by the page
+/// arithmetic and its own getrusage; a comm the kernel could never hold is
+/// refused.
+#[test]
+fn serve_comm_counts_a_process_shorter_than_a_tick_from_its_exec() {
+    let _t = host_test();
+    let out = faultscope(&["serve", "--comm", "0123456789abcdef"]);
+    assert_refused(&out, "--comm");
+    let port = 9876;
+    let dir = tmp();
+    let exe = dir.path().join("fs-shortlived");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    // A tick of 5 s: the /proc scan could not see it.
+    let served = Served::start(&["--comm", "fs-shortlived", "--port", &port.to_string(), "--tick", "5"]);
+    wait_serving(port);
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        runs.push(short_python(&exe));
+    }
+    // Counted at the next tick.
+    sleep(Duration::from_millis(6000));
+    let text = scrape(port);
+    let counted = faults_with(&text, "comm=\"fs-shortlived\"");
+    let touched: u64 = runs.iter().map(|r| r.0).sum();
+    let whole: u64 = runs.iter().map(|r| r.1).sum();
+    assert!(
+        counted >= touched && counted <= whole + TOLERANCE,
+        "{counted} counted; runs (touch, whole) {runs:?}\n{text}"
+    );
+    let err = served.stop();
+    assert!(err.matches("(fs-shortlived)").count() >= 2, "{err}");
+}
+
+/// `serve --cgroup`: a cgroup removed and created again (a service
+/// restart) is a new id; serve says so and counts the processes of the new
+/// one.
+#[test]
+fn serve_follows_a_cgroup_created_again() {
+    let _t = host_test();
+    let port = 9877;
+    let cg = cgroup2_root().join(format!("faultscope-recreate-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    struct Rmdir(PathBuf);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                    return;
+                }
+                sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let _rm = Rmdir(cg.clone());
+    let served =
+        Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    std::fs::remove_dir(&cg).unwrap();
+    sleep(Duration::from_millis(600));
+    std::fs::create_dir(&cg).unwrap();
+    sleep(Duration::from_millis(600));
+    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
+    let inside = Command::new("sh")
+        .args([
+            "-c",
+            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
+    let out = String::from_utf8_lossy(&inside.stdout).to_string();
+    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    sleep(Duration::from_millis(800));
+    let text = scrape(port);
+    let counted = faults_with(&text, "");
+    assert!(counted >= v[0] && counted <= v[1] + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    let err = served.stop();
+    assert!(err.contains("is gone") && err.contains("is back (id "), "{err}");
+}
+
+/// serve out of descriptors: its RLIMIT_NOFILE lowered (on the running
+/// serve) to what it holds plus a few, idle clients take the rest. It keeps
+/// counting its target (the target's own getrusage minflt, touched while no
+/// descriptor is left), never takes it for exited, counts the refused
+/// connections, and answers again once the clients are gone.
+#[test]
+fn serve_out_of_descriptors_keeps_counting() {
+    use std::io::{BufRead, Write};
+    let _t = host_test();
+    let port = 9878;
+    let (mut wl, mut stdin, mut stdout) = paced_python(Path::new("/usr/bin/python3"));
+    let served = Served::start(&["-p", &wl.id().to_string(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    sleep(Duration::from_millis(500));
+    let before = faults_with(&scrape(port), "");
+    let spid = served.0.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{spid}/fd")).unwrap().count() as u64;
+    let limit = fds() + 4;
+    let lim = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+    assert_eq!(unsafe { libc::prlimit(spid as i32, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) }, 0);
+    let idle: Vec<_> =
+        (0..40).filter_map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    sleep(Duration::from_millis(500));
+    assert!(fds() >= limit - 1, "serve holds {} of {limit} descriptors", fds());
+    stdin.write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let minflt: u64 = line.trim().parse().unwrap();
+    // Ticks with no descriptor left.
+    sleep(Duration::from_millis(1000));
+    drop(idle);
+    let text = (0..20)
+        .find_map(|_| {
+            sleep(Duration::from_millis(500));
+            let r = http(port, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+            r.starts_with("HTTP/1.1 200").then(|| r.split_once("\r\n\r\n").unwrap().1.to_string())
+        })
+        .expect("serve answers once the idle clients are gone");
+    let delta = faults_with(&text, "") - before;
+    assert!(
+        minflt >= 2048 && delta >= minflt && delta <= minflt + TOLERANCE,
+        "{delta} counted, getrusage {minflt}\n{text}"
+    );
+    assert!(sample(&text, "faultscope_drops_total{reason=\"accept_errors\"}") > 0, "{text}");
+    stdin.write_all(b"bye\n").unwrap();
+    wl.wait().unwrap();
+    let err = served.stop();
+    assert_eq!(err.matches("cannot accept a connection").count(), 1, "{err}");
+}
