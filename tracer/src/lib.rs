@@ -17,6 +17,7 @@ pub mod cmd;
 pub mod collect;
 pub mod error;
 pub mod kernel;
+pub mod memory;
 pub mod output;
 pub mod report;
 pub mod signals;

@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand};
 use faultscope::term::{safe, say};
 use faultscope::{
-    cmd::{self, bench, diff, mark, plot, probes, record, serve, verify, workload},
+    cmd::{self, bench, diff, mark, plot, probes, record, serve, verify},
     collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
     report::schema,
@@ -51,9 +51,6 @@ enum Cmd {
         recorder: Option<u32>,
         label: String,
     },
-    /// The built-in fork/write workload (populate, fork, child exits or
-    /// stays, write one byte per page), reporting its own page arithmetic.
-    Workload(workload::WorkloadOpts),
     /// Print the JSON Schema of the report (faultscope/1).
     Schema,
     /// Trace until SIGINT/SIGTERM and serve OpenMetrics on
@@ -93,7 +90,6 @@ fn main() {
             .and_then(|rt| rt.block_on(serve::run(o))),
         Cmd::Probes { load, backend } => probes::run(load, backend),
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
-        Cmd::Workload(o) => workload::run(&o).map(|()| 0),
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Diff { a, b } => diff::run(&a, &b),
         Cmd::Plot { report, output } => plot::run(&report, &output),

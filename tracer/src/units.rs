@@ -56,6 +56,18 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// A bad number of seconds (negative, NaN, infinite, too large for a
+/// Duration) is refused before anything is attached.
+pub fn seconds(flag: &str, v: Option<f64>) -> Result<Option<std::time::Duration>, crate::error::Refusal> {
+    match v {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+        Some(s) => Err(crate::error::Refusal::new(format!(
+            "{flag} {s}: give a number of seconds above 0 (at most 1e9)"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

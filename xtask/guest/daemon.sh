@@ -22,6 +22,10 @@ API=http://127.0.0.1:9090/api/v1
 COUNTERS='{__name__=~"faultscope_faults_total|faultscope_class_faults_total|faultscope_forks_total|faultscope_fault_duration_seconds_count",comm="redis-server"}'
 
 http() { in_host /usr/bin/curl -s --max-time 30 "$@"; }
+# answers URL: an HTTP 2xx from URL.
+answers() { http -f "$1" > /dev/null; }
+# serving_or_gone: serve answers, or it has exited.
+serving_or_gone() { answers http://127.0.0.1:$PORT/metrics || ! kill -0 $serve 2>/dev/null; }
 
 # promql NAME QUERY: the HTTP API's answer to an instant query, as section
 # NAME.
@@ -42,13 +46,13 @@ last_scrape() {
 # counter of redis-server (section NAME.prom).
 quiet() {
 	t=$(date +%s)
-	i=0
-	until ts=$(last_scrape) && [ -n "$ts" ] && awk -v a="$ts" -v b="$t" 'BEGIN { exit !(a >= b + 4) }'; do
-		i=$((i + 1))
-		[ $i -gt 120 ] && fail "$1: Prometheus took no scrape within 60 s (last at ${ts:-none}, stopped at $t)"
-		sleep 0.5
-	done
+	wait_until 60 scraped_after $t || fail "$1: Prometheus took no scrape within 60 s (last at $(last_scrape), stopped at $t)"
 	promql $1.prom "$COUNTERS"
+}
+
+# scraped_after T: Prometheus's last scrape is 4 s or more after T.
+scraped_after() {
+	ts=$(last_scrape) && [ -n "$ts" ] && awk -v a="$ts" -v b="$1" 'BEGIN { exit !(a >= b + 4) }'
 }
 
 # Prometheus in the chroot, scraping serve every second, on tmpfs.
@@ -65,12 +69,8 @@ prometheus_start() {
 	in_host /usr/bin/prometheus --config.file=$PROM/prometheus.yml --storage.tsdb.path=$PROM/data \
 		--web.listen-address=127.0.0.1:9090 > /tmp/prometheus.log 2>&1 &
 	prom=$!
-	i=0
-	until http -f http://127.0.0.1:9090/-/ready > /dev/null; do
-		i=$((i + 1))
-		[ $i -gt 600 ] && { emit prometheus.log /tmp/prometheus.log; fail "Prometheus not ready within 60 s"; }
-		sleep 0.1
-	done
+	wait_until 60 answers http://127.0.0.1:9090/-/ready ||
+		{ emit prometheus.log /tmp/prometheus.log; fail "Prometheus not ready within 60 s"; }
 	echo "@@FS-PROMETHEUS-VERSION main $(in_host /usr/bin/prometheus --version 2>&1 | head -n 1)"
 }
 
@@ -78,26 +78,17 @@ serve_start() {
 	skp0=$(grep -c . /sys/kernel/debug/kprobes/list)
 	/faultscope serve --comm redis-server --port $PORT --tick $TICK > /tmp/serve.out 2>&1 &
 	serve=$!
-	i=0
-	until http -f http://127.0.0.1:$PORT/metrics > /dev/null; do
-		i=$((i + 1))
-		if [ $i -gt 1200 ] || ! kill -0 $serve 2>/dev/null; then
-			emit serve.out /tmp/serve.out
-			fail "faultscope serve did not answer within 120 s"
-		fi
-		sleep 0.1
-	done
+	if ! wait_until 120 serving_or_gone || ! answers http://127.0.0.1:$PORT/metrics; then
+		emit serve.out /tmp/serve.out
+		fail "faultscope serve did not answer within 120 s"
+	fi
 	up serve-up
 }
 
 # traced RUN: waits until serve traces redis-server $pid.
 traced() {
-	i=0
-	until grep -q "tracing pid $pid " /tmp/serve.out; do
-		i=$((i + 1))
-		[ $i -gt 300 ] && { emit serve.out /tmp/serve.out; fail "$1: serve did not pick up redis-server $pid"; }
-		sleep 0.1
-	done
+	wait_until 30 grep -q "tracing pid $pid " /tmp/serve.out ||
+		{ emit serve.out /tmp/serve.out; fail "$1: serve did not pick up redis-server $pid"; }
 	up "$1.traced"
 }
 
@@ -105,12 +96,7 @@ traced() {
 # stopped (a thread in a fault finishes it first).
 freeze() {
 	kill -STOP $pid
-	i=0
-	until all_stopped; do
-		i=$((i + 1))
-		[ $i -gt 100 ] && fail "redis-server $pid did not stop"
-		sleep 0.05
-	done
+	wait_until 5 all_stopped || fail "redis-server $pid did not stop"
 }
 
 all_stopped() {

@@ -69,6 +69,30 @@ up() { read u _ < /proc/uptime; echo "@@FS-UP $1 $u"; }
 
 stat64k() { cat $MM/hugepages-64kB/stats/anon_fault_alloc 2>/dev/null || echo 0; }
 
+# fail WHAT: the case failed; the rest of the script does not run.
+fail() { echo "@@FS-FAIL $*"; exit 1; }
+
+# wait_until SECONDS CMD...: runs CMD every 0.1 s until it succeeds; returns
+# 1 once SECONDS have passed (the caller says what did not happen).
+wait_until() {
+	_left=$(($1 * 10)); shift
+	until "$@"; do
+		[ $_left -le 0 ] && return 1
+		_left=$((_left - 1))
+		sleep 0.1
+	done
+}
+
+# recorder_up PID: the record of PID listens on its mark socket (it has
+# attached), or it is gone.
+recorder_up() { [ -S /run/faultscope/record-$1.sock ] || ! kill -0 $1 2>/dev/null; }
+
+# gone PID: no process PID.
+gone() { ! kill -0 $1 2>/dev/null; }
+
+# attached PID: the record of PID has attached (not merely exited).
+attached() { [ -S /run/faultscope/record-$1.sock ]; }
+
 # emit NAME FILE: a file's content between markers on the console.
 emit() {
 	echo "@@FS-BEGIN $1"
@@ -89,14 +113,14 @@ run_case() {
 	a0=$(stat64k)
 	echo 1 > $T/tracing_on
 	up "$name.start"
-	/faultscope record --json /tmp/$name.fs.json $RECORD_ARGS -- /faultscope workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
+	/faultscope record --json /tmp/$name.fs.json $RECORD_ARGS -- /fs-workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
 	echo 0 > $T/tracing_on
 	a1=$(stat64k)
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
 	echo "@@FS-MTHP64-ALLOC $name $((a1 - a0))"
-	oracle_and_emit $name
+	oracle_and_emit $name out fs.json wl.json
 	emit $name.kprobe_profile $T/kprobe_profile
 }
 
@@ -125,29 +149,18 @@ run_attach_case() {
 	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo 1 > $T/tracing_on
 	up "$name.start"
-	/faultscope workload --out /tmp/$name.wl.json "$@" &
+	/fs-workload --out /tmp/$name.wl.json "$@" &
 	wl=$!
-	child=
-	i=0
-	until [ -n "$child" ]; do
-		i=$((i + 1))
-		[ $i -gt 1200 ] && { echo "@@FS-FAIL $name: the workload forked no child"; return 1; }
-		sleep 0.1
-		child=$(cat /proc/$wl/task/$wl/children 2>/dev/null | tr -d ' ')
-	done
+	wait_until 120 forked $wl || { echo "@@FS-FAIL $name: the workload forked no child"; return 1; }
+	child=$(cat /proc/$wl/task/$wl/children | tr -d ' ')
 	echo "@@FS-CHILD $name $child"
 	/faultscope record -p $wl --json /tmp/$name.fs.json > /tmp/$name.out 2>&1 &
 	fs=$!
-	i=0
-	until [ -S /run/faultscope/record-$fs.sock ]; do
-		i=$((i + 1))
-		if [ $i -gt 1200 ] || ! kill -0 $fs 2>/dev/null; then
-			emit $name.out /tmp/$name.out
-			echo "@@FS-FAIL $name: faultscope did not attach within 120 s"
-			return 1
-		fi
-		sleep 0.1
-	done
+	if ! wait_until 120 recorder_up $fs || ! attached $fs; then
+		emit $name.out /tmp/$name.out
+		echo "@@FS-FAIL $name: faultscope did not attach within 120 s"
+		return 1
+	fi
 	up "$name.attached"
 	echo "@@FS-CHILD-ALIVE-AT-ATTACH $name $(kill -0 $child 2>/dev/null && echo yes || echo no)"
 	kill -KILL $child
@@ -158,22 +171,26 @@ run_attach_case() {
 	echo 0 > $T/tracing_on
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
-	oracle_and_emit $name
+	oracle_and_emit $name out fs.json wl.json
 }
 
-# oracle_and_emit NAME: after a case, the oracle over the trace (split by
-# /tmp/NAME.ranges when the case wrote them), the trace's size and
-# overrun, and the case's outputs as sections.
+# forked PID: PID has a child.
+forked() { [ -n "$(cat /proc/$1/task/$1/children 2>/dev/null | tr -d ' ')" ]; }
+
+# oracle_and_emit NAME SUFFIX...: after a case, the oracle over the trace
+# (split by /tmp/NAME.ranges when the case wrote them), the trace's size
+# and overrun, and the case's outputs /tmp/NAME.SUFFIX and the oracle's as
+# sections. The one tail of every traced case.
 oracle_and_emit() {
-	name=$1
+	name=$1; shift
 	up "$name.recorded"
 	/oracle $(cat /tmp/$name.ranges 2>/dev/null) < $T/trace > /tmp/$name.oracle
 	up "$name.oracle"
 	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
 	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
-	emit $name.out /tmp/$name.out
-	emit $name.fs.json /tmp/$name.fs.json
-	emit $name.wl.json /tmp/$name.wl.json
+	for s in "$@"; do
+		emit $name.$s /tmp/$name.$s
+	done
 	emit $name.oracle /tmp/$name.oracle
 }
 

@@ -12,12 +12,7 @@ bench_case() {
 	/faultscope bench "$@" --backend $BACKEND --json /tmp/$name.json > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
 	echo 0 > $T/tracing_on
-	up "$name.recorded"
-	/oracle < $T/trace > /tmp/$name.oracle
-	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
-	emit $name.out /tmp/$name.out
-	emit $name.json /tmp/$name.json
-	emit $name.oracle /tmp/$name.oracle
+	oracle_and_emit $name out json
 }
 
 S=${SIZE:-16M}

@@ -17,12 +17,12 @@
 # empty (the guest chroots into the bpftrace image at /bt).
 . ${LIB:-/lib.sh}
 FS=${FAULTSCOPE:-/faultscope}
+WL=${FS_WORKLOAD:-/fs-workload}
 LT=${LINETIME:-/linetime}
 W=${WORK:-/tmp}
 BT=${BT_ROOT-/bt}
 SCRIPTS=${SCRIPTS:-/bt-scripts}
 
-fail() { echo "@@FS-FAIL $*"; exit 1; }
 
 # $BTX CMD...: bpftrace and bpftool run inside the bpftrace image's root
 # in a guest, as they are on the host.
@@ -32,12 +32,7 @@ in_bt() { $BTX "$@"; }
 # The bpftrace image (an NVMe disk) mounted, with the guest's file systems
 # inside, for chroot; the scripts copied in.
 bt_mount() {
-	i=0
-	until [ -b /dev/nvme0n1 ]; do
-		i=$((i + 1))
-		[ $i -gt 300 ] && fail "no /dev/nvme0n1 (the bpftrace image) after 30 s"
-		sleep 0.1
-	done
+	wait_until 30 [ -b /dev/nvme0n1 ] || fail "no /dev/nvme0n1 (the bpftrace image) after 30 s"
 	mkdir -p $BT
 	mount -t ext4 -o ro /dev/nvme0n1 $BT || fail "mount the bpftrace image"
 	mount -t proc proc $BT/proc && mount -t sysfs sys $BT/sys && mount -t devtmpfs dev $BT/dev &&
@@ -50,15 +45,11 @@ bt_mount() {
 
 # wait_file FILE PID: until FILE is there; fails when PID is gone first.
 wait_file() {
-	i=0
-	until [ -s "$1" ]; do
-		i=$((i + 1))
-		if [ $i -gt 3000 ] || ! kill -0 $2 2>/dev/null; then
-			return 1
-		fi
-		sleep 0.1
-	done
+	wait_until 300 written_or_gone "$1" $2 && [ -s "$1" ]
 }
+
+# written_or_gone FILE PID: FILE has content, or PID is gone.
+written_or_gone() { [ -s "$1" ] || ! kill -0 $2 2>/dev/null; }
 
 # stuck WHAT PID...: what everything is doing (ps, the processes' kernel
 # stacks, dmesg), then fail: a run that hangs says where.
@@ -80,12 +71,7 @@ stuck() {
 # finish PID SECS WHAT: waits for PID (a child of this shell) and returns its
 # exit status; if it runs longer than SECS, stuck.
 finish() {
-	i=0
-	while kill -0 $1 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -gt $(($2 * 10)) ] && stuck "$3: still running after $2 s" $1 $(cat /proc/$1/task/*/children 2>/dev/null)
-		sleep 0.1
-	done
+	wait_until $2 gone $1 || stuck "$3: still running after $2 s" $1 $(cat /proc/$1/task/*/children 2>/dev/null)
 	wait $1
 }
 
@@ -185,12 +171,7 @@ stats() {
 		fs=$!
 		wait_file $W/$c.attach $fs || { emit $c.out $W/$c.out; fail "$c: faultscope did not attach"; }
 		touch $W/$c.go
-		i=0
-		until [ -s $W/$c.done ]; do
-			i=$((i + 1))
-			[ $i -gt 6000 ] && fail "$c: the bench did not end"
-			sleep 0.1
-		done
+		wait_until 600 [ -s $W/$c.done ] || fail "$c: the bench did not end"
 		echo "@@FS-RC $c $(cat $W/$c.done)"
 		progs $c
 		kill $sh
@@ -211,7 +192,7 @@ stats() {
 # follows.
 storm() {
 	c=$1 by=$2; shift 2
-	$FS workload --size $STORM_SIZE --repeat-for $((STORM * 3 + 300)) --repeat-by $by < /dev/null > /dev/null 2>&1 &
+	$WL --size $STORM_SIZE --repeat-for $((STORM * 3 + 300)) --repeat-by $by < /dev/null > /dev/null 2>&1 &
 	wl=$!
 	$LT $W/$c.attach 'faultscope: measuring' $FS record -p $wl --interval 1 --duration $STORM \
 		"$@" --json $W/$c.json > $W/$c.out 2>&1 &

@@ -15,7 +15,6 @@
 H=/host
 SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
 
-fail() { echo "@@FS-FAIL $*"; exit 1; }
 
 # The host's / over 9p, with the guest's /proc, /sys and /dev, and tmpfs
 # where Redis and its tools write.
@@ -37,6 +36,8 @@ in_host() { chroot $H /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp "$@"; }
 cli() { in_host /usr/bin/redis-cli -s $SOCK "$@" | tr -d '\r'; }
 info_field() { cli INFO "$1" | sed -n "s/^$2://p"; }
 uptime_s() { read u _ < /proc/uptime; echo $u; }
+redis_up() { [ "$(cli PING 2>/dev/null)" = PONG ]; }
+bgsave_done() { [ "$(info_field persistence rdb_bgsave_in_progress)" = 0 ]; }
 
 # The data set, loaded inside Redis in one script (as fast as DEBUG
 # POPULATE), under the names redis-benchmark -r gives its keys
@@ -54,12 +55,7 @@ start_redis() {
 	echo 1 > $T/tracing_on
 	in_host /usr/bin/redis-server --port 0 --unixsocket $SOCK --save '' --appendonly no \
 		--dir $dir --logfile $dir/redis.log $REDIS_ARGS &
-	i=0
-	until [ "$(cli PING 2>/dev/null)" = PONG ]; do
-		i=$((i + 1))
-		[ $i -gt 300 ] && { emit $1.redis.log $H$dir/redis.log; fail "$1: redis-server did not start"; }
-		sleep 0.1
-	done
+	wait_until 30 redis_up || { emit $1.redis.log $H$dir/redis.log; fail "$1: redis-server did not start"; }
 	pid=$(pidof redis-server)
 	echo "@@FS-PID $1 $pid"
 	echo "@@FS-KEYS $1 $KEYS"
@@ -74,12 +70,7 @@ start_redis() {
 bgsave() {
 	t0=$(uptime_s)
 	r=$(cli BGSAVE)
-	i=0
-	until [ "$(info_field persistence rdb_bgsave_in_progress)" = 0 ]; do
-		i=$((i + 1))
-		[ $i -gt 1200 ] && fail "$1: BGSAVE did not end"
-		sleep 0.05
-	done
+	wait_until 60 bgsave_done || fail "$1: BGSAVE did not end"
 	t1=$(uptime_s)
 	echo "@@FS-BGSAVE $1 $t0 $t1 $r"
 }
@@ -96,20 +87,15 @@ record_start() {
 	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
 	/faultscope record -p $pid --json /tmp/$1.fs.json $RECORD_ARGS > /tmp/$1.out 2>&1 &
 	fs=$!
-	i=0
-	until [ -S /run/faultscope/record-$fs.sock ]; do
-		i=$((i + 1))
-		if [ $i -gt 1200 ] || ! kill -0 $fs 2>/dev/null; then
-			emit $1.out /tmp/$1.out
-			if kill -0 $fs 2>/dev/null; then
-				for f in status wchan stack syscall; do emit $1.faultscope.$f /proc/$fs/$f; done
-				for t in /proc/$fs/task/*; do echo "task $t: $(cat $t/wchan) $(cat $t/syscall)"; done
-				dmesg | tail -n 20
-			fi
-			fail "$1: faultscope did not attach within 120 s"
+	if ! wait_until 120 recorder_up $fs || ! attached $fs; then
+		emit $1.out /tmp/$1.out
+		if kill -0 $fs 2>/dev/null; then
+			for f in status wchan stack syscall; do emit $1.faultscope.$f /proc/$fs/$f; done
+			for t in /proc/$fs/task/*; do echo "task $t: $(cat $t/wchan) $(cat $t/syscall)"; done
+			dmesg | tail -n 20
 		fi
-		sleep 0.1
-	done
+		fail "$1: faultscope did not attach within 120 s"
+	fi
 	up "$1.attached"
 	# Redis is idle here; let any straggling work (the last client's
 	# teardown) finish inside the window.
@@ -135,24 +121,12 @@ record_stop() {
 	echo 0 > $T/tracing_on
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $1 $((kp1 - kp0))"
-	up "$1.recorded"
-	/oracle < $T/trace > /tmp/$1.oracle
-	up "$1.oracle"
-	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $1 /"
-	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$1 '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
-	emit $1.out /tmp/$1.out
-	emit $1.fs.json /tmp/$1.fs.json
-	emit $1.oracle /tmp/$1.oracle
+	oracle_and_emit $1 out fs.json
 }
 
 stop_redis() {
 	cli SHUTDOWN NOSAVE > /dev/null 2>&1
-	i=0
-	while kill -0 $pid 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -gt 100 ] && { kill -9 $pid; break; }
-		sleep 0.1
-	done
+	wait_until 10 gone $pid || kill -9 $pid
 	emit $1.redis.log $H/tmp/$1/redis.log
 }
 

@@ -29,7 +29,7 @@ pub fn build_faultscope() -> Result<PathBuf> {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
-        .args(["build", "--release", "-p", "faultscope", "--target", TARGET])
+        .args(["build", "--release", "-p", "faultscope", "-p", "faultscope-workload", "--target", TARGET])
         .arg("--target-dir")
         .arg(&target_dir))?;
     Ok(target_dir.join(TARGET).join("release/faultscope"))

@@ -239,6 +239,8 @@ fn test() -> Result<()> {
     setup::setup()?;
     // Unit tests and host tests (tracepoint mode, verifier, refusals, no
     // leftover BPF programs). One thread: host tests attach to the kernel.
+    // The host tests run the test workload, a binary of its own crate.
+    run(Command::new("cargo").current_dir(root()).args(["build", "-p", "faultscope-workload"]))?;
     run(Command::new("cargo").current_dir(root()).args([
         "test",
         "--workspace",

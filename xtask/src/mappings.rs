@@ -1,6 +1,6 @@
 //! The attribution guest case (`mappings4k` of the foundation test):
 //! `faultscope record --sites reuse,copy --stacks reuse,copy --flamegraph`
-//! over `faultscope workload --mappings`, which writes three mappings of
+//! over `fs-workload --mappings`, which writes three mappings of
 //! different kinds after the fork, each by a function of its own. Checked
 //! per mapping against the page arithmetic and against the oracle's counts
 //! in the same address ranges; the sites and stacks must name the writers.

@@ -78,15 +78,29 @@ impl GuestRun {
     }
 }
 
-/// Builds the release binary the guest of `arch` runs.
+/// Builds the release binary the guest of `arch` runs, and beside it the
+/// test workload ([`workload_beside`]).
 pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
     match arch {
         "amd64" => {}
         "arm64" => return cross::build_faultscope(),
         other => bail!("no faultscope build for arch {other}"),
     }
-    run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", "faultscope"]))?;
+    run(Command::new("cargo").current_dir(root()).args([
+        "build",
+        "--release",
+        "-p",
+        "faultscope",
+        "-p",
+        "faultscope-workload",
+    ]))?;
     Ok(root().join("target/release/faultscope"))
+}
+
+/// The test workload (`fs-workload`, its own crate: not part of the
+/// product) built beside `faultscope`.
+pub fn workload_beside(faultscope: &Path) -> PathBuf {
+    faultscope.with_file_name("fs-workload")
 }
 
 /// Shared libraries a dynamic binary needs, from ldd: (path, path again),
@@ -155,9 +169,13 @@ pub fn initramfs_with(
     };
     copy_into(&rootfs, &busybox, "/bin/busybox")?;
     copy_into(&rootfs, faultscope, "/faultscope")?;
+    let workload = workload_beside(faultscope);
+    copy_into(&rootfs, &workload, "/fs-workload")?;
     if arch == "amd64" {
-        for lib in shared_libs(faultscope)? {
-            copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
+        for bin in [faultscope, workload.as_path()] {
+            for lib in shared_libs(bin)? {
+                copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
+            }
         }
     }
     let guest = root().join("xtask/guest");

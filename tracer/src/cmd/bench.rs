@@ -20,12 +20,12 @@ use clap::{Args, ValueEnum};
 use super::{
     folio::{self, FolioCheck, Knobs},
     record::{self, Recorder},
-    workload::{self, map_aligned, usage, Child, Usage},
 };
 use crate::{
     collect::accounting::{KernelCount, Start},
     error::Refusal,
     kernel::{self, classes::ReportClass},
+    memory::{self, map_aligned, usage, Child, Usage},
     report::{
         file, findings,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
@@ -202,7 +202,7 @@ impl<'a> Run<'a> {
         self.mark("populate")?;
         let from = usage();
         // SAFETY: the region this run mapped.
-        unsafe { workload::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1) };
+        unsafe { memory::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1) };
         self.steps.push(Step { label: "populate", from, to: usage() });
         if self.o.folio == PMD_SIZE && !self.o.pmd {
             split_pmds(self.mem.base, self.mem.len)?;
@@ -216,9 +216,9 @@ impl<'a> Run<'a> {
         self.mark("fork")?;
         let from = usage();
         // An alive child dies with the bench, whatever kills it.
-        let child = workload::fork_child(match self.o.child {
-            Child::Alive => workload::ChildLife::Stay,
-            Child::Exit => workload::ChildLife::Exit(None),
+        let child = memory::fork_child(match self.o.child {
+            Child::Alive => memory::ChildLife::Stay,
+            Child::Exit => memory::ChildLife::Exit(None),
         })?;
         self.child = child;
         if self.o.child == Child::Exit {

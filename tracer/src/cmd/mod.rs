@@ -1,6 +1,6 @@
 //! The commands: each drives the pipeline (kernel -> collect -> report) for
 //! one use. `record` and `bench` trace; `mark` talks to a running record;
-//! `probes` shows the probe table; `workload` is the test workload.
+//! `probes` shows the probe table.
 
 pub mod bench;
 pub mod diff;
@@ -11,7 +11,6 @@ pub mod probes;
 pub mod record;
 pub mod serve;
 pub mod verify;
-pub mod workload;
 
 /// What an earlier faultscope killed by SIGKILL (or the OOM killer, or a
 /// panic) can leave behind, repaired by the next faultscope run as root:

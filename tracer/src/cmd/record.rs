@@ -150,16 +150,6 @@ pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
     }
 }
 
-/// A bad number of seconds (negative, NaN, infinite, too large for a
-/// Duration) is refused before anything is attached.
-pub(crate) fn seconds(flag: &str, v: Option<f64>) -> Result<Option<Duration>, Refusal> {
-    match v {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(Refusal::new(format!("{flag} {s}: give a number of seconds above 0 (at most 1e9)"))),
-    }
-}
-
 /// One run of `record`: the recorder and what the run loop keeps.
 pub struct Recording {
     pub rec: Recorder,
@@ -193,8 +183,8 @@ impl Recording {
         if o.pids.is_empty() && o.command.is_empty() {
             return Err(Refusal::new("nothing to trace: give -p PID or -- COMMAND").into());
         }
-        let duration = seconds("--duration", o.duration)?;
-        let interval = seconds("--interval", o.interval)?;
+        let duration = crate::units::seconds("--duration", o.duration)?;
+        let interval = crate::units::seconds("--interval", o.interval)?;
         if o.count == Some(0) {
             return Err(Refusal::new("--count 0: give at least 1 interval").into());
         }

@@ -161,10 +161,15 @@ impl ExitDetection {
     }
 }
 
-/// The best way this kernel offers. `FAULTSCOPE_EXIT_VIA=signal-live` or
-/// `=leader` skips the better ones (for tests of the fallbacks).
+/// The best way this kernel offers. In a debug build (the host tests'),
+/// `FAULTSCOPE_EXIT_VIA=signal-live` or `=leader` skips the better ones, to
+/// test the fallbacks; a release build reads no such variable.
 pub fn exit_detection(tracefs: &Path, btf: &KernelBtf) -> ExitDetection {
-    let via = std::env::var("FAULTSCOPE_EXIT_VIA").unwrap_or_default();
+    let via = if cfg!(debug_assertions) {
+        std::env::var("FAULTSCOPE_EXIT_VIA").unwrap_or_default()
+    } else {
+        String::new()
+    };
     if via.is_empty() {
         if let Some(off) = kernel::tracepoint_fields(tracefs, "sched", "sched_process_exit")
             .ok()

@@ -110,7 +110,20 @@ fn assert_nothing_left() {
     panic!("faultscope left BPF programs loaded: {:?}", leftover_programs());
 }
 
-/// `faultscope record --json -- faultscope workload --size SIZE`: the output,
+/// The test workload (`fs-workload`, a crate of its own: not part of the
+/// product), beside the faultscope binary of this build (`cargo xtask test`
+/// builds it first; cargo holds the build lock while tests run, so they
+/// cannot build it themselves).
+fn workload() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = Path::new(BIN).with_file_name("fs-workload");
+        assert!(p.exists(), "{} is missing: run `cargo build -p faultscope-workload` first", p.display());
+        p.display().to_string()
+    })
+}
+
+/// `faultscope record --json -- fs-workload --size SIZE`: the output,
 /// the report and the workload's own report.
 fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {
     let (fs, wl) = (d.join("fs.json"), d.join("wl.json"));
@@ -119,8 +132,7 @@ fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {
         "--json",
         fs.to_str().unwrap(),
         "--",
-        BIN,
-        "workload",
+        workload(),
         "--size",
         size,
         "--thp",

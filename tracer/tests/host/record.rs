@@ -90,18 +90,8 @@ fn record_pid_follows_a_running_process_to_its_exit() {
     let _t = host_test();
     let d = tmp();
     let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
-    let mut child = Command::new(BIN)
-        .args([
-            "workload",
-            "--size",
-            "32M",
-            "--thp",
-            "never",
-            "--start-delay",
-            "2",
-            "--out",
-            wl.to_str().unwrap(),
-        ])
+    let mut child = Command::new(workload())
+        .args(["--size", "32M", "--thp", "never", "--start-delay", "2", "--out", wl.to_str().unwrap()])
         .spawn()
         .unwrap();
     let pid = child.id().to_string();
@@ -239,8 +229,8 @@ fn a_child_forked_before_attach_is_seen() {
     let _t = host_test();
     let d = tmp();
     let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
-    let mut work = Command::new(BIN)
-        .args(["workload", "--size", "32M", "--thp", "never", "--child-lifetime", "60"])
+    let mut work = Command::new(workload())
+        .args(["--size", "32M", "--thp", "never", "--child-lifetime", "60"])
         .args(["--out", wl.to_str().unwrap()])
         .spawn()
         .unwrap();
@@ -303,7 +293,7 @@ fn a_process_lives_until_its_last_thread_exits() {
         let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
         let out = Command::new(fs_bin())
             .env("FAULTSCOPE_EXIT_VIA", via)
-            .args(["record", "--json", fs.to_str().unwrap(), "--", BIN, "workload", "--leader-exit", "0.5"])
+            .args(["record", "--json", fs.to_str().unwrap(), "--", workload(), "--leader-exit", "0.5"])
             .args(["--size", "32M", "--thp", "never", "--child", "exit", "--out", wl.to_str().unwrap()])
             .output()
             .unwrap();
@@ -373,10 +363,8 @@ fn a_reused_pid_is_not_the_exited_target() {
     target.wait().unwrap();
     // The pid is free: a workload takes it at once, well inside the 50 ms
     // in which faultscope drains events.
-    let again = spawn_with_pid(
-        pid,
-        &[BIN, "workload", "--size", "16M", "--thp", "never", "--out", wl.to_str().unwrap()],
-    );
+    let again =
+        spawn_with_pid(pid, &[workload(), "--size", "16M", "--thp", "never", "--out", wl.to_str().unwrap()]);
     let mut st = 0;
     unsafe { libc::waitpid(again as i32, &mut st, 0) };
     assert!(libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, "workload status {st:#x}");
@@ -492,8 +480,7 @@ fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
         "--json",
         fs.to_str().unwrap(),
         "--",
-        BIN,
-        "workload",
+        workload(),
         "--size",
         "16M",
         "--thp",

@@ -1,4 +1,5 @@
-//! The built-in workload: populate, fork, write, with known page arithmetic.
+//! fs-workload, the test workload (not part of the product): populate,
+//! fork, write, with known page arithmetic.
 //!
 //! Populate anonymous memory, fork, let the child exit (COW reuse) or stay
 //! alive (COW copy), then write one byte per page. It reports its own view of
@@ -13,14 +14,17 @@
 //! mapped read-only: every write copies), and pages it adds to `[heap]`
 //! with `sbrk`.
 
-use crate::units::parse_size;
 use std::{fmt::Write as _, fs, path::PathBuf, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
-use clap::{Args, ValueEnum};
+use clap::{Parser, ValueEnum};
 use serde_json::json;
 
-use crate::error::Refusal;
+use faultscope::{
+    error::Refusal,
+    memory::{fork_child, map_aligned, map_aligned_with, phase, usage, write_pages, Child, ChildLife, Usage},
+    units::parse_size,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Thp {
@@ -32,15 +36,10 @@ pub enum Thp {
     System,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Child {
-    /// The child exits before the parent writes: writes reuse.
-    Exit,
-    /// The child stays alive while the parent writes: writes copy.
-    Alive,
-}
-
-#[derive(Args, Clone, Debug)]
+/// The test workload of faultscope's host and guest tests: its own
+/// getrusage view of each phase is the oracle the tests compare with.
+#[derive(Parser, Clone, Debug)]
+#[command(name = "fs-workload", version)]
 pub struct WorkloadOpts {
     /// Anonymous memory to use, e.g. 64M, 256M, 1G.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
@@ -125,133 +124,6 @@ pub enum RepeatBy {
     /// MADV_DONTNEED the memory: each write is a first-touch fault on a
     /// fresh zeroed page, and nothing else happens.
     Dontneed,
-}
-
-/// getrusage(RUSAGE_SELF) and the time: the workload's own view of a phase.
-#[derive(Clone, Copy)]
-pub struct Usage {
-    pub minflt: i64,
-    pub majflt: i64,
-    pub at: Instant,
-    /// The process's CPU time so far (CLOCK_PROCESS_CPUTIME_ID), ns.
-    pub cpu_ns: u64,
-}
-
-pub fn usage() -> Usage {
-    // SAFETY: getrusage and clock_gettime fill the structs.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    let cpu_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    Usage { minflt: ru.ru_minflt, majflt: ru.ru_majflt, at: Instant::now(), cpu_ns }
-}
-
-pub fn phase(a: Usage, b: Usage) -> serde_json::Value {
-    json!({
-        "minflt": b.minflt - a.minflt,
-        "majflt": b.majflt - a.majflt,
-        "wall_ns": (b.at - a.at).as_nanos() as u64,
-        "cpu_ns": b.cpu_ns.saturating_sub(a.cpu_ns),
-    })
-}
-
-/// What a forked child does with the memory it shares.
-#[derive(Clone, Copy, Debug)]
-pub enum ChildLife {
-    /// Stays until killed, and dies with its parent (`PR_SET_PDEATHSIG`).
-    Stay,
-    /// Exits, after sleeping this long if given.
-    Exit(Option<std::time::Duration>),
-}
-
-/// Forks a child sharing this process's memory that does only what
-/// `life` says (async-signal-safe calls alone, as a forked child of a
-/// threaded process needs). Returns its pid.
-pub fn fork_child(life: ChildLife) -> Result<libc::pid_t> {
-    // The parent's pid, for the child to tell that it was orphaned before
-    // PR_SET_PDEATHSIG took effect (it may be reparented to a subreaper,
-    // not only to init).
-    let parent = unsafe { libc::getpid() };
-    let sleep = match life {
-        ChildLife::Exit(Some(d)) => Some(libc::timespec {
-            tv_sec: d.as_secs() as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        }),
-        _ => None,
-    };
-    // SAFETY: fork; the child only pauses, sleeps or exits.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        bail!("fork: {}", std::io::Error::last_os_error());
-    }
-    if child == 0 {
-        unsafe {
-            if let ChildLife::Stay = life {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() != parent {
-                    libc::_exit(0);
-                }
-                loop {
-                    libc::pause();
-                }
-            }
-            if let Some(t) = sleep {
-                libc::nanosleep(&t, std::ptr::null_mut());
-            }
-            libc::_exit(0);
-        }
-    }
-    Ok(child)
-}
-
-/// Touches one byte per page with volatile stores, so the compiler keeps
-/// every store.
-///
-/// # Safety
-/// `base..base + len` must be writable memory of this process.
-pub unsafe fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
-    let mut off = 0;
-    while off < len {
-        // SAFETY: off < len, inside the mapping (the caller's promise).
-        unsafe { std::ptr::write_volatile(base.add(off), val) };
-        off += page;
-    }
-}
-
-/// Anonymous private memory of `len` bytes aligned to 2M (so THPs and
-/// mTHPs of any order fit), with `advice` applied. Never unmapped: the
-/// process ends after using it.
-pub fn map_aligned(len: usize, advice: Option<libc::c_int>) -> Result<*mut u8> {
-    map_aligned_with(len, advice, libc::MAP_PRIVATE)
-}
-
-/// [`map_aligned`], MAP_PRIVATE or MAP_SHARED.
-fn map_aligned_with(len: usize, advice: Option<libc::c_int>, sharing: libc::c_int) -> Result<*mut u8> {
-    let align = 2 << 20;
-    let map_len = len + align;
-    // SAFETY: anonymous private mapping; checked for MAP_FAILED.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            map_len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            sharing | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        bail!("mmap of {map_len} bytes: {}", std::io::Error::last_os_error());
-    }
-    let base = ((raw as usize + align - 1) & !(align - 1)) as *mut u8;
-    if let Some(a) = advice {
-        // SAFETY: advising our own mapping.
-        if unsafe { libc::madvise(base.cast(), len, a) } != 0 {
-            bail!("madvise: {}", std::io::Error::last_os_error());
-        }
-    }
-    Ok(base)
 }
 
 /// pagemap's soft-dirty bit (Documentation/admin-guide/mm/soft-dirty.rst).
@@ -395,7 +267,7 @@ fn name_anon(addr: *mut u8, len: usize) -> Result<Result<(), String>> {
     let why = format!(
         "prctl(PR_SET_VMA_ANON_NAME) refused: {e} (a kernel without CONFIG_ANON_VMA_NAME cannot name anonymous memory)"
     );
-    eprintln!("faultscope workload: WARNING: {why}: the region [anon:{ANON_NAME}] stays unnamed");
+    eprintln!("fs-workload: WARNING: {why}: the region [anon:{ANON_NAME}] stays unnamed");
     Ok(Err(why))
 }
 
@@ -410,7 +282,7 @@ impl Mappings {
         let anon_name = name_anon(named, len)?;
         // A new file under a name nobody can guess, created exclusively and
         // never through a link (the temporary directory is everyone's).
-        let (file, mut w) = crate::output::create_unguessable(
+        let (file, mut w) = faultscope::output::create_unguessable(
             &std::env::temp_dir(),
             |r| format!("faultscope-workload-{r:016x}.dat"),
             0o600,
@@ -536,7 +408,19 @@ impl Drop for Mappings {
     }
 }
 
-pub fn run(o: &WorkloadOpts) -> Result<()> {
+fn main() -> std::process::ExitCode {
+    let o = WorkloadOpts::parse();
+    match run(&o) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fs-workload: error: {}", faultscope::term::safe(&format!("{e:#}")));
+            let refused = e.downcast_ref::<Refusal>().is_some();
+            std::process::ExitCode::from(if refused { faultscope::error::EXIT_REFUSED as u8 } else { 1 })
+        }
+    }
+}
+
+fn run(o: &WorkloadOpts) -> Result<()> {
     match o.leader_exit {
         Some(delay) => leader_exit(o.clone(), delay),
         None => run_here(o),
@@ -551,7 +435,7 @@ fn leader_exit(o: WorkloadOpts, delay: f64) -> Result<()> {
         let code = match run_here(&o) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("faultscope workload: {e:#}");
+                eprintln!("fs-workload: {e:#}");
                 1
             }
         };
@@ -570,7 +454,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.origins {
         return run_origins(o);
     }
-    let repeat_for = super::record::seconds("--repeat-for", o.repeat_for)?;
+    let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for)?;
     if repeat_for.is_some() && o.child == Child::Alive {
         return Err(Refusal::new("--repeat-for goes with --child exit").into());
     }
@@ -626,7 +510,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         Some(m) => {
             let (rows, anon_name, ranges) = m.describe(page, o.child)?;
             if let Some(p) = &o.regions_out {
-                crate::output::write(p, ranges.as_bytes())?;
+                faultscope::output::write(p, ranges.as_bytes())?;
             }
             Some((rows, anon_name))
         }
@@ -679,7 +563,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     }
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
-        Some(p) => crate::output::write(p, text.as_bytes())?,
+        Some(p) => faultscope::output::write(p, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())
@@ -784,7 +668,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
     });
     let text = serde_json::to_string_pretty(&report)?;
     match &o.out {
-        Some(p) => crate::output::write(p, text.as_bytes())?,
+        Some(p) => faultscope::output::write(p, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())
