@@ -91,6 +91,9 @@ fn sums(what: &str, a: &Attribution, total: impl Fn(ReportClass) -> Option<u64>)
 /// Checks the case. `anon_vma_name`: the guest kernel's CONFIG_ANON_VMA_NAME
 /// (from its package's config; `None` when the package has none), which
 /// decides whether the region may be named.
+/// The workload's binary in the guest: its writers' sites are in it.
+const WORKLOAD: &str = "/fs-workload";
+
 pub fn check(
     run: &GuestRun,
     case: &str,
@@ -278,7 +281,7 @@ pub fn check(
         let modules: Vec<&str> = mine.iter().filter_map(|s| s.mapping.as_deref()).collect();
         expect(
             table,
-            n == r.pages && modules.iter().all(|m| *m == "/faultscope"),
+            n == r.pages && modules.iter().all(|m| *m == WORKLOAD),
             format!(
                 "{}: {m} sites in {} ({} instruction(s), in {modules:?}) = {n} = pages {}",
                 r.role,
@@ -329,6 +332,8 @@ pub fn check(
 mod tests {
     use serde_json::{json, Value};
 
+    use super::WORKLOAD;
+
     use crate::{
         check::testing::*,
         foundation::{check_case, CaseResult},
@@ -343,7 +348,7 @@ mod tests {
     }
 
     fn writer(f: &str) -> String {
-        format!("faultscope::cmd::workload::{f}+0x20 (faultscope)")
+        format!("fs_workload::{f}+0x20 (fs-workload)")
     }
 
     fn range(name: &str, f: u64, wp: u64, reuse: u64, copy: u64) -> String {
@@ -372,10 +377,10 @@ mod tests {
             row("[stack]", 0x7f_f000, 0x80_0000, json!({"faults": 11, "wp_faults": 6, "reuse": 6})),
         ]);
         p["sites"] = json!([
-            site("reuse", 1, &writer("write_named_region"), "/faultscope", 8),
+            site("reuse", 1, &writer("write_named_region"), WORKLOAD, 8),
             site("reuse", 2, "malloc+0x1 (libc.so.6)", "/lib/libc.so.6", 8),
-            site("reuse", 3, &writer("write_heap"), "/faultscope", 4),
-            site("copy", 4, &writer("write_file_mapping"), "/faultscope", 1),
+            site("reuse", 3, &writer("write_heap"), WORKLOAD, 4),
+            site("copy", 4, &writer("write_file_mapping"), WORKLOAD, 1),
         ]);
         p["stacks"] = json!([
             {"class": "reuse", "user": ["main", writer("write_named_region")], "count": 8},
@@ -437,7 +442,7 @@ mod tests {
             "  named  anon 0x1000000-0x1008000                     reuse      8          8          8          8\n",
             "ok   heap: reuse 6 = the region's pages 4 + malloc's own pages of [heap] 2 (= oracle)",
             "ok   the top reuse site names write_named_region",
-            "ok   file: copy sites in write_file_mapping (1 instruction(s), in [\"/faultscope\"]) = 1 = pages 1",
+            "ok   file: copy sites in write_file_mapping (1 instruction(s), in [\"/fs-workload\"]) = 1 = pages 1",
             "ok   mapping rows + other = class totals (whole run and 0 phases)",
             "ok   flame graph: 900 bytes, 3 frame titles",
         ] {
