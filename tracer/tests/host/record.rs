@@ -95,12 +95,30 @@ fn record_pid_follows_a_running_process_to_its_exit() {
         .spawn()
         .unwrap();
     let pid = child.id().to_string();
+    // Held in its start delay (past its start-up, which its own count
+    // leaves out) until faultscope has attached, so that a slow attach on a
+    // loaded machine cannot miss the fork.
+    let sleeping = || {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        let nr: i64 = sc.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(-1);
+        nr == libc::SYS_clock_nanosleep || nr == libc::SYS_nanosleep
+    };
+    for _ in 0..200 {
+        if sleeping() {
+            break;
+        }
+        sleep(Duration::from_millis(10));
+    }
+    assert!(sleeping(), "the workload never reached its start delay");
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
     let tracer = Command::new(BIN)
         .args(["record", "-p", &pid, "--interval", "0.3", "--json", fs.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    wait_attached(&tracer);
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
     assert!(child.wait().unwrap().success());
     // The child was reaped by us; faultscope sees its exit and stops.
     let out = tracer.wait_with_output().unwrap();
