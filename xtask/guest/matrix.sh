@@ -16,20 +16,12 @@ bench_case() {
 }
 
 S=${SIZE:-16M}
+# $CASES: NAME:BENCH ARGS, separated by ";" (xtask's matrix::CASES).
+echo "$CASES" | tr ';' '\n' > /tmp/cases
 for BACKEND in ${BACKENDS:-kprobe}; do
-	for c in $CASES; do
-		n=$c@$BACKEND
-		case $c in
-		4k-exit) bench_case $n seq --size $S --folio 4K --child exit ;;
-		# With the kernel stacks of unfolds: which kernel path unfolded.
-		64k-exit) bench_case $n seq --size $S --folio 64K --child exit --stacks contpte_unfold ;;
-		2m-pte-exit) bench_case $n seq --size $S --folio 2M --child exit ;;
-		2m-pmd-exit) bench_case $n seq --size $S --folio 2M --pmd --child exit ;;
-		4k-alive) bench_case $n seq --size $S --folio 4K --child alive ;;
-		64k-alive) bench_case $n seq --size $S --folio 64K --child alive ;;
-		spurious-race) bench_case $n threads-same --threads 4 --size $S --folio 4K --child exit ;;
-		esac
-	done
+	while IFS=: read -r c args; do
+		[ -n "$c" ] && bench_case $c@$BACKEND $args --size $S < /dev/null
+	done < /tmp/cases
 done
 
 # faultscope verify as CI would use it: no contpte unfold in the write phase.

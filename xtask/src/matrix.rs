@@ -436,9 +436,36 @@ fn print_complaints(run: &GuestRun) {
     }
 }
 
+/// Every matrix case: its name and the bench it runs (the guest adds
+/// `--size` and `--backend`). The one declaration of the cases: the guest
+/// script runs the lines it is given (`case_lines`).
+pub const CASES: &[(&str, &str)] = &[
+    ("4k-exit", "seq --folio 4K --child exit"),
+    // With the kernel stacks of unfolds: which kernel path unfolded.
+    ("64k-exit", "seq --folio 64K --child exit --stacks contpte_unfold"),
+    ("2m-pte-exit", "seq --folio 2M --child exit"),
+    ("2m-pmd-exit", "seq --folio 2M --pmd --child exit"),
+    ("4k-alive", "seq --folio 4K --child alive"),
+    ("64k-alive", "seq --folio 64K --child alive"),
+    ("spurious-race", "threads-same --threads 4 --folio 4K --child exit"),
+];
+
 /// Cases run on every kernel by default (`cargo xtask test`).
 pub const DEFAULT_CASES: &[&str] =
     &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
+
+/// `cases` as the guest runs them: `NAME:BENCH ARGS` joined by `;`.
+pub fn case_lines(cases: &[String]) -> Result<String> {
+    let mut lines = Vec::new();
+    for c in cases {
+        let Some((name, args)) = CASES.iter().find(|(n, _)| *n == c.as_str()) else {
+            let known: Vec<&str> = CASES.iter().map(|(n, _)| *n).collect();
+            anyhow::bail!("no matrix case {c:?} (the cases: {})", known.join(", "));
+        };
+        lines.push(format!("{name}:{args}"));
+    }
+    Ok(lines.join(";"))
+}
 
 /// The backends a kernel's cases run with: `asked` (`--backend`), else
 /// kprobe everywhere and fentry too on [`FENTRY_KERNELS`].
@@ -506,7 +533,7 @@ fn run_with(
         // the cases it is given under the backends it is given.
         let boot = |cases: &[String], bs: &[String]| -> Result<GuestRun> {
             let mut env =
-                vec![("SIZE", size.to_string()), ("CASES", cases.join(" ")), ("BACKENDS", bs.join(" "))];
+                vec![("SIZE", size.to_string()), ("CASES", case_lines(cases)?), ("BACKENDS", bs.join(" "))];
             if gates {
                 // 256M of 64K folios reused page by page on arm64 is ~6
                 // events per fault in one CPU's buffer.
