@@ -130,6 +130,9 @@ impl Recorder {
             cgroups: filters.cgroups.len() as u32,
             comms: filters.comms.len() as u32,
             exec_phase: filters.exec_phase,
+            mappings: !attrib.no_mappings,
+            sites: !attrib.sites.0.is_empty(),
+            stacks_counted: !attrib.stacks.0.is_empty(),
         };
         let mut session = Session::attach(&tracefs, &resolved, sizes, &btf, probe.backend)?;
         if probe.prog_stats {

@@ -76,19 +76,36 @@ pub struct Sizes {
     pub comms: u32,
     /// An exec in a traced process starts a phase (serve).
     pub exec_phase: bool,
+    /// Which attribution maps are used (the others get one entry: a per-CPU
+    /// map preallocates every entry on every CPU).
+    pub mappings: bool,
+    pub sites: bool,
+    pub stacks_counted: bool,
+}
+
+/// Entries of an attribution map in use.
+pub const ATTRIBUTION_ENTRIES: u32 = 4096;
+
+impl Sizes {
+    /// `MAPPINGS`, `SITES` and `STACK_COUNTS` entries.
+    pub fn attribution(&self) -> [(&'static str, u32); 3] {
+        let n = |used: bool| if used { ATTRIBUTION_ENTRIES } else { 1 };
+        [("MAPPINGS", n(self.mappings)), ("SITES", n(self.sites)), ("STACK_COUNTS", n(self.stacks_counted))]
+    }
 }
 
 /// Every map of the object with its bound, for `s`, on `cpus` CPUs.
 pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
     let Sizes { stats, stacks, cgroups, comms, .. } = *s;
+    let [(_, mappings), (_, sites), (_, stack_counts)] = s.attribution().map(|(n, e)| (n, e as u64));
     // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
     const TRACKED: u64 = 4096;
     const STACK_DEPTH: usize = 127;
     vec![
         map("STATS", stats as u64, size_of::<ClassSetKey>(), size_of::<Stat>(), true, cpus),
-        map("MAPPINGS", TRACKED, size_of::<MappingKey>(), size_of::<ClassCounts>(), true, cpus),
-        map("SITES", TRACKED, size_of::<SiteKey>(), 8, true, cpus),
-        map("STACK_COUNTS", TRACKED, size_of::<StackKey>(), 8, true, cpus),
+        map("MAPPINGS", mappings, size_of::<MappingKey>(), size_of::<ClassCounts>(), true, cpus),
+        map("SITES", sites, size_of::<SiteKey>(), 8, true, cpus),
+        map("STACK_COUNTS", stack_counts, size_of::<StackKey>(), 8, true, cpus),
         map("STACK_TRACES", stacks.max(1) as u64, 4, 8 * STACK_DEPTH, false, cpus),
         map("TARGETS", TRACKED, 4, size_of::<TargetInfo>(), false, cpus),
         map("CHILDREN", TRACKED, 4, 4, false, cpus),
@@ -128,6 +145,31 @@ mod tests {
         );
         assert!(stats_entries(Some(0), 2048, 2).is_err());
         assert_eq!(stats_entries(Some(100_000), 2048, 2).unwrap(), 100_000);
+    }
+
+    /// serve's defaults (no attribution) against record's (mappings and
+    /// sites), on 2 and 128 CPUs: the figures the README gives.
+    #[test]
+    fn serve_takes_no_attribution_memory() {
+        let serve = |cpus| {
+            let stats = stats_entries(None, 4096, cpus).unwrap();
+            total(&maps(&Sizes { stats, ..Sizes::default() }, cpus))
+        };
+        let record = |cpus| {
+            let stats = stats_entries(None, 2048, cpus).unwrap();
+            total(&maps(&Sizes { stats, mappings: true, sites: true, ..Sizes::default() }, cpus))
+        };
+        for cpus in [2, 128] {
+            eprintln!(
+                "{cpus} CPUs: serve {} ({} stats entries), record {}",
+                crate::units::bytes(serve(cpus)),
+                stats_entries(None, 4096, cpus).unwrap(),
+                crate::units::bytes(record(cpus))
+            );
+        }
+        assert!(serve(128) <= STATS_AUTO_BYTES + (8 << 20), "{}", serve(128));
+        assert!(serve(2) < 16 << 20, "{}", serve(2));
+        assert!(record(128) > serve(128));
     }
 
     #[test]

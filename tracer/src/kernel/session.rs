@@ -241,6 +241,9 @@ fn loader(
     }
     l.map_max_entries("STATS", sizes.stats);
     l.map_max_entries("STACK_TRACES", sizes.stacks.max(1));
+    for (map, entries) in sizes.attribution() {
+        l.map_max_entries(map, entries);
+    }
     let filter = (sizes.cgroups > 0) as u32;
     l.override_global("CGROUP_FILTER", &filter, true);
     l.map_max_entries("CGROUPS", sizes.cgroups.max(1));
