@@ -5,8 +5,6 @@
 //! per mapping against the page arithmetic and against the oracle's counts
 //! in the same address ranges; the sites and stacks must name the writers.
 
-use std::fmt::Write as _;
-
 use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
@@ -15,7 +13,7 @@ use faultscope::{
 use serde::Deserialize;
 
 use crate::{
-    check::{count, Oracle},
+    check::{count, Checklist, Oracle},
     vm::GuestRun,
 };
 
@@ -38,6 +36,15 @@ pub struct Region {
 }
 
 impl Region {
+    /// The class its writes are (the workload's `class`).
+    fn report_class(&self) -> ReportClass {
+        if self.class == "copy" {
+            ReportClass::Copy
+        } else {
+            ReportClass::Reuse
+        }
+    }
+
     /// The name the report gives its mapping.
     pub fn report_name(&self) -> String {
         if self.mapping.is_empty() {
@@ -88,12 +95,12 @@ fn sums(what: &str, a: &Attribution, total: impl Fn(ReportClass) -> Option<u64>)
     fails
 }
 
-/// Checks the case. `anon_vma_name`: the guest kernel's CONFIG_ANON_VMA_NAME
-/// (from its package's config; `None` when the package has none), which
-/// decides whether the region may be named.
 /// The workload's binary in the guest: its writers' sites are in it.
 const WORKLOAD: &str = "/fs-workload";
 
+/// Checks the case. `anon_vma_name`: the guest kernel's CONFIG_ANON_VMA_NAME
+/// (from its package's config; `None` when the package has none), which
+/// decides whether the region may be named.
 pub fn check(
     run: &GuestRun,
     case: &str,
@@ -108,15 +115,26 @@ pub fn check(
     let anon: AnonName =
         serde_json::from_value(wl["anon_name"].clone()).context("the workload's anon_name")?;
     let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
-    let pid = p.pid;
-    let mut expect = |table: &mut String, ok: bool, what: String| {
-        let _ = writeln!(table, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            fails.push(format!("{case}: {what}"));
-        }
-    };
+    let mut cl = Checklist::new(case, table, fails);
+    check_anon_name(&mut cl, &anon, anon_vma_name);
+    cl.line(format!(
+        "  {:<6} {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}",
+        "region", "mapping (report)", "class", "pages", "faultscope", "oracle", "oracle-own"
+    ));
+    for r in &regions {
+        check_region(&mut cl, p, &oracle, r);
+    }
+    let a = &p.attribution;
+    let folded = a.mappings_other.as_ref().map_or(0, |o| o.entries);
+    cl.line(format!("  {} mapping rows, {folded} folded into other", a.mappings.len()));
+    check_sums(&mut cl, p);
+    check_sites(&mut cl, p, &regions);
+    check_stacks(&mut cl, run, case, p, &regions);
+    Ok(())
+}
 
-    // The anonymous region's name: what the kernel can do, from its config.
+/// The anonymous region's name: what the kernel can do, from its config.
+fn check_anon_name(cl: &mut Checklist, anon: &AnonName, anon_vma_name: Option<bool>) {
     let how = match &anon.refused {
         None => "named".to_string(),
         Some(why) => format!("left unnamed: {why}"),
@@ -127,121 +145,103 @@ pub fn check(
     };
     let cfg = anon_vma_name
         .map_or("unknown (no config in the package)".into(), |y| if y { "y" } else { "not set" }.to_string());
-    expect(
-        table,
+    cl.expect(
         ok,
         format!("anonymous region: kernel CONFIG_ANON_VMA_NAME {cfg}; the workload's region was {how}"),
     );
+}
 
-    // Per mapping: the report's row, the oracle in its range, the pages.
-    let _ = writeln!(
-        table,
+/// One mapping: the report's row, the oracle in its range, the pages.
+fn check_region(cl: &mut Checklist, p: &Process, oracle: &Oracle, r: &Region) {
+    let pid = p.pid;
+    let name = r.report_name();
+    let Some(row) = p.attribution.mappings.iter().find(|m| m.start == r.vma_start) else {
+        cl.expect(false, format!("{}: no mapping row starts at {:#x} ({name})", r.role, r.vma_start));
+        return;
+    };
+    let (class, other) = match r.class.as_str() {
+        "copy" => (ReportClass::Copy, ReportClass::Reuse),
+        _ => (ReportClass::Reuse, ReportClass::Copy),
+    };
+    let got = |m: ReportClass| row.counts.get(&m).copied().unwrap_or(0);
+    let vma = oracle.range(pid, "ALL", &r.vma_range());
+    let own = oracle.range(pid, "ALL", &r.role);
+    let o =
+        |l: Option<&crate::check::Line>, m: ReportClass| l.and_then(|l| l.get(m.name()).copied().flatten());
+    let cell = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
+    cl.line(format!(
         "  {:<6} {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}",
-        "region", "mapping (report)", "class", "pages", "faultscope", "oracle", "oracle-own"
+        r.role,
+        row.mapping,
+        class.name(),
+        r.pages,
+        got(class),
+        cell(o(vma, class)),
+        cell(o(own, class))
+    ));
+    cl.expect(
+        row.mapping == name,
+        format!("{}: the report names it {:?} (maps: {name:?})", r.role, row.mapping),
     );
-    let a = &p.attribution;
-    for r in &regions {
-        let name = r.report_name();
-        let row = a.mappings.iter().find(|m| m.start == r.vma_start);
-        let Some(row) = row else {
-            expect(table, false, format!("{}: no mapping row starts at {:#x} ({name})", r.role, r.vma_start));
-            continue;
-        };
-        let (class, other) = match r.class.as_str() {
-            "copy" => (ReportClass::Copy, ReportClass::Reuse),
-            _ => (ReportClass::Reuse, ReportClass::Copy),
-        };
-        let got = |m: ReportClass| row.counts.get(&m).copied().unwrap_or(0);
-        let vma = oracle.range(pid, "ALL", &r.vma_range());
-        let own = oracle.range(pid, "ALL", &r.role);
-        let o = |l: Option<&crate::check::Line>, m: ReportClass| {
-            l.and_then(|l| l.get(m.name()).copied().flatten())
-        };
-        let cell = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
-        let _ = writeln!(
-            table,
-            "  {:<6} {:<44} {:>5} {:>6} {:>10} {:>10} {:>10}",
+    // Arithmetic: each page of the region written once after the fork,
+    // nothing else writes it (the oracle over its own range).
+    cl.expect(
+        o(own, class) == Some(r.pages) && o(own, other) == Some(0),
+        format!(
+            "{}: oracle in the region: {class} {} = pages {}, {other} {} = 0",
             r.role,
-            row.mapping,
-            class.name(),
+            cell(o(own, class)),
             r.pages,
-            got(class),
-            cell(o(vma, class)),
-            cell(o(own, class))
-        );
-        expect(
-            table,
-            row.mapping == name,
-            format!("{}: the report names it {:?} (maps: {name:?})", r.role, row.mapping),
-        );
-        // Arithmetic: each page of the region written once after the fork,
-        // nothing else writes it (the oracle over its own range).
-        expect(
-            table,
-            o(own, class) == Some(r.pages) && o(own, other) == Some(0),
-            format!(
-                "{}: oracle in the region: {class} {} = pages {}, {other} {} = 0",
-                r.role,
-                cell(o(own, class)),
-                r.pages,
-                cell(o(own, other))
-            ),
-        );
-        // faultscope's row = the oracle in the whole mapping, every class it
-        // splits. The heap mapping may have grown after the workload read
-        // its end (malloc, for the JSON): new pages, first faults only.
-        let whole = r.vma_range() == r.role;
-        for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
-            if m == ReportClass::Faults && !whole {
-                continue;
-            }
-            let ov = o(vma, m);
-            if ov != Some(got(m)) {
-                expect(
-                    table,
-                    false,
-                    format!("{}: {m}: faultscope {} != oracle {}", r.role, got(m), cell(ov)),
-                );
-            }
+            cell(o(own, other))
+        ),
+    );
+    // faultscope's row = the oracle in the whole mapping, every class it
+    // splits. The heap mapping may have grown after the workload read its
+    // end (malloc, for the JSON): new pages, first faults only.
+    let whole = r.vma_range() == r.role;
+    for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
+        if m == ReportClass::Faults && !whole {
+            continue;
         }
-        if whole {
-            expect(
-                table,
-                got(class) == r.pages && got(other) == 0,
-                format!(
-                    "{}: {class} {} = pages {}, {other} {} = 0 (= oracle)",
-                    r.role,
-                    got(class),
-                    r.pages,
-                    got(other)
-                ),
-            );
-        } else {
-            // [heap] also holds malloc's chunks, which the program writes
-            // after the fork too: the oracle outside the region counts them.
-            let malloc = o(vma, class).unwrap_or(0).saturating_sub(o(own, class).unwrap_or(0));
-            expect(
-                table,
-                got(class) == r.pages + malloc,
-                format!(
-                    "{}: {class} {} = the region's pages {} + malloc's own pages of [heap] {malloc} (= oracle)",
-                    r.role,
-                    got(class),
-                    r.pages
-                ),
-            );
+        let ov = o(vma, m);
+        if ov != Some(got(m)) {
+            cl.expect(false, format!("{}: {m}: faultscope {} != oracle {}", r.role, got(m), cell(ov)));
         }
     }
-    let folded = a.mappings_other.as_ref().map_or(0, |o| o.entries);
-    let _ = writeln!(table, "  {} mapping rows, {folded} folded into other", a.mappings.len());
+    if whole {
+        cl.expect(
+            got(class) == r.pages && got(other) == 0,
+            format!(
+                "{}: {class} {} = pages {}, {other} {} = 0 (= oracle)",
+                r.role,
+                got(class),
+                r.pages,
+                got(other)
+            ),
+        );
+    } else {
+        // [heap] also holds malloc's chunks, which the program writes
+        // after the fork too: the oracle outside the region counts them.
+        let malloc = o(vma, class).unwrap_or(0).saturating_sub(o(own, class).unwrap_or(0));
+        cl.expect(
+            got(class) == r.pages + malloc,
+            format!(
+                "{}: {class} {} = the region's pages {} + malloc's own pages of [heap] {malloc} (= oracle)",
+                r.role,
+                got(class),
+                r.pages
+            ),
+        );
+    }
+}
 
-    // The rows add up to the class totals, for the run and every phase.
-    let mut sum_fails = sums("whole run", a, |m| p.count(m));
+/// The rows add up to the class totals, for the run and every phase.
+fn check_sums(cl: &mut Checklist, p: &Process) {
+    let mut sum_fails = sums("whole run", &p.attribution, |m| p.count(m));
     for ph in &p.phases {
         sum_fails.extend(sums(&ph.name, &ph.attribution, |m| count(&ph.classes, m)));
     }
-    expect(
-        table,
+    cl.expect(
         sum_fails.is_empty(),
         format!(
             "mapping rows + other = class totals (whole run and {} phases){}",
@@ -249,38 +249,39 @@ pub fn check(
             if sum_fails.is_empty() { String::new() } else { format!(": {}", sum_fails.join("; ")) }
         ),
     );
+}
 
-    // Sites: every write of a region is one of its writer's instructions.
-    let _ = writeln!(table, "  top sites:");
+/// Sites: every write of a region is one of its writer's instructions.
+fn check_sites(cl: &mut Checklist, p: &Process, regions: &[Region]) {
+    let a = &p.attribution;
+    cl.line("  top sites:");
     for m in [ReportClass::Reuse, ReportClass::Copy] {
         let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == m).collect();
         sites.sort_by_key(|s| std::cmp::Reverse(s.count));
         for s in sites.iter().take(4) {
-            let _ = writeln!(table, "    {:<6} {:>6}  {}", m.name(), s.count, s.site);
+            cl.line(format!("    {:<6} {:>6}  {}", m.name(), s.count, s.site));
         }
         let other: u64 = a.sites_other.iter().filter(|f| f.class == m).map(|f| f.count).sum();
         let total: u64 = sites.iter().map(|s| s.count).sum::<u64>() + other;
         let t = p.count(m).unwrap_or(0);
-        expect(table, total == t, format!("{m}: sites {} + other {other} = total {t}", total - other));
+        cl.expect(total == t, format!("{m}: sites {} + other {other} = total {t}", total - other));
         // The region with the most pages of the class: its writer is the
         // top site.
         if let Some(r) = regions.iter().filter(|r| r.class == m.name()).max_by_key(|r| r.pages) {
             let top = sites.first().map_or("none", |s| s.site.as_str());
-            expect(
-                table,
+            cl.expect(
                 top.contains(&format!("::{}", r.writer)),
                 format!("the top {m} site names {}: {top}", r.writer),
             );
         }
     }
-    for r in &regions {
-        let m = if r.class == "copy" { ReportClass::Copy } else { ReportClass::Reuse };
+    for r in regions {
+        let m = r.report_class();
         let mine: Vec<_> =
             a.sites.iter().filter(|s| s.class == m && s.site.contains(&format!("::{}", r.writer))).collect();
         let n: u64 = mine.iter().map(|s| s.count).sum();
         let modules: Vec<&str> = mine.iter().filter_map(|s| s.mapping.as_deref()).collect();
-        expect(
-            table,
+        cl.expect(
             n == r.pages && modules.iter().all(|m| *m == WORKLOAD),
             format!(
                 "{}: {m} sites in {} ({} instruction(s), in {modules:?}) = {n} = pages {}",
@@ -291,19 +292,21 @@ pub fn check(
             ),
         );
     }
+}
 
-    // Stacks (user, --stacks reuse,copy): the writer is the leaf of each
-    // write's stack.
-    for r in &regions {
-        let m = if r.class == "copy" { ReportClass::Copy } else { ReportClass::Reuse };
-        let n: u64 = a
+/// Stacks (user, --stacks reuse,copy): the writer is the leaf of each
+/// write's stack; the flame graph names every writer.
+fn check_stacks(cl: &mut Checklist, run: &GuestRun, case: &str, p: &Process, regions: &[Region]) {
+    for r in regions {
+        let m = r.report_class();
+        let n: u64 = p
+            .attribution
             .stacks
             .iter()
             .filter(|s| s.class == m && s.user.last().is_some_and(|f| f.contains(&format!("::{}", r.writer))))
             .map(|s| s.count)
             .sum();
-        expect(
-            table,
+        cl.expect(
             n == r.pages,
             format!("{}: {m} stacks with leaf {} = {n} = pages {}", r.role, r.writer, r.pages),
         );
@@ -316,8 +319,7 @@ pub fn check(
         .map(|r| r.writer.as_str())
         .filter(|w| titles.lines().any(|l| l.contains(&format!("::{w}"))))
         .collect();
-    expect(
-        table,
+    cl.expect(
         bytes > 0 && named.len() == regions.len(),
         format!(
             "flame graph: {} bytes, {} frame titles, naming {named:?}",
@@ -325,7 +327,6 @@ pub fn check(
             titles.lines().count()
         ),
     );
-    Ok(())
 }
 
 #[cfg(test)]

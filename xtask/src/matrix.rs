@@ -11,7 +11,7 @@ use faultscope::{
 };
 
 use crate::{
-    check::{self, Oracle},
+    check::{self, Checklist, Oracle},
     kernels::{FolioReuse, GuestKernel},
     vm::GuestRun,
 };
@@ -80,13 +80,42 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
     let sec = format!("{label}.oracle");
     let oracle = Oracle::from_run(run, &sec)?;
     let b = report.bench.as_ref().context("no bench in the report")?;
-    let (pid, pages, folios) = (b.pid, b.pages, b.folios);
-    let p = check::process(&report, pid)?;
-    let write_minflt = b.step("write").map_or(0, |s| s.minflt);
+    let p = check::process(&report, b.pid)?;
+    let name = format!("{kernel} {case}");
     let mut table = String::new();
+    let per_step = compare_steps(run, label, &name, &oracle, b, p, &mut table, &mut fails)?;
+    let write = &per_step[2];
+    let stacks = {
+        let mut cl = Checklist::new(&name, &mut table, &mut fails);
+        expect_kernel_choice(&mut cl, case, reuse, b, write, &oracle);
+        expect_unfolds(&mut cl, case, reuse, &report.kernel, b, write, &oracle)
+    };
+    table.push_str(&stacks);
+    if run.marker("OVERRUN", label).as_deref() != Some("0") {
+        fails.push(format!("{name}: the oracle's trace buffer overran"));
+    }
+    Ok(CaseResult { table, failures: fails })
+}
+
+/// The case's table: faultscope against the oracle in each step, for the
+/// classes the oracle counts; their differences go to `fails`. Returns the
+/// steps' spans.
+#[allow(clippy::too_many_arguments)]
+fn compare_steps(
+    run: &GuestRun,
+    label: &str,
+    name: &str,
+    oracle: &Oracle,
+    b: &faultscope::report::schema::Bench,
+    p: &faultscope::report::schema::Process,
+    table: &mut String,
+    fails: &mut Vec<String>,
+) -> Result<Vec<faultscope::report::schema::Span>> {
+    let (pid, pages, folios) = (b.pid, b.pages, b.folios);
+    let write_minflt = b.step("write").map_or(0, |s| s.minflt);
     let _ = writeln!(
         table,
-        "{kernel} {case}: {pages} pages, {folios} folios of {}, write-phase getrusage minflt {write_minflt}, guest wall {:.1}s",
+        "{name}: {pages} pages, {folios} folios of {}, write-phase getrusage minflt {write_minflt}, guest wall {:.1}s",
         b.folio,
         run.wall.as_secs_f64()
     );
@@ -95,12 +124,13 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
         let _ = write!(table, " {st:>21}");
     }
     table.push('\n');
+    let sec = format!("{label}.oracle");
     let mut per_step = Vec::new();
     for st in STEPS {
-        let span = p.span(st).with_context(|| format!("{kernel} {case}: no phase {st}"))?;
+        let span = p.span(st).with_context(|| format!("{name}: no phase {st}"))?;
         let cmp = oracle
-            .compare(&format!("{kernel} {case} {st}"), &span.classes, pid, st)
-            .with_context(|| format!("{kernel} {case}: {}", check::oracle_gap(run, label, &sec, pid, st)))?;
+            .compare(&format!("{name} {st}"), &span.classes, pid, st)
+            .with_context(|| format!("{name}: {}", check::oracle_gap(run, label, &sec, pid, st)))?;
         per_step.push((span, cmp));
     }
     // The classes the oracle counts, in the catalogue's order.
@@ -120,22 +150,27 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
     for why in &per_step[2].1.unknown {
         let _ = writeln!(table, "  oracle cannot count: {why}");
     }
-    let write = &per_step[2].0;
+    Ok(per_step.into_iter().map(|(span, _)| span).collect())
+}
+
+/// What the kernel chose in the write step, against the page arithmetic:
+/// reuse or copy per page or per folio, bounded by the kernel's own
+/// choices (`LRU_BATCH_COPIES`, `SLACK`).
+fn expect_kernel_choice(
+    cl: &mut Checklist,
+    case: &str,
+    reuse: FolioReuse,
+    b: &faultscope::report::schema::Bench,
+    write: &faultscope::report::schema::Span,
+    oracle: &Oracle,
+) {
+    let (pages, folios, folio) = (b.pages, b.folios, b.folio.as_str());
     let get = |m: ReportClass| write.count(m).unwrap_or(0);
     let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
-    let mut expect = |ok: bool, what: String| {
-        let _ = writeln!(table, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            fails.push(format!("{kernel} {case}: {what}"));
-        }
-    };
-    let folio = b.folio.as_str();
-    // Printed after the expectations.
-    let mut stacks = String::new();
     match case {
         "4k-exit" => {
             let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            expect(
+            cl.expect(
                 within(r + c, pages) && c <= LRU_BATCH_COPIES,
                 format!(
                     "reuse {r} + copy {c} = pages {pages} (+{SLACK}), copy <= {LRU_BATCH_COPIES} (pages in an LRU-add batch)"
@@ -146,7 +181,7 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
             // Copies are the kernel's choice for folios in an LRU-add
             // batch (see LRU_BATCH_COPIES); the rest is reused whole.
             let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            expect(
+            cl.expect(
                 within(r + c, folios) && c <= LRU_BATCH_COPIES,
                 format!(
                     "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {LRU_BATCH_COPIES}: this kernel reuses a {folio} folio whole"
@@ -155,7 +190,7 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
         }
         "64k-exit" | "2m-pte-exit" => {
             let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            expect(
+            cl.expect(
                 within(r + c, pages),
                 format!(
                     "reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page",
@@ -165,53 +200,64 @@ pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) 
         }
         "2m-pmd-exit" => {
             let h = get(ReportClass::HugePmdWp);
-            expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
+            cl.expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
         }
         "4k-alive" | "64k-alive" => {
             let c = get(ReportClass::Copy);
-            expect(within(c, pages), format!("copy {c} = pages {pages} (child alive)"))
+            cl.expect(within(c, pages), format!("copy {c} = pages {pages} (child alive)"))
         }
         "spurious-race" => {
             let sp = get(ReportClass::Spurious);
             let o = oracle
-                .line(pid, "mark:write")
+                .line(b.pid, "mark:write")
                 .and_then(|l| l.get(ReportClass::Spurious.name()).copied().flatten());
-            expect(true, format!("spurious write faults from 4 threads racing: {sp} (oracle {o:?})"));
+            cl.expect(true, format!("spurious write faults from 4 threads racing: {sp} (oracle {o:?})"));
         }
         _ => {}
     }
-    if b.mapping == "pte"
-        && folio == "64K"
+}
+
+/// The 64K case's contpte unfolds in the write step, and the kernel path
+/// that made them (`unfold_stacks`); returns the stacks' table.
+fn expect_unfolds(
+    cl: &mut Checklist,
+    case: &str,
+    reuse: FolioReuse,
+    kernel: &str,
+    b: &faultscope::report::schema::Bench,
+    write: &faultscope::report::schema::Span,
+    oracle: &Oracle,
+) -> String {
+    let folios = b.folios;
+    if !(b.mapping == "pte"
+        && b.folio == "64K"
         && write.count(ReportClass::ContpteUnfold).is_some()
-        && case == "64k-exit"
+        && case == "64k-exit")
     {
-        let u = get(ReportClass::ContpteUnfold);
-        // With 64K mTHP on, the bench's own stack and heap are 64K blocks
-        // too: a write to one in the write step unfolds it as well, so the
-        // unfolds may exceed the folios by the bench's own few blocks. The comparison with the oracle is exact.
-        match reuse {
-            FolioReuse::PageByPage => expect(
-                (folios..=folios + SLACK / 4).contains(&u),
-                format!("contpte_unfold {u} = 64K blocks written {folios} (+{})", SLACK / 4),
-            ),
-            FolioReuse::WholeFolio => {
-                expect(u == 0, format!("contpte_unfold {u} = 0: whole 64K blocks reused, none unfolded"))
-            }
-        }
-        let try_unfold = oracle
-            .line(pid, "mark:write")
-            .and_then(|l| l.get(ReportClass::ContpteTryUnfold.name()).copied().flatten());
-        let checks;
-        (stacks, checks) = unfold_stacks(&report.kernel, &write.attribution, u, try_unfold);
-        for (ok, what) in checks {
-            expect(ok, what);
+        return String::new();
+    }
+    let u = write.count(ReportClass::ContpteUnfold).unwrap_or(0);
+    // With 64K mTHP on, the bench's own stack and heap are 64K blocks too:
+    // a write to one in the write step unfolds it as well, so the unfolds
+    // may exceed the folios by the bench's own few blocks. The comparison
+    // with the oracle is exact.
+    match reuse {
+        FolioReuse::PageByPage => cl.expect(
+            (folios..=folios + SLACK / 4).contains(&u),
+            format!("contpte_unfold {u} = 64K blocks written {folios} (+{})", SLACK / 4),
+        ),
+        FolioReuse::WholeFolio => {
+            cl.expect(u == 0, format!("contpte_unfold {u} = 0: whole 64K blocks reused, none unfolded"))
         }
     }
-    table.push_str(&stacks);
-    if run.marker("OVERRUN", label).as_deref() != Some("0") {
-        fails.push(format!("{kernel} {case}: the oracle's trace buffer overran"));
+    let try_unfold = oracle
+        .line(b.pid, "mark:write")
+        .and_then(|l| l.get(ReportClass::ContpteTryUnfold.name()).copied().flatten());
+    let (stacks, checks) = unfold_stacks(kernel, &write.attribution, u, try_unfold);
+    for (ok, what) in checks {
+        cl.expect(ok, what);
     }
-    Ok(CaseResult { table, failures: fails })
+    stacks
 }
 
 /// The direct caller of `contpte_convert` when a write after the fork
