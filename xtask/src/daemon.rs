@@ -35,7 +35,7 @@ use faultscope::{
 use serde_json::Value;
 
 use crate::{
-    check::{self, Oracle},
+    check::{self, Checklist, Oracle},
     kernels, redis,
     util::root,
     vm,
@@ -227,6 +227,62 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         k.dedup();
         k
     };
+    compare_by_kind(name, p, &cmp, &kinds, &by_kind, &c1, &delta, &mut t, &mut fails);
+    check_partition(name, p, &kinds, &c1, &delta, &mut t, &mut fails);
+    fails.extend(cmp.failures.iter().cloned());
+    for why in &cmp.unknown {
+        let _ = writeln!(t, "  oracle cannot count: {why}");
+    }
+    let mut cl = Checklist::new(name, &mut t, &mut fails);
+    let get = |m: ReportClass| p.count(m).unwrap_or(0);
+    let (reuse, copy) = (get(ReportClass::Reuse), get(ReportClass::Copy));
+    cl.expect(report.mode == Mode::Kprobe, format!("mode {}", check::mode_name(&report)));
+    cl.expect(reuse > 0 && copy > 0, format!("the window has reuse ({reuse}) and copies ({copy})"));
+    // A stopped Redis faults not: the oracle's phases around the window
+    // (record's attach .. "window", "quiet" .. record's detach) are empty.
+    for ph in ["attach", "quiet"] {
+        let n = oracle.line(pid, ph).and_then(|l| l.get("faults").copied().flatten());
+        cl.expect(n == Some(0), format!("oracle: faults of the stopped redis-server in {ph:?}: {n:?}"));
+    }
+    let forks = delta("faultscope_forks_total", "", "");
+    let info = |when: &str| -> Option<i64> {
+        let i = redis::parse_info(run.section(&format!("{name}.info.{when}")).ok()?);
+        i.get("total_forks")?.parse().ok()
+    };
+    let redis_forks = info("end").zip(info("before")).map(|(a, b)| a - b);
+    cl.expect(
+        forks == Some(1) && redis_forks == Some(1),
+        format!("forks: PromQL increase {forks:?}, Redis INFO total_forks +{redis_forks:?}: one, the BGSAVE"),
+    );
+    let fork_phases: Vec<&str> =
+        p.phases.iter().map(|ph| ph.name.as_str()).filter(|n| n.starts_with("fork#")).collect();
+    cl.expect(
+        fork_phases == ["fork#1 child-alive", "fork#1 after-child-exit"],
+        format!("record's fork phases {fork_phases:?}"),
+    );
+    for (ok, what) in redis::health(run, name, &report) {
+        cl.expect(ok, what);
+    }
+    check_plot(&report, name, dir, &mut cl);
+    Ok(Window { name: name.into(), pid, table: t, failures: fails, before: c0, after: c1 })
+}
+
+/// Per class and phase kind: PromQL's increase over the window against
+/// record's report, exact for the kinds after the window's fork phases and
+/// up to each boundary of them within `FORK_EXIT_ORDER_SLACK`; in total
+/// against record and the oracle; and each timed class's histogram.
+#[allow(clippy::too_many_arguments)]
+fn compare_by_kind(
+    name: &str,
+    p: &Process,
+    cmp: &check::Comparison,
+    kinds: &[&str],
+    by_kind: &BTreeMap<(ReportClass, &'static str), u64>,
+    c1: &Counters,
+    delta: &impl Fn(&str, &str, &str) -> Option<u64>,
+    t: &mut String,
+    fails: &mut Vec<String>,
+) {
     let _ = writeln!(
         t,
         "  {:<10} {:<18} {:>10} {:>10} {:>10}",
@@ -235,7 +291,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
     for m in ReportClass::ALL {
         let Some(total) = check::count(&p.classes, m) else { continue };
         let mut prom_total = Some(0u64);
-        for kind in &kinds {
+        for kind in kinds {
             let prom = delta(CLASS_FAULTS, m.name(), kind);
             let rec = by_kind.get(&(m, *kind)).copied().unwrap_or(0);
             prom_total = prom_total.zip(prom).map(|(a, b)| a + b);
@@ -296,11 +352,24 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
             fails.push(format!("{name}: {m}: no latency histogram"));
         }
     }
+}
+
+/// The partition: per phase kind, the kinds' increases add up to the
+/// faults class's, and over the window to record's faults.
+fn check_partition(
+    name: &str,
+    p: &Process,
+    kinds: &[&str],
+    c1: &Counters,
+    delta: &impl Fn(&str, &str, &str) -> Option<u64>,
+    t: &mut String,
+    fails: &mut Vec<String>,
+) {
     // The partition: per phase kind, the kinds' increases add up to the
     // faults class's, and over the window to record's faults.
     let mut parts_total = 0u64;
     let mut line = Vec::new();
-    for kind in &kinds {
+    for kind in kinds {
         let faults = delta(CLASS_FAULTS, ReportClass::Faults.name(), kind);
         let mut sum = Some(0u64);
         for (n, k, pk) in c1.keys() {
@@ -321,61 +390,12 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
     if Some(parts_total) != faults {
         fails.push(format!("{name}: the kinds add up to {parts_total}, record's faults {faults:?}"));
     }
-    fails.extend(cmp.failures.iter().cloned());
-    for why in &cmp.unknown {
-        let _ = writeln!(t, "  oracle cannot count: {why}");
-    }
-    let mut expect = |t: &mut String, ok: bool, what: String| {
-        let _ = writeln!(t, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            fails.push(format!("{name}: {what}"));
-        }
-    };
-    let get = |m: ReportClass| p.count(m).unwrap_or(0);
-    let (reuse, copy) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-    expect(&mut t, report.mode == Mode::Kprobe, format!("mode {}", check::mode_name(&report)));
-    expect(&mut t, reuse > 0 && copy > 0, format!("the window has reuse ({reuse}) and copies ({copy})"));
-    // A stopped Redis faults not: the oracle's phases around the window
-    // (record's attach .. "window", "quiet" .. record's detach) are empty.
-    for ph in ["attach", "quiet"] {
-        let n = oracle.line(pid, ph).and_then(|l| l.get("faults").copied().flatten());
-        expect(&mut t, n == Some(0), format!("oracle: faults of the stopped redis-server in {ph:?}: {n:?}"));
-    }
-    let forks = delta("faultscope_forks_total", "", "");
-    let info = |when: &str| -> Option<i64> {
-        let i = redis::parse_info(run.section(&format!("{name}.info.{when}")).ok()?);
-        i.get("total_forks")?.parse().ok()
-    };
-    let redis_forks = info("end").zip(info("before")).map(|(a, b)| a - b);
-    expect(
-        &mut t,
-        forks == Some(1) && redis_forks == Some(1),
-        format!("forks: PromQL increase {forks:?}, Redis INFO total_forks +{redis_forks:?}: one, the BGSAVE"),
-    );
-    let fork_phases: Vec<&str> =
-        p.phases.iter().map(|ph| ph.name.as_str()).filter(|n| n.starts_with("fork#")).collect();
-    expect(
-        &mut t,
-        fork_phases == ["fork#1 child-alive", "fork#1 after-child-exit"],
-        format!("record's fork phases {fork_phases:?}"),
-    );
-    for (ok, what) in redis::health(run, name, &report) {
-        expect(&mut t, ok, what);
-    }
-    check_plot(&report, name, dir, &mut t, &mut expect);
-    Ok(Window { name: name.into(), pid, table: t, failures: fails, before: c0, after: c1 })
 }
 
 /// The window's record report as `faultscope plot` draws it, rendered to
 /// PNG (`dir/NAME.png`, beside `NAME.svg`): the phases named in the SVG, and
 /// a picture, not a blank page.
-fn check_plot(
-    report: &Report,
-    name: &str,
-    dir: &Path,
-    t: &mut String,
-    expect: &mut impl FnMut(&mut String, bool, String),
-) {
+fn check_plot(report: &Report, name: &str, dir: &Path, cl: &mut Checklist) {
     let drawn = (|| -> Result<(String, Vec<u8>, usize)> {
         let s = plot::series(report)?;
         let title =
@@ -399,13 +419,11 @@ fn check_plot(
             .into_iter()
             .filter(|l| !svg.contains(l))
             .collect();
-            expect(
-                t,
+            cl.expect(
                 missing.is_empty(),
                 format!("plot: phase and class labels in the SVG (missing: {missing:?})"),
             );
-            expect(
-                t,
+            cl.expect(
                 png.len() > 20_000 && non_white > 20_000,
                 format!(
                     "plot: {} PNG of {} bytes, {non_white} non-white pixels",
@@ -414,7 +432,7 @@ fn check_plot(
                 ),
             );
         }
-        Err(e) => expect(t, false, format!("plot: {e:#}")),
+        Err(e) => cl.expect(false, format!("plot: {e:#}")),
     }
 }
 
