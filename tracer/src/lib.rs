@@ -5,10 +5,13 @@
 //! Data flow, one directory per stage:
 //! `kernel` (probe table, class catalogue, load and attach)
 //! -> kernel maps (tracer-ebpf, tracer-common)
-//! -> `collect` (snapshots of the maps, phases, targets)
-//! -> `report` (typed report, text, findings, diff, verify)
-//! and `cmd`, the commands that drive it; `output` writes every file they
-//! write, and `error` is the refusal they share.
+//! -> `collect` (snapshots of the maps, phases, targets, and `engine`, the
+//!    Recorder that drives the stages for the commands)
+//! -> `report` (typed report, text, findings, the checks of diff and verify)
+//! -> `cmd`, the commands. Leaves any stage may use: `units`, `term`
+//! (terminal output, foreign strings), `signals`, `output` (every file
+//! written), `memory` (bench's mappings and forked child), `error` (the
+//! refusal).
 
 /// Attribution building blocks (mapping names, code sites, stacks, BTF
 /// offsets), used by `collect` and `report`.
