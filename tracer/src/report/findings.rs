@@ -4,7 +4,9 @@
 use crate::term::safe;
 use std::collections::BTreeMap;
 
-use super::schema::{present_write_faults, Attribution, CheckResult, ClassValue, Finding, Number, Report};
+use super::schema::{
+    present_write_faults, Attribution, Bench, CheckResult, ClassValue, Finding, Number, Process, Report, Span,
+};
 use crate::kernel::classes::ReportClass;
 
 /// COW copies while a child lives that are worth saying.
@@ -50,185 +52,263 @@ fn folio_bytes(r: &Report) -> Option<u64> {
     r.bench.as_ref().and_then(|b| crate::units::parse_size(&b.folio).ok())
 }
 
+/// A finding of a span, before it is placed (process, phase).
+struct Draft {
+    rule: &'static str,
+    text: String,
+    numbers: BTreeMap<String, Number>,
+}
+
+fn draft(rule: &'static str, text: String, numbers: BTreeMap<String, Number>) -> Option<Draft> {
+    Some(Draft { rule, text, numbers })
+}
+
+/// What a span's rules look at.
+struct SpanCtx<'a> {
+    p: &'a Process,
+    s: &'a Span,
+    /// A bench's large folio size and its run (a folio above the base page).
+    folio: Option<(u64, &'a Bench)>,
+    child_exited: bool,
+}
+
+impl SpanCtx<'_> {
+    fn c(&self, m: ReportClass) -> Option<u64> {
+        self.s.count(m)
+    }
+    fn n(&self, m: ReportClass) -> u64 {
+        self.c(m).unwrap_or(0)
+    }
+}
+
+/// The rules over each span (phase or step), in the order their findings
+/// are listed.
+const SPAN_RULES: [fn(&SpanCtx) -> Option<Draft>; 8] = [
+    large_folio_reuse_per_page,
+    large_folio_reuse_whole,
+    large_folio_copy_after_exit,
+    spurious_write_faults,
+    contpte_unfold,
+    shared_write_notify,
+    copy_by_the_kernel,
+    copy_while_child_alive,
+];
+
 pub fn findings(r: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
-    let folio = folio_bytes(r).filter(|f| *f > crate::units::PAGE);
-    let bench = r.bench.as_ref();
-    let child_exited = bench.is_some_and(|b| b.child == "exit");
+    let folio = folio_bytes(r).filter(|f| *f > crate::units::PAGE).zip(r.bench.as_ref());
+    let child_exited = r.bench.as_ref().is_some_and(|b| b.child == "exit");
     for p in &r.processes {
-        let pid = p.pid;
         for s in p.spans() {
-            let c = |m| s.count(m);
-            let mut add = |rule: &str, text: String, numbers: BTreeMap<String, Number>| {
-                out.push(Finding { rule: rule.into(), pid, phase: s.name.clone(), text, numbers })
-            };
-            let reuse = c(ReportClass::Reuse).unwrap_or(0);
-            let copy = c(ReportClass::Copy).unwrap_or(0);
-            let is_write_step = s.name == "mark:write";
-            if let (Some(f), Some(b), true) = (folio, bench, is_write_step) {
-                let folios = b.folios.max(1);
-                let per = f / crate::units::PAGE;
-                let label = crate::units::size(f);
-                if reuse as f64 / folios as f64 >= 2.0 {
-                    add(
-                        "large-folio-reuse-per-page",
-                        format!(
-                            "{label} folios are reused page by page: {:.1} reuse faults per folio ({reuse} for {folios} folios of {per} pages); reusing the whole exclusive folio would take 1 per folio",
-                            reuse as f64 / folios as f64
-                        ),
-                        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
-                    );
-                }
-                // The shape a kernel that reuses the whole exclusive folio
-                // gives: one reuse fault per folio (plus the bench's own few).
-                let ratio = reuse as f64 / folios as f64;
-                if reuse >= folios && ratio < 2.0 && copy < folios {
-                    let contpte = match c(ReportClass::ContpteUnfold) {
-                        Some(0) => "; no contpte block was unfolded",
-                        _ => "",
-                    };
-                    add(
-                        "large-folio-reuse-whole",
-                        format!(
-                            "whole-folio reuse: {ratio:.1} reuse fault per {label} folio ({reuse} for {folios} folios of {per} pages): one fault made the whole exclusive folio writable{contpte}"
-                        ),
-                        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
-                    );
-                }
-                if child_exited && copy as f64 / folios as f64 >= 2.0 {
-                    add(
-                        "large-folio-copy-after-exit",
-                        format!(
-                            "{label} folios are copied page by page after fork although the child has exited: {copy} copies, {:.1} per folio; this kernel does not reuse large anonymous folios",
-                            copy as f64 / folios as f64
-                        ),
-                        numbers([("copy", copy.into()), ("folios", folios.into())]),
-                    );
-                }
-            }
-            if let Some(sp) = c(ReportClass::Spurious).filter(|n| *n > 0) {
-                let present = present_write_faults(c);
-                let pct = 100.0 * sp as f64 / present as f64;
-                add(
-                    "spurious-write-faults",
-                    format!(
-                        "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages{}",
-                        where_(&s.attribution, ReportClass::Spurious, sp)
-                    ),
-                    numbers([("spurious", sp.into()), ("present_write_faults", present.into()), ("percent", pct.into())]),
-                );
-            }
-            if let Some(unfold) = c(ReportClass::ContpteUnfold).filter(|n| *n > 0) {
-                // Folds anywhere later in the run count as "folded again".
-                let folded = p.count(ReportClass::ContpteFold);
-                let tail = match folded {
-                    Some(0) => ", and none was folded again in the run".to_string(),
-                    Some(n) => format!(", and {n} blocks were folded in the run"),
-                    None => String::new(),
-                };
-                let via = c(ReportClass::ContpteTryUnfold)
-                    .map(|t| format!(", {t} through __contpte_try_unfold"))
-                    .unwrap_or_default();
-                let mut n = numbers([("contpte_unfold", unfold.into())]);
-                if let Some(f) = folded {
-                    n.insert("contpte_fold".into(), f.into());
-                }
-                add(
-                    "contpte-unfold",
-                    format!(
-                        "{unfold} contpte blocks were unfolded{via}{tail}{}",
-                        where_(&s.attribution, ReportClass::ContpteUnfold, unfold)
-                    ),
-                    n,
-                );
-            }
-            // Write-protect faults that are not COW at all: a reader who
-            // sums reuse + copy would miss them.
-            if let Some(shared) = c(ReportClass::WpShared).filter(|n| *n > 0) {
-                let mut n = numbers([("wp_shared", shared.into())]);
-                if let Some(wp) = c(ReportClass::WpFaults) {
-                    n.insert("wp_faults".into(), wp.into());
-                }
-                add(
-                    "shared-write-notify",
-                    format!(
-                        "{shared} write-protect faults were on shared mappings (write-notify for dirty tracking: writeback, soft-dirty or page_mkwrite), not COW reuse or copy"
-                    ),
-                    n,
-                );
-            }
-            // COW copies only the kernel took: a read(2) or recv(2) into
-            // memory shared with a child, get_user_pages (O_DIRECT,
-            // io_uring, /proc/PID/mem). A user-mode view misses them.
-            let by = |o| s.classes.get(&ReportClass::Copy).and_then(|v| v.origin_count(o)).unwrap_or(0);
-            let (kernel, gup) = (by("kernel"), by("gup"));
-            if kernel + gup >= COPY_NOTABLE {
-                let site = s
-                    .attribution
-                    .sites
-                    .iter()
-                    .filter(|x| x.class == ReportClass::Copy && x.syscall.is_some())
-                    .max_by_key(|x| (x.count, std::cmp::Reverse(x.ip)))
-                    .map(|x| {
-                        format!(
-                            "; top: {} by {} from {} ({} of them)",
-                            x.mapping.as_deref().map(safe).unwrap_or_else(|| "?".into()),
-                            x.syscall.as_deref().unwrap_or("?"),
-                            safe(&x.site),
-                            x.count
-                        )
-                    })
-                    .unwrap_or_default();
-                add(
-                    "copy-by-the-kernel",
-                    format!(
-                        "{} COW copies were taken by the kernel for the process, not in user mode: {kernel} inside system calls (copy_to_user), {gup} by get_user_pages{site}",
-                        kernel + gup
-                    ),
-                    numbers([("copy_kernel", kernel.into()), ("copy_gup", gup.into())]),
-                );
-            }
-            // A handful of copies is the process's own bookkeeping after
-            // fork (stack, heap), not a finding.
-            if copy >= COPY_NOTABLE && s.child_alive {
-                add(
-                    "copy-while-child-alive",
-                    format!(
-                        "{copy} COW copies while a forked child shared the memory{}",
-                        where_(&s.attribution, ReportClass::Copy, copy)
-                    ),
-                    numbers([("copy", copy.into())]),
-                );
-            }
-        }
-        // Once per process: the kernel's own count disagrees.
-        if let Some(k) = p.kernel_check.as_ref().filter(|k| k.result == CheckResult::Differs) {
-            out.push(Finding {
-                rule: "kernel-check-differs".into(),
-                pid,
-                phase: "whole run".into(),
-                text: super::text::check_line(k),
-                numbers: numbers([
-                    ("faultscope", k.faultscope.into()),
-                    ("kernel_low", k.kernel_low.unwrap_or(0).into()),
-                    ("kernel_high", k.kernel_high.unwrap_or(0).into()),
-                ]),
-            });
-        }
-        // Once per process: what could not be measured.
-        for m in [ReportClass::Reuse, ReportClass::Copy, ReportClass::Spurious] {
-            if let Some(ClassValue::NotMeasurable(n)) = p.classes.get(&m) {
+            let cx = SpanCtx { p, s: &s, folio, child_exited };
+            for d in SPAN_RULES.iter().filter_map(|rule| rule(&cx)) {
                 out.push(Finding {
-                    rule: "not-measurable".into(),
-                    pid,
-                    phase: "whole run".into(),
-                    text: format!("{m} is not measurable on this kernel: {}", n.reason),
-                    numbers: BTreeMap::new(),
+                    rule: d.rule.into(),
+                    pid: p.pid,
+                    phase: s.name.clone(),
+                    text: d.text,
+                    numbers: d.numbers,
                 });
             }
         }
+        out.extend(kernel_check_differs(p));
+        out.extend(not_measurable(p));
     }
     out
+}
+
+/// A bench's write step over large folios: its folios, their size, pages
+/// per folio, and the size's label.
+fn write_step<'a>(cx: &SpanCtx<'a>) -> Option<(u64, u64, String, &'a Bench)> {
+    let (f, b) = cx.folio?;
+    (cx.s.name == "mark:write").then(|| (b.folios.max(1), f / crate::units::PAGE, crate::units::size(f), b))
+}
+
+fn large_folio_reuse_per_page(cx: &SpanCtx) -> Option<Draft> {
+    let (folios, per, label, _) = write_step(cx)?;
+    let reuse = cx.n(ReportClass::Reuse);
+    let ratio = reuse as f64 / folios as f64;
+    (ratio >= 2.0).then_some(())?;
+    draft(
+        "large-folio-reuse-per-page",
+        format!(
+            "{label} folios are reused page by page: {ratio:.1} reuse faults per folio ({reuse} for {folios} folios of {per} pages); reusing the whole exclusive folio would take 1 per folio"
+        ),
+        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
+    )
+}
+
+/// The shape a kernel that reuses the whole exclusive folio gives: one
+/// reuse fault per folio (plus the bench's own few).
+fn large_folio_reuse_whole(cx: &SpanCtx) -> Option<Draft> {
+    let (folios, per, label, _) = write_step(cx)?;
+    let (reuse, copy) = (cx.n(ReportClass::Reuse), cx.n(ReportClass::Copy));
+    let ratio = reuse as f64 / folios as f64;
+    (reuse >= folios && ratio < 2.0 && copy < folios).then_some(())?;
+    let contpte = match cx.c(ReportClass::ContpteUnfold) {
+        Some(0) => "; no contpte block was unfolded",
+        _ => "",
+    };
+    draft(
+        "large-folio-reuse-whole",
+        format!(
+            "whole-folio reuse: {ratio:.1} reuse fault per {label} folio ({reuse} for {folios} folios of {per} pages): one fault made the whole exclusive folio writable{contpte}"
+        ),
+        numbers([("reuse", reuse.into()), ("folios", folios.into()), ("pages_per_folio", per.into())]),
+    )
+}
+
+fn large_folio_copy_after_exit(cx: &SpanCtx) -> Option<Draft> {
+    let (folios, _, label, _) = write_step(cx)?;
+    let copy = cx.n(ReportClass::Copy);
+    (cx.child_exited && copy as f64 / folios as f64 >= 2.0).then_some(())?;
+    draft(
+        "large-folio-copy-after-exit",
+        format!(
+            "{label} folios are copied page by page after fork although the child has exited: {copy} copies, {:.1} per folio; this kernel does not reuse large anonymous folios",
+            copy as f64 / folios as f64
+        ),
+        numbers([("copy", copy.into()), ("folios", folios.into())]),
+    )
+}
+
+fn spurious_write_faults(cx: &SpanCtx) -> Option<Draft> {
+    let sp = cx.c(ReportClass::Spurious).filter(|n| *n > 0)?;
+    let present = present_write_faults(|m| cx.c(m));
+    let pct = 100.0 * sp as f64 / present as f64;
+    draft(
+        "spurious-write-faults",
+        format!(
+            "spurious write faults were {pct:.1}% of write faults on present pages ({sp} of {present}): the PTE was already writable; likely stale read-only TLB entries (pages read since fork, or stores run ahead speculatively while an earlier store faulted), or threads racing on the same pages{}",
+            where_(&cx.s.attribution, ReportClass::Spurious, sp)
+        ),
+        numbers([("spurious", sp.into()), ("present_write_faults", present.into()), ("percent", pct.into())]),
+    )
+}
+
+fn contpte_unfold(cx: &SpanCtx) -> Option<Draft> {
+    let unfold = cx.c(ReportClass::ContpteUnfold).filter(|n| *n > 0)?;
+    // Folds anywhere later in the run count as "folded again".
+    let folded = cx.p.count(ReportClass::ContpteFold);
+    let tail = match folded {
+        Some(0) => ", and none was folded again in the run".to_string(),
+        Some(n) => format!(", and {n} blocks were folded in the run"),
+        None => String::new(),
+    };
+    let via = cx
+        .c(ReportClass::ContpteTryUnfold)
+        .map(|t| format!(", {t} through __contpte_try_unfold"))
+        .unwrap_or_default();
+    let mut n = numbers([("contpte_unfold", unfold.into())]);
+    if let Some(f) = folded {
+        n.insert("contpte_fold".into(), f.into());
+    }
+    draft(
+        "contpte-unfold",
+        format!(
+            "{unfold} contpte blocks were unfolded{via}{tail}{}",
+            where_(&cx.s.attribution, ReportClass::ContpteUnfold, unfold)
+        ),
+        n,
+    )
+}
+
+/// Write-protect faults that are not COW at all: a reader who sums reuse +
+/// copy would miss them.
+fn shared_write_notify(cx: &SpanCtx) -> Option<Draft> {
+    let shared = cx.c(ReportClass::WpShared).filter(|n| *n > 0)?;
+    let mut n = numbers([("wp_shared", shared.into())]);
+    if let Some(wp) = cx.c(ReportClass::WpFaults) {
+        n.insert("wp_faults".into(), wp.into());
+    }
+    draft(
+        "shared-write-notify",
+        format!(
+            "{shared} write-protect faults were on shared mappings (write-notify for dirty tracking: writeback, soft-dirty or page_mkwrite), not COW reuse or copy"
+        ),
+        n,
+    )
+}
+
+/// COW copies only the kernel took: a read(2) or recv(2) into memory
+/// shared with a child, get_user_pages (O_DIRECT, io_uring,
+/// /proc/PID/mem). A user-mode view misses them.
+fn copy_by_the_kernel(cx: &SpanCtx) -> Option<Draft> {
+    let by = |o| cx.s.classes.get(&ReportClass::Copy).and_then(|v| v.origin_count(o)).unwrap_or(0);
+    let (kernel, gup) = (by("kernel"), by("gup"));
+    (kernel + gup >= COPY_NOTABLE).then_some(())?;
+    let site =
+        cx.s.attribution
+            .sites
+            .iter()
+            .filter(|x| x.class == ReportClass::Copy && x.syscall.is_some())
+            .max_by_key(|x| (x.count, std::cmp::Reverse(x.ip)))
+            .map(|x| {
+                format!(
+                    "; top: {} by {} from {} ({} of them)",
+                    x.mapping.as_deref().map(safe).unwrap_or_else(|| "?".into()),
+                    x.syscall.as_deref().unwrap_or("?"),
+                    safe(&x.site),
+                    x.count
+                )
+            })
+            .unwrap_or_default();
+    draft(
+        "copy-by-the-kernel",
+        format!(
+            "{} COW copies were taken by the kernel for the process, not in user mode: {kernel} inside system calls (copy_to_user), {gup} by get_user_pages{site}",
+            kernel + gup
+        ),
+        numbers([("copy_kernel", kernel.into()), ("copy_gup", gup.into())]),
+    )
+}
+
+/// A handful of copies is the process's own bookkeeping after fork (stack,
+/// heap), not a finding.
+fn copy_while_child_alive(cx: &SpanCtx) -> Option<Draft> {
+    let copy = cx.n(ReportClass::Copy);
+    (copy >= COPY_NOTABLE && cx.s.child_alive).then_some(())?;
+    draft(
+        "copy-while-child-alive",
+        format!(
+            "{copy} COW copies while a forked child shared the memory{}",
+            where_(&cx.s.attribution, ReportClass::Copy, copy)
+        ),
+        numbers([("copy", copy.into())]),
+    )
+}
+
+/// Once per process: the kernel's own count disagrees.
+fn kernel_check_differs(p: &Process) -> Option<Finding> {
+    let k = p.kernel_check.as_ref().filter(|k| k.result == CheckResult::Differs)?;
+    Some(Finding {
+        rule: "kernel-check-differs".into(),
+        pid: p.pid,
+        phase: "whole run".into(),
+        text: super::text::check_line(k),
+        numbers: numbers([
+            ("faultscope", k.faultscope.into()),
+            ("kernel_low", k.kernel_low.unwrap_or(0).into()),
+            ("kernel_high", k.kernel_high.unwrap_or(0).into()),
+        ]),
+    })
+}
+
+/// Once per process: what could not be measured.
+fn not_measurable(p: &Process) -> Vec<Finding> {
+    [ReportClass::Reuse, ReportClass::Copy, ReportClass::Spurious]
+        .into_iter()
+        .filter_map(|m| match p.classes.get(&m) {
+            Some(ClassValue::NotMeasurable(n)) => Some(Finding {
+                rule: "not-measurable".into(),
+                pid: p.pid,
+                phase: "whole run".into(),
+                text: format!("{m} is not measurable on this kernel: {}", n.reason),
+                numbers: BTreeMap::new(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Adds `findings[]` to a report being written; returns them as text.
