@@ -24,7 +24,7 @@ use faultscope::{
 };
 
 use crate::{
-    check::{self, count, Oracle},
+    check::{self, count, Checklist, Oracle},
     kernels::{self, FolioReuse, GuestKernel, Source},
     setup,
     util::root,
@@ -397,22 +397,16 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     fails.extend(cmp.failures);
     let get = |m: ReportClass| p.count(m).unwrap_or(0);
     let keys = run.marker("KEYS", name).unwrap_or_default();
-    let mut expect = |t: &mut String, ok: bool, what: String| {
-        let _ = writeln!(t, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            fails.push(format!("{name}: {what}"));
-        }
-    };
+    let mut cl = Checklist::new(name, &mut t, &mut fails);
     let loaded = run.marker("POPULATE", name).unwrap_or_default();
-    expect(&mut t, loaded == format!("loaded dbsize={keys}"), format!("{keys} keys loaded: {loaded:?}"));
+    cl.expect(loaded == format!("loaded dbsize={keys}"), format!("{keys} keys loaded: {loaded:?}"));
     let (reuse, copy) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-    expect(
-        &mut t,
+    cl.expect(
         reuse + copy > 0,
         format!("the SETs' write-protect faults show: reuse {reuse} + copy {copy} > 0"),
     );
     for (ok, what) in health(run, name, &report) {
-        expect(&mut t, ok, what);
+        cl.expect(ok, what);
     }
     // The faults the kernel took for redis-server (read(2) of a request
     // into a COW-shared buffer...), and the kernel's own count of the
@@ -424,17 +418,15 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
             .entry(format!("{} {} from {}", s.class, s.syscall.as_deref().unwrap_or("?"), s.site))
             .or_default() += s.count;
     }
-    let _ = writeln!(
-        t,
+    cl.line(format!(
         "  kernel-origin faults: {} (copy {}, reuse {}), get_user_pages: {}; sites: {by_syscall:?}",
         origin(ReportClass::Faults, "kernel"),
         origin(ReportClass::Copy, "kernel"),
         origin(ReportClass::Reuse, "kernel"),
         origin(ReportClass::Faults, "gup"),
-    );
+    ));
     match &p.kernel_check {
-        Some(k) => expect(
-            &mut t,
+        Some(k) => cl.expect(
             matches!(k.result, CheckResult::Equal | CheckResult::WithinBracket),
             format!(
                 "kernel check {:?}: faultscope {} in min_flt+maj_flt {:?}..{:?} ({})",
@@ -445,15 +437,14 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
                 k.bracket.as_deref().or(k.reason.as_deref()).unwrap_or("")
             ),
         ),
-        None => expect(&mut t, false, "the report has a kernel check".into()),
+        None => cl.expect(false, "the report has a kernel check"),
     }
 
     let phases = &p.phases;
-    let _ = writeln!(t, "  faultscope phases:");
+    cl.line("  faultscope phases:");
     for ph in phases {
         let c = |m: ReportClass| count(&ph.classes, m).unwrap_or(0);
-        let _ = writeln!(
-            t,
+        cl.line(format!(
             "    {:<28} {:>10}  faults {:>6} wp {:>6} reuse {:>6} copy {:>6} spurious {:>3}",
             ph.name,
             ms(ph.end_ns.unwrap_or(0).saturating_sub(ph.start_ns)),
@@ -462,13 +453,13 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
             c(ReportClass::Reuse),
             c(ReportClass::Copy),
             c(ReportClass::Spurious),
-        );
+        ));
     }
     // The phases split the process' counts: their sums are its totals.
     for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
         let sum: u64 = phases.iter().filter_map(|ph| count(&ph.classes, m)).sum();
         if sum != get(m) {
-            expect(&mut t, false, format!("{m}: phases sum to {sum}, total {}", get(m)));
+            cl.expect(false, format!("{m}: phases sum to {sum}, total {}", get(m)));
         }
     }
     let forks: Vec<&str> =
@@ -481,40 +472,36 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         _ => bail!("bad BGSAVE marker {bg:?}"),
     };
     let reply = bgw.get(2..).map(|w| w.join(" ")).unwrap_or_default();
-    expect(&mut t, reply == "Background saving started", format!("BGSAVE replied {reply:?}"));
+    cl.expect(reply == "Background saving started", format!("BGSAVE replied {reply:?}"));
 
     if name == "run1" || name == "mthp" {
         let info = parse_info(run.section(&format!("{name}.info.after-bgsave"))?);
         let v = |k: &str| info.get(k).map(String::as_str).unwrap_or("?");
-        let _ = writeln!(
-            t,
-            "  Redis INFO before attaching: rdb_bgsave_in_progress {}, rdb_last_bgsave_status {}, latest_fork_usec {}, rdb_last_cow_size {}, total_forks {}",
+        cl.line(format!("  Redis INFO before attaching: rdb_bgsave_in_progress {}, rdb_last_bgsave_status {}, latest_fork_usec {}, rdb_last_cow_size {}, total_forks {}",
             v("rdb_bgsave_in_progress"),
             v("rdb_last_bgsave_status"),
             v("latest_fork_usec"),
             v("rdb_last_cow_size"),
             v("total_forks")
-        );
-        expect(
-            &mut t,
+        ));
+        cl.expect(
             v("rdb_bgsave_in_progress") == "0" && v("rdb_last_bgsave_status") == "ok",
-            "BGSAVE had ended, ok, before faultscope attached".into(),
+            "BGSAVE had ended, ok, before faultscope attached",
         );
         // The child was reaped before faultscope attached: nothing forked or
         // exited during the trace.
-        expect(&mut t, forks.is_empty(), format!("no fork phase while attached after the BGSAVE: {forks:?}"));
+        cl.expect(forks.is_empty(), format!("no fork phase while attached after the BGSAVE: {forks:?}"));
         // Pages written after a fork whose child is gone are the parent's
         // alone: 4K anonymous pages are reused, not copied (large folios:
         // per kernel, `mthp_shape`).
         if name == "run1" {
-            expect(
-                &mut t,
+            cl.expect(
                 reuse > copy,
                 format!("reuse {reuse} > copy {copy} (child gone: write-protected pages are reused)"),
             );
         }
     } else {
-        check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut t, &mut expect)?;
+        check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut cl)?;
     }
     Ok(RunResult { table: t, failures: fails })
 }
@@ -531,16 +518,14 @@ fn check_bgsave_phases(
     phases: &[Phase],
     forks: &[&str],
     (t0, t1): (u64, u64),
-    t: &mut String,
-    expect: &mut impl FnMut(&mut String, bool, String),
+    cl: &mut Checklist,
 ) -> Result<()> {
     let before = parse_info(run.section(&format!("{name}.info.before"))?);
     let after = parse_info(run.section(&format!("{name}.info.end"))?);
     let num = |m: &BTreeMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
     let show = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "?".into());
     let v = |k: &str| after.get(k).map(String::as_str).unwrap_or("?");
-    let _ = writeln!(
-        t,
+    cl.line(format!(
         "  Redis INFO: total_forks {} -> {}, rdb_saves {} -> {}, rdb_last_bgsave_status {}, rdb_bgsave_in_progress {}, latest_fork_usec {}, rdb_last_bgsave_time_sec {}, rdb_last_cow_size {}",
         show(num(&before, "total_forks")),
         show(num(&after, "total_forks")),
@@ -551,22 +536,19 @@ fn check_bgsave_phases(
         v("latest_fork_usec"),
         v("rdb_last_bgsave_time_sec"),
         v("rdb_last_cow_size"),
-    );
+    ));
     let delta = |k: &str| Some(num(&after, k)? - num(&before, k)?);
-    expect(
-        t,
+    cl.expect(
         delta("total_forks") == Some(1),
         format!("Redis forked once while attached: total_forks +{}", show(delta("total_forks"))),
     );
     if num(&after, "rdb_saves").is_some() {
-        expect(
-            t,
+        cl.expect(
             delta("rdb_saves") == Some(1),
             format!("one RDB save: rdb_saves +{}", show(delta("rdb_saves"))),
         );
     }
-    expect(
-        t,
+    cl.expect(
         v("rdb_last_bgsave_status") == "ok" && v("rdb_bgsave_in_progress") == "0",
         format!(
             "the BGSAVE ended ok (rdb_last_bgsave_status {}, rdb_bgsave_in_progress {})",
@@ -574,8 +556,7 @@ fn check_bgsave_phases(
             v("rdb_bgsave_in_progress")
         ),
     );
-    expect(
-        t,
+    cl.expect(
         forks == ["fork#1 child-alive", "fork#1 after-child-exit"],
         format!("exactly one fork, the BGSAVE's: fork phases {forks:?}"),
     );
@@ -586,9 +567,8 @@ fn check_bgsave_phases(
     let start = alive.start_ns;
     let end = alive.end_ns.unwrap_or(0);
     let d = end.saturating_sub(start);
-    expect(t, exit.start_ns == end, "after-child-exit starts where child-alive ends".into());
-    let _ = writeln!(
-        t,
+    cl.expect(exit.start_ns == end, "after-child-exit starts where child-alive ends");
+    cl.line(format!(
         "  BGSAVE seen by the guest: sent at {:.2}s, end seen at {:.2}s ({}); fork#1 child-alive {:.3}s .. {:.3}s ({})",
         t0 as f64 / 1e9,
         t1 as f64 / 1e9,
@@ -596,34 +576,30 @@ fn check_bgsave_phases(
         start as f64 / 1e9,
         end as f64 / 1e9,
         ms(d)
-    );
-    expect(
-        t,
+    ));
+    cl.expect(
         t0 <= start && end <= t1 + UPTIME_RES_NS,
-        "the child lived within the BGSAVE command's window (sent .. seen ended)".into(),
+        "the child lived within the BGSAVE command's window (sent .. seen ended)",
     );
     let fork_ns = num(&after, "latest_fork_usec").unwrap_or(-1);
     let save_s = num(&after, "rdb_last_bgsave_time_sec").unwrap_or(-1);
     if fork_ns >= 0 && save_s >= 0 {
         let fork_ns = fork_ns as u64 * 1000;
         let bound = (save_s as u64 + 1) * 1_000_000_000 + fork_ns;
-        expect(
-            t,
+        cl.expect(
             d < bound,
             format!("child-alive {} < rdb_last_bgsave_time_sec {save_s} s + 1 s + latest_fork_usec", ms(d)),
         );
-        expect(
-            t,
+        cl.expect(
             d >= fork_ns,
             format!("child-alive {} >= latest_fork_usec {} (plausibility)", ms(d), ms(fork_ns)),
         );
     } else {
-        expect(t, false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec".into());
+        cl.expect(false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec");
     }
-    check_child_alive_attribution(alive, t, expect);
+    check_child_alive_attribution(alive, cl);
     let reuse_after = count(&exit.classes, ReportClass::Reuse).unwrap_or(0);
-    expect(
-        t,
+    cl.expect(
         reuse_after > 0,
         format!("the SETs after the child's exit reuse write-protected pages: reuse {reuse_after}"),
     );
@@ -634,58 +610,50 @@ fn check_bgsave_phases(
 /// mapping rows (and `mappings_other`) add up to its copy total, some named
 /// mapping holds copies, and the copy sites (default `--sites` has copy),
 /// with `sites_other`, add up to the same total.
-fn check_child_alive_attribution(
-    alive: &Phase,
-    t: &mut String,
-    expect: &mut impl FnMut(&mut String, bool, String),
-) {
+fn check_child_alive_attribution(alive: &Phase, cl: &mut Checklist) {
     let a = &alive.attribution;
     let copies = count(&alive.classes, ReportClass::Copy).unwrap_or(0);
     let copy = |c: &BTreeMap<ReportClass, u64>| c.get(&ReportClass::Copy).copied().unwrap_or(0);
     let mut rows: Vec<_> = a.mappings.iter().filter(|r| copy(&r.counts) > 0).collect();
     rows.sort_by_key(|r| std::cmp::Reverse(copy(&r.counts)));
-    let _ = writeln!(t, "  fork#1 child-alive: {copies} copies, by mapping:");
+    cl.line(format!("  fork#1 child-alive: {copies} copies, by mapping:"));
     for r in rows.iter().take(6) {
-        let _ = writeln!(
-            t,
+        cl.line(format!(
             "    {:>6}  {} ({} KiB{})",
             copy(&r.counts),
             r.mapping,
             r.size >> 10,
             if r.exact { "" } else { ", not exact" }
-        );
+        ));
     }
     let other = a.mappings_other.as_ref().map_or(0, |o| copy(&o.counts));
     let in_rows: u64 = rows.iter().map(|r| copy(&r.counts)).sum();
     if other > 0 {
-        let _ = writeln!(
-            t,
+        cl.line(format!(
             "    {other:>6}  other ({} mappings)",
             a.mappings_other.as_ref().map_or(0, |o| o.entries)
-        );
+        ));
     }
-    expect(
-        t,
+    cl.expect(
         in_rows + other == copies,
         format!("child-alive copies by mapping {in_rows} + other {other} = {copies}"),
     );
     let named: u64 =
         rows.iter().filter(|r| !r.mapping.starts_with("unresolved")).map(|r| copy(&r.counts)).sum();
-    expect(t, named > 0, format!("child-alive copies in named mappings: {named}"));
+    cl.expect(named > 0, format!("child-alive copies in named mappings: {named}"));
     let mut sites: Vec<_> = a.sites.iter().filter(|s| s.class == ReportClass::Copy).collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.count));
-    let _ = writeln!(t, "  fork#1 child-alive: copy sites:");
+    cl.line("  fork#1 child-alive: copy sites:");
     for s in sites.iter().take(6) {
-        let _ = writeln!(t, "    {:>6}  {}", s.count, s.site);
+        cl.line(format!("    {:>6}  {}", s.count, s.site));
     }
     let folded = a.sites_other.iter().find(|f| f.class == ReportClass::Copy);
     if let Some(f) = folded {
-        let _ = writeln!(t, "    {:>6}  other ({} sites)", f.count, f.entries);
+        cl.line(format!("    {:>6}  other ({} sites)", f.count, f.entries));
     }
     let in_sites: u64 = sites.iter().map(|s| s.count).sum();
     let other = folded.map_or(0, |f| f.count);
-    expect(
-        t,
+    cl.expect(
         !sites.is_empty() && in_sites + other == copies,
         format!("child-alive copy sites {in_sites} + other {other} = {copies} ({} sites)", sites.len()),
     );
