@@ -408,60 +408,9 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     for (ok, what) in health(run, name, &report) {
         cl.expect(ok, what);
     }
-    // The faults the kernel took for redis-server (read(2) of a request
-    // into a COW-shared buffer...), and the kernel's own count of the
-    // window: /proc at attach and at the end, a range while it serves.
-    let origin = |m: ReportClass, o: &str| p.classes.get(&m).and_then(|v| v.origin_count(o)).unwrap_or(0);
-    let mut by_syscall: BTreeMap<String, u64> = BTreeMap::new();
-    for s in p.attribution.sites.iter().filter(|s| s.syscall.is_some()) {
-        *by_syscall
-            .entry(format!("{} {} from {}", s.class, s.syscall.as_deref().unwrap_or("?"), s.site))
-            .or_default() += s.count;
-    }
-    cl.line(format!(
-        "  kernel-origin faults: {} (copy {}, reuse {}), get_user_pages: {}; sites: {by_syscall:?}",
-        origin(ReportClass::Faults, "kernel"),
-        origin(ReportClass::Copy, "kernel"),
-        origin(ReportClass::Reuse, "kernel"),
-        origin(ReportClass::Faults, "gup"),
-    ));
-    match &p.kernel_check {
-        Some(k) => cl.expect(
-            matches!(k.result, CheckResult::Equal | CheckResult::WithinBracket),
-            format!(
-                "kernel check {:?}: faultscope {} in min_flt+maj_flt {:?}..{:?} ({})",
-                k.result,
-                k.faultscope,
-                k.kernel_low,
-                k.kernel_high,
-                k.bracket.as_deref().or(k.reason.as_deref()).unwrap_or("")
-            ),
-        ),
-        None => cl.expect(false, "the report has a kernel check"),
-    }
-
+    kernel_side(&mut cl, p);
+    phase_table(&mut cl, p);
     let phases = &p.phases;
-    cl.line("  faultscope phases:");
-    for ph in phases {
-        let c = |m: ReportClass| count(&ph.classes, m).unwrap_or(0);
-        cl.line(format!(
-            "    {:<28} {:>10}  faults {:>6} wp {:>6} reuse {:>6} copy {:>6} spurious {:>3}",
-            ph.name,
-            ms(ph.end_ns.unwrap_or(0).saturating_sub(ph.start_ns)),
-            c(ReportClass::Faults),
-            c(ReportClass::WpFaults),
-            c(ReportClass::Reuse),
-            c(ReportClass::Copy),
-            c(ReportClass::Spurious),
-        ));
-    }
-    // The phases split the process' counts: their sums are its totals.
-    for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
-        let sum: u64 = phases.iter().filter_map(|ph| count(&ph.classes, m)).sum();
-        if sum != get(m) {
-            cl.expect(false, format!("{m}: phases sum to {sum}, total {}", get(m)));
-        }
-    }
     let forks: Vec<&str> =
         phases.iter().map(|ph| ph.name.as_str()).filter(|n| n.starts_with("fork#")).collect();
 
@@ -504,6 +453,67 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut cl)?;
     }
     Ok(RunResult { table: t, failures: fails })
+}
+
+/// The faults the kernel took for redis-server (read(2) of a request into
+/// a COW-shared buffer...), and the kernel's own count of the window:
+/// /proc at attach and at the end, a range while it serves.
+fn kernel_side(cl: &mut Checklist, p: &faultscope::report::schema::Process) {
+    let origin = |m: ReportClass, o: &str| p.classes.get(&m).and_then(|v| v.origin_count(o)).unwrap_or(0);
+    let mut by_syscall: BTreeMap<String, u64> = BTreeMap::new();
+    for s in p.attribution.sites.iter().filter(|s| s.syscall.is_some()) {
+        *by_syscall
+            .entry(format!("{} {} from {}", s.class, s.syscall.as_deref().unwrap_or("?"), s.site))
+            .or_default() += s.count;
+    }
+    cl.line(format!(
+        "  kernel-origin faults: {} (copy {}, reuse {}), get_user_pages: {}; sites: {by_syscall:?}",
+        origin(ReportClass::Faults, "kernel"),
+        origin(ReportClass::Copy, "kernel"),
+        origin(ReportClass::Reuse, "kernel"),
+        origin(ReportClass::Faults, "gup"),
+    ));
+    match &p.kernel_check {
+        Some(k) => cl.expect(
+            matches!(k.result, CheckResult::Equal | CheckResult::WithinBracket),
+            format!(
+                "kernel check {:?}: faultscope {} in min_flt+maj_flt {:?}..{:?} ({})",
+                k.result,
+                k.faultscope,
+                k.kernel_low,
+                k.kernel_high,
+                k.bracket.as_deref().or(k.reason.as_deref()).unwrap_or("")
+            ),
+        ),
+        None => cl.expect(false, "the report has a kernel check"),
+    }
+}
+
+/// faultscope's phases, and their sums against the process's totals.
+fn phase_table(cl: &mut Checklist, p: &faultscope::report::schema::Process) {
+    let get = |m: ReportClass| p.count(m).unwrap_or(0);
+    let phases = &p.phases;
+    cl.line("  faultscope phases:");
+    for ph in phases {
+        let c = |m: ReportClass| count(&ph.classes, m).unwrap_or(0);
+        cl.line(format!(
+            "    {:<28} {:>10}  faults {:>6} wp {:>6} reuse {:>6} copy {:>6} spurious {:>3}",
+            ph.name,
+            ms(ph.end_ns.unwrap_or(0).saturating_sub(ph.start_ns)),
+            c(ReportClass::Faults),
+            c(ReportClass::WpFaults),
+            c(ReportClass::Reuse),
+            c(ReportClass::Copy),
+            c(ReportClass::Spurious),
+        ));
+    }
+    // The phases split the process' counts: their sums are its totals.
+    for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
+        let sum: u64 = phases.iter().filter_map(|ph| count(&ph.classes, m)).sum();
+        if sum != get(m) {
+            cl.expect(false, format!("{m}: phases sum to {sum}, total {}", get(m)));
+        }
+    }
 }
 
 /// Run 2: the fork phases against Redis' own account of the BGSAVE:
