@@ -301,28 +301,18 @@ fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
     // Inside: joins the cgroup, execs, touches 2048 pages and exits at once
     // (within a tick: only the kernel's filter can see it), printing its
     // whole minflt and that of the touching.
-    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
-for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
-    let inside = Command::new("sh")
-        .args([
-            "-c",
-            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
-        ])
-        .output()
-        .unwrap();
-    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
-    let out = String::from_utf8_lossy(&inside.stdout).to_string();
-    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
-    let (touch, whole) = (v[0], v[1]);
+    let (touch, whole) = short_python_in(&cg);
     let mut outside = outside;
     assert!(outside.wait().unwrap().success());
     sleep(Duration::from_millis(800));
     let text = scrape(port);
     let counted = faults_with(&text, "");
-    assert!(touch >= 2048, "{out}");
     // From its first event in the cgroup to its exit: at least the touching,
     // at most its whole life; the other's 16384 pages are not there.
-    assert!(counted >= touch && counted <= whole + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    assert!(
+        counted >= touch && counted <= whole + TOLERANCE,
+        "{counted} counted; inside: touched {touch}, whole {whole}\n{text}"
+    );
     assert!(text.contains("comm=\"python3\""), "{text}");
     served.stop();
 }
@@ -443,9 +433,24 @@ fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
 /// A Python run as `exe` (its comm) that touches 2048 new pages and exits at
 /// once; its output: the minflt of the touching, then of its whole life.
 fn short_python(exe: &Path) -> (u64, u64) {
-    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
+    touch_2048(Command::new(exe).args(["-c", SHORT_SCRIPT]))
+}
+
+/// [`short_python`] as `/usr/bin/python3`, exec'd after joining cgroup `cg`
+/// (so that only the kernel's filter can see it from its first event).
+fn short_python_in(cg: &Path) -> (u64, u64) {
+    let join =
+        format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{SHORT_SCRIPT}'", cg.display());
+    touch_2048(Command::new("sh").args(["-c", &join]))
+}
+
+const SHORT_SCRIPT: &str = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
 for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
-    let out = Command::new(exe).args(["-c", script]).output().unwrap();
+
+/// Runs `cmd` (a [`SHORT_SCRIPT`]) to its end: (minflt of the touching,
+/// of its whole life).
+fn touch_2048(cmd: &mut Command) -> (u64, u64) {
+    let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Vec<u64> =
         String::from_utf8_lossy(&out.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect();
@@ -515,22 +520,14 @@ fn serve_follows_a_cgroup_created_again() {
     sleep(Duration::from_millis(600));
     std::fs::create_dir(&cg).unwrap();
     sleep(Duration::from_millis(600));
-    let script = "import resource\nr0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\n\
-for j in range(0,len(b),4096): b[j]=1\nr1=resource.getrusage(0).ru_minflt\nprint(r1-r0, r1)\n";
-    let inside = Command::new("sh")
-        .args([
-            "-c",
-            &format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{script}'", cg.display()),
-        ])
-        .output()
-        .unwrap();
-    assert!(inside.status.success(), "{}", String::from_utf8_lossy(&inside.stderr));
-    let out = String::from_utf8_lossy(&inside.stdout).to_string();
-    let v: Vec<u64> = out.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let (touch, whole) = short_python_in(&cg);
     sleep(Duration::from_millis(800));
     let text = scrape(port);
     let counted = faults_with(&text, "");
-    assert!(counted >= v[0] && counted <= v[1] + TOLERANCE, "{counted} counted; inside: {out}\n{text}");
+    assert!(
+        counted >= touch && counted <= whole + TOLERANCE,
+        "{counted} counted; inside: touched {touch}, whole {whole}\n{text}"
+    );
     let err = served.stop();
     assert!(err.contains("is gone") && err.contains("is back (id "), "{err}");
 }
