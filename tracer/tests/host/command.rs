@@ -10,12 +10,7 @@ fn sigterm_and_sigint_end_the_run_cleanly() {
         let d = tmp();
         let fs = d.path().join("fs.json");
         let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-        let tracer = Command::new(BIN)
-            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let tracer = record_pid(&target.id().to_string(), &fs, &[]);
         // Once attached (on a loaded machine the attach takes seconds).
         wait_attached(&tracer);
         unsafe { libc::kill(tracer.id() as i32, sig) };
@@ -35,12 +30,7 @@ fn a_closed_stdout_ends_the_run_and_keeps_the_report() {
     let fs = d.path().join("fs.json");
     // record --interval ... | head -1
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let mut tracer = Command::new(BIN)
-        .args(["record", "-p", &target.id().to_string(), "--interval", "0.2", "--json", fs.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut tracer = record_pid(&target.id().to_string(), &fs, &["--interval", "0.2"]);
     let tpid = tracer.id();
     let mut first = String::new();
     BufReader::new(tracer.stdout.take().unwrap()).read_line(&mut first).unwrap();
@@ -74,14 +64,7 @@ fn sigkill_keeps_the_old_report_and_sighup_ends_the_run() {
     let d = tmp();
     let fs = d.path().join("fs.json");
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let start = || {
-        Command::new(BIN)
-            .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let start = || record_pid(&target.id().to_string(), &fs, &[]);
     std::fs::write(&fs, "the earlier report").unwrap();
     let mut tracer = start();
     wait_attached(&tracer);
@@ -190,12 +173,7 @@ fn mark_serves_clients_without_stalling_and_needs_root() {
     let d = tmp();
     let fs = d.path().join("fs.json");
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let tracer = Command::new(BIN)
-        .args(["record", "-p", &target.id().to_string(), "--json", fs.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let tracer = record_pid(&target.id().to_string(), &fs, &[]);
     let recorder = tracer.id().to_string();
     wait_attached(&tracer);
     // A client that connects and says nothing holds nobody up.

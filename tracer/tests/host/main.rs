@@ -254,6 +254,19 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `faultscope record -p PID ARGS --json JSON`, its output piped.
+fn record_pid(pid: &str, json: &Path, args: &[&str]) -> std::process::Child {
+    Command::new(BIN)
+        .args(["record", "-p", pid])
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits until `record` (pid `tracer`) listens for marks, which it does once
 /// attached and its targets are added.
 fn wait_attached(tracer: &std::process::Child) {

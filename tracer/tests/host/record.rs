@@ -111,12 +111,7 @@ fn record_pid_follows_a_running_process_to_its_exit() {
     }
     assert!(sleeping(), "the workload never reached its start delay");
     unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
-    let tracer = Command::new(BIN)
-        .args(["record", "-p", &pid, "--interval", "0.3", "--json", fs.to_str().unwrap()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let tracer = record_pid(&pid, &fs, &["--interval", "0.3"]);
     wait_attached(&tracer);
     unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
     assert!(child.wait().unwrap().success());
