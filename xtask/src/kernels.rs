@@ -71,14 +71,14 @@ const fn package(
 
 /// The reuse-the-whole-folio series (`mm/memory: reuse the whole exclusive
 /// large folio on a write fault`, v2, two patches; the README says which)
-/// from the thread in the file FAULTSCOPE_PATCH_SERIES names: a test
-/// fixture, not part of the repo. The default is where this project's
-/// build machines keep it; anyone else sets the variable.
+/// from its public linux-mm thread, kept in the repo
+/// (`xtask/series/folio-reuse-v2.thread`); FAULTSCOPE_PATCH_SERIES names
+/// another copy.
 const FOLIO_REUSE: Patched = Patched {
     change: "folio-reuse",
     series: kbuild::Fixture {
         env: "FAULTSCOPE_PATCH_SERIES",
-        default: "../shared/seeds/000_74eb611a1f9c5ac7.txt",
+        default: "xtask/series/folio-reuse-v2.thread",
         subject: "[PATCH v2 ",
     },
     reuse: FolioReuse::WholeFolio,
