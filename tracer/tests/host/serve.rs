@@ -34,19 +34,7 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
         .spawn()
         .unwrap();
     let pid = wl.id().to_string();
-    let serve = Command::new(BIN)
-        .args(["serve", "-p", &pid, "--port", &port.to_string(), "--tick", "0.2"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Ends serve when an assertion fails before the SIGTERM below.
-    struct Term(u32);
-    impl Drop for Term {
-        fn drop(&mut self) {
-            unsafe { libc::kill(self.0 as i32, libc::SIGTERM) };
-        }
-    }
-    let _term = Term(serve.id());
+    let served = Served::start(&["-p", &pid, "--port", &port.to_string(), "--tick", "0.2"]);
     sleep(Duration::from_millis(2500));
     let before = sample(&scrape(port), "faultscope_class_faults_total{class=\"faults\"");
     use std::io::{BufRead, Write};
@@ -57,11 +45,7 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     let minflt: u64 = line.trim().parse().unwrap();
     sleep(Duration::from_millis(1000));
     let text = scrape(port);
-    let faults: u64 = text
-        .lines()
-        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    let faults = faults_with(&text, "");
     assert!(minflt >= 2048, "{minflt}");
     let delta = faults - before;
     assert!(
@@ -78,9 +62,7 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     assert_eq!(kinds, faults, "{text}");
     stdin.write_all(b"bye\n").unwrap();
     wl.wait().unwrap();
-    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
-    let out = serve.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    served.stop();
 }
 
 /// Waits until `serve` answers on `port` (loading and attaching take a while).
