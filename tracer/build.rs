@@ -13,6 +13,7 @@ use std::{env, path::PathBuf};
 use anyhow::{bail, Context as _};
 
 fn main() -> anyhow::Result<()> {
+    commit();
     // Without the `ebpf` feature (xtask reading reports before the BPF
     // toolchain is installed) there is no object to build.
     if env::var_os("CARGO_FEATURE_EBPF").is_none() {
@@ -62,4 +63,31 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::default(),
     )
+}
+
+/// `FAULTSCOPE_COMMIT` for `--version` and the report's provenance: the
+/// environment's value if set (a build from a tarball), else git's HEAD,
+/// else `unknown`. Reruns when HEAD or the branch it names moves.
+fn commit() {
+    println!("cargo:rerun-if-env-changed=FAULTSCOPE_COMMIT");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = env::var("FAULTSCOPE_COMMIT").ok().or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    for p in ["HEAD", "packed-refs"] {
+        if let Some(path) = git(&["rev-parse", "--git-path", p]) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    if let Some(head_ref) =
+        git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r]))
+    {
+        println!("cargo:rerun-if-changed={head_ref}");
+    }
+    println!("cargo:rustc-env=FAULTSCOPE_COMMIT={}", commit.unwrap_or_else(|| "unknown".into()));
 }

@@ -1,77 +1,29 @@
 //! faultscope (package `faultscope`), the command line: it only dispatches
-//! to `faultscope::cmd` (see lib.rs for the data flow).
+//! to `faultscope::cmd` (see lib.rs for the data flow; the flags are
+//! declared in `cmd::cli`).
 
-use clap::{Parser, Subcommand};
+use clap::FromArgMatches;
 use faultscope::term::{safe, say};
 use faultscope::{
-    cmd::{self, bench, diff, mark, plot, probes, record, serve, verify},
+    cmd::{
+        self, bench,
+        cli::{self, Cli, Cmd},
+        diff, generate, mark, plot, probes, record, serve, verify,
+    },
     collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
     report::schema,
 };
 
-#[derive(Parser)]
-#[command(
-    name = "faultscope",
-    version,
-    about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Trace processes (-p PID) or a command (-- CMD ARGS) and report.
-    Record(record::RecordOpts),
-    /// Show the probe table resolved against this kernel, with the backend
-    /// each probe would use and why; --load also loads every program
-    /// through the verifier without attaching it.
-    Probes {
-        #[arg(long)]
-        load: bool,
-        /// The backend asked for (see `record --backend`).
-        #[arg(long, value_enum, default_value_t = faultscope::kernel::probes::BackendChoice::Auto)]
-        backend: faultscope::kernel::probes::BackendChoice,
-    },
-    /// The fork/COW scenario as a benchmark that traces itself: folios of a
-    /// given size, populate, fork (the child exits or stays), a write
-    /// pattern; counts per step beside the workload's own numbers.
-    Bench(bench::BenchOpts),
-    /// Two reports side by side, per phase and class, with ratios.
-    Diff { a: std::path::PathBuf, b: std::path::PathBuf },
-    /// Assertions over a report (or a run) for CI; exit 1 when one fails,
-    /// 3 when a class is not measurable on that kernel.
-    Verify(verify::VerifyOpts),
-    /// Start a new phase in a running `faultscope record`.
-    Mark {
-        /// The recorder's pid, when several are running.
-        #[arg(long)]
-        recorder: Option<u32>,
-        label: String,
-    },
-    /// Print the JSON Schema of the report (faultscope/1).
-    Schema,
-    /// Trace until SIGINT/SIGTERM and serve OpenMetrics on
-    /// http://127.0.0.1:9853/metrics (targets by -p, --comm, --cgroup).
-    Serve(serve::ServeOpts),
-    /// Draw a report's time series (record --interval): fault rates per
-    /// class over time with the phases shaded and the marks labelled, and
-    /// p99 latency per interval.
-    Plot {
-        report: std::path::PathBuf,
-        #[arg(short = 'o', long = "output")]
-        output: std::path::PathBuf,
-    },
-}
-
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|e| e.exit());
     // Commands that only print end quietly on a closed stdout (`| head`),
     // as Unix filters do; record and bench handle it and keep their report.
-    if matches!(cli.cmd, Cmd::Diff { .. } | Cmd::Schema | Cmd::Probes { .. } | Cmd::Verify(_)) {
+    if matches!(
+        cli.cmd,
+        Cmd::Diff { .. } | Cmd::Schema | Cmd::Probes { .. } | Cmd::Verify(_) | Cmd::Generate { .. }
+    ) {
         // SAFETY: setting a signal disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
@@ -94,6 +46,7 @@ fn main() {
         Cmd::Diff { a, b } => diff::run(&a, &b),
         Cmd::Plot { report, output } => plot::run(&report, &output),
         Cmd::Verify(o) => verify::run(&o),
+        Cmd::Generate { what, dir } => generate::run(what, dir.as_deref()),
         Cmd::Schema => serde_json::to_string_pretty(&schema::json_schema())
             .map(|s| {
                 println!("{s}");

@@ -58,6 +58,7 @@ pub enum Mode {
 
 #[derive(Args, Debug)]
 pub struct BenchOpts {
+    /// The write pattern after the fork.
     #[arg(value_enum, default_value = "seq")]
     pub mode: Mode,
     /// Anonymous memory, aligned to the folio size.
@@ -70,8 +71,11 @@ pub struct BenchOpts {
     /// the PMD split without splitting the folio).
     #[arg(long)]
     pub pmd: bool,
+    /// What the forked child does: exit before the writes, or stay alive
+    /// through them.
     #[arg(long, value_enum, default_value = "exit")]
     pub child: Child,
+    /// Writer threads of the threaded modes.
     #[arg(long, default_value_t = 8)]
     pub threads: usize,
     /// Time every store by itself (a clock read between stores, as the
@@ -81,7 +85,9 @@ pub struct BenchOpts {
     /// Seed of the random orders.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    #[arg(long)]
+    /// Write the report as JSON to this file (`-`: standard output), as
+    /// `record --json`.
+    #[arg(short = 'j', long)]
     pub json: Option<PathBuf>,
     /// As `record --max-stats`.
     #[arg(long)]

@@ -1,10 +1,13 @@
 //! The commands: each drives the pipeline (kernel -> collect -> report) for
 //! one use. `record` and `bench` trace; `mark` talks to a running record;
-//! `probes` shows the probe table.
+//! `probes` shows the probe table; `cli` declares them all, and
+//! `generate` derives the man pages and completions from that.
 
 pub mod bench;
+pub mod cli;
 pub mod diff;
 pub mod folio;
+pub mod generate;
 pub mod mark;
 pub mod plot;
 pub mod probes;

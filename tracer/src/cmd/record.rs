@@ -45,19 +45,19 @@ pub struct RecordOpts {
     #[arg(short = 'p', long = "pid")]
     pub pids: Vec<u32>,
     /// Stop after this many seconds.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(short = 'd', long, allow_hyphen_values = true)]
     pub duration: Option<f64>,
     /// Print a table of what happened in each interval of this many seconds.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(short = 'i', long, allow_hyphen_values = true)]
     pub interval: Option<f64>,
     /// Stop after this many intervals.
-    #[arg(long, requires = "interval")]
+    #[arg(short = 'c', long, requires = "interval")]
     pub count: Option<u64>,
     /// Write the final report as JSON (schema faultscope/1) to this file;
     /// `-` is standard output (the tables then go to standard error). A
     /// FIFO or a character device is written in place, a regular file
     /// replaced whole; anything else is refused before the run.
-    #[arg(long)]
+    #[arg(short = 'j', long)]
     pub json: Option<PathBuf>,
     /// On --duration, Ctrl-C, SIGTERM or SIGHUP, leave the command running
     /// (by default it gets the same signal, SIGTERM for --duration, and

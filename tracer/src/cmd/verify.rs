@@ -38,6 +38,7 @@ pub struct VerifyOpts {
     /// The report to check; or, after `--`, a faultscope command to run
     /// (e.g. `-- bench seq --folio 64K`) whose report is checked.
     pub report: Option<PathBuf>,
+    /// The faultscope command to run and check (its arguments after `--`).
     #[arg(last = true)]
     pub run: Vec<String>,
 }

@@ -1,0 +1,252 @@
+//! The command line, declared once: `main` parses it, `generate` derives
+//! the man pages, the completions and docs/reference.md from it, and the
+//! pages below (examples, fields, overhead, exit status) end each
+//! subcommand's `--help` and fill its man page.
+
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+use super::{bench, generate, record, serve, verify};
+use crate::kernel::probes::BackendChoice;
+
+#[derive(Parser)]
+#[command(
+    name = "faultscope",
+    version = version(),
+    about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Trace processes (-p PID) or a command (-- CMD ARGS) and report.
+    Record(record::RecordOpts),
+    /// Show the probe table resolved against this kernel, with the backend
+    /// each probe would use and why.
+    Probes {
+        /// Also load every program through the verifier, without attaching
+        /// it (what a run would load, and the first error if one is refused).
+        #[arg(long)]
+        load: bool,
+        /// The backend asked for (see `record --backend`).
+        #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+        backend: BackendChoice,
+    },
+    /// The fork/COW scenario as a benchmark that traces itself: folios of a
+    /// given size, populate, fork (the child exits or stays), a write
+    /// pattern; counts per step beside the workload's own numbers.
+    Bench(bench::BenchOpts),
+    /// Two reports side by side, per phase and class, with ratios.
+    Diff {
+        /// The report before (the baseline).
+        a: PathBuf,
+        /// The report after.
+        b: PathBuf,
+    },
+    /// Assertions over a report (or a run) for CI; exit 1 when one fails,
+    /// 3 when a class is not measurable on that kernel.
+    Verify(verify::VerifyOpts),
+    /// Start a new phase in a running `faultscope record`.
+    Mark {
+        /// The recorder's pid, when several are running.
+        #[arg(long)]
+        recorder: Option<u32>,
+        /// The new phase's name (printable, at most 64 bytes).
+        label: String,
+    },
+    /// Print the JSON Schema of the report (faultscope/1).
+    Schema,
+    /// Trace until SIGINT/SIGTERM and serve OpenMetrics on
+    /// http://127.0.0.1:9853/metrics (targets by -p, --comm, --cgroup).
+    Serve(serve::ServeOpts),
+    /// Draw a report's time series (record --interval): fault rates per
+    /// class over time with the phases shaded and the marks labelled, and
+    /// p99 latency per interval.
+    Plot {
+        /// A report of `record --interval ... --json`.
+        report: PathBuf,
+        /// The SVG file to write.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+    },
+    /// Write the man pages, the shell completions or the command reference
+    /// (for packaging).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: generate::What,
+        /// The directory to write into (reference: the file; `-` or none:
+        /// standard output).
+        dir: Option<PathBuf>,
+    },
+}
+
+/// The version line: the package's version and the commit it was built
+/// from (`unknown` for a build outside a git checkout).
+pub fn version() -> &'static str {
+    concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FAULTSCOPE_COMMIT"), ")")
+}
+
+/// The whole command, with each subcommand's page appended to its help.
+pub fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    for p in PAGES {
+        let help = p.after_help();
+        cmd = cmd.mut_subcommand(p.name, |s| s.after_help(help));
+    }
+    cmd
+}
+
+/// A subcommand's page beyond its options: bcc-style sections.
+pub struct Page {
+    pub name: &'static str,
+    /// (command line, what it shows)
+    pub examples: &'static [(&'static str, &'static str)],
+    /// What the output's columns or fields mean (empty: none).
+    pub fields: &'static str,
+    /// What it costs the traced (empty: it traces nothing).
+    pub overhead: &'static str,
+    pub exit_status: &'static [(i32, &'static str)],
+}
+
+impl Page {
+    fn after_help(&self) -> String {
+        let mut s = String::from("Examples:\n");
+        for (cmd, what) in self.examples {
+            s.push_str(&format!("  {cmd}\n      {what}\n"));
+        }
+        s
+    }
+}
+
+const REFUSED: (i32, &str) = (2, "refused: bad input (a missing pid, not root, a malformed file, an output path that cannot be written safely, an absurd size), said in one line on standard error before anything is lost");
+const ERROR: (i32, &str) = (1, "an error during the run (the message says what to do)");
+const OK: (i32, &str) = (0, "success");
+
+const TRACE_OVERHEAD: &str = "Every fault of a traced process runs faultscope's programs: on the fault's entry and return (kprobe or fentry) and in the write-protect path; in tracepoint mode only the exceptions:page_fault_user tracepoint. All counting is done in the kernel, in per-CPU maps; nothing is sent to user space per fault. Measured with `cargo xtask overhead` on the instruction clock: about 2,000 ns added per write fault with fentry, 3,300 ns with kprobes, 133 ns in tracepoint mode; untraced processes pay one hash lookup per fault.";
+
+const COUNT_FIELDS: &str = "faults: every fault of the process (the kernel's own minflt + majflt). write_faults: faults on a write access. wp_faults: write-protect faults (a write to a present, read-only PTE). reuse: a COW fault that reused the page in place. copy: a COW fault that copied. wp_shared: a write-notify fault on a shared mapping. spurious: a write fault on an already-writable PTE (stale TLB entry or a lost race). first_touch: a fault on a PTE that was not present. contpte_unfold/contpte_fold: arm64 contiguous-PTE blocks split or formed. n/m: not measurable on this kernel, with the reason. Latency p50/p99: the fault's time from entry to return.";
+
+/// The pages, one per visible subcommand (a test checks that none is missing).
+pub const PAGES: &[Page] = &[
+    Page {
+        name: "record",
+        examples: &[
+            ("faultscope record -- ./prog", "trace a command from its exec to its exit and print the tables"),
+            ("faultscope record -p 1234 -d 10", "trace a running process for 10 seconds"),
+            ("faultscope record -p 1234 -i 1 -c 30 -j run.json", "30 one-second intervals, then the report as JSON"),
+            ("faultscope record --follow-children --stacks copy --flamegraph copy.svg -- redis-server", "a process and its forks, with the stacks of every COW copy"),
+            ("faultscope record --mark-on-signal USR1 -p 1234", "start a new phase at each SIGUSR1 to faultscope"),
+        ],
+        fields: COUNT_FIELDS,
+        overhead: TRACE_OVERHEAD,
+        exit_status: &[OK, ERROR, REFUSED, (127, "the command could not be executed")],
+    },
+    Page {
+        name: "probes",
+        examples: &[
+            ("faultscope probes", "the probe table on this kernel: each probe's point, backend and why"),
+            ("faultscope probes --load", "also load every program through the verifier"),
+        ],
+        fields: "probe: what faultscope hooks. point: the kernel function or tracepoint. backend: kprobe, fentry or tracepoint, and why that one.",
+        overhead: "",
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+    Page {
+        name: "bench",
+        examples: &[
+            ("faultscope bench seq --size 256M --folio 64K", "64K mTHP folios: fork, the child exits, sequential writes"),
+            ("faultscope bench seq --folio 2M --pmd", "PMD-mapped THPs"),
+            ("faultscope bench random --child alive --threads 8", "8 threads writing in random order while the child lives: copies"),
+            ("faultscope bench seq --time-stores -j bench.json", "the latency of every store, and the report as JSON"),
+            ("faultscope bench seq --no-trace", "the same workload untraced, for comparison"),
+        ],
+        fields: COUNT_FIELDS,
+        overhead: TRACE_OVERHEAD,
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+    Page {
+        name: "diff",
+        examples: &[("faultscope diff stock.json patched.json", "per phase and class: A, B and B/A")],
+        fields: "",
+        overhead: "",
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+    Page {
+        name: "verify",
+        examples: &[
+            ("faultscope verify --expect 'copy=0' run.json", "fail unless no COW copy was counted"),
+            ("faultscope verify --phase mark:write --expect 'reuse/folio<=1.05' -- bench seq --folio 64K", "at most 1.05 reuse faults per 64K folio in the write step"),
+            ("faultscope verify --expect 'copy.kernel<=10%' run.json", "at most a tenth of the copies were the kernel's"),
+        ],
+        fields: "",
+        overhead: "",
+        exit_status: &[(0, "every assertion holds"), (1, "an assertion failed"), REFUSED, (3, "a class asserted on is not measurable on that kernel")],
+    },
+    Page {
+        name: "mark",
+        examples: &[("faultscope mark after-warmup", "start the phase after-warmup in the running record")],
+        fields: "",
+        overhead: "",
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+    Page {
+        name: "schema",
+        examples: &[("faultscope schema > faultscope-1.json", "the report's JSON Schema")],
+        fields: "",
+        overhead: "",
+        exit_status: &[OK],
+    },
+    Page {
+        name: "serve",
+        examples: &[
+            ("faultscope serve --comm redis-server", "every redis-server, also those started later; scrape http://127.0.0.1:9853/metrics"),
+            ("faultscope serve --cgroup /sys/fs/cgroup/system.slice/redis.service --label-cgroup", "a service's cgroup, labelled"),
+        ],
+        fields: "faultscope_faults_total{kind}: every fault, partitioned by kind (summing the kinds gives the faults). faultscope_class_faults_total{class}: the nested classes. faultscope_fault_latency_seconds: the kernel's latency histogram. faultscope_drops_total{reason}: what was lost. faultscope_class_measurable{class,reason}: 0 where a class cannot be measured.",
+        overhead: TRACE_OVERHEAD,
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+    Page {
+        name: "plot",
+        examples: &[("faultscope plot run.json -o run.svg", "fault rates per class and p99 latency over time, phases shaded")],
+        fields: "",
+        overhead: "",
+        exit_status: &[OK, ERROR, REFUSED],
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_visible_subcommand_has_a_page_and_every_argument_help() {
+        let cmd = command();
+        for s in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            assert!(PAGES.iter().any(|p| p.name == s.get_name()), "no Page for `{}`", s.get_name());
+            for a in s.get_arguments() {
+                let id = a.get_id().as_str();
+                assert!(
+                    a.get_help().is_some() || id == "help" || id == "version",
+                    "`{} {id}` has no help",
+                    s.get_name()
+                );
+            }
+        }
+        for p in PAGES {
+            assert!(cmd.find_subcommand(p.name).is_some(), "Page for no subcommand: {}", p.name);
+            assert!(!p.examples.is_empty(), "{} has no example", p.name);
+        }
+        cmd.debug_assert();
+    }
+
+    #[test]
+    fn version_names_the_commit() {
+        assert!(version().contains("commit "), "{}", version());
+    }
+}
