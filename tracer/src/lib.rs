@@ -13,6 +13,10 @@
 //! written), `memory` (bench's mappings and forked child), `error` (the
 //! refusal).
 
+/// The version line: the package's version and the commit it was built
+/// from (`unknown` for a build outside a git checkout).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FAULTSCOPE_COMMIT"), ")");
+
 /// Attribution building blocks (mapping names, code sites, stacks, BTF
 /// offsets), used by `collect` and `report`.
 pub mod attrib;

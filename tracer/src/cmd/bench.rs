@@ -27,7 +27,7 @@ use crate::{
     kernel::{self, classes::ReportClass},
     memory::{self, map_aligned, usage, Child, Usage},
     report::{
-        file, findings,
+        file, findings, provenance,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
         text::fmt_ns,
     },
@@ -143,6 +143,8 @@ struct Run<'a> {
     check: FolioCheck,
     child: libc::pid_t,
     stores: Option<Vec<u64>>,
+    /// The start, for the provenance of a run without the tracer.
+    anchor: kernel::ClockAnchor,
 }
 
 impl<'a> Run<'a> {
@@ -191,6 +193,7 @@ impl<'a> Run<'a> {
             check: FolioCheck::default(),
             child: 0,
             stores: None,
+            anchor: kernel::ClockAnchor::now(),
         })
     }
 
@@ -300,6 +303,8 @@ impl<'a> Run<'a> {
             steps: self.steps.iter().map(Step::schema).collect(),
             store_latency: self.stores.take().map(store_latency),
         });
+        let anchor = self.rec.as_ref().map_or(self.anchor, |r| r.anchor);
+        report.provenance = Some(provenance::here(format!("bench {:?}", o.mode).to_lowercase(), anchor));
         Ok(report)
     }
 }

@@ -13,7 +13,7 @@ use crate::kernel::probes::BackendChoice;
 #[derive(Parser)]
 #[command(
     name = "faultscope",
-    version = version(),
+    version = crate::VERSION,
     about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds"
 )]
 pub struct Cli {
@@ -83,12 +83,6 @@ pub enum Cmd {
         /// standard output).
         dir: Option<PathBuf>,
     },
-}
-
-/// The version line: the package's version and the commit it was built
-/// from (`unknown` for a build outside a git checkout).
-pub fn version() -> &'static str {
-    concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FAULTSCOPE_COMMIT"), ")")
 }
 
 /// The whole command, with each subcommand's page appended to its help.
@@ -247,6 +241,6 @@ mod tests {
 
     #[test]
     fn version_names_the_commit() {
-        assert!(version().contains("commit "), "{}", version());
+        assert!(crate::VERSION.contains("commit "), "{}", crate::VERSION);
     }
 }

@@ -61,7 +61,7 @@ pub fn man_pages() -> Result<Vec<(PathBuf, Vec<u8>)>> {
             .clone()
             .name(name.clone())
             .bin_name(format!("faultscope {}", s.get_name()))
-            .version(cli::version());
+            .version(crate::VERSION);
         let man = Man::new(s.clone()).title(name.to_uppercase()).section("1");
         let mut buf = Vec::new();
         man.render_title(&mut buf)?;
@@ -149,7 +149,7 @@ pub fn reference() -> String {
         }
     }
     // The version line names the commit, so it stays out of the file.
-    s.replace(&format!(" {}", cli::version()), "")
+    s.replace(&format!(" {}", crate::VERSION), "")
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@ use crate::{
         self,
         footprint::{self, Sizes},
     },
-    report::{attribution::Namer, build, file, findings, live, schema::Report, text},
+    report::{attribution::Namer, build, file, findings, live, provenance, schema::Report, text},
 };
 
 #[derive(Args, Debug)]
@@ -84,6 +84,20 @@ pub struct RecordOpts {
     /// Command to start and trace from its exec.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+impl RecordOpts {
+    /// What is traced, for the report's provenance.
+    fn target(&self) -> String {
+        let mut parts: Vec<String> = self.pids.iter().map(|p| format!("pid {p}")).collect();
+        if !self.command.is_empty() {
+            parts.push(format!("command {}", self.command.join(" ")));
+        }
+        if self.follow_children {
+            parts.push("and their children".into());
+        }
+        parts.join(", ")
+    }
 }
 
 /// record's and bench's most stats entries by default.
@@ -380,6 +394,7 @@ impl Recording {
         self.rec.trace_mark("detach");
         let snap = self.rec.final_snapshot()?;
         let mut report = self.rec.finish(&snap)?;
+        report.provenance = Some(provenance::here(self.opts.target(), self.rec.anchor));
         crate::term::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);
         let tables = format!("{}{found}", text::to_text(&report));

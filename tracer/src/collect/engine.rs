@@ -64,6 +64,8 @@ pub struct Recorder {
     /// When each traced process existed: it carries only those phases.
     pub lifetimes: BTreeMap<u32, Lifetime>,
     pub(crate) started: Instant,
+    /// The start on the wall clock and the kernel's (the report's provenance).
+    pub anchor: kernel::ClockAnchor,
     /// tracefs `trace_marker`: each mark is also written to the ftrace
     /// buffer, so traces taken beside faultscope can be split by phase.
     marker: Option<fs::File>,
@@ -192,6 +194,7 @@ impl Recorder {
             live: BTreeSet::new(),
             lifetimes: BTreeMap::new(),
             started: Instant::now(),
+            anchor: kernel::ClockAnchor::now(),
             attrib,
             self_traced: false,
             fork_comms: None,

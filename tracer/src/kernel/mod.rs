@@ -99,6 +99,24 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// One instant on both clocks: the kernel's times (CLOCK_MONOTONIC, as
+/// `bpf_ktime_get_ns` reads it) become wall-clock times through it.
+#[derive(Clone, Copy, Debug)]
+pub struct ClockAnchor {
+    pub unix_ns: u64,
+    pub monotonic_ns: u64,
+}
+
+impl ClockAnchor {
+    pub fn now() -> ClockAnchor {
+        let monotonic_ns = monotonic_ns();
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        ClockAnchor { unix_ns, monotonic_ns }
+    }
+}
+
 pub fn release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())

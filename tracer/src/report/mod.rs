@@ -9,6 +9,7 @@ pub mod file;
 pub mod findings;
 pub mod live;
 pub mod metrics;
+pub mod provenance;
 pub mod schema;
 pub mod text;
 pub mod verify;

@@ -52,6 +52,44 @@ pub struct Report {
     pub bench: Option<Bench>,
     #[serde(default)]
     pub findings: Vec<Finding>,
+    /// What the run was of, where and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Enough to say later what a report describes, and what on the machine
+/// shaped its counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// faultscope's version.
+    pub version: String,
+    /// The commit faultscope was built from (`unknown` outside git).
+    pub commit: String,
+    /// faultscope's own command line.
+    pub argv: Vec<String>,
+    /// What was traced: `pid N`, `command ARGV...`, `bench MODE`.
+    pub target: String,
+    pub hostname: String,
+    /// The run's start on the wall clock (ns since the Unix epoch) ...
+    pub start_unix_ns: u64,
+    /// ... and on CLOCK_MONOTONIC at the same instant, the clock of every
+    /// other time in the report: a time t is at
+    /// `start_unix_ns + t - start_monotonic_ns` on the wall clock.
+    pub start_monotonic_ns: u64,
+    /// /proc/cmdline.
+    pub kernel_cmdline: String,
+    /// The THP and mTHP knobs under /sys/kernel/mm/transparent_hugepage
+    /// (path below it -> value; the selected choice of a `[x]` list).
+    pub thp: BTreeMap<String, String>,
+    /// `vendor_id` (x86) or `CPU implementer` (arm64) of /proc/cpuinfo.
+    pub cpu_vendor: String,
+    /// `model name` (x86) or `CPU part` (arm64).
+    pub cpu_model: String,
+    /// The hypervisor the machine runs under, if any (e.g. KVM, TCG: a
+    /// stale-TLB spurious fault does not occur under QEMU's TCG).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<String>,
 }
 
 /// How the fault path is measured: kprobes, the tracepoint-only fallback,
