@@ -304,6 +304,7 @@ mod attribution;
 mod bench;
 mod command;
 mod hardening;
+mod readme;
 mod record;
 mod serve;
 mod verify_diff;
