@@ -513,7 +513,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
     let got = per_bgsave.values().next().copied().unwrap_or(f64::NAN);
     expect(
         per_bgsave.len() == 1 && (got / exact - 1.0).abs() < 0.1,
-        format!("README query, copies per BGSAVE: {got:.1} (the windows' exact increases: {exact:.1})"),
+        format!("guide.md query, copies per BGSAVE: {got:.1} (the windows' exact increases: {exact:.1})"),
     );
     // A class whose histogram did not grow in the range has no quantile
     // (NaN); the window's classes have one, a fault's time.
@@ -524,7 +524,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
         .collect();
     expect(
         bad.is_empty(),
-        format!("README query, p99 fault latency: {} (not a time: {bad:?})", shown.join(", ")),
+        format!("guide.md query, p99 fault latency: {} (not a time: {bad:?})", shown.join(", ")),
     );
     let promtool = run.marker("PROMTOOL", "main").unwrap_or_default();
     expect(

@@ -70,7 +70,7 @@ const fn package(
 }
 
 /// The reuse-the-whole-folio series (`mm/memory: reuse the whole exclusive
-/// large folio on a write fault`, v2, two patches; the README says which)
+/// large folio on a write fault`, v2, two patches; docs/kernels.md says which)
 /// from its public linux-mm thread, kept in the repo
 /// (`xtask/series/folio-reuse-v2.thread`); FAULTSCOPE_PATCH_SERIES names
 /// another copy.

@@ -148,7 +148,7 @@ mod tests {
     }
 
     /// serve's defaults (no attribution) against record's (mappings and
-    /// sites), on 2 and 128 CPUs: the figures the README gives.
+    /// sites), on 2 and 128 CPUs: the figures docs/guide.md gives.
     #[test]
     fn serve_takes_no_attribution_memory() {
         let serve = |cpus| {
