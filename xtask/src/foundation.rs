@@ -2,6 +2,7 @@
 //! kprobe oracle of the same run, and against the workload's page
 //! arithmetic and getrusage.
 
+use faultscope::kernel::drops::{Drop, DropReason};
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
@@ -362,7 +363,7 @@ const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
 /// behind by faultscope, no overrun of the oracle's trace buffer.
 fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
     let mut fails = Vec::new();
-    let lost = fs.drop_count("lost_kretprobe_returns");
+    let lost = fs.drop_count(DropReason::Kernel(Drop::LostReturn));
     if lost != 0 {
         fails.push(format!("{case}: kretprobe returns lost: {lost}"));
     }

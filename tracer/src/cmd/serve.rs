@@ -38,6 +38,7 @@
 //! most 64 connections, a 10 s bound on every read and write, and gzip
 //! when the client accepts it.
 
+use crate::kernel::drops::DropReason;
 use std::{
     collections::BTreeSet,
     convert::Infallible,
@@ -178,8 +179,8 @@ impl Serve {
             |pid, ph| kinds.kind(pid, ph),
             |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
         );
-        let mut drops = self.rec.session.drops()?;
-        drops.insert("accept_errors".into(), self.accept_errors);
+        let mut drops = self.rec.drops()?;
+        drops.set(DropReason::AcceptErrors, self.accept_errors);
         self.metrics.update_drops(&drops);
         // Folded in: the entries of exited processes, and of phases before
         // the previous one, leave the kernel and our state. Nothing can add

@@ -3,6 +3,7 @@
 //! events to the phase timeline, and read the counts. What a command makes
 //! of them (a report, metrics) is the command's.
 
+use crate::kernel::drops::{DropReason, Drops};
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
@@ -426,9 +427,9 @@ impl Recorder {
 
     /// The kernel side's drop counters, with user space's own (`/proc`
     /// reads that failed and were not taken for exits).
-    pub fn drops(&self) -> Result<BTreeMap<String, u64>> {
+    pub fn drops(&self) -> Result<Drops> {
         let mut out = self.session.drops()?;
-        out.insert("proc_errors".to_string(), target::PROC_ERRORS.load(std::sync::atomic::Ordering::Relaxed));
+        out.set(DropReason::ProcErrors, target::PROC_ERRORS.load(std::sync::atomic::Ordering::Relaxed));
         Ok(out)
     }
 

@@ -6,6 +6,7 @@
 
 pub mod btf;
 pub mod classes;
+pub mod drops;
 pub mod footprint;
 pub mod probes;
 pub mod session;

@@ -2,7 +2,8 @@
 //! [`Session`] detaches every link and unloads every program: faultscope
 //! leaves nothing attached behind it.
 
-use std::{collections::BTreeMap, path::Path};
+use super::drops::{DropReason, Drops};
+use std::path::Path;
 
 use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
@@ -502,12 +503,12 @@ impl Session {
 
     /// Sum over CPUs of the kernel side's drop counters, by report key
     /// (user space adds its own: `Recorder::drops`).
-    pub fn drops(&self) -> Result<BTreeMap<String, u64>> {
+    pub fn drops(&self) -> Result<Drops> {
         let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
-        let mut out = BTreeMap::new();
+        let mut out = Drops::default();
         for d in Drop::ALL {
-            out.insert(d.key().to_string(), arr.get(&d.index(), 0)?.iter().sum());
+            out.set(DropReason::Kernel(d), arr.get(&d.index(), 0)?.iter().sum());
         }
         Ok(out)
     }

@@ -1,6 +1,7 @@
 //! Building the report from a snapshot of the kernel maps, the phase
 //! timeline and what this kernel can measure.
 
+use crate::kernel::drops::Drops;
 use std::collections::BTreeMap;
 
 use faultscope_common::{KernelClass, Origin, PhaseId};
@@ -40,7 +41,7 @@ pub struct Context<'a> {
     /// Kernel-mode exceptions are traced (x86 `page_fault_kernel`): the
     /// tracepoint's classes have a kernel origin too.
     pub kernel_exceptions: bool,
-    pub drops: BTreeMap<String, u64>,
+    pub drops: Drops,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
     /// Names mappings, sites and stacks; without it (interval tables, the
@@ -166,7 +167,7 @@ fn kernel_check(snap: &Snapshot, tgid: u32, ctx: &Context<'_>) -> Option<KernelC
     c.result = CheckResult::Differs;
     c.difference =
         if faultscope < lo { faultscope as i64 - lo as i64 } else { faultscope as i64 - hi as i64 };
-    let dropped: u64 = ctx.drops.values().sum();
+    let dropped = ctx.drops.total();
     c.reason = Some(if dropped > 0 {
         format!("the kernel side dropped {dropped} records (see drops)")
     } else {
@@ -398,7 +399,10 @@ mod tests {
             lifetimes: &lifetimes,
             accounting: &accounting,
             kernel_exceptions: false,
-            drops: [("lost_kretprobe_returns".to_string(), 1)].into(),
+            drops: Drops(
+                [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::Drop::LostReturn), 1)]
+                    .into(),
+            ),
             duration_ns: 1,
             timeline: &timeline,
             namer: None,

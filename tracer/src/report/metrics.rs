@@ -39,8 +39,9 @@
 //! per-process state (the last counts of each live (process, phase, class))
 //! is dropped by [`Metrics::forget`] when the process or the phase is gone.
 
+use crate::kernel::drops::Drops;
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -182,7 +183,7 @@ pub struct Metrics {
     last_kinds: HashMap<(u32, PhaseId, &'static str), u64>,
     /// The kinds that can occur here.
     kinds: Vec<&'static str>,
-    last_drops: BTreeMap<String, u64>,
+    last_drops: Drops,
     /// Timed metrics, by kernel class.
     classes: Vec<(ReportClass, KernelClass, bool)>,
 }
@@ -276,7 +277,7 @@ impl Metrics {
             drops,
             forks,
             last: HashMap::new(),
-            last_drops: BTreeMap::new(),
+            last_drops: Drops::default(),
             classes,
         }
     }
@@ -400,14 +401,14 @@ impl Metrics {
     }
 
     /// The kernel's drop counters (cumulative over the session).
-    pub fn update_drops(&mut self, drops: &BTreeMap<String, u64>) {
-        for (name, v) in drops {
-            let last = self.last_drops.get(name).copied().unwrap_or(0);
-            let c = self.drops.get_or_create(&vec![("reason", esc(name))]);
+    pub fn update_drops(&mut self, drops: &Drops) {
+        for (&reason, v) in &drops.0 {
+            let last = self.last_drops.get(reason);
+            let c = self.drops.get_or_create(&vec![("reason", reason.key().to_string())]);
             if *v > last {
                 c.inc_by(v - last);
             }
-            self.last_drops.insert(name.clone(), *v);
+            self.last_drops.set(reason, *v);
         }
     }
 
@@ -582,7 +583,9 @@ mod tests {
     fn names_and_label_sets() {
         let mut m = metrics();
         m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400, 500]))]), kind, redis);
-        m.update_drops(&[("stats_map_full".to_string(), 0)].into());
+        m.update_drops(&Drops(
+            [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::Drop::StatsFull), 0)].into(),
+        ));
         m.fork("redis-server");
         let t = m.encode();
         assert!(t.ends_with("# EOF\n"), "{t}");
@@ -845,8 +848,8 @@ mod tests {
         m.update(&snap(&[(9, 1, KernelClass::Copy, stat(&[1, 1]))]), kind, redis);
         assert_eq!(sample(&m.encode(), key), Some(7.0));
         // Drops: the kernel's cumulative counters, added as they grow.
-        m.update_drops(&[("x".to_string(), 2)].into());
-        m.update_drops(&[("x".to_string(), 5)].into());
-        assert_eq!(sample(&m.encode(), "faultscope_drops_total{reason=\"x\"}"), Some(5.0));
+        m.update_drops(&Drops([(crate::kernel::drops::DropReason::AcceptErrors, 2)].into()));
+        m.update_drops(&Drops([(crate::kernel::drops::DropReason::AcceptErrors, 5)].into()));
+        assert_eq!(sample(&m.encode(), "faultscope_drops_total{reason=\"accept_errors\"}"), Some(5.0));
     }
 }

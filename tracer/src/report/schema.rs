@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::collect::phases::PhaseKind;
 use crate::kernel::classes::ReportClass;
+pub use crate::kernel::drops::{DropReason, Drops};
 
 pub const SCHEMA: &str = "faultscope/1";
 
@@ -26,7 +27,7 @@ pub struct Report {
     /// Every probe of the table: attached or why not.
     pub probes: Vec<ProbeStatus>,
     /// Things the kernel side could not record (never silently lost).
-    pub drops: BTreeMap<String, u64>,
+    pub drops: Drops,
     pub processes: Vec<Process>,
     /// Why the run ended (record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -735,8 +736,8 @@ impl Report {
         self.bench.as_ref().and_then(|b| self.process(b.pid))
     }
 
-    pub fn drop_count(&self, key: &str) -> u64 {
-        self.drops.get(key).copied().unwrap_or(0)
+    pub fn drop_count(&self, d: DropReason) -> u64 {
+        self.drops.get(d)
     }
 }
 
@@ -831,7 +832,7 @@ mod tests {
             kernel: "6.12".into(),
             arch: "x86_64".into(),
             mode: Mode::Kprobe,
-            drops: [("stats_map_full".to_string(), 0)].into(),
+            drops: Drops::default(),
             processes: vec![p],
             bench: Some(Bench { folio: "64K".into(), steps: vec![], ..Bench::default() }),
             findings: vec![Finding {

@@ -133,8 +133,7 @@ pub fn to_text(r: &Report) -> String {
         }
         super::attribution::to_text(&mut out, &p.attribution);
     }
-    let dropped: Vec<String> =
-        r.drops.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
+    let dropped: Vec<String> = r.drops.nonzero().map(|(k, n)| format!("{}: {n}", k.describe())).collect();
     if !dropped.is_empty() {
         let _ = writeln!(
             out,

@@ -433,7 +433,7 @@ fn follow_children_reports_grow_linearly() {
         // Each child lived through its fork and its exec, nothing else.
         let most = r.processes.iter().map(|p| p.phases.len()).filter(|&l| l < phases).max().unwrap();
         assert!(most <= 4, "a child carries {most} phases");
-        assert_eq!(r.drops.values().sum::<u64>(), 0, "{:?}", r.drops);
+        assert_eq!(r.drops.total(), 0, "{:?}", r.drops);
     }
     assert!(
         j400 <= j100 * 9 / 2 + (64 << 10),

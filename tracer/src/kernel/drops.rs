@@ -1,0 +1,137 @@
+//! What a run lost, typed: the kernel side's counters (`DROPS`, indexed by
+//! `faultscope_common::Drop`) and user space's own, under one enum whose
+//! key is the report's `drops` key and the metric's `reason` label.
+
+use std::{collections::BTreeMap, fmt};
+
+pub use faultscope_common::maps::Drop;
+use schemars::JsonSchema;
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DropReason {
+    /// A counter of the kernel side.
+    Kernel(Drop),
+    /// A `/proc` read failed and the process was not taken for exited.
+    ProcErrors,
+    /// serve's `accept` failed (no descriptor left).
+    AcceptErrors,
+}
+
+impl DropReason {
+    pub fn all() -> impl Iterator<Item = DropReason> {
+        Drop::ALL
+            .into_iter()
+            .map(DropReason::Kernel)
+            .chain([DropReason::ProcErrors, DropReason::AcceptErrors])
+    }
+
+    /// The key in the report's `drops` object and the metric's label.
+    pub fn key(self) -> &'static str {
+        match self {
+            DropReason::Kernel(d) => d.key(),
+            DropReason::ProcErrors => "proc_errors",
+            DropReason::AcceptErrors => "accept_errors",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            DropReason::Kernel(d) => d.describe(),
+            DropReason::ProcErrors => "/proc reads that failed (the process was not taken for exited)",
+            DropReason::AcceptErrors => "connections not accepted (no descriptor left)",
+        }
+    }
+
+    pub fn from_key(key: &str) -> Option<DropReason> {
+        DropReason::all().find(|d| d.key() == key)
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// Counts by reason; in JSON an object of `key: count`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Drops(pub BTreeMap<DropReason, u64>);
+
+impl Drops {
+    pub fn get(&self, d: DropReason) -> u64 {
+        self.0.get(&d).copied().unwrap_or(0)
+    }
+
+    pub fn set(&mut self, d: DropReason, n: u64) {
+        self.0.insert(d, n);
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.values().sum()
+    }
+
+    /// The reasons that lost something.
+    pub fn nonzero(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
+        self.0.iter().filter(|(_, n)| **n > 0).map(|(d, n)| (*d, *n))
+    }
+}
+
+impl Serialize for Drops {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(d, n)| (d.key(), n)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Drops {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut out = Drops::default();
+        for (k, n) in raw {
+            let reason = DropReason::from_key(&k).ok_or_else(|| {
+                let known: Vec<_> = DropReason::all().map(DropReason::key).collect();
+                de::Error::custom(format!("unknown drop reason `{k}` (known: {})", known.join(", ")))
+            })?;
+            out.set(reason, n);
+        }
+        Ok(out)
+    }
+}
+
+impl JsonSchema for Drops {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Drops".into()
+    }
+
+    fn json_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let props: serde_json::Map<String, serde_json::Value> =
+            DropReason::all().map(|d| (d.key().to_string(), g.subschema_for::<u64>().to_value())).collect();
+        schemars::json_schema!({
+            "description": "What was lost, by reason (never silently): each key's count.",
+            "type": "object",
+            "properties": props,
+            "additionalProperties": false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_distinct_and_round_trip() {
+        let keys: std::collections::BTreeSet<_> = DropReason::all().map(DropReason::key).collect();
+        assert_eq!(keys.len(), DropReason::all().count());
+        let mut d = Drops::default();
+        for (i, r) in DropReason::all().enumerate() {
+            d.set(r, i as u64);
+        }
+        let j = serde_json::to_string(&d).unwrap();
+        assert_eq!(serde_json::from_str::<Drops>(&j).unwrap(), d);
+        assert!(serde_json::from_str::<Drops>(r#"{"nonsense": 1}"#)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown drop reason"));
+    }
+}
