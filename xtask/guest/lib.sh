@@ -1,4 +1,9 @@
 # Helpers for guest cases (sourced by /case.sh).
+# An unset variable is an error (a misspelt name must not read as empty):
+# optional inputs are read as ${NAME:-default}.
+set -u
+# Extra arguments of faultscope record in run_case (none by default).
+RECORD_ARGS=${RECORD_ARGS:-}
 T=/sys/kernel/tracing
 MM=/sys/kernel/mm/transparent_hugepage
 

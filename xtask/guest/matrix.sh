@@ -35,7 +35,7 @@ done
 
 # The whole-folio reuse gate, as CI would run it on a patched kernel: at
 # most 1.05 reuse faults per folio in the write step.
-if [ "$GATES" = 1 ]; then
+if [ "${GATES:-0}" = 1 ]; then
 	for c in /tmp/64k-exit@*.json /tmp/2m-pte-exit@*.json; do
 		[ -f $c ] || continue
 		c=${c#/tmp/}; c=${c%.json}

@@ -19,7 +19,7 @@ SOCK=/tmp/redis.sock # inside the chroot; $H$SOCK outside
 # The host's / over 9p, with the guest's /proc, /sys and /dev, and tmpfs
 # where Redis and its tools write.
 host_root() {
-	for m in $MODULES; do
+	for m in ${MODULES:-}; do
 		insmod /modules/$m.ko || fail "insmod $m"
 	done
 	mkdir -p $H
@@ -130,7 +130,7 @@ stop_redis() {
 	emit $1.redis.log $H/tmp/$1/redis.log
 }
 
-[ -n "$REDIS_FUNCTIONS_ONLY" ] && return 0
+[ -n "${REDIS_FUNCTIONS_ONLY:-}" ] && return 0
 
 up boot
 host_root
