@@ -58,6 +58,35 @@ pub fn bytes(b: u64) -> String {
 
 /// A bad number of seconds (negative, NaN, infinite, too large for a
 /// Duration) is refused before anything is attached.
+/// A count with thousands separators: `4,173`.
+pub fn count(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::with_capacity(d.len() + d.len() / 3);
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A time in the unit that fits, three significant digits: `730ns`,
+/// `4.60us`, `7.44ms`, `1.20s`.
+pub fn ns(ns: u64) -> String {
+    let (v, unit) = match ns {
+        0..=999 => return format!("{ns}ns"),
+        1_000..=999_999 => (ns as f64 / 1e3, "us"),
+        1_000_000..=999_999_999 => (ns as f64 / 1e6, "ms"),
+        _ => (ns as f64 / 1e9, "s"),
+    };
+    match v {
+        v if v < 10.0 => format!("{v:.2}{unit}"),
+        v if v < 100.0 => format!("{v:.1}{unit}"),
+        v => format!("{v:.0}{unit}"),
+    }
+}
+
 pub fn seconds(flag: &str, v: Option<f64>) -> Result<Option<std::time::Duration>, crate::error::Refusal> {
     match v {
         None => Ok(None),
@@ -71,6 +100,19 @@ pub fn seconds(flag: &str, v: Option<f64>) -> Result<Option<std::time::Duration>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_and_times_read_as_people_write_them() {
+        assert_eq!(count(0), "0");
+        assert_eq!(count(999), "999");
+        assert_eq!(count(4173), "4,173");
+        assert_eq!(count(1_234_567), "1,234,567");
+        assert_eq!(ns(730), "730ns");
+        assert_eq!(ns(4600), "4.60us");
+        assert_eq!(ns(7_437_900), "7.44ms");
+        assert_eq!(ns(123_456), "123us");
+        assert_eq!(ns(60_000_000_000), "60.0s");
+    }
 
     #[test]
     fn sizes_read_and_write_back() {

@@ -29,7 +29,6 @@ use crate::{
     report::{
         file, findings, provenance,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
-        text::fmt_ns,
     },
     units::{PAGE, PMD_SIZE},
 };
@@ -598,9 +597,9 @@ fn summary(r: &Report) -> String {
         let _ = writeln!(
             out,
             "write-phase fault latency: p50 {} p99 {} max {}",
-            fmt_ns(l.p50_ns),
-            fmt_ns(l.p99_ns),
-            fmt_ns(l.max_ns)
+            crate::units::ns(l.p50_ns),
+            crate::units::ns(l.p99_ns),
+            crate::units::ns(l.max_ns)
         );
     }
     // Per folio and per 64K block: the cover letter's "16 faults per 64K folio".

@@ -1,6 +1,9 @@
-//! `faultscope probes`: the probe table resolved against this kernel, with
-//! the backend each probe would use and why; `--load` also runs every
-//! program through the verifier.
+//! `faultscope probes`: the mode a run would be in and why (first line),
+//! then the probe table resolved against this kernel, with the backend
+//! each probe would use and why. Every program is loaded (never attached)
+//! to learn what the kernel refuses at load; `--load` prints each verdict.
+
+use faultscope_common::Program;
 
 use crate::term::safe;
 use crate::{
@@ -17,6 +20,15 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     let tracefs = kernel::tracefs()?;
     let btf = probes::kernel_btf();
     let resolved = probes::resolve_here(&tracefs, &btf, backend);
+    let verdicts = session::load_all(&tracefs, &resolved, &btf, backend);
+    let refused_at_load = |name: &str| match &verdicts {
+        Ok(v) => v.iter().find(|(p, _)| *p == name).and_then(|(_, v)| match v {
+            Verdict::NotHere(e) => Some(e.clone()),
+            _ => None,
+        }),
+        Err(_) => None,
+    };
+    println!("{}", safe(&mode_line(&resolved, &refused_at_load)));
     println!("{:<18} {:<8} {:<10} {:<34} HERE", "PROGRAM", "ARCH", "REQUIRED", "HOOK");
     for r in &resolved {
         let hook = match r.spec.hook {
@@ -24,7 +36,20 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
             probes::Hook::Kretprobe(f) => format!("kretprobe {}", f.join(" > ")),
             probes::Hook::Tracepoint(c, n) => format!("tp {c}:{n}"),
         };
+        let twin_refused = r.spec.program.fentry_name().and_then(&refused_at_load);
         let here = match &r.resolution {
+            probes::Resolution::Attach { symbol, backend: probes::Backend::Fentry, fallback, .. }
+                if twin_refused.is_some() =>
+            {
+                let fallback = match fallback {
+                    Ok(()) => format!("kprobe {} instead", safe(symbol)),
+                    Err(w) => format!("no kprobe either: {}", safe(w)),
+                };
+                format!(
+                    "fentry refused at load ({}); {fallback}",
+                    safe(twin_refused.as_deref().unwrap_or(""))
+                )
+            }
             probes::Resolution::Attach { symbol, backend, why, .. } => {
                 format!("{} {} ({})", backend.attach_kind(r.spec.hook), safe(symbol), safe(why))
             }
@@ -56,7 +81,7 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     }
     if load {
         let mut failed = 0;
-        for (prog, verdict) in session::load_all(&tracefs, &resolved, &btf, backend)? {
+        for (prog, verdict) in verdicts? {
             match verdict {
                 Verdict::Ok => println!("verifier: {prog}: ok"),
                 Verdict::NotHere(e) => {
@@ -71,4 +96,36 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         return Ok(if failed == 0 { 0 } else { 1 });
     }
     Ok(0)
+}
+
+/// The mode a run would be in, and why: the fault path by fentry or
+/// kprobes, else the x86 tracepoint, else nothing. `refused(twin)`: why
+/// the kernel refused a fentry twin at load, if it did.
+fn mode_line(resolved: &[probes::Resolved], refused: &dyn Fn(&str) -> Option<String>) -> String {
+    use probes::{Backend, Resolution};
+    let find = |p: Program| resolved.iter().find(|r| r.spec.program == p).map(|r| &r.resolution);
+    let fault_path = match find(Program::FaultEntry) {
+        Some(Resolution::Attach { backend: Backend::Fentry, fallback, .. }) => {
+            match (Program::FaultEntry.fentry_name().and_then(refused), fallback) {
+                (None, _) => Ok("fentry mode: the fault path by fentry/fexit (BPF trampolines)".to_string()),
+                (Some(_), Ok(())) => {
+                    Ok("kprobe mode: the fault path by kprobes (the kernel refused fentry at load)"
+                        .to_string())
+                }
+                (Some(f), Err(k)) => Err(format!("the kernel refused fentry at load ({f}); {k}")),
+            }
+        }
+        Some(Resolution::Attach { .. }) => Ok("kprobe mode: the fault path by kprobes".to_string()),
+        Some(Resolution::Unavailable(w) | Resolution::Refused(w)) => Err(w.clone()),
+        None => Err("no fault-path probe in the table".to_string()),
+    };
+    match fault_path {
+        Ok(line) => format!("mode: {line}; every class whose probes are below is measured"),
+        Err(why) => match find(Program::PageFaultUser) {
+            Some(Resolution::Attach { .. }) => format!(
+                "mode: tracepoint mode (no fault path: {why}): faults, write_faults, wp_faults and first_touch by the exceptions tracepoints; no latency, reuse, copy, spurious"
+            ),
+            _ => format!("mode: none: no fault source here ({why}); nothing would be measured"),
+        },
+    }
 }

@@ -46,6 +46,19 @@ impl ReportClass {
         &CLASSES[self as usize]
     }
 
+    /// Whether any kernel of `arch` (`std::env::consts::ARCH`: a report's
+    /// `arch`) can measure the class: one of its sources needs only
+    /// programs that exist there. The contpte classes are arm64's.
+    pub fn exists_on(self, arch: &str) -> bool {
+        let on = |p: Program| super::probes::PROBES.iter().any(|s| s.program == p && s.arch.is(arch));
+        self.spec().sources.iter().any(|src| {
+            src.needs.iter().all(|n| match n {
+                One(p) => on(*p),
+                Any(ps) => ps.iter().any(|p| on(*p)),
+            })
+        })
+    }
+
     /// The report's name of the class (its JSON key).
     pub fn name(self) -> &'static str {
         self.spec().name
@@ -475,7 +488,8 @@ pub fn error_code_classes(avail: &[(ReportClass, Availability)]) -> u32 {
         .fold(0, |m, b| m | b)
 }
 
-/// One line saying what is measured here and what is not, and why.
+/// What is measured here, and then each reason for what is not, once,
+/// with the classes it costs (classes of another architecture left out).
 pub fn measured_line(avail: &[(ReportClass, Availability)]) -> String {
     let measured: Vec<&str> = avail
         .iter()
@@ -485,14 +499,14 @@ pub fn measured_line(avail: &[(ReportClass, Availability)]) -> String {
     let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (m, a) in avail {
         if let Availability::NotMeasurable(r) = a {
-            reasons.entry(r.as_str()).or_default().push(m.name());
+            if m.exists_on(std::env::consts::ARCH) {
+                reasons.entry(r.as_str()).or_default().push(m.name());
+            }
         }
     }
     let mut s = format!("faultscope: measuring {}", measured.join(", "));
-    if !reasons.is_empty() {
-        s.push_str("; not measurable here: ");
-        let parts: Vec<String> = reasons.iter().map(|(r, ns)| format!("{} ({r})", ns.join(", "))).collect();
-        s.push_str(&parts.join("; "));
+    for (r, ns) in &reasons {
+        s.push_str(&format!("\nfaultscope: not measurable here: {} ({r})", ns.join(", ")));
     }
     s
 }
@@ -513,7 +527,7 @@ mod tests {
         ];
         assert_eq!(
             measured_line(&avail),
-            "faultscope: measuring faults; not measurable here: reuse, copy (no PMU)"
+            "faultscope: measuring faults\nfaultscope: not measurable here: reuse, copy (no PMU)"
         );
     }
 

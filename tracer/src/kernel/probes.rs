@@ -35,6 +35,14 @@ impl Arch {
             Arch::Aarch64 => cfg!(target_arch = "aarch64"),
         }
     }
+    /// Whether it is `arch`, as `std::env::consts::ARCH` names them.
+    pub fn is(self, arch: &str) -> bool {
+        match self {
+            Arch::Any => true,
+            Arch::X86_64 => arch == "x86_64",
+            Arch::Aarch64 => arch == "aarch64",
+        }
+    }
     fn name(self) -> &'static str {
         match self {
             Arch::Any => "any",

@@ -317,16 +317,33 @@ pub fn attach(report: &mut Report) -> String {
     to_text(&report.findings)
 }
 
+/// The findings, each once: the same finding of several processes is one
+/// line with their number and pids. `not-measurable` findings stay in the
+/// JSON; the text's "Not measurable here" block already says them.
 pub fn to_text(f: &[Finding]) -> String {
+    let mut groups: Vec<(&Finding, Vec<u32>)> = Vec::new();
+    for x in f.iter().filter(|x| x.rule != "not-measurable") {
+        match groups.iter_mut().find(|(g, _)| g.rule == x.rule && g.phase == x.phase && g.text == x.text) {
+            Some((_, pids)) => pids.push(x.pid),
+            None => groups.push((x, vec![x.pid])),
+        }
+    }
     let mut s = String::from("Findings:\n");
-    if f.is_empty() {
+    if groups.is_empty() {
         s.push_str("  none\n");
     }
-    for x in f {
+    for (x, pids) in groups {
+        let who = match pids.as_slice() {
+            [pid] => format!("pid {pid}"),
+            many => {
+                let shown: Vec<String> = many.iter().take(8).map(u32::to_string).collect();
+                let more = if many.len() > 8 { ", ..." } else { "" };
+                format!("{} processes (pids {}{more})", many.len(), shown.join(", "))
+            }
+        };
         s.push_str(&format!(
-            "  [{}] pid {} {}: {}\n",
+            "  [{}] {who} {}: {}\n",
             x.rule,
-            x.pid,
             crate::term::safe(&x.phase),
             crate::term::safe(&x.text)
         ));
@@ -535,5 +552,21 @@ mod tests {
         // A few copies (the process's own stack and heap) are not a finding.
         r.processes[0].phases[1].classes = classes(&[(ReportClass::Copy, 3)]);
         assert!(!rules(&r).contains(&"copy-while-child-alive".into()));
+    }
+
+    #[test]
+    fn the_same_finding_of_many_processes_is_one_line() {
+        let f = |pid: u32, rule: &str| Finding {
+            rule: rule.into(),
+            pid,
+            phase: "whole run".into(),
+            text: "same".into(),
+            numbers: Default::default(),
+        };
+        let mut all: Vec<Finding> = (1..=27).map(|p| f(p, "copy-while-child-alive")).collect();
+        all.push(f(1, "not-measurable"));
+        let t = to_text(&all);
+        assert_eq!(t.lines().count(), 2, "{t}");
+        assert!(t.contains("27 processes (pids 1, 2, 3, 4, 5, 6, 7, 8, ...) whole run: same"), "{t}");
     }
 }

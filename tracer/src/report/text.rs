@@ -1,19 +1,13 @@
 //! The plain text report, libbpf-tools style: per process, each phase in
 //! which it faulted (classes with counts), then the whole run (every class).
 
-use crate::term::safe;
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::schema::{CheckResult, ClassValue, Classes, KernelCheck, Report};
-
-pub fn fmt_ns(ns: u64) -> String {
-    match ns {
-        0..=9_999 => format!("{ns}ns"),
-        10_000..=9_999_999 => format!("{:.1}us", ns as f64 / 1e3),
-        10_000_000..=9_999_999_999 => format!("{:.1}ms", ns as f64 / 1e6),
-        _ => format!("{:.1}s", ns as f64 / 1e9),
-    }
-}
+use super::schema::{sum_classes, CheckResult, ClassValue, Classes, KernelCheck, Mode, Report};
+use crate::{
+    term::safe,
+    units::{count, ns as fmt_ns},
+};
 
 fn header(out: &mut String) {
     let _ = writeln!(
@@ -25,7 +19,7 @@ fn header(out: &mut String) {
 
 /// The origin columns of a class: `-` where an origin is not measured.
 fn origin_cells(v: &super::schema::Measured) -> [String; 3] {
-    let cell = |n: Option<u64>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
+    let cell = |n: Option<u64>| n.map_or_else(|| "-".to_string(), count);
     match &v.origins {
         Some(o) => [cell(Some(o.user)), cell(o.kernel), cell(o.gup)],
         None => ["-".into(), "-".into(), "-".into()],
@@ -72,8 +66,13 @@ pub fn check_line(k: &KernelCheck) -> String {
     }
 }
 
-fn class_rows(out: &mut String, classes: &Classes, all: bool) {
+/// The rows of `classes`: with `all`, every class that exists on `arch`
+/// (`n/m` where not measurable), else those that counted something.
+fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str) {
     for (m, v) in classes {
+        if !m.exists_on(arch) {
+            continue;
+        }
         match v {
             ClassValue::NotMeasurable(_) => {
                 if all {
@@ -93,7 +92,7 @@ fn class_rows(out: &mut String, classes: &Classes, all: bool) {
                     out,
                     "  {:<22} {:>10} {u:>8} {k:>8} {g:>8} {p50:>9} {p99:>9} {max:>9}",
                     m.name(),
-                    x.count
+                    count(x.count)
                 );
             }
         }
@@ -121,18 +120,20 @@ pub fn to_text(r: &Report) -> String {
                     (ph.start_ns - t0) as f64 / 1e9
                 );
                 header(&mut out);
-                class_rows(&mut out, &ph.classes, false);
+                class_rows(&mut out, &ph.classes, false, &r.arch);
                 super::attribution::to_text(&mut out, &ph.attribution);
             }
         }
         let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
         header(&mut out);
-        class_rows(&mut out, &p.classes, true);
+        class_rows(&mut out, &p.classes, true, &r.arch);
         if let Some(k) = &p.kernel_check {
             let _ = writeln!(out, "  {}", safe(&check_line(k)));
         }
         super::attribution::to_text(&mut out, &p.attribution);
     }
+    totals(&mut out, r);
+    not_measurable(&mut out, r);
     let dropped: Vec<String> = r.drops.nonzero().map(|(k, n)| format!("{}: {n}", k.describe())).collect();
     if !dropped.is_empty() {
         let _ = writeln!(
@@ -163,7 +164,105 @@ pub fn to_text(r: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "n/m = not measurable on this kernel (see the line above the table); USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages; - = not measurable)"
+        "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
     );
     out
+}
+
+/// With several processes: their sum, and each comm's that has several.
+fn totals(out: &mut String, r: &Report) {
+    if r.processes.len() < 2 {
+        return;
+    }
+    let mut by_comm: BTreeMap<&str, Vec<&Classes>> = BTreeMap::new();
+    for p in &r.processes {
+        by_comm.entry(p.comm.as_str()).or_default().push(&p.classes);
+    }
+    let mut table = |title: String, classes: Vec<&Classes>| {
+        let _ = writeln!(out, "{title} whole run (latency per process above)");
+        header(out);
+        class_rows(out, &sum_classes(classes), false, &r.arch);
+    };
+    if by_comm.len() > 1 {
+        for (comm, cs) in by_comm.iter().filter(|(_, cs)| cs.len() > 1) {
+            table(format!("COMM {} ({} processes)", safe(comm), cs.len()), cs.clone());
+        }
+    }
+    table(format!("ALL ({} processes)", r.processes.len()), r.processes.iter().map(|p| &p.classes).collect());
+}
+
+/// One block for what this kernel cannot measure: each reason once, with
+/// the classes it costs (classes of another architecture are not shown).
+fn not_measurable(out: &mut String, r: &Report) {
+    let mut reasons: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for p in &r.processes {
+        for (m, v) in &p.classes {
+            if let ClassValue::NotMeasurable(n) = v {
+                if m.exists_on(&r.arch) {
+                    let names = reasons.entry(n.reason.as_str()).or_default();
+                    if !names.contains(&m.name()) {
+                        names.push(m.name());
+                    }
+                }
+            }
+        }
+    }
+    let no_latency = r.mode == Mode::Tracepoint;
+    if reasons.is_empty() && !no_latency {
+        return;
+    }
+    let _ = writeln!(out, "Not measurable here (n/m):");
+    for (reason, names) in &reasons {
+        let _ = writeln!(out, "  {}: {}", names.join(", "), safe(reason));
+    }
+    if no_latency {
+        let _ = writeln!(
+            out,
+            "  latency: tracepoint mode has no fault return to time (the tracepoint fires at the fault's entry only)"
+        );
+        let _ = writeln!(
+            out,
+            "  fix: a kernel with kprobes (CONFIG_KPROBES) or one that loads fentry programs measures every class and its latency"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        kernel::classes::ReportClass,
+        report::schema::testing::{classes, not_measurable, process},
+    };
+
+    fn report(arch: &str) -> Report {
+        let mut ps = Vec::new();
+        for (pid, comm, n) in [(1, "redis-server", 1500), (2, "redis-server", 2500), (3, "sh", 7)] {
+            let mut p = process(pid, Vec::new());
+            p.comm = comm.into();
+            p.classes = classes(&[(ReportClass::Faults, n)]);
+            p.classes.insert(ReportClass::Reuse, not_measurable("needs fault_entry: no kprobe PMU"));
+            p.classes.insert(ReportClass::ContpteUnfold, not_measurable("arm64 only"));
+            ps.push(p);
+        }
+        Report { arch: arch.into(), mode: Mode::Tracepoint, processes: ps, ..Report::default() }
+    }
+
+    #[test]
+    fn totals_per_comm_and_all_with_separators() {
+        let t = to_text(&report("x86_64"));
+        assert!(t.contains("COMM redis-server (2 processes) whole run"), "{t}");
+        assert!(!t.contains("COMM sh"), "{t}");
+        let all = t.split("ALL (3 processes) whole run").nth(1).unwrap();
+        assert!(all.lines().any(|l| l.split_whitespace().take(2).eq(["faults", "4,007"])), "{t}");
+    }
+
+    #[test]
+    fn each_reason_once_and_no_foreign_classes() {
+        let t = to_text(&report("x86_64"));
+        assert_eq!(t.matches("no kprobe PMU").count(), 1, "{t}");
+        assert!(!t.contains("contpte_unfold"), "{t}");
+        assert!(t.contains("latency: tracepoint mode has no fault return to time"), "{t}");
+        assert!(to_text(&report("aarch64")).contains("contpte_unfold"));
+    }
 }

@@ -146,6 +146,26 @@ fn every_program_passes_the_verifier() {
     }
 }
 
+/// `probes` names, in its first line, the mode a run is then in.
+#[test]
+fn probes_first_line_names_the_mode_a_run_gets() {
+    let _t = host_test();
+    let d = tmp();
+    let json = d.path().join("r.json");
+    let out = faultscope(&["record", "-j", json.to_str().unwrap(), "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mode = read_report(&json).mode;
+    let out = faultscope(&["probes"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or("");
+    let want: &[&str] = match mode {
+        Mode::Tracepoint => &["mode: tracepoint mode"],
+        Mode::Kprobe => &["mode: fentry mode", "mode: kprobe mode"],
+        _ => &["mode: none"],
+    };
+    assert!(want.iter().any(|w| first.starts_with(w)), "the run's mode is {mode:?}, probes says: {first}");
+}
+
 #[test]
 fn automatic_phases_split_the_fork_scenario() {
     let _t = host_test();
