@@ -29,6 +29,7 @@ use crate::{
     collect::{
         attribution::AttribOpts,
         collector::{stack_frames, Snapshot},
+        select::{SelectOpts, Selection},
         target,
     },
     error::Refusal,
@@ -44,6 +45,10 @@ pub struct RecordOpts {
     /// Trace this process (repeatable).
     #[arg(short = 'p', long = "pid")]
     pub pids: Vec<u32>,
+    /// With these, the run lasts until a signal, --duration or --count:
+    /// new processes of the selection may come at any time.
+    #[command(flatten)]
+    pub select: SelectOpts,
     /// Stop after this many seconds.
     #[arg(short = 'd', long, allow_hyphen_values = true)]
     pub duration: Option<f64>,
@@ -93,6 +98,8 @@ impl RecordOpts {
         if !self.command.is_empty() {
             parts.push(format!("command {}", self.command.join(" ")));
         }
+        parts.extend(self.select.comm.iter().map(|c| format!("comm {c}")));
+        parts.extend(self.select.cgroup.iter().map(|c| format!("cgroup {}", c.display())));
         if self.follow_children {
             parts.push("and their children".into());
         }
@@ -185,6 +192,8 @@ pub struct Recording {
     /// stdout is gone: the final tables are not printed (the JSON is
     /// still written).
     stdout_closed: bool,
+    /// `--comm` and `--cgroup`.
+    sel: Selection,
 }
 
 /// Why a run ends when its stdout is closed.
@@ -194,9 +203,13 @@ impl Recording {
     /// Checks the request, attaches, adds the targets and starts the
     /// command; refuses bad input before anything is attached.
     pub fn start(o: RecordOpts) -> Result<Recording> {
-        if o.pids.is_empty() && o.command.is_empty() {
-            return Err(Refusal::new("nothing to trace: give -p PID or -- COMMAND").into());
+        if o.pids.is_empty() && o.command.is_empty() && o.select.is_empty() {
+            return Err(Refusal::new(
+                "nothing to trace: give -p PID, --comm NAME, --cgroup PATH or -- COMMAND",
+            )
+            .into());
         }
+        let filters = o.select.filters()?;
         let duration = crate::units::seconds("--duration", o.duration)?;
         let interval = crate::units::seconds("--interval", o.interval)?;
         if o.count == Some(0) {
@@ -226,8 +239,7 @@ impl Recording {
         .filter_map(|(f, p)| Some((f, p?)))
         .collect();
         crate::output::check_distinct(&outs)?;
-        let mut rec =
-            Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &Filters::default())?;
+        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &filters)?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
@@ -261,6 +273,7 @@ impl Recording {
             series: Vec::new(),
             signal_marks: 0,
             stdout_closed: false,
+            sel: Selection::new(o.select.clone(), &filters),
             opts: o,
         })
     }
@@ -289,6 +302,7 @@ impl Recording {
             }
         }
         self.rec.live.retain(|&p| !target::is_gone(p));
+        self.sel.tick(&mut self.rec)?;
         let now = Instant::now();
         if let (Some(t), Some(d)) = (self.next_tick, self.interval) {
             if now >= t {
@@ -305,7 +319,7 @@ impl Recording {
         if self.deadline.is_some_and(|d| now >= d) {
             return Ok(Some("duration reached"));
         }
-        if self.rec.live.is_empty() {
+        if self.rec.live.is_empty() && self.sel.is_empty() {
             return Ok(Some("all targets exited"));
         }
         Ok(None)

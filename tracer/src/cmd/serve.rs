@@ -1,18 +1,8 @@
 //! `faultscope serve`: trace until SIGINT/SIGTERM and export OpenMetrics on
 //! `http://127.0.0.1:PORT/metrics` (another address only with `--listen`).
 //!
-//! Targets: `-p PID`; `--comm NAME`, matched by the kernel at each exec (a
-//! program exec'd under that comm joins the traced set there, so one that
-//! lives less than a tick is counted from its exec), and by a scan of
-//! `/proc` at start and each tick for those already running (a child of a
-//! traced process, such as Redis' BGSAVE child, is not: it is the parent's
-//! phase); `--cgroup PATH`, filtered in the kernel by cgroup id (the cgroup
-//! v2 directory's inode number): a process of that cgroup joins the traced
-//! set at its first fault, fork or exec, so that one that faults and exits
-//! within a tick is counted too; the processes already in the cgroup's
-//! `cgroup.procs` are added at start (and each tick, for one that has not
-//! had an event yet). A cgroup directory removed and created again (a
-//! service restart) is a new id: it is noticed at the next tick.
+//! Targets: `-p PID`, `--comm NAME` and `--cgroup PATH`, as record has
+//! them (`collect::select`).
 //!
 //! An exec in a traced process starts a phase in the kernel, so that the new
 //! program's faults are of its own phase kind (before its first fork).
@@ -42,10 +32,8 @@ use crate::kernel::drops::DropReason;
 use std::{
     collections::BTreeSet,
     convert::Infallible,
-    fs,
     io::Write as _,
     net::SocketAddr,
-    path::PathBuf,
     sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
@@ -53,10 +41,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::PerCpuHashMap;
 use clap::Args;
-use faultscope_common::{
-    maps::{ClassSetKey, ADOPT_BY_COMM},
-    PhaseId, Stat,
-};
+use faultscope_common::{maps::ClassSetKey, PhaseId, Stat};
 use http_body_util::Full;
 use hyper::{body::Bytes, header, Method, Request, Response, StatusCode};
 use tokio::{
@@ -66,7 +51,11 @@ use tokio::{
 
 use super::record::{Filters, Recorder};
 use crate::{
-    collect::{attribution::AttribOpts, target},
+    collect::{
+        attribution::AttribOpts,
+        select::{SelectOpts, Selection},
+        target,
+    },
     error::Refusal,
     kernel,
     report::metrics::{to_text_004, BuildInfo, LabelOpts, Metrics, ProcLabels},
@@ -77,15 +66,8 @@ pub struct ServeOpts {
     /// Trace this process (repeatable).
     #[arg(short = 'p', long = "pid")]
     pub pids: Vec<u32>,
-    /// Trace every process with this comm (at most 15 bytes, as the kernel
-    /// keeps it): those running, and each program exec'd under it, from
-    /// its exec (repeatable).
-    #[arg(long)]
-    pub comm: Vec<String>,
-    /// Trace the processes of this cgroup v2 directory (repeatable),
-    /// filtered in the kernel by cgroup id: from their first event.
-    #[arg(long)]
-    pub cgroup: Vec<PathBuf>,
+    #[command(flatten)]
+    pub select: SelectOpts,
     /// Port on 127.0.0.1.
     #[arg(long, default_value_t = 9853)]
     pub port: u16,
@@ -134,14 +116,10 @@ const KEEP_PHASES: usize = 16;
 struct Serve {
     rec: Recorder,
     metrics: Metrics,
-    opts: ServeOpts,
     /// Phases whose kernel entries are kept (the current and the one before).
     prev_phase: PhaseId,
-    /// Each traced pid's cgroup (with --cgroup).
-    cgroups: std::collections::BTreeMap<u32, String>,
-    /// Each `--cgroup` directory's id in the kernel's filter (None while
-    /// the directory is gone).
-    cgroup_ids: Vec<Option<u64>>,
+    /// `--comm` and `--cgroup`.
+    sel: Selection,
     /// Connections that could not be accepted (no descriptor left).
     accept_errors: u64,
 }
@@ -149,18 +127,10 @@ struct Serve {
 impl Serve {
     fn tick(&mut self) -> Result<()> {
         self.rec.drain_events()?;
-        for (pid, idx) in std::mem::take(&mut self.rec.adopted) {
-            if let Some(dir) = self.opts.cgroup.get(idx as usize).filter(|_| idx != ADOPT_BY_COMM) {
-                self.cgroups.insert(pid, dir.display().to_string());
-            }
-            let comm = self.rec.comms.get(&pid).cloned().unwrap_or_default();
-            crate::term::say(&format!("faultscope: tracing pid {pid} ({})", crate::term::safe(&comm)));
-        }
+        self.sel.tick(&mut self.rec)?;
         for comm in self.rec.fork_comms.as_mut().map(std::mem::take).unwrap_or_default() {
             self.metrics.fork(&comm);
         }
-        self.follow_cgroups()?;
-        self.discover()?;
         // Exited: seen by the kernel's exit event (out of `live`) or gone
         // from /proc.
         let gone: BTreeSet<u32> = self
@@ -173,7 +143,7 @@ impl Serve {
         let snap = self.rec.snapshot()?;
         let rec = &self.rec;
         let kinds = rec.kinds.as_ref().expect("serve keeps each process's phase kinds");
-        let cg = &self.cgroups;
+        let cg = &self.sel.cgroup_of;
         self.metrics.update(
             &snap,
             |pid, ph| kinds.kind(pid, ph),
@@ -204,7 +174,7 @@ impl Serve {
             self.rec.comms.remove(pid);
             self.rec.lifetimes.remove(pid);
             self.rec.accounting.remove(pid);
-            self.cgroups.remove(pid);
+            self.sel.forget(*pid);
             if let Some(k) = self.rec.kinds.as_mut() {
                 k.forget(*pid);
             }
@@ -213,141 +183,16 @@ impl Serve {
         self.rec.timeline.keep_last(KEEP_PHASES);
         Ok(())
     }
-
-    /// A `--cgroup` directory removed and created again has a new id: the
-    /// kernel's filter follows it (the old id can have no process left).
-    fn follow_cgroups(&mut self) -> Result<()> {
-        for (i, dir) in self.opts.cgroup.iter().enumerate() {
-            let now = cgroup_id(dir).ok();
-            let was = self.cgroup_ids[i];
-            if now == was {
-                continue;
-            }
-            if let Some(old) = was {
-                let _ = self.rec.session.remove_cgroup(old);
-            }
-            let d = crate::term::safe(&dir.display().to_string());
-            match now {
-                Some(id) => {
-                    self.rec.session.add_cgroup(id, i as u32)?;
-                    let what = if was.is_some() { "was created again" } else { "is back" };
-                    crate::term::say(&format!("faultscope: cgroup {d} {what} (id {id}): following it"));
-                }
-                None => {
-                    crate::term::say(&format!("faultscope: cgroup {d} is gone; waiting for it to come back"))
-                }
-            }
-            self.cgroup_ids[i] = now;
-        }
-        Ok(())
-    }
-
-    /// New processes of `--comm` and `--cgroup`.
-    fn discover(&mut self) -> Result<()> {
-        let mut new: Vec<(u32, Option<String>)> = Vec::new();
-        if !self.opts.comm.is_empty() {
-            for pid in all_pids() {
-                if self.rec.live.contains(&pid) {
-                    continue;
-                }
-                if target::comm_of(pid).is_some_and(|c| self.opts.comm.contains(&c))
-                    && !parent_of(pid).is_some_and(|pp| self.rec.live.contains(&pp))
-                {
-                    new.push((pid, None));
-                }
-            }
-        }
-        for dir in &self.opts.cgroup {
-            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
-                if !self.rec.live.contains(&pid) && !new.iter().any(|(p, _)| *p == pid) {
-                    new.push((pid, Some(dir.display().to_string())));
-                }
-            }
-        }
-        for (pid, cg) in new {
-            let Some(comm) = target::comm_of(pid) else { continue };
-            // A thread id is not a process.
-            if target::check_pid(pid).is_err() {
-                continue;
-            }
-            if self.rec.add(pid, 0, comm.clone()).is_ok() {
-                crate::term::say(&format!("faultscope: tracing pid {pid} ({})", crate::term::safe(&comm)));
-                if let Some(cg) = cg {
-                    self.cgroups.insert(pid, cg);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A cgroup v2 directory's id: its inode number (what
-/// `bpf_get_current_cgroup_id` returns for a task in it).
-fn cgroup_id(dir: &std::path::Path) -> Result<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let v2 = fs::metadata(dir.join("cgroup.procs")).is_ok_and(|m| m.is_file()) && is_cgroup2(dir);
-    if !v2 {
-        return Err(Refusal::new(format!("{}: not a cgroup v2 directory", dir.display())).into());
-    }
-    Ok(fs::metadata(dir).with_context(|| dir.display().to_string())?.ino())
-}
-
-/// Whether `dir` lies on a cgroup2 file system (a v1 hierarchy has
-/// `cgroup.procs` too, and other ids).
-fn is_cgroup2(dir: &std::path::Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == CGROUP2_SUPER_MAGIC }
-}
-
-fn all_pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default()
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The kernel keeps a comm in 16 bytes, NUL included.
-const COMM_LEN: usize = 16;
-
-/// `--comm NAME` as the kernel's filter holds it, or why it can never
-/// match.
-fn comm_key(name: &str) -> Result<[u8; COMM_LEN]> {
-    let b = name.as_bytes();
-    if b.is_empty() || b.len() >= COMM_LEN || b.contains(&0) {
-        return Err(Refusal::new(format!(
-            "--comm {}: a comm is 1 to {} bytes without NUL (the kernel cuts longer names to that, so this one could never match)",
-            crate::term::safe(name),
-            COMM_LEN - 1
-        ))
-        .into());
-    }
-    let mut k = [0u8; COMM_LEN];
-    k[..b.len()].copy_from_slice(b);
-    Ok(k)
 }
 
 pub async fn run(o: ServeOpts) -> Result<i32> {
-    if o.pids.is_empty() && o.comm.is_empty() && o.cgroup.is_empty() {
+    if o.pids.is_empty() && o.select.is_empty() {
         return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME or --cgroup PATH").into());
     }
     if !(o.tick.is_finite() && (MIN_TICK_S..=3600.0).contains(&o.tick)) {
         return Err(Refusal::new(format!("--tick {}: give seconds from {MIN_TICK_S} to 3600", o.tick)).into());
     }
-    let mut filters = Filters { exec_phase: true, ..Filters::default() };
-    for dir in &o.cgroup {
-        filters.cgroups.push(cgroup_id(dir)?);
-    }
-    for c in &o.comm {
-        filters.comms.push(comm_key(c)?);
-    }
+    let filters = Filters { exec_phase: true, ..o.select.filters()? };
     kernel::require_root()?;
     let mut comms = Vec::new();
     for &pid in &o.pids {
@@ -383,21 +228,13 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         backend: rec.session.fault_path_backend().to_string(),
     };
     let mut metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
-    for comm in o.comm.iter().chain(rec.comms.values()) {
+    for comm in o.select.comm.iter().chain(rec.comms.values()) {
         metrics.declare(comm);
     }
     let prev_phase = rec.timeline.current().id;
     let tick = Duration::from_secs_f64(o.tick);
-    let cgroup_ids = filters.cgroups.iter().map(|&id| Some(id)).collect();
-    let mut s = Serve {
-        rec,
-        metrics,
-        opts: o,
-        prev_phase,
-        cgroups: Default::default(),
-        cgroup_ids,
-        accept_errors: 0,
-    };
+    let sel = Selection::new(o.select.clone(), &filters);
+    let mut s = Serve { rec, metrics, prev_phase, sel, accept_errors: 0 };
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
     let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(s.metrics.encode()))));

@@ -11,4 +11,5 @@ pub mod children;
 pub mod collector;
 pub mod engine;
 pub mod phases;
+pub mod select;
 pub mod target;

@@ -541,3 +541,66 @@ fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
         "getrusage {since_main} since main, {all} in all; kernel {total}"
     );
 }
+
+/// `record --comm` and `--cgroup` with serve's semantics: a program exec'd
+/// under the comm, or a process of the cgroup, joins from its first event
+/// (both here live far less than a second), bounded by the page arithmetic
+/// and their own getrusage; a process outside is not traced; the run lasts
+/// until --duration although no target is left.
+#[test]
+fn record_comm_and_cgroup_trace_what_starts_later() {
+    use super::serve::{cgroup2_root, short_python, short_python_in};
+    let _t = host_test();
+    let d = tmp();
+    let exe = d.path().join("fs-reccomm");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    let cg = cgroup2_root().join(format!("faultscope-rec-{}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    let json = d.path().join("r.json");
+    let rec = Command::new(BIN)
+        .args(["record", "--comm", "fs-reccomm", "--cgroup", cg.to_str().unwrap(), "-d", "6", "-j"])
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = format!("/run/faultscope/record-{}.sock", rec.id());
+    for _ in 0..300 {
+        if Path::new(&sock).exists() {
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    assert!(Path::new(&sock).exists(), "record did not attach");
+    let by_comm = short_python(&exe);
+    let in_cgroup = short_python_in(&cg);
+    let outside = touch_outside();
+    let out = rec.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir(&cg);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("duration reached"), "{stderr}");
+    let report = read_report(&json);
+    let counted: Vec<u64> = report.processes.iter().map(|p| count(p, ReportClass::Faults)).collect();
+    for (what, (touch, whole)) in [("comm", by_comm), ("cgroup", in_cgroup)] {
+        assert!(
+            counted.iter().any(|&n| n >= touch && n <= whole + TOLERANCE),
+            "{what}: touched {touch}, whole life {whole}; counted {counted:?}\n{stderr}"
+        );
+    }
+    assert!(
+        !report.processes.iter().any(|p| p.pid == outside),
+        "the process outside was traced: {counted:?}"
+    );
+    assert_eq!(report.processes.len(), 2, "{counted:?}");
+}
+
+/// A process that is neither of the comm nor of the cgroup: its pid.
+fn touch_outside() -> u32 {
+    let mut c = Command::new("/usr/bin/python3")
+        .args(["-c", "b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n"])
+        .spawn()
+        .unwrap();
+    c.wait().unwrap();
+    c.id()
+}

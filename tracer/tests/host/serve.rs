@@ -243,7 +243,7 @@ os.close(r)\nprint(pid,flush=True)\nsys.stdin.readline()\nos.close(w)\nos.waitpi
 
 /// The cgroup v2 mount (`/sys/fs/cgroup` itself, or `unified` in the hybrid
 /// layout).
-fn cgroup2_root() -> PathBuf {
+pub(super) fn cgroup2_root() -> PathBuf {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     let m = mounts.lines().find(|l| l.split(' ').nth(2) == Some("cgroup2")).expect("no cgroup2 mount");
     PathBuf::from(m.split(' ').nth(1).unwrap())
@@ -414,13 +414,13 @@ fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
 
 /// A Python run as `exe` (its comm) that touches 2048 new pages and exits at
 /// once; its output: the minflt of the touching, then of its whole life.
-fn short_python(exe: &Path) -> (u64, u64) {
+pub(super) fn short_python(exe: &Path) -> (u64, u64) {
     touch_2048(Command::new(exe).args(["-c", SHORT_SCRIPT]))
 }
 
 /// [`short_python`] as `/usr/bin/python3`, exec'd after joining cgroup `cg`
 /// (so that only the kernel's filter can see it from its first event).
-fn short_python_in(cg: &Path) -> (u64, u64) {
+pub(super) fn short_python_in(cg: &Path) -> (u64, u64) {
     let join =
         format!("echo $$ > {}/cgroup.procs && exec /usr/bin/python3 -c '{SHORT_SCRIPT}'", cg.display());
     touch_2048(Command::new("sh").args(["-c", &join]))
