@@ -12,6 +12,15 @@ pub fn out(s: &str) -> std::io::Result<()> {
     o.write_all(s.as_bytes()).and_then(|()| o.flush())
 }
 
+/// Whether stdout's reader is gone (a pipe whose read end was closed,
+/// `| head -1`), found without writing: an interval with nothing to print
+/// must still end the run then.
+pub fn stdout_gone() -> bool {
+    let mut fd = libc::pollfd { fd: 1, events: 0, revents: 0 };
+    // SAFETY: one pollfd, no wait.
+    unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0 }
+}
+
 /// A line on stderr, best effort: a closed stderr is no reason to lose a
 /// run (`eprintln!` would panic).
 pub fn say(line: &str) {

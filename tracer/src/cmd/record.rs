@@ -334,16 +334,20 @@ impl Recording {
         let elapsed = now.duration_since(self.started).as_secs_f64();
         let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
+        let cols = live::columns(&self.rec.avail);
+        let counts = self.rec.counts(&delta)?;
         let shown = if self.live_view {
             let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
-            crate::term::out(&live::frame(&self.rec.counts(&snap)?, &phase, elapsed, &footer))
+            let every = self.interval.map_or(1.0, |d| d.as_secs_f64());
+            crate::term::out(&live::frame(&counts, &cols, &phase, elapsed, every, &footer))
         } else {
-            crate::term::out(&format!(
-                "--- interval {} ({elapsed:.1}s), phase {} ---\n{}",
-                self.ticks + 1,
-                crate::term::safe(&phase),
-                text::to_text(&self.rec.counts(&delta)?)
-            ))
+            let mut text = if self.ticks == 0 { live::line_header(&cols) } else { String::new() };
+            text.push_str(&live::lines(&counts, &cols, &live::time_of_day(), &phase));
+            if text.is_empty() && crate::term::stdout_gone() {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            } else {
+                crate::term::out(&text)
+            }
         };
         self.series.push(build::interval(&delta, &self.rec.context()?, elapsed));
         self.last = snap;

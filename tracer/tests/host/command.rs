@@ -34,7 +34,7 @@ fn a_closed_stdout_ends_the_run_and_keeps_the_report() {
     let tpid = tracer.id();
     let mut first = String::new();
     BufReader::new(tracer.stdout.take().unwrap()).read_line(&mut first).unwrap();
-    assert!(first.starts_with("--- interval 1"), "{first:?}");
+    assert!(first.starts_with("TIME "), "{first:?}");
     let out = tracer.wait_with_output().unwrap();
     target.kill().unwrap();
     target.wait().unwrap();
