@@ -2,7 +2,7 @@
 # over virtio-9p and run in a chroot, traced by faultscope across a BGSAVE
 # while the tracefs oracle traces the same run.
 #
-# Tracing control, faultscope (/faultscope, with its libraries, from the
+# Tracing control, faultscope (/faultscope, static, from the
 # initramfs) and the oracle stay outside the chroot; only Redis and its
 # tools run inside it. PIDs are global, so faultscope -p works across.
 #

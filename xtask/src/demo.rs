@@ -224,7 +224,7 @@ pub fn run_demo(size: &str) -> Result<()> {
         }
     }
     // For the arm64 patched kernel: the gate CI would run, on its report.
-    let fs_bin = root().join("target/release/faultscope");
+    let fs_bin = vm::build_faultscope("amd64")?;
     if let Some(j) = arm[2].json("64K") {
         println!(
             "\n=== faultscope verify --phase mark:write --expect contpte_unfold=0 ({}) ===",

@@ -1,4 +1,4 @@
-//! xtask (package `xtask`): developer tasks, `cargo xtask setup | test | demo | guest-test`.
+//! xtask (package `xtask`): developer tasks, `cargo xtask setup | dist | test | demo | guest-test`.
 
 mod apt;
 mod bpftrace;
@@ -6,6 +6,7 @@ mod check;
 mod cross;
 mod daemon;
 mod demo;
+mod dist;
 mod foundation;
 mod kbuild;
 mod kernels;
@@ -32,9 +33,21 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Install the toolchain, QEMU and bpf-linker (idempotent).
-    Setup,
+    Setup {
+        /// Only what building faultscope and `dist` need: no QEMU, Redis,
+        /// Prometheus or kernel build dependencies.
+        #[arg(long)]
+        build: bool,
+    },
+    /// The release under target/dist: static faultscope for x86-64 and
+    /// arm64, a .deb of each (man pages, shell completions), SHA256SUMS.
+    Dist {
+        /// Then unpack and check the packages (the dist stage of `test`).
+        #[arg(long)]
+        check: bool,
+    },
     /// Everything: setup, unit and host tests, the verifier check, the
-    /// guest tests.
+    /// packages (`dist --check`), the guest tests.
     Test,
     /// The demo: faultscope tracing the fork/write workload in a guest.
     Demo,
@@ -175,7 +188,10 @@ const DAEMON_SETS: u64 = 40_000;
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Setup => setup::setup(),
+        Cmd::Setup { build: false } => setup::setup(),
+        Cmd::Setup { build: true } => setup::setup_build(),
+        Cmd::Dist { check: false } => dist::dist(),
+        Cmd::Dist { check: true } => dist::check(),
         Cmd::Test => test(),
         Cmd::Demo => demo(),
         Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
@@ -250,12 +266,14 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ]))?;
     let t1 = Instant::now();
-    // Every guest stage runs even when one before it failed: one run of the
+    // Every stage runs even when one before it failed: one run of the
     // suite then tells all that is wrong.
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 6] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 7] = [
+        // First: it builds the static binaries every guest stage runs.
+        ("dist packages", &dist::check),
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
         ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),

@@ -1,6 +1,8 @@
 //! `cargo xtask setup`: installs everything the build and the guest tests
-//! need on a fresh Debian bookworm machine. Idempotent: a second run checks
-//! and returns in seconds.
+//! need on a fresh Debian bookworm machine; `setup --build` only what the
+//! build and `cargo xtask dist` need (no QEMU, Redis, Prometheus, kernel
+//! build dependencies). Idempotent: a second run checks and returns in
+//! seconds.
 
 use std::{fs, path::Path, process::Command};
 
@@ -8,27 +10,37 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::util::{root, run, tools_bin};
 
-/// Debian packages from the machine's own suites: Debian's Rust (rustc-web) with a
-/// prebuilt BPF `core`, LLVM 22 for bpf-linker, and the guests' tools.
-const PACKAGES: &[&str] = &[
+/// What building faultscope needs (`setup --build`), from the machine's own
+/// suites: Debian's Rust (rustc-web) with a prebuilt BPF `core`, LLVM 22 and
+/// the libraries bpf-linker links, the C toolchain with static glibc (the
+/// static x86-64 build), and the arm64 cross build `dist` ships (the cross C
+/// compiler as linker, its static libc, Debian's prebuilt Rust std for
+/// aarch64: Multi-Arch: same, matching rustc-web's version). The arm64 part
+/// is small and a release has both arches, so it is not left out.
+const BUILD_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
     "llvm-22-dev",
     "zlib1g-dev",
     "libzstd-dev",
+    "gcc",
+    "libc6-dev",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "libstd-rust-web-dev:arm64",
+];
+
+/// The rest of what the tests need, on top of [`BUILD_PACKAGES`].
+const PACKAGES: &[&str] = &[
+    // The guests' initramfs (and the oracle, built with the C toolchain
+    // above: cross-built static for arm64).
     "busybox-static",
     "cpio",
     "xz-utils",
     "zstd",
-    "gcc",
-    "libc6-dev",
-    // arm64 guests: the cross C compiler and static libc (the oracle, and
-    // the linker of faultscope's cross build), and Debian's prebuilt Rust
-    // std for aarch64 (Multi-Arch: same, matching rustc-web's version).
-    "gcc-aarch64-linux-gnu",
-    "libc6-dev-arm64-cross",
-    "libstd-rust-web-dev:arm64",
+    // The dist stage of `test`: `man -l` renders the packaged man pages.
+    "man-db",
     // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
     // build dependencies, pahole (dwarves) for BTF, patch for the series.
     "build-essential",
@@ -62,22 +74,41 @@ const BACKPORTS: &[&str] = &["qemu-system-x86", "qemu-system-arm"];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// Everything: the build, the guests and every test's tools.
 pub fn setup() -> Result<()> {
+    let all: Vec<&str> = BUILD_PACKAGES.iter().chain(PACKAGES).copied().collect();
+    install(&all, BACKPORTS)?;
+    bpf_linker()?;
+    eprintln!("xtask setup: toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, qemu, arm64 cross)");
+    Ok(())
+}
+
+/// `setup --build`: only what `cargo build` and `cargo xtask dist` need.
+pub fn setup_build() -> Result<()> {
+    install(BUILD_PACKAGES, &[])?;
+    bpf_linker()?;
+    eprintln!("xtask setup: build toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, arm64 cross)");
+    Ok(())
+}
+
+/// Installs what of `packages` (the machine's suites) and `backports` is
+/// missing, with arm64 as a foreign architecture (both package lists hold
+/// `:arm64` packages).
+fn install(packages: &[&str], backports: &[&str]) -> Result<()> {
     let new_arch = foreign_arch("arm64")?;
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
-    let bp_missing: Vec<&str> = BACKPORTS.iter().copied().filter(|p| !installed(p)).collect();
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+    let bp_missing: Vec<&str> = backports.iter().copied().filter(|p| !installed(p)).collect();
     if new_arch || !missing.is_empty() || !bp_missing.is_empty() {
-        let suite = backports_source()?;
+        // The backports source goes in before the update fetches its list.
+        let suite = if backports.is_empty() { None } else { Some(backports_source()?) };
         run(Command::new("apt-get").arg("update"))?;
         if !missing.is_empty() {
             apt_install(&missing, None)?;
         }
         if !bp_missing.is_empty() {
-            apt_install(&bp_missing, Some(&suite))?;
+            apt_install(&bp_missing, suite.as_deref())?;
         }
     }
-    bpf_linker()?;
-    eprintln!("xtask setup: toolchain ready (rustc-web, bpf-linker {BPF_LINKER_VERSION}, qemu, arm64 cross)");
     Ok(())
 }
 

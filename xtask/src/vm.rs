@@ -1,6 +1,6 @@
-//! The guest runner: an initramfs with busybox, faultscope (and, on amd64,
-//! the shared libraries it links; the arm64 build is static), the guest
-//! scripts and one case script, booted under QEMU TCG (KVM here is a nested
+//! The guest runner: an initramfs with busybox, faultscope (the static
+//! binary `cargo xtask dist` ships: no libraries), the guest scripts and one
+//! case script, booted under QEMU TCG (KVM here is a nested
 //! software hypervisor that stock kernels die under; arm64 is emulated
 //! anyway). Results come back as marked sections of the console log.
 
@@ -15,7 +15,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use crate::{
-    cross,
+    cross, dist,
     kernels::GuestKernel,
     util::{root, run},
 };
@@ -78,49 +78,17 @@ impl GuestRun {
     }
 }
 
-/// Builds the release binary the guest of `arch` runs, and beside it the
-/// test workload ([`workload_beside`]).
+/// Builds the binary the guest of `arch` runs: the static one `cargo xtask
+/// dist` ships, so the guests test what is released ([`dist::static_build`]),
+/// and beside it the test workload ([`workload_beside`]).
 pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
-    match arch {
-        "amd64" => {}
-        "arm64" => return cross::build_faultscope(),
-        other => bail!("no faultscope build for arch {other}"),
-    }
-    run(Command::new("cargo").current_dir(root()).args([
-        "build",
-        "--release",
-        "-p",
-        "faultscope",
-        "-p",
-        "faultscope-workload",
-    ]))?;
-    Ok(root().join("target/release/faultscope"))
+    dist::static_build(arch)
 }
 
 /// The test workload (`fs-workload`, its own crate: not part of the
 /// product) built beside `faultscope`.
 pub fn workload_beside(faultscope: &Path) -> PathBuf {
     faultscope.with_file_name("fs-workload")
-}
-
-/// Shared libraries a dynamic binary needs, from ldd: (path, path again),
-/// since the guest keeps the host's layout.
-fn shared_libs(bin: &Path) -> Result<Vec<PathBuf>> {
-    let out = Command::new("ldd").arg(bin).output().context("ldd")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut libs = Vec::new();
-    for l in text.lines() {
-        let l = l.trim();
-        let path = if let Some((_, rhs)) = l.split_once("=>") {
-            rhs.split_whitespace().next()
-        } else {
-            l.split_whitespace().next()
-        };
-        if let Some(p) = path.filter(|p| p.starts_with('/')) {
-            libs.push(PathBuf::from(p));
-        }
-    }
-    Ok(libs)
 }
 
 fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
@@ -169,15 +137,7 @@ pub fn initramfs_with(
     };
     copy_into(&rootfs, &busybox, "/bin/busybox")?;
     copy_into(&rootfs, faultscope, "/faultscope")?;
-    let workload = workload_beside(faultscope);
-    copy_into(&rootfs, &workload, "/fs-workload")?;
-    if arch == "amd64" {
-        for bin in [faultscope, workload.as_path()] {
-            for lib in shared_libs(bin)? {
-                copy_into(&rootfs, &lib, lib.to_str().unwrap())?;
-            }
-        }
-    }
+    copy_into(&rootfs, &workload_beside(faultscope), "/fs-workload")?;
     let guest = root().join("xtask/guest");
     for helper in HELPERS {
         let bin = dir.join(helper);

@@ -1,0 +1,484 @@
+//! `cargo xtask dist`: what a release ships, under target/dist: faultscope
+//! for x86-64 and arm64 as static binaries (the very binaries the guest tests
+//! run, see [`static_build`]), a .deb of each with the man pages and shell
+//! completions, and SHA256SUMS. Static glibc (crt-static), not musl: this
+//! machine's toolchains have no musl target and cannot download one.
+
+use std::{
+    fs,
+    io::Write as _,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use sha2::{Digest as _, Sha256};
+
+use crate::{
+    cross, setup,
+    util::{root, run},
+    vm,
+};
+
+/// faultscope's version: every crate of the workspace takes the workspace's
+/// (`version.workspace = true`), xtask's included.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// An architecture faultscope ships for.
+#[derive(Clone, Copy)]
+struct Arch {
+    /// Debian's name: the guests' `arch` and the .deb's Architecture.
+    deb: &'static str,
+    /// The kernel's name (`uname -m`), in the binary's file name.
+    uname: &'static str,
+    /// The ELF `e_machine` its binaries carry.
+    machine: u16,
+}
+
+const ARCHES: [Arch; 2] = [
+    Arch { deb: "amd64", uname: "x86_64", machine: 62 },
+    Arch { deb: "arm64", uname: "aarch64", machine: 183 },
+];
+
+fn arch(deb: &str) -> Result<Arch> {
+    ARCHES.into_iter().find(|a| a.deb == deb).with_context(|| format!("no faultscope build for arch {deb}"))
+}
+
+/// This machine's target, given explicitly so crt-static reaches only what
+/// runs in the product (not build scripts or proc macros), and so the output
+/// lands in target/x86_64-unknown-linux-gnu, leaving target/release alone.
+const HOST_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Man pages and completions: the man pages `faultscope generate man`
+/// writes that the package must have (one per subcommand besides these),
+/// and the completion files `generate completions` writes, with their place
+/// in the .deb.
+const MAN_REQUIRED: [&str; 2] = ["faultscope.1", "faultscope-record.1"];
+const COMPLETIONS: [(&str, &str); 3] = [
+    ("faultscope.bash", "usr/share/bash-completion/completions/faultscope"),
+    ("_faultscope", "usr/share/zsh/vendor-completions/_faultscope"),
+    ("faultscope.fish", "usr/share/fish/vendor_completions.d/faultscope.fish"),
+];
+const MAN_DIR: &str = "usr/share/man/man1";
+const COPYRIGHT: &str = "usr/share/doc/faultscope/copyright";
+
+/// No project address exists yet: `.invalid` (RFC 2606) marks that, and
+/// keeps the field's `Name <address>` form.
+const MAINTAINER: &str = "the faultscope authors <faultscope@invalid>";
+
+/// Builds the static faultscope for `deb_arch`, fs-workload beside it
+/// ([`vm::workload_beside`]), and checks both are static: the guests'
+/// initramfs has no libraries, and this is the binary the .deb ships.
+pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
+    let a = arch(deb_arch)?;
+    let bin = match a.deb {
+        "arm64" => cross::build_faultscope()?,
+        _ => build_x86_64()?,
+    };
+    check_static(&bin, a)?;
+    check_static(&vm::workload_beside(&bin), a)?;
+    Ok(bin)
+}
+
+/// The x86-64 build, linked static like cross.rs's arm64 one.
+fn build_x86_64() -> Result<PathBuf> {
+    run(Command::new("cargo")
+        .current_dir(root())
+        // RUSTFLAGS would override the target's flags (and drop crt-static).
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "faultscope",
+            "-p",
+            "faultscope-workload",
+            "--target",
+            HOST_TARGET,
+        ]))?;
+    Ok(root().join("target").join(HOST_TARGET).join("release/faultscope"))
+}
+
+/// Fails unless `bin` is a 64-bit little-endian ELF for `a` without a
+/// program interpreter (static or static-pie: nothing for a loader to find).
+fn check_static(bin: &Path, a: Arch) -> Result<()> {
+    let data = fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+    let (machine, interp) =
+        elf_machine_interp(&data).with_context(|| format!("reading {}", bin.display()))?;
+    ensure!(
+        machine == a.machine,
+        "{} is for ELF machine {machine}, not {} ({})",
+        bin.display(),
+        a.uname,
+        a.machine
+    );
+    ensure!(
+        !interp,
+        "{} is linked dynamically (it has PT_INTERP): the guests and the .deb need it static; is \
+         crt-static lost (RUSTFLAGS set, or a .cargo/config rustflags for the target)?",
+        bin.display()
+    );
+    Ok(())
+}
+
+/// An ELF64 little-endian file's `e_machine`, and whether a program header
+/// is PT_INTERP (3).
+fn elf_machine_interp(d: &[u8]) -> Result<(u16, bool)> {
+    ensure!(d.len() >= 64 && d[..4] == *b"\x7fELF", "not an ELF file");
+    ensure!(d[4] == 2 && d[5] == 1, "not a 64-bit little-endian ELF file");
+    let u16_at = |o: usize| u16::from_le_bytes([d[o], d[o + 1]]);
+    let phoff = u64::from_le_bytes(d[0x20..0x28].try_into()?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36) as usize, u16_at(0x38) as usize);
+    let end = phoff.checked_add(phentsize * phnum);
+    ensure!(phentsize >= 4 && end.is_some_and(|e| e <= d.len()), "program headers out of the file");
+    let interp = (0..phnum).any(|i| {
+        let o = phoff + i * phentsize;
+        u32::from_le_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]) == 3
+    });
+    Ok((u16_at(0x12), interp))
+}
+
+fn dist_dir() -> PathBuf {
+    root().join("target/dist")
+}
+
+/// Staging: the generated pages, the package trees, the unpacked checks.
+fn work_dir() -> PathBuf {
+    root().join("target/dist-work")
+}
+
+fn binary_name(a: Arch) -> String {
+    format!("faultscope-{VERSION}-{}-linux", a.uname)
+}
+
+fn deb_name(a: Arch) -> String {
+    format!("faultscope_{}_{}.deb", deb_version(), a.deb)
+}
+
+/// The package's version: Cargo's pre-release `1.0.0-rc.1` as Debian's
+/// `1.0.0~rc.1`, which sorts before 1.0.0.
+fn deb_version() -> String {
+    debian_version(VERSION)
+}
+
+fn debian_version(cargo: &str) -> String {
+    cargo.replacen('-', "~", 1)
+}
+
+/// An empty `dir`: what a previous run left is gone, so SHA256SUMS and the
+/// packages hold only this run's files.
+fn fresh_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// `cargo xtask dist`: builds everything into a fresh target/dist and prints
+/// its files and sizes.
+pub fn dist() -> Result<()> {
+    setup::setup_build()?;
+    let (out, work) = (dist_dir(), work_dir());
+    fresh_dir(&out)?;
+    fresh_dir(&work)?;
+    let bins: Vec<(Arch, PathBuf)> =
+        ARCHES.iter().map(|&a| Ok((a, static_build(a.deb)?))).collect::<Result<_>>()?;
+    // This machine runs the x86-64 binary.
+    let host = &bins.iter().find(|(a, _)| a.uname == "x86_64").context("no x86-64 build")?.1;
+    let docs = generate_docs(host, &work.join("generated"))?;
+    for (a, bin) in &bins {
+        fs::copy(bin, out.join(binary_name(*a)))
+            .with_context(|| format!("copying {} into {}", bin.display(), out.display()))?;
+        deb(*a, bin, &docs, &work.join(format!("deb-{}", a.deb)), &out.join(deb_name(*a)))?;
+    }
+    sha256sums(&out)?;
+    print_table(&out)
+}
+
+/// What `faultscope generate` wrote: the man pages (`*.1`) and the
+/// completions folder.
+struct Docs {
+    man: Vec<PathBuf>,
+    completions: PathBuf,
+}
+
+/// Runs the hidden `faultscope generate man|completions DIR` and checks it
+/// wrote what the package needs.
+fn generate_docs(bin: &Path, dir: &Path) -> Result<Docs> {
+    let (man_dir, completions) = (dir.join("man"), dir.join("completions"));
+    for (what, d) in [("man", &man_dir), ("completions", &completions)] {
+        fs::create_dir_all(d)?;
+        run(Command::new(bin).args(["generate", what]).arg(d)).with_context(|| {
+            format!("`faultscope generate {what}` (the hidden subcommand that writes the man pages and completions) failed")
+        })?;
+    }
+    for f in MAN_REQUIRED.iter().chain(COMPLETIONS.iter().map(|(f, _)| f)) {
+        let d = if f.ends_with(".1") { &man_dir } else { &completions };
+        ensure!(d.join(f).is_file(), "`faultscope generate` wrote no {f} into {}", d.display());
+    }
+    let man = files(&man_dir)?.into_iter().filter(|p| p.extension().is_some_and(|x| x == "1")).collect();
+    Ok(Docs { man, completions })
+}
+
+/// Lays out the package tree at `tree` and builds `deb` from it.
+fn deb(a: Arch, bin: &Path, docs: &Docs, tree: &Path, deb: &Path) -> Result<()> {
+    fs::create_dir_all(tree)?;
+    fs::set_permissions(tree, fs::Permissions::from_mode(0o755))?;
+    put(tree, "usr/bin/faultscope", &fs::read(bin)?, 0o755)?;
+    for page in &docs.man {
+        let name = page.file_name().context("man page without a name")?.to_string_lossy();
+        put(tree, &format!("{MAN_DIR}/{name}.gz"), &gzip(&fs::read(page)?)?, 0o644)?;
+    }
+    for (src, dst) in COMPLETIONS {
+        put(tree, dst, &fs::read(docs.completions.join(src))?, 0o644)?;
+    }
+    put(tree, COPYRIGHT, copyright()?.as_bytes(), 0o644)?;
+    let size_kib = tree_size(tree)?.div_ceil(1024);
+    put(tree, "DEBIAN/control", control(a, size_kib)?.as_bytes(), 0o644)?;
+    run(Command::new("dpkg-deb").args(["--build", "--root-owner-group"]).arg(tree).arg(deb))
+        .context("dpkg-deb (package dpkg) could not build the package")
+}
+
+/// Writes `rel` under `tree` with `mode`, its folders 0755 whatever the
+/// umask (dpkg-deb refuses a DEBIAN folder others cannot read).
+fn put(tree: &Path, rel: &str, data: &[u8], mode: u32) -> Result<()> {
+    let dst = tree.join(rel);
+    let mut d = tree.to_path_buf();
+    for c in Path::new(rel).parent().into_iter().flat_map(|p| p.components()) {
+        d.push(c);
+        fs::create_dir_all(&d)?;
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o755))?;
+    }
+    fs::write(&dst, data).with_context(|| format!("writing {}", dst.display()))?;
+    fs::set_permissions(&dst, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+/// `gzip -9n`: best compression, no name or time stamp in the header, so
+/// the same page compresses to the same bytes.
+fn gzip(data: &[u8]) -> Result<Vec<u8>> {
+    let mut enc = flate2::GzBuilder::new().mtime(0).write(Vec::new(), flate2::Compression::best());
+    enc.write_all(data)?;
+    Ok(enc.finish()?)
+}
+
+/// Bytes of the files under `dir`.
+fn tree_size(dir: &Path) -> Result<u64> {
+    let mut n = 0;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        n += if e.file_type()?.is_dir() { tree_size(&e.path())? } else { e.metadata()?.len() };
+    }
+    Ok(n)
+}
+
+/// DEBIAN/control. No Depends: the binary is static.
+fn control(a: Arch, installed_kib: u64) -> Result<String> {
+    let desc = description()?;
+    let (synopsis, _) = desc.split_once(": ").unwrap_or((&desc, ""));
+    Ok(format!(
+        "Package: faultscope\nVersion: {}\nArchitecture: {}\nMaintainer: {MAINTAINER}\n\
+         Installed-Size: {installed_kib}\nSection: utils\nPriority: optional\n\
+         Description: {synopsis}\n {desc}.\n .\n A static binary: it needs no libraries.\n",
+        deb_version(),
+        a.deb,
+    ))
+}
+
+/// The tracer's `description` from tracer/Cargo.toml, the one place it is
+/// written.
+fn description() -> Result<String> {
+    let manifest = root().join("tracer/Cargo.toml");
+    let text = fs::read_to_string(&manifest).with_context(|| format!("reading {}", manifest.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("description = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .map(str::to_string)
+        .with_context(|| format!("no one-line description = \"...\" in {}", manifest.display()))
+}
+
+/// /usr/share/doc/faultscope/copyright in Debian's machine-readable format,
+/// with both license texts from the repository's LICENSE files.
+fn copyright() -> Result<String> {
+    let mut s = String::from(
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
+         Upstream-Name: faultscope\n\n\
+         Files: *\nCopyright: the faultscope authors\nLicense: MIT or Apache-2.0\n \
+         faultscope is licensed under either the MIT license or the Apache License,\n \
+         Version 2.0, at your option.\n",
+    );
+    for (name, file) in [("MIT", "LICENSE-MIT"), ("Apache-2.0", "LICENSE-APACHE")] {
+        let path = root().join(file);
+        let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        s.push_str(&format!("\nLicense: {name}\n"));
+        // Continuation lines: one space in, an empty line as " .".
+        for l in text.trim_matches('\n').lines() {
+            s.push_str(&if l.trim().is_empty() { " .\n".to_string() } else { format!(" {l}\n") });
+        }
+    }
+    Ok(s)
+}
+
+/// The files of `dir` (not folders), sorted by name.
+fn files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_file() {
+            v.push(e.path());
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// `dir/SHA256SUMS` over the other files of `dir`, as `sha256sum` writes
+/// it (so `sha256sum -c SHA256SUMS` checks a download).
+fn sha256sums(dir: &Path) -> Result<()> {
+    let mut out = String::new();
+    for f in files(dir)? {
+        let hex: String = Sha256::digest(fs::read(&f)?).iter().map(|b| format!("{b:02x}")).collect();
+        out.push_str(&format!("{hex}  {}\n", f.file_name().unwrap().to_string_lossy()));
+    }
+    fs::write(dir.join("SHA256SUMS"), out)?;
+    Ok(())
+}
+
+fn print_table(dir: &Path) -> Result<()> {
+    println!("{} (faultscope {VERSION}):", dir.display());
+    for f in files(dir)? {
+        let n = f.metadata()?.len();
+        println!("  {:<34} {n:>10} bytes  {:>9}", f.file_name().unwrap().to_string_lossy(), human(n));
+    }
+    Ok(())
+}
+
+fn human(n: u64) -> String {
+    match n {
+        0..1024 => format!("{n} B"),
+        1024..1048576 => format!("{:.1} KiB", n as f64 / 1024.0),
+        _ => format!("{:.1} MiB", n as f64 / 1048576.0),
+    }
+}
+
+/// The dist stage of `cargo xtask test`: `dist`, then each .deb unpacked
+/// into an empty folder as dpkg would install it, its files there, its
+/// binary target/dist's static one, its man page rendering.
+pub fn check() -> Result<()> {
+    dist()?;
+    for a in ARCHES {
+        let dir = work_dir().join("check").join(a.deb);
+        fresh_dir(&dir)?;
+        let deb = dist_dir().join(deb_name(a));
+        run(Command::new("dpkg").arg("-x").arg(&deb).arg(&dir))?;
+        check_fields(&deb, a)?;
+        check_unpacked(&dir, a)?;
+    }
+    // The amd64 one runs here.
+    let bin = dist_dir().join(binary_name(arch("amd64")?));
+    let out =
+        Command::new(&bin).arg("--version").output().with_context(|| format!("running {}", bin.display()))?;
+    let version = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && version.contains(VERSION),
+        "{} --version: {}, printed {version:?}",
+        bin.display(),
+        out.status
+    );
+    eprintln!("dist: both packages unpack with their files, static binaries and man pages");
+    Ok(())
+}
+
+/// The control fields dpkg reads back from `deb`.
+fn check_fields(deb: &Path, a: Arch) -> Result<()> {
+    let out = Command::new("dpkg-deb")
+        .arg("--field")
+        .arg(deb)
+        .args(["Package", "Version", "Architecture"])
+        .output()
+        .context("dpkg-deb")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let want = format!("Package: faultscope\nVersion: {}\nArchitecture: {}\n", deb_version(), a.deb);
+    ensure!(
+        out.status.success() && text == want,
+        "{}: control fields {text:?}, expected {want:?}",
+        deb.display()
+    );
+    Ok(())
+}
+
+fn check_unpacked(dir: &Path, a: Arch) -> Result<()> {
+    let man = MAN_REQUIRED.map(|m| format!("{MAN_DIR}/{m}.gz"));
+    let wanted = ["usr/bin/faultscope", COPYRIGHT].into_iter().chain(man.iter().map(String::as_str));
+    for f in wanted.chain(COMPLETIONS.iter().map(|(_, dst)| *dst)) {
+        ensure!(dir.join(f).is_file(), "the {} package has no /{f}", a.deb);
+    }
+    let bin = dir.join("usr/bin/faultscope");
+    check_static(&bin, a)?;
+    ensure!(
+        fs::read(&bin)? == fs::read(dist_dir().join(binary_name(a)))?,
+        "the {} package's faultscope differs from target/dist/{}",
+        a.deb,
+        binary_name(a)
+    );
+    man_renders(&dir.join(MAN_DIR).join("faultscope-record.1.gz"))
+}
+
+/// `man -l` renders the page: exit 0, text out.
+fn man_renders(page: &Path) -> Result<()> {
+    let out = Command::new("man")
+        .env("MANWIDTH", "80")
+        .args(["-l", "-P", "cat"])
+        .arg(page)
+        .output()
+        .context("man (package man-db: run `cargo xtask setup`)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("faultscope") {
+        bail!(
+            "man -l {} ({}) rendered {} bytes:\n{}{}",
+            page.display(),
+            out.status,
+            text.len(),
+            crate::util::tail(&text, 10),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// An ELF64 LE header for `machine` with program headers of `types`.
+    fn elf(machine: u16, types: &[u32]) -> Vec<u8> {
+        let mut d = vec![0u8; 64 + 56 * types.len()];
+        d[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        d[0x12..0x14].copy_from_slice(&machine.to_le_bytes());
+        d[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        d[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        d[0x38..0x3a].copy_from_slice(&(types.len() as u16).to_le_bytes());
+        for (i, t) in types.iter().enumerate() {
+            d[64 + 56 * i..68 + 56 * i].copy_from_slice(&t.to_le_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn interpreter_is_found() {
+        // PT_PHDR, PT_INTERP, PT_LOAD: dynamic; PT_LOAD, PT_DYNAMIC: static-pie.
+        assert_eq!(super::elf_machine_interp(&elf(62, &[6, 3, 1])).unwrap(), (62, true));
+        assert_eq!(super::elf_machine_interp(&elf(183, &[1, 2])).unwrap(), (183, false));
+        assert!(super::elf_machine_interp(b"#!/bin/sh\n").is_err());
+        let mut cut = elf(62, &[1, 1]);
+        cut.truncate(100);
+        assert!(super::elf_machine_interp(&cut).is_err(), "program headers past the end");
+    }
+
+    #[test]
+    fn prereleases_sort_first_in_debian() {
+        assert_eq!(super::debian_version("1.0.0-rc.1"), "1.0.0~rc.1");
+        assert_eq!(super::debian_version("0.1.0"), "0.1.0");
+    }
+}
