@@ -74,13 +74,27 @@ pub fn fault_site<C: FnContext>(
     if origin == Origin::User {
         return Ok((ctx.read_at(regs, PT_REGS_IP)?, 0));
     }
+    Ok(task_site())
+}
+
+/// The user instruction that entered the kernel, and its system call, from
+/// the current task's user `pt_regs`: the site of a fault the kernel took
+/// for the task.
+#[inline(always)]
+pub fn task_site() -> (u64, u32) {
     // SAFETY: the helper takes the current task's trusted pointer.
     let user = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
     if user == 0 {
-        return Ok((0, syscall_key(-1)));
+        return (0, syscall_key(-1));
     }
     let ip = unsafe { bpf_probe_read_kernel((user + PT_REGS_IP) as *const u64) }.unwrap_or(0);
-    Ok((ip, syscall_key(syscall_nr(user))))
+    (ip, syscall_key(syscall_nr(user)))
+}
+
+/// `pt_regs`' instruction pointer at `regs` (a kernel pointer).
+#[inline(always)]
+pub fn regs_ip(regs: u64) -> u64 {
+    unsafe { bpf_probe_read_kernel((regs + PT_REGS_IP) as *const u64) }.unwrap_or(0)
 }
 
 /// One event in every class of `bits` (a `ClassSet`) for its mapping.
@@ -146,9 +160,10 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 }
 
 /// Attributes an event of the classes in `set` (among `candidates`): to its
-/// mapping, and, for the classes switched on, to its site (`ip`, and
-/// `syscall`: see `SiteKey::syscall`) and stacks. `caller`: see
-/// `StackKey::kernel_caller` (0 where there is none).
+/// mapping (`start`, the VMA's; None where the program has no VMA), and,
+/// for the classes switched on, to its site (`ip`, and `syscall`: see
+/// `SiteKey::syscall`) and stacks. `caller`: see `StackKey::kernel_caller`
+/// (0 where there is none).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub fn attribute<C: StackIdContext>(
@@ -158,12 +173,12 @@ pub fn attribute<C: StackIdContext>(
     phase: PhaseId,
     candidates: &[KernelClass],
     set: ClassSet,
-    start: u64,
+    start: Option<u64>,
     ip: u64,
     syscall: u32,
     caller: u64,
 ) {
-    if conf.get(Config::Mappings) != 0 {
+    if let (true, Some(start)) = (conf.get(Config::Mappings) != 0, start) {
         count_mapping(tgid, phase, start, set.classes());
     }
     let sites = set.0 & conf.get(Config::SiteClasses);

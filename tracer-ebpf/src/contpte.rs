@@ -41,7 +41,7 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
         phase,
         &KernelClass::CONTPTE,
         set,
-        start,
+        Some(start),
         ip,
         syscall,
         ctx.entry_caller(&conf),

@@ -7,21 +7,22 @@
 
 use aya_ebpf::{
     macros::{btf_tracepoint, tracepoint},
-    programs::{BtfTracePointContext, TracePointContext},
+    programs::{tracing::StackIdContext, BtfTracePointContext, TracePointContext},
     EbpfContext,
 };
 use faultscope_common::{
-    class::ClassSet,
+    class::{ClassSet, KernelClass},
     fault::{classify_x86_error_code, ExcArch, Origin},
     maps::Config,
 };
 
 use crate::{
+    attrib::{attribute, regs_ip, task_site},
     helpers::{
         counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
         FnContext, ReadFailed, UNTIMED,
     },
-    maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF},
+    maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
 };
 
 /// A u64 tracepoint field at `off` (from the kernel's format file), read
@@ -39,8 +40,9 @@ fn tp_u64<const AT: usize>(ctx: &TracePointContext, off: usize) -> Result<u64, R
     }
 }
 
-/// x86-64's offsets of `page_fault_user`'s `address` and `error_code`.
+/// x86-64's offsets of `page_fault_user`'s `address`, `ip` and `error_code`.
 const PF_ADDRESS_AT: usize = 8;
+const PF_IP_AT: usize = 16;
 const PF_ERROR_CODE_AT: usize = 24;
 
 /// x86 `exceptions:page_fault_user`: counts every user fault by error code
@@ -51,7 +53,8 @@ const PF_ERROR_CODE_AT: usize = 24;
 pub fn page_fault_user(ctx: TracePointContext) -> u32 {
     let code = || tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
     let addr = || tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
-    on_page_fault(Origin::User, code, addr).unwrap_or(0)
+    let ip = || tp_u64::<PF_IP_AT>(&ctx, cfg(&PF_IP_OFF)).unwrap_or(0);
+    on_page_fault(&ctx, Origin::User, code, addr, ip).unwrap_or(0)
 }
 
 /// The same as a BTF tracepoint, `page_fault_user(address, regs,
@@ -61,7 +64,8 @@ pub fn page_fault_user(ctx: TracePointContext) -> u32 {
 pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
     let code = || Ok(ctx.arg::<u64>(2));
     let addr = || Ok(ctx.arg::<u64>(0));
-    on_page_fault(Origin::User, code, addr).unwrap_or(0)
+    let ip = || regs_ip(ctx.arg::<u64>(1));
+    on_page_fault(&ctx, Origin::User, code, addr, ip).unwrap_or(0)
 }
 
 /// x86 `exceptions:page_fault_kernel` (the same event class and fields):
@@ -72,7 +76,7 @@ pub fn page_fault_user_fe(ctx: BtfTracePointContext) -> u32 {
 pub fn page_fault_kernel(ctx: TracePointContext) -> u32 {
     let code = || tp_u64::<PF_ERROR_CODE_AT>(&ctx, cfg(&PF_ERROR_CODE_OFF));
     let addr = || tp_u64::<PF_ADDRESS_AT>(&ctx, cfg(&PF_ADDRESS_OFF));
-    on_page_fault(Origin::Kernel, code, addr).unwrap_or(0)
+    on_page_fault(&ctx, Origin::Kernel, code, addr, || 0).unwrap_or(0)
 }
 
 /// `page_fault_kernel` as a BTF tracepoint.
@@ -80,7 +84,7 @@ pub fn page_fault_kernel(ctx: TracePointContext) -> u32 {
 pub fn page_fault_kernel_fe(ctx: BtfTracePointContext) -> u32 {
     let code = || Ok(ctx.arg::<u64>(2));
     let addr = || Ok(ctx.arg::<u64>(0));
-    on_page_fault(Origin::Kernel, code, addr).unwrap_or(0)
+    on_page_fault(&ctx, Origin::Kernel, code, addr, || 0).unwrap_or(0)
 }
 
 /// x86-64 user addresses have bit 63 clear (kernel ones set: canonical
@@ -90,12 +94,15 @@ fn user_address(addr: u64) -> bool {
     (addr as i64) >= 0
 }
 
-/// `code` and `addr` read the error code and the address, when needed.
+/// `code` and `addr` read the error code and the address, when needed;
+/// `ip`, the faulting user instruction (of a user-mode fault).
 #[inline(always)]
-fn on_page_fault(
+fn on_page_fault<C: StackIdContext>(
+    ctx: &C,
     origin: Origin,
     code: impl FnOnce() -> Result<u64, ReadFailed>,
     addr: impl Fn() -> Result<u64, ReadFailed>,
+    ip: impl FnOnce() -> u64,
 ) -> Result<u32, ReadFailed> {
     let conf = Conf::load();
     let code = code()?;
@@ -111,7 +118,7 @@ fn on_page_fault(
         if set.classes() != 0 {
             let (_, tgid) = pid_tgid();
             if counted_target(tgid).is_some() {
-                record_set(tgid, current_phase(), set, UNTIMED);
+                counted(ctx, &conf, tgid, set, origin, ip);
             }
         }
         return Ok(0);
@@ -143,10 +150,26 @@ fn on_page_fault(
         let (_, tgid) = pid_tgid();
         let traced = traced.unwrap_or_else(|| counted_target(tgid).is_some());
         if traced {
-            record_set(tgid, current_phase(), set, UNTIMED);
+            counted(ctx, &conf, tgid, set, origin, ip);
         }
     }
     Ok(0)
+}
+
+/// A traced fault of the classes in `set`: counted, and attributed to its
+/// site and stacks where asked for (a tracepoint has no VMA: no mapping).
+#[inline(always)]
+fn counted<C: StackIdContext>(ctx: &C, conf: &Conf, tgid: u32, set: ClassSet, origin: Origin, ip: impl FnOnce() -> u64) {
+    let phase = current_phase();
+    record_set(tgid, phase, set, UNTIMED);
+    let asked = conf.get(Config::SiteClasses)
+        | conf.get(Config::UserStackClasses)
+        | conf.get(Config::KernelStackClasses);
+    if set.0 & asked == 0 {
+        return;
+    }
+    let (ip, syscall) = if origin == Origin::User { (ip(), 0) } else { task_site() };
+    attribute(ctx, conf, tgid, phase, &KernelClass::ERROR_CODE, set, None, ip, syscall, 0);
 }
 
 kprobe_and_fentry!(

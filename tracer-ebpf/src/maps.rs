@@ -159,6 +159,8 @@ pub static PF_ADDRESS_OFF: u32 = 8;
 #[no_mangle]
 pub static PF_ERROR_CODE_OFF: u32 = 24;
 #[no_mangle]
+pub static PF_IP_OFF: u32 = 16;
+#[no_mangle]
 pub static NEWTASK_PID_OFF: u32 = 8;
 #[no_mangle]
 pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;

@@ -71,12 +71,6 @@ impl AttribOpts {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClassList(pub Vec<ReportClass>);
 
-/// The classes whose events are attributed one by one: those of the fault
-/// path and the contpte probes (not the error-code tracepoint's).
-fn attributable(m: ReportClass) -> bool {
-    !matches!(m, ReportClass::FirstTouch)
-}
-
 fn parse_classes(s: &str) -> Result<ClassList, String> {
     if s == "none" || s.is_empty() {
         return Ok(ClassList::default());
@@ -84,13 +78,9 @@ fn parse_classes(s: &str) -> Result<ClassList, String> {
     let mut v = Vec::new();
     for name in s.split(',') {
         let m = ReportClass::from_name(name.trim()).ok_or_else(|| {
-            let known: Vec<&str> =
-                ReportClass::ALL.iter().filter(|m| attributable(**m)).map(|m| m.name()).collect();
+            let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
             format!("{name:?} is not a class (known: {})", known.join(", "))
         })?;
-        if !attributable(m) {
-            return Err(format!("{name}: counted from the error code, no instruction or stack to attribute"));
-        }
         v.push(m);
     }
     v.sort();
@@ -99,21 +89,21 @@ fn parse_classes(s: &str) -> Result<ClassList, String> {
 }
 
 /// The kernel classes (`ClassSet` bits) measuring these report classes here.
+/// Every program that counts a class attributes its events: the fault
+/// path, the contpte probes, and the exception tracepoints (sites and
+/// stacks; a tracepoint has no VMA, so no mapping).
 fn bits(list: &ClassList, avail: &[(ReportClass, Availability)]) -> u32 {
     list.0
         .iter()
         .filter_map(|m| match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
-            Some(Availability::Measured { class, .. }) if !KernelClass::ERROR_CODE.contains(class) => {
-                Some(class.bit())
-            }
+            Some(Availability::Measured { class, .. }) => Some(class.bit()),
             _ => None,
         })
         .fold(0, |a, b| a | b)
 }
 
-/// Of `list`, the classes this run can attribute (measured by the fault
-/// path or the contpte probes), and why the others cannot be (`None`
-/// when all can).
+/// Of `list`, the classes this run can attribute (those measured here),
+/// and why the others cannot be (`None` when all can).
 pub fn attributable_here(
     list: &ClassList,
     avail: &[(ReportClass, Availability)],
@@ -122,12 +112,7 @@ pub fn attributable_here(
     let mut no = Vec::new();
     for m in &list.0 {
         match avail.iter().find(|(x, _)| x == m).map(|(_, a)| a) {
-            Some(Availability::Measured { class, .. }) if !KernelClass::ERROR_CODE.contains(class) => {
-                yes.push(*m)
-            }
-            Some(Availability::Measured { .. }) => no.push(format!(
-                "{m} (counted from the exception tracepoint here, which has no fault path to attribute)"
-            )),
+            Some(Availability::Measured { .. }) => yes.push(*m),
             _ => no.push(format!("{m} (not measurable here)")),
         }
     }

@@ -163,19 +163,6 @@ impl Recorder {
         if let Err(why) = &attrib.mappings {
             say(&format!("faultscope: per-mapping counts not measurable here: {why}"));
         }
-        // Classes not measurable here are said by the line above; a class
-        // measured without a fault path to attribute is said here.
-        for (what, list) in [("sites", &attrib.opts.sites), ("stacks", &attrib.opts.stacks)] {
-            let counted_elsewhere = list.0.iter().any(|m| {
-                avail.iter().any(|(x, a)| {
-                    x == m
-                        && matches!(a, Availability::Measured { class, .. } if faultscope_common::KernelClass::ERROR_CODE.contains(class))
-                })
-            });
-            if let (true, (_, Some(why))) = (counted_elsewhere, attributable_here(list, &avail)) {
-                say(&format!("faultscope: --{what}: {why}"));
-            }
-        }
         let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
         if stacks.is_empty() && (attrib.opts.folded.is_some() || attrib.opts.flamegraph.is_some()) {
             return Err(Refusal::new(format!(

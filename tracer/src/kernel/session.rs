@@ -72,8 +72,9 @@ pub struct Session {
 
 /// The tracepoint fields the programs read: (category, name, field, the
 /// object's global that takes its offset).
-const TP_FIELDS: [(&str, &str, &str, &str); 4] = [
+const TP_FIELDS: [(&str, &str, &str, &str); 5] = [
     ("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF"),
+    ("exceptions", "page_fault_user", "ip", "PF_IP_OFF"),
     ("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF"),
     ("task", "task_newtask", "pid", "NEWTASK_PID_OFF"),
     ("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF"),
