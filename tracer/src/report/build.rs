@@ -101,7 +101,36 @@ fn class_value(
 }
 
 fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) -> Classes {
-    ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a, ctx))).collect()
+    let mut c: Classes =
+        ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a, ctx))).collect();
+    if phase.is_none() {
+        if let Some(major) = major_from_the_kernel(tgid, ctx) {
+            c.insert(ReportClass::Major, major);
+        }
+    }
+    c
+}
+
+/// `major` over a process's run where no probe can classify a fault
+/// (tracepoint mode): the kernel's own `maj_flt` between the run's
+/// bracketed reads, when that is exact. Its phases stay not measurable.
+fn major_from_the_kernel(tgid: u32, ctx: &Context<'_>) -> Option<ClassValue> {
+    let measured = ctx
+        .availability
+        .iter()
+        .any(|(m, a)| *m == ReportClass::Major && matches!(a, Availability::Measured { .. }));
+    if measured {
+        return None;
+    }
+    let w = ctx.accounting.get(&tgid)?.window().ok()?;
+    (w.maj.0 == w.maj.1).then(|| {
+        ClassValue::Measured(Measured {
+            count: w.maj.0,
+            origins: None,
+            latency: None,
+            source: "the kernel's maj_flt over the run (/proc/PID/stat), whole run only".into(),
+        })
+    })
 }
 
 /// What faultscope counted that the kernel's `min_flt` + `maj_flt` also

@@ -49,7 +49,8 @@ fn stacks_that_cannot_be_counted_are_said_not_written_empty() {
         let a = r.attribution.unwrap();
         assert!(a.stack_classes.is_empty(), "{a:?}");
         assert!(a.stacks_reason.unwrap().contains("copy"));
-        let out = faultscope(&["record", "--stacks", "copy", "--folded", folded.to_str().unwrap(), "--", "true"]);
+        let out =
+            faultscope(&["record", "--stacks", "copy", "--folded", folded.to_str().unwrap(), "--", "true"]);
         assert_eq!(out.status.code(), Some(2));
         assert!(!folded.exists());
     }
@@ -93,9 +94,13 @@ fn sites_and_stacks_of_write_faults_add_up_in_every_mode() {
     let other: u64 =
         a.sites_other.iter().filter(|s| s.class == ReportClass::WriteFaults).map(|s| s.count).sum();
     assert_eq!(sites + other, writes, "sites {sites} + other {other} != write_faults {writes}");
-    let read = a.sites.iter().find(|s| s.class == ReportClass::WriteFaults && s.syscall.as_deref() == Some("read(2)"));
+    let read = a
+        .sites
+        .iter()
+        .find(|s| s.class == ReportClass::WriteFaults && s.syscall.as_deref() == Some("read(2)"));
     assert!(read.is_some_and(|s| (2048..=2048 + TOLERANCE).contains(&s.count)), "{:#?}", a.sites);
-    let lost = r.drop_count(faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::Drop::StackLost));
+    let lost = r
+        .drop_count(faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::Drop::StackLost));
     let stacked: u64 = std::fs::read_to_string(&folded)
         .unwrap()
         .lines()

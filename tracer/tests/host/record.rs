@@ -604,3 +604,33 @@ fn touch_outside() -> u32 {
     c.wait().unwrap();
     c.id()
 }
+
+/// `major` where no probe classifies a fault (tracepoint mode) is the
+/// kernel's maj_flt over the run: a process that reads 2,048 evicted file
+/// pages by mmap (no readahead) reports what its own getrusage says; with
+/// the fault path probed, the probes count it, within the same bound.
+#[test]
+fn major_faults_are_counted_in_every_mode() {
+    let _t = host_test();
+    let d = tmp();
+    let json = d.path().join("r.json");
+    // On the checkout's file system (a disk, not tmpfs): evicted pages are
+    // read back from it.
+    let data = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("major-{}.bin", std::process::id()));
+    let script = "import os,mmap,resource,sys\np=sys.argv[1]\nf=open(p,'wb')\nf.write(os.urandom(8<<20))\n\
+f.flush()\nos.fsync(f.fileno())\nfd=os.open(p,os.O_RDONLY)\nos.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)\n\
+m=mmap.mmap(fd,8<<20,prot=mmap.PROT_READ)\nm.madvise(mmap.MADV_RANDOM)\ns=0\n\
+for i in range(0,8<<20,4096): s+=m[i]\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_majflt,flush=True)\n";
+    let out = Command::new(BIN)
+        .args(["record", "-j", json.to_str().unwrap(), "--", "/usr/bin/python3", "-c", script])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&data);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let own: u64 = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().trim().parse().unwrap();
+    let p = &read_report(&json).processes[0];
+    let major = count(p, ReportClass::Major);
+    assert!(own >= 1024, "the page cache was not evicted: {own} major faults");
+    assert!((own..=own + TOLERANCE).contains(&major), "major {major}, getrusage {own}");
+}
