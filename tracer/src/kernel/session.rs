@@ -780,9 +780,9 @@ mod tests {
         .unwrap();
         let (offsets, warnings) = tracepoint_offsets(dir.path());
         assert_eq!(offsets, vec![("NEWTASK_PID_OFF", 8)]);
-        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert_eq!(warnings.len(), 4, "{warnings:?}");
         assert!(warnings[0].contains("exceptions:page_fault_user") && warnings[0].contains("field address"));
-        assert!(warnings[2].contains("task:task_newtask") && warnings[2].contains("field clone_flags"));
+        assert!(warnings[3].contains("task:task_newtask") && warnings[3].contains("field clone_flags"));
         assert!(warnings.iter().all(|w| w.contains("compiled-in")));
         // A tracepoint this kernel lacks: nothing attaches to it, no warning.
         let empty = tempfile::tempdir().unwrap();
