@@ -134,6 +134,7 @@ pub fn to_text(r: &Report) -> String {
     }
     totals(&mut out, r);
     not_measurable(&mut out, r);
+    spurious_note(&mut out, r);
     let dropped: Vec<String> = r.drops.nonzero().map(|(k, n)| format!("{}: {n}", k.describe())).collect();
     if !dropped.is_empty() {
         let _ = writeln!(
@@ -167,6 +168,24 @@ pub fn to_text(r: &Report) -> String {
         "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
     );
     out
+}
+
+/// Where the machine cannot take a stale-TLB spurious fault, `spurious`
+/// counts only lost races: said beside the counts.
+fn spurious_note(out: &mut String, r: &Report) {
+    let measured =
+        r.processes.iter().any(|p| p.count(crate::kernel::classes::ReportClass::Spurious).is_some());
+    let Some(pv) = r.provenance.as_ref().filter(|_| measured) else { return };
+    let why = match pv.hypervisor.as_deref() {
+        Some(h) if h.contains("TCG") => {
+            "QEMU's TCG keeps no stale TLB entry (its software TLB is flushed when a PTE is changed)"
+        }
+        _ if pv.cpu_vendor == "AuthenticAMD" => {
+            "AMD CPUs walk the page table again on a permission fault before raising it"
+        }
+        _ => return,
+    };
+    let _ = writeln!(out, "spurious: on this machine only lost races, no stale-TLB faults: {why}");
 }
 
 /// With several processes: their sum, and each comm's that has several.
@@ -264,5 +283,24 @@ mod tests {
         assert!(!t.contains("contpte_unfold"), "{t}");
         assert!(t.contains("latency: tracepoint mode has no fault return to time"), "{t}");
         assert!(to_text(&report("aarch64")).contains("contpte_unfold"));
+    }
+
+    #[test]
+    fn spurious_says_when_the_machine_cannot_keep_a_stale_entry() {
+        use crate::report::schema::Provenance;
+        let mut r = report("x86_64");
+        r.processes[0].classes = classes(&[(ReportClass::Spurious, 3)]);
+        let with = |vendor: &str, hv: Option<&str>| {
+            let mut r = r.clone();
+            r.provenance = Some(Provenance {
+                cpu_vendor: vendor.into(),
+                hypervisor: hv.map(String::from),
+                ..Provenance::default()
+            });
+            to_text(&r)
+        };
+        assert!(with("AuthenticAMD", Some("KVM")).contains("spurious: on this machine only lost races"));
+        assert!(with("GenuineIntel", Some("QEMU TCG")).contains("TCG keeps no stale TLB entry"));
+        assert!(!with("GenuineIntel", None).contains("spurious: on this machine"));
     }
 }
