@@ -16,7 +16,7 @@ use faultscope::{
 };
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,usvg=error")).init();
     let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|e| e.exit());
     // Commands that only print end quietly on a closed stdout (`| head`),
     // as Unix filters do; record and bench handle it and keep their report.

@@ -440,13 +440,7 @@ fn check_plot(report: &Report, name: &str, dir: &Path, cl: &mut Checklist) {
 /// plotters writes `font-family="sans-serif"`, which resvg maps to Arial
 /// unless told: DejaVu Sans (fonts-dejavu-core, from `cargo xtask setup`).
 pub fn render_png(svg: &str) -> Result<(Vec<u8>, usize)> {
-    let mut opt = resvg::usvg::Options::default();
-    opt.fontdb_mut().load_system_fonts();
-    opt.fontdb_mut().set_sans_serif_family("DejaVu Sans");
-    let tree = resvg::usvg::Tree::from_str(svg, &opt).context("parsing the SVG")?;
-    let size = tree.size().to_int_size();
-    let mut pix = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).context("an empty SVG")?;
-    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+    let pix = plot::rasterize(svg)?;
     let non_white = pix.pixels().iter().filter(|p| (p.red(), p.green(), p.blue()) != (255, 255, 255)).count();
     Ok((pix.encode_png().context("encoding the PNG")?, non_white))
 }

@@ -69,7 +69,7 @@ pub enum Cmd {
     Plot {
         /// A report of `record --interval ... --json`.
         report: PathBuf,
-        /// The SVG file to write.
+        /// The file to write: FILE.svg, or FILE.png (the same picture, rasterized).
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
     },
@@ -207,7 +207,7 @@ pub const PAGES: &[Page] = &[
     },
     Page {
         name: "plot",
-        examples: &[("faultscope plot run.json -o run.svg", "fault rates per class and p99 latency over time, phases shaded")],
+        examples: &[("faultscope plot run.json -o run.svg", "fault rates per class and p99 latency over time, phases shaded"), ("faultscope plot run.json -o run.png", "the same as a PNG")],
         fields: "",
         overhead: "",
         exit_status: &[OK, ERROR, REFUSED],

@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context as _, Result};
 use plotters::prelude::*;
 
 use crate::{
@@ -213,17 +213,45 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 }
 
 pub fn run(report: &Path, out: &Path) -> Result<i32> {
-    if out.extension().and_then(|e| e.to_str()) != Some("svg") {
-        return Err(
-            Refusal::new(format!("{}: the plot is an SVG file: give -o FILE.svg", out.display())).into()
-        );
-    }
+    let png = match out.extension().and_then(|e| e.to_str()) {
+        Some("svg") => false,
+        Some("png") => true,
+        _ => {
+            return Err(Refusal::new(format!(
+                "{}: the plot is an SVG or a PNG file: give -o FILE.svg or -o FILE.png",
+                crate::term::safe(&out.display().to_string())
+            ))
+            .into())
+        }
+    };
     crate::output::check(out)?;
     let r = file::load(report)?.report;
     let s = series(&r)?;
     let title = format!("faultscope: {} ({} kernel {})", report.display(), r.arch, r.kernel);
-    crate::output::write(out, svg(&s, &title)?.as_bytes())?;
+    let svg = svg(&s, &title)?;
+    if png {
+        let pix = rasterize(&svg)?;
+        crate::output::write(out, &pix.encode_png().context("encoding the PNG")?)?;
+    } else {
+        crate::output::write(out, svg.as_bytes())?;
+    }
     Ok(0)
+}
+
+/// The SVG as pixels (resvg), its text in the system's sans-serif font
+/// (DejaVu Sans where installed; without fonts the labels are left out).
+pub fn rasterize(svg: &str) -> Result<resvg::tiny_skia::Pixmap> {
+    let mut opt = resvg::usvg::Options::default();
+    opt.fontdb_mut().load_system_fonts();
+    opt.fontdb_mut().set_sans_serif_family("DejaVu Sans");
+    if opt.fontdb.is_empty() {
+        crate::term::say("faultscope: warning: no system fonts found: the PNG's labels are left out");
+    }
+    let tree = resvg::usvg::Tree::from_str(svg, &opt).context("parsing the plot's SVG")?;
+    let size = tree.size().to_int_size();
+    let mut pix = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).context("an empty SVG")?;
+    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+    Ok(pix)
 }
 
 #[cfg(test)]
@@ -311,16 +339,9 @@ mod tests {
             assert!(svg.contains(label), "{label} in the SVG");
         }
         assert!(svg.contains("p99 latency"));
-        // Rendered to PNG: a picture, not a blank page.
-        let mut opt = resvg::usvg::Options::default();
-        opt.fontdb_mut().load_system_fonts();
-        // plotters' "sans-serif" is Arial to resvg unless told.
-        opt.fontdb_mut().set_sans_serif_family("DejaVu Sans");
-        let tree = resvg::usvg::Tree::from_str(&svg, &opt).unwrap();
-        let size = tree.size().to_int_size();
-        assert_eq!((size.width(), size.height()), (1100, 720));
-        let mut pix = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
-        resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+        // Rendered to PNG (`plot -o FILE.png`): a picture, not a blank page.
+        let pix = rasterize(&svg).unwrap();
+        assert_eq!((pix.width(), pix.height()), (1100, 720));
         let colors: std::collections::BTreeSet<[u8; 4]> =
             pix.pixels().iter().map(|p| [p.red(), p.green(), p.blue(), p.alpha()]).collect();
         let non_white =
