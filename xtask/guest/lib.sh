@@ -31,12 +31,15 @@ oracle_setup() {
 	oracle_event hmfr 'r:fso/hmfr handle_mm_fault ret=$retval:u32'
 	oracle_event wp 'p:fso/wp do_wp_page'
 	oracle_event hwp 'p:fso/hwp do_huge_pmd_wp_page'
-	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap'
+	# Before 6.3: page_add_new_anon_rmap (faultscope's table has both).
+	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap' 'p:fso/nar page_add_new_anon_rmap'
 	oracle_event dsp 'p:fso/dsp fault_dirty_shared_page'
 	oracle_event hacc 'p:fso/hacc huge_pmd_set_accessed'
 	if [ "$(uname -m)" = aarch64 ]; then
 		oracle_event exc 'p:fso/abt do_mem_abort far=$arg1:x64 esr=$arg2:x64'
-		oracle_event acc 'p:fso/acc __ptep_set_access_flags' 'p:fso/acc __ptep_set_access_flags_anysz'
+		# Before contpte (6.9) arm64's own is ptep_set_access_flags.
+		oracle_event acc 'p:fso/acc __ptep_set_access_flags' 'p:fso/acc __ptep_set_access_flags_anysz' \
+			'p:fso/acc ptep_set_access_flags'
 		oracle_event accc 'p:fso/accc contpte_ptep_set_access_flags'
 		oracle_event unfold 'p:fso/unfold __contpte_try_unfold'
 		oracle_event conv 'p:fso/conv contpte_convert pte=$arg4:x64'

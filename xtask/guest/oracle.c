@@ -7,11 +7,11 @@
  *   fso/hmf  handle_mm_fault entry (addr=%x flags=%u regs=%u)
  *   fso/hmfr handle_mm_fault return (ret=%u)
  *   fso/wp   do_wp_page          fso/hwp do_huge_pmd_wp_page
- *   fso/nar  folio_add_new_anon_rmap
+ *   fso/nar  folio_add_new_anon_rmap (before 6.3: page_add_new_anon_rmap)
  *   fso/dsp  fault_dirty_shared_page (a shared mapping's page dirtied:
  *            after do_wp_page, write-notify, counted "shared", not reuse)
  *   x86: exceptions/page_fault_user (error_code bit 0 = present)
- *   fso/acc ptep_set_access_flags (arm64: __ptep_set_access_flags),
+ *   fso/acc ptep_set_access_flags (arm64 from 6.9: __ptep_set_access_flags),
  *   fso/accc contpte_ptep_set_access_flags, fso/hacc huge_pmd_set_accessed:
  *     the present-entry tail of a fault ("present" where no exception is seen)
  *   arm64: fso/abt do_mem_abort (far=%x esr=%x: FSC type 0x0c = permission;

@@ -85,6 +85,10 @@ const FOLIO_REUSE: Patched = Patched {
 };
 
 pub const KERNELS: &[GuestKernel] = &[
+    // bookworm's own 6.1 LTS (the point release's, not -security's): no
+    // mTHP, no arm64 contpte, page_add_new_anon_rmap.
+    package("6.1-cloud-amd64", "linux-image-cloud-amd64", "amd64", "bookworm"),
+    package("6.1-cloud-arm64", "linux-image-cloud-arm64", "arm64", "bookworm"),
     package("6.12-cloud-amd64", "linux-image-6.12-cloud-amd64", "amd64", "bookworm-security"),
     package("6.12-cloud-arm64", "linux-image-6.12-cloud-arm64", "arm64", "bookworm-security"),
     package("7.3-cloud-amd64", "linux-image-cloud-amd64", "amd64", "trixie-backports"),
@@ -114,7 +118,26 @@ pub fn by_name(name: &str) -> Result<GuestKernel> {
     })
 }
 
+/// The first release with multi-size THP (the per-size
+/// `transparent_hugepage/hugepages-<size>kB` knobs; arm64's contpte came in
+/// 6.9 on top of it).
+pub const MTHP_SINCE: (u64, u64) = (6, 8);
+
 impl GuestKernel {
+    /// The kernel's version (major, minor), from its name's
+    /// `<version>-` prefix (which [`fetch`] checks against the package).
+    pub fn version(&self) -> (u64, u64) {
+        let v = self.name.split('-').next().unwrap_or_default();
+        let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    }
+
+    /// Whether the kernel has multi-size THP: anonymous folios of sizes
+    /// between 4K and the PMD's (64K), each size with its own knob.
+    pub fn mthp(&self) -> bool {
+        self.version() >= MTHP_SINCE
+    }
+
     pub fn reuse(&self) -> FolioReuse {
         match self.source {
             Source::Package { .. } => FolioReuse::PageByPage,
@@ -273,6 +296,21 @@ fn vmlinuz(pkg_dir: &Path) -> Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn versions_and_mthp() {
+        let k = |n| super::by_name(n).unwrap();
+        assert_eq!(k("6.1-cloud-amd64").version(), (6, 1));
+        assert_eq!(k("6.12-cloud-arm64").version(), (6, 12));
+        assert_eq!(k("7.3-folio-reuse-arm64").version(), (7, 3));
+        assert!(!k("6.1-cloud-arm64").mthp());
+        assert!(k("6.12-cloud-amd64").mthp());
+        assert!(k("7.3-cloud-amd64").mthp());
+        // Every kernel's name starts with its version.
+        for g in super::KERNELS {
+            assert!(g.version() >= (6, 1), "{}", g.name);
+        }
+    }
+
     #[test]
     fn config_options() {
         let c = "CONFIG_A=y\n# CONFIG_ANON_VMA_NAME is not set\nCONFIG_AB=m\nCONFIG_C=\"x\"\n";

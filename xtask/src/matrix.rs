@@ -463,7 +463,12 @@ fn check_cases(
 ) -> Vec<(String, String)> {
     let mut harness_errors = Vec::new();
     for case in cases {
-        match check_case(run, k.name, k.reuse(), case) {
+        let (name, _) = case.split_once('@').unwrap_or((case, ""));
+        let result = match expected_refusal(&k, name) {
+            Some(why) => check_refusal(run, k.name, case, &why),
+            None => check_case(run, k.name, k.reuse(), case),
+        };
+        match result {
             Ok(r) => {
                 print!("{}", r.table);
                 failures.extend(r.failures);
@@ -480,6 +485,54 @@ fn print_complaints(run: &GuestRun) {
     if !c.is_empty() {
         println!("  the guest kernel warned:\n    {}", c.join("\n    "));
     }
+}
+
+/// The folio size a case's bench asks for (its `--folio`).
+fn case_folio(case: &str) -> Option<&'static str> {
+    let (_, args) = CASES.iter().find(|(n, _)| *n == case)?;
+    let mut words = args.split_whitespace();
+    words.by_ref().find(|w| *w == "--folio")?;
+    words.next()
+}
+
+/// Why `bench` must refuse `case` on `k`, the line it must print: a folio
+/// size between 4K and 2M on a kernel without multi-size THP (before 6.8:
+/// 6.1 has only the PMD's 2M THP).
+pub fn expected_refusal(k: &GuestKernel, case: &str) -> Option<String> {
+    let folio = case_folio(case)?;
+    if k.mthp() || matches!(folio, "4K" | "2M") {
+        return None;
+    }
+    let kb = match folio.split_at(folio.len() - 1) {
+        (n, "K") => n.parse::<u64>().ok()?,
+        (n, "M") => n.parse::<u64>().ok()? << 10,
+        _ => return None,
+    };
+    Some(format!(
+        "--folio {folio} needs multi-size THP (Linux 6.8 or later): \
+         /sys/kernel/mm/transparent_hugepage/hugepages-{kb}kB is missing"
+    ))
+}
+
+/// A case the kernel cannot run ([`expected_refusal`]): bench must refuse
+/// it, exit 2 with `why` as the one line it prints (before it attaches:
+/// nothing else, not even the measured classes' line). No output at all is
+/// the harness's error.
+fn check_refusal(run: &GuestRun, kernel: &str, label: &str, why: &str) -> Result<CaseResult> {
+    let (case, backend) = label.split_once('@').unwrap_or((label, "kprobe"));
+    let name = format!("{kernel} {backend} {case}");
+    let rc = run
+        .marker("RC", label)
+        .with_context(|| format!("{name}: the guest printed no exit status for the bench"))?;
+    let out = run.section(&format!("{label}.out")).unwrap_or("");
+    let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+    let want = format!("faultscope: {why}");
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let _ = writeln!(table, "{name}: refused, as this kernel must (no multi-size THP)");
+    let mut cl = Checklist::new(&name, &mut table, &mut fails);
+    cl.expect(rc == "2", format!("bench exit {rc} = 2 (refused)"));
+    cl.expect(lines == [want.as_str()], format!("its output is the one line {want:?}: {lines:?}"));
+    Ok(CaseResult { table, failures: fails })
 }
 
 /// Every matrix case: its name and the bench it runs (the guest adds
@@ -692,6 +745,42 @@ mod tests {
         let (t, checks) = unfold_stacks("6.18.1", &a73, 256, Some(0));
         assert_eq!(checks.len(), 2);
         assert!(t.contains("direct callers {\"contpte_ptep_set_access_flags\"}"), "{t}");
+    }
+
+    /// On a kernel without multi-size THP the 64K cases are refused, the
+    /// others run; the refusal is checked, not skipped.
+    #[test]
+    fn a_kernel_without_mthp_refuses_64k() {
+        use check::testing::*;
+        let k61 = crate::kernels::by_name("6.1-cloud-arm64").unwrap();
+        let k612 = crate::kernels::by_name("6.12-cloud-arm64").unwrap();
+        let why = "--folio 64K needs multi-size THP (Linux 6.8 or later): \
+                   /sys/kernel/mm/transparent_hugepage/hugepages-64kB is missing";
+        for c in ["64k-exit", "64k-alive"] {
+            assert_eq!(expected_refusal(&k61, c).as_deref(), Some(why), "{c}");
+            assert_eq!(expected_refusal(&k612, c), None, "{c}");
+        }
+        for c in ["4k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"] {
+            assert_eq!(expected_refusal(&k61, c), None, "{c}");
+        }
+        let out = format!("faultscope: {why}\n");
+        let run = |rc: &str, out: &str| {
+            guest_run(&format!("@@FS-RC 64k-exit@kprobe {rc}\n"), &[("64k-exit@kprobe.out", out)])
+        };
+        let mut failures = Vec::new();
+        let errs = check_cases(&run("2", &out), k61, &["64k-exit@kprobe".into()], &mut failures);
+        assert!(errs.is_empty() && failures.is_empty(), "{errs:?} {failures:?}");
+        // Ran instead, or refused after printing more.
+        check_cases(&run("0", &out), k61, &["64k-exit@kprobe".into()], &mut failures);
+        assert_eq!(failures, ["6.1-cloud-arm64 kprobe 64k-exit: bench exit 0 = 2 (refused)"]);
+        failures.clear();
+        let two = format!("faultscope: measuring faults\n{out}");
+        check_cases(&run("2", &two), k61, &["64k-exit@kprobe".into()], &mut failures);
+        assert_eq!(failures.len(), 1);
+        assert!(failures[0].contains("its output is the one line"), "{failures:?}");
+        // No exit status: the harness's error (rerun).
+        let none = guest_run("", &[]);
+        assert_eq!(check_cases(&none, k61, &["64k-exit@kprobe".into()], &mut failures).len(), 1);
     }
 
     #[test]

@@ -335,6 +335,9 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         crate::output::check(p)?;
     }
     o.attrib.check_writable()?;
+    // A folio size the kernel cannot give is refused before the probes
+    // attach (one line, exit 2).
+    folio::require(o.folio)?;
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
     let _signals = crate::signals::HeldSignals::new();

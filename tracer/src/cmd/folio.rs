@@ -53,32 +53,9 @@ impl Knobs {
     }
 
     fn set_for_in(size: u64, state: &Path) -> Result<Knobs> {
-        if size == PAGE {
+        let plan = plan_for(size, Path::new(THP))?;
+        if plan.is_empty() {
             return Ok(Knobs { saved: Vec::new(), state: None });
-        }
-        let want = Path::new(THP).join(format!("hugepages-{}kB", size >> 10));
-        if !want.join("enabled").exists() {
-            return Err(Refusal::new(format!(
-                "this kernel has no {} anonymous folios ({} is missing)",
-                crate::units::size(size),
-                want.join("enabled").display()
-            ))
-            .into());
-        }
-        let mut plan = Vec::new();
-        let sleep = Path::new(THP).join("khugepaged/scan_sleep_millisecs");
-        if sleep.exists() {
-            plan.push((sleep, "3600000"));
-        }
-        let rd = fs::read_dir(THP).map_err(|e| Refusal::new(format!("{THP}: {e}: no THP support")))?;
-        let mut dirs: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
-        dirs.sort();
-        for d in dirs {
-            let f = d.join("enabled");
-            let is_size = d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("hugepages-"));
-            if is_size && f.exists() {
-                plan.push((f, if d == want { "always" } else { "never" }));
-            }
         }
         Knobs::apply(&plan, state)
     }
@@ -101,6 +78,63 @@ impl Knobs {
         }
         Ok(k)
     }
+}
+
+/// Refuses, before anything is attached, a folio size this kernel cannot
+/// give anonymous memory: sizes between 4K and the PMD's need multi-size
+/// THP (Linux 6.8 or later, a `hugepages-<size>kB` knob each), 2M needs
+/// THP. The knobs themselves are set later ([`Knobs::set_for`]).
+pub fn require(size: u64) -> Result<()> {
+    plan_for(size, Path::new(THP)).map(drop)
+}
+
+/// The knobs to set (file, value) for new anonymous memory to get folios
+/// of `size`, under the THP sysfs directory `thp`: that size's mTHP knob to
+/// `always` and every other size's to `never`, and khugepaged paused, so
+/// that it cannot collapse the memory into PMD-mapped THPs during the run.
+/// Before multi-size THP (6.8) there is no per-size knob: 2M is the
+/// top-level `enabled` (to `always`, what `hugepages-2048kB` would be), and
+/// other sizes are refused. 4K needs no knob (the region is madvised
+/// NOHUGEPAGE).
+fn plan_for(size: u64, thp: &Path) -> Result<Vec<(PathBuf, &'static str)>> {
+    if size == PAGE {
+        return Ok(Vec::new());
+    }
+    let rd =
+        fs::read_dir(thp).map_err(|e| Refusal::new(format!("{}: {e}: no THP support", thp.display())))?;
+    let mut dirs: Vec<PathBuf> = rd.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    let sizes: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| d.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("hugepages-")))
+        .filter(|d| d.join("enabled").exists())
+        .collect();
+    let want = thp.join(format!("hugepages-{}kB", size >> 10));
+    let what = crate::units::size(size);
+    let mut plan = Vec::new();
+    let sleep = thp.join("khugepaged/scan_sleep_millisecs");
+    if sleep.exists() {
+        plan.push((sleep, "3600000"));
+    }
+    if sizes.is_empty() && size == PMD_SIZE && thp.join("enabled").exists() {
+        plan.push((thp.join("enabled"), "always"));
+        return Ok(plan);
+    }
+    if !want.join("enabled").exists() {
+        let why = if sizes.is_empty() && size != PMD_SIZE {
+            format!("--folio {what} needs multi-size THP (Linux 6.8 or later): {} is missing", want.display())
+        } else {
+            format!(
+                "this kernel has no {what} anonymous folios ({} is missing)",
+                want.join("enabled").display()
+            )
+        };
+        return Err(Refusal::new(why).into());
+    }
+    for d in sizes {
+        plan.push((d.join("enabled"), if *d == want { "always" } else { "never" }));
+    }
+    Ok(plan)
 }
 
 impl Drop for Knobs {
@@ -343,6 +377,80 @@ mod tests {
         assert!(parse_state(&format!("{STATE_MAGIC}\nowner 1 2\n{THP}/../../x\tx\n")).is_none());
         assert!(parse_state("garbage\nowner 1 2\n").is_none());
         assert!(start_time(std::process::id()).is_some());
+    }
+
+    /// A THP sysfs directory with the given `hugepages-<size>kB` knobs.
+    fn thp_dir(sizes: &[&str]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("enabled"), "always [madvise] never\n").unwrap();
+        fs::create_dir(d.path().join("khugepaged")).unwrap();
+        fs::write(d.path().join("khugepaged/scan_sleep_millisecs"), "10000\n").unwrap();
+        for s in sizes {
+            let h = d.path().join(format!("hugepages-{s}kB"));
+            fs::create_dir(&h).unwrap();
+            fs::write(h.join("enabled"), "always inherit madvise [never]\n").unwrap();
+        }
+        d
+    }
+
+    fn refusal(size: u64, thp: &Path) -> String {
+        let e = plan_for(size, thp).unwrap_err();
+        assert!(e.is::<Refusal>(), "{e:#}");
+        e.to_string()
+    }
+
+    #[test]
+    fn folio_sizes_a_kernel_has() {
+        let names = |plan: Vec<(PathBuf, &str)>, thp: &Path| -> Vec<String> {
+            plan.iter().map(|(f, v)| format!("{}={v}", f.strip_prefix(thp).unwrap().display())).collect()
+        };
+        // Multi-size THP (6.8 on): the size's own knob, every other off.
+        let m = thp_dir(&["16", "64", "2048"]);
+        assert_eq!(
+            names(plan_for(64 << 10, m.path()).unwrap(), m.path()),
+            [
+                "khugepaged/scan_sleep_millisecs=3600000",
+                "hugepages-16kB/enabled=never",
+                "hugepages-2048kB/enabled=never",
+                "hugepages-64kB/enabled=always"
+            ]
+        );
+        assert_eq!(
+            names(plan_for(2 << 20, m.path()).unwrap()[2..3].to_vec(), m.path()),
+            ["hugepages-2048kB/enabled=always"]
+        );
+        assert!(plan_for(PAGE, m.path()).unwrap().is_empty());
+        // An mTHP kernel without this size.
+        let r = refusal(32 << 10, m.path());
+        assert_eq!(
+            r,
+            format!(
+                "this kernel has no 32K anonymous folios ({}/hugepages-32kB/enabled is missing)",
+                m.path().display()
+            )
+        );
+        // Before multi-size THP (6.1): 2M is the top-level knob, other
+        // sizes are refused with the reason.
+        let old = thp_dir(&[]);
+        assert_eq!(
+            names(plan_for(2 << 20, old.path()).unwrap(), old.path()),
+            ["khugepaged/scan_sleep_millisecs=3600000", "enabled=always"]
+        );
+        assert!(plan_for(PAGE, old.path()).unwrap().is_empty());
+        for (size, kb) in [(64 << 10, "64K"), (16 << 10, "16K"), (1 << 20, "1M")] {
+            assert_eq!(
+                refusal(size, old.path()),
+                format!(
+                    "--folio {kb} needs multi-size THP (Linux 6.8 or later): {}/hugepages-{}kB is missing",
+                    old.path().display(),
+                    size >> 10
+                )
+            );
+        }
+        // No THP at all.
+        let none = old.path().join("absent");
+        assert!(refusal(2 << 20, &none).ends_with("no THP support"));
+        assert!(plan_for(PAGE, &none).unwrap().is_empty());
     }
 
     #[test]
