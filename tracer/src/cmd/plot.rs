@@ -1,9 +1,14 @@
-//! `faultscope plot REPORT.json -o FILE.svg`: the time series of a report
-//! (`record --interval`) as a picture. The top panel has the fault rate of
-//! each class over time (faults/s, all traced processes together), with the
-//! phases shaded and named and the marks drawn as labelled lines; a second
-//! panel has each timed class's p99 latency per interval, where the report
-//! has it. Drawn with plotters' SVG backend.
+//! `faultscope plot REPORT.json -o FILE.svg|FILE.png`: the time series of a
+//! report (`record --interval`) as a picture. The top panel stacks the
+//! classes that partition the faults (reuse, copy, wp_shared, spurious,
+//! huge_pmd_wp, first_touch, and the rest as `other`; in tracepoint mode
+//! wp_faults in place of the write-protect outcomes), each interval drawn
+//! as a step over its own span, with all faults as one outline; phases are
+//! shaded and named (by number with a key below where a name does not fit
+//! its band), marks drawn as labelled lines. A second panel has each timed
+//! class's p99 latency per interval on a log axis, left out in intervals
+//! where the class did not occur. Drawn with plotters' SVG backend; PNG by
+//! resvg.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -28,16 +33,30 @@ pub struct Span {
     pub end_s: f64,
 }
 
+/// One interval's value over its own span: (start s, end s, value).
+pub type Step = (f64, f64, f64);
+
 /// What the plot shows, taken from a report.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Series {
-    /// Per class, (interval end, faults/s over the interval).
-    pub rates: BTreeMap<ReportClass, Vec<(f64, f64)>>,
-    /// Per timed class, (interval end, p99 in µs): the worst process's.
-    pub p99_us: BTreeMap<ReportClass, Vec<(f64, f64)>>,
+    /// Per class, faults/s over each interval (all traced processes).
+    pub rates: BTreeMap<ReportClass, Vec<Step>>,
+    /// Per timed class, p99 in µs over each interval where it occurred:
+    /// the worst process's.
+    pub p99_us: BTreeMap<ReportClass, Vec<Step>>,
     pub phases: Vec<Span>,
     pub end_s: f64,
 }
+
+/// The classes that partition the faults, bottom of the stack first.
+const PARTITION: [ReportClass; 6] = [
+    ReportClass::Reuse,
+    ReportClass::Copy,
+    ReportClass::WpShared,
+    ReportClass::Spurious,
+    ReportClass::HugePmdWp,
+    ReportClass::FirstTouch,
+];
 
 /// The series of a report: refuses a report without intervals.
 pub fn series(r: &Report) -> Result<Series, Refusal> {
@@ -55,21 +74,23 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
                 *sums.entry(*m).or_default() += c;
             }
             for (m, v) in &p.p99_ns {
-                let e = p99.entry(*m).or_default();
-                *e = (*e).max(*v);
+                if p.counts.get(m).is_some_and(|c| *c > 0) {
+                    let e = p99.entry(*m).or_default();
+                    *e = (*e).max(*v);
+                }
             }
         }
         for (m, c) in sums {
             let rate = if dt > 0.0 { c as f64 / dt } else { 0.0 };
-            out.rates.entry(m).or_default().push((i.t_s, rate));
+            out.rates.entry(m).or_default().push((prev, i.t_s, rate));
         }
-        for (m, v) in p99 {
-            out.p99_us.entry(m).or_default().push((i.t_s, v as f64 / 1e3));
+        for (m, v) in p99.into_iter().filter(|(_, v)| *v > 0) {
+            out.p99_us.entry(m).or_default().push((prev, i.t_s, v as f64 / 1e3));
         }
         prev = i.t_s;
     }
     // Classes that never counted anything are left out of the picture.
-    out.rates.retain(|_, v| v.iter().any(|(_, r)| *r > 0.0));
+    out.rates.retain(|_, v| v.iter().any(|(_, _, r)| *r > 0.0));
     out.end_s = prev.max(r.duration_ns as f64 / 1e9);
     // The phases of the run, once each (every process carries the ones it
     // lived through), on the run's time axis: the first phase starts at
@@ -95,19 +116,71 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
     Ok(out)
 }
 
+/// The stack's layers: the partition classes present, in tracepoint mode
+/// (no write-protect outcome) wp_faults in their place, and `other`, what
+/// of all faults none of them took. Each layer is a step per interval of
+/// `faults`.
+pub fn layers(s: &Series) -> Vec<(String, Vec<Step>)> {
+    let Some(all) = s.rates.get(&ReportClass::Faults) else { return Vec::new() };
+    let outcomes = [ReportClass::Reuse, ReportClass::Copy, ReportClass::WpShared];
+    let mut classes: Vec<ReportClass> = PARTITION.into_iter().filter(|m| s.rates.contains_key(m)).collect();
+    if !outcomes.iter().any(|m| s.rates.contains_key(m)) && s.rates.contains_key(&ReportClass::WpFaults) {
+        classes.insert(0, ReportClass::WpFaults);
+        classes.retain(|m| *m != ReportClass::Spurious);
+    }
+    let at = |m: ReportClass, t1: f64| {
+        s.rates.get(&m).and_then(|v| v.iter().find(|x| x.1 == t1)).map_or(0.0, |x| x.2)
+    };
+    let mut out: Vec<(String, Vec<Step>)> = classes
+        .iter()
+        .map(|m| (m.name().to_string(), all.iter().map(|&(a, b, _)| (a, b, at(*m, b))).collect()))
+        .collect();
+    let other: Vec<Step> = all
+        .iter()
+        .map(|&(a, b, total)| (a, b, (total - classes.iter().map(|m| at(*m, b)).sum::<f64>()).max(0.0)))
+        .collect();
+    if other.iter().any(|x| x.2 > 0.0) {
+        out.push(("other".into(), other));
+    }
+    out
+}
+
 const PHASE_FILL: [RGBColor; 4] =
     [RGBColor(230, 240, 255), RGBColor(255, 236, 220), RGBColor(228, 248, 228), RGBColor(245, 232, 250)];
+
+const WIDTH: u32 = 1100;
+const PANEL: u32 = 360;
+/// The height of the phase key under the panels, per line.
+const KEY_LINE: u32 = 16;
+
+/// 45000 -> `45k`, 1.5e6 -> `1.5M`: the y ticks.
+fn compact(v: f64) -> String {
+    match v.abs() {
+        a if a >= 1e6 => format!("{:.1}M", v / 1e6).replace(".0M", "M"),
+        a if a >= 1e3 => format!("{:.1}k", v / 1e3).replace(".0k", "k"),
+        a if a >= 1.0 || a == 0.0 => format!("{v:.0}"),
+        _ => format!("{v:.2}"),
+    }
+}
 
 /// The SVG of a series.
 pub fn svg(s: &Series, title: &str) -> Result<String> {
     let mut buf = String::new();
     let panels = if s.p99_us.is_empty() { 1 } else { 2 };
+    let x_end = s.end_s.max(1e-3);
+    // Which phases are named in their band, and which by number (with the
+    // key below): an estimate of the name's width on the time axis.
+    let s_per_px = x_end / (WIDTH - 100) as f64;
+    let labels = phase_labels(&s.phases, s_per_px);
+    let key_lines = labels.key.len().div_ceil(3) as u32;
     {
-        let root = SVGBackend::with_string(&mut buf, (1100, 360 * panels)).into_drawing_area();
+        let height = PANEL * panels + key_lines * KEY_LINE + if key_lines > 0 { 10 } else { 0 };
+        let root = SVGBackend::with_string(&mut buf, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let areas = root.split_evenly((panels as usize, 1));
-        let x_end = s.end_s.max(1e-3);
-        let y_max = s.rates.values().flatten().map(|(_, r)| *r).fold(0.0f64, f64::max).max(1.0) * 1.1;
+        let (charts, key_area) = root.split_vertically(PANEL * panels);
+        let areas = charts.split_evenly((panels as usize, 1));
+        let stack = layers(s);
+        let y_max = s.rates.values().flatten().map(|x| x.2).fold(0.0f64, f64::max).max(1.0) * 1.1;
         let mut top = ChartBuilder::on(&areas[0])
             .caption(title, ("sans-serif", 20))
             .margin(10)
@@ -115,69 +188,162 @@ pub fn svg(s: &Series, title: &str) -> Result<String> {
             .y_label_area_size(70)
             .build_cartesian_2d(0.0..x_end, 0.0..y_max)
             .map_err(err)?;
-        top.configure_mesh().x_desc("time (s)").y_desc("faults/s").disable_x_mesh().draw().map_err(err)?;
-        shade(&mut top, s, y_max)?;
-        lines(&mut top, &s.rates)?;
+        top.configure_mesh()
+            .x_desc("time (s)")
+            .y_desc("faults/s")
+            .y_label_formatter(&|v| compact(*v))
+            .disable_x_mesh()
+            .draw()
+            .map_err(err)?;
+        shade(&mut top, s, &labels, 0.0, y_max)?;
+        stacked(&mut top, &stack)?;
+        if let Some(all) = s.rates.get(&ReportClass::Faults) {
+            top.draw_series(std::iter::once(PathElement::new(steps(all), BLACK.stroke_width(2))))
+                .map_err(err)?
+                .label("faults (all)")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(2)));
+        }
+        legend(&mut top)?;
         if panels == 2 {
-            let l_max = s.p99_us.values().flatten().map(|(_, v)| *v).fold(0.0f64, f64::max).max(1.0) * 1.1;
+            let values = s.p99_us.values().flatten().map(|x| x.2);
+            // Whole decades, so that the log axis has its ticks.
+            let l_min = 10f64.powf(values.clone().fold(f64::INFINITY, f64::min).max(0.01).log10().floor());
+            let l_max = 10f64.powf(values.fold(0.0f64, f64::max).max(l_min * 1.01).log10().ceil());
             let mut low = ChartBuilder::on(&areas[1])
-                .caption("p99 latency per interval", ("sans-serif", 16))
+                .caption(
+                    "p99 latency per interval (log scale; none where the class did not occur)",
+                    ("sans-serif", 16),
+                )
                 .margin(10)
                 .x_label_area_size(35)
                 .y_label_area_size(70)
-                .build_cartesian_2d(0.0..x_end, 0.0..l_max)
+                .build_cartesian_2d(0.0..x_end, (l_min..l_max).log_scale())
                 .map_err(err)?;
             low.configure_mesh()
                 .x_desc("time (s)")
                 .y_desc("p99 (µs)")
+                .y_label_formatter(&|v| compact(*v))
                 .disable_x_mesh()
                 .draw()
                 .map_err(err)?;
-            shade(&mut low, s, l_max)?;
-            lines(&mut low, &s.p99_us)?;
+            shade(&mut low, s, &labels, l_min, l_max)?;
+            for (m, pts) in &s.p99_us {
+                let color = Palette99::pick(*m as usize).to_rgba();
+                for run in contiguous(pts) {
+                    low.draw_series(std::iter::once(PathElement::new(steps(&run), color.stroke_width(2))))
+                        .map_err(err)?;
+                }
+                low.draw_series(std::iter::empty::<PathElement<(f64, f64)>>())
+                    .map_err(err)?
+                    .label(m.name())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+            }
+            legend(&mut low)?;
+        }
+        for (i, chunk) in labels.key.chunks(3).enumerate() {
+            key_area
+                .draw(&Text::new(
+                    chunk.join("  ·  "),
+                    (80, 4 + i as i32 * KEY_LINE as i32),
+                    ("sans-serif", 12).into_font().color(&BLACK),
+                ))
+                .map_err(err)?;
         }
         root.present().map_err(err)?;
     }
     Ok(buf)
 }
 
-type Chart<'a, DB> = ChartContext<
-    'a,
-    DB,
-    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
->;
+type Chart<'a, DB, Y> = ChartContext<'a, DB, Cartesian2d<plotters::coord::types::RangedCoordf64, Y>>;
 
-/// The automatic phases as shaded bands named at the top; marks as dashed
-/// lines with their label. The names go on after every band, so that no
-/// band covers the end of the name before it.
-fn shade<'a, DB: DrawingBackend + 'a>(c: &mut Chart<'a, DB>, s: &Series, y_max: f64) -> Result<()> {
-    let mut labels = Vec::new();
+/// The phase labels: each drawn text at its time, at the marks' height or
+/// the phases', and the key of the phases named by number. A name that
+/// does not fit its band (or the gap to the next label) is its number;
+/// numbers that would overprint are joined (`1-4`).
+pub struct Labels {
+    pub drawn: Vec<(f64, bool, String)>,
+    pub key: Vec<String>,
+}
+
+fn phase_labels(phases: &[Span], s_per_px: f64) -> Labels {
+    const CHAR_PX: f64 = 6.5;
+    let width = |t: &str| (t.chars().count() as f64 * CHAR_PX + 8.0) * s_per_px;
+    let mut out = Labels { drawn: Vec::new(), key: Vec::new() };
+    // Per row (marks, phases): where the last label's text ends, and the
+    // numbers it holds.
+    let mut ends: [f64; 2] = [f64::NEG_INFINITY; 2];
+    let mut groups: [Option<(usize, usize)>; 2] = [None, None];
+    for (i, p) in phases.iter().enumerate() {
+        let mark = p.kind == PhaseKind::Mark;
+        let row = mark as usize;
+        let next = phases
+            .iter()
+            .skip(i + 1)
+            .find(|n| (n.kind == PhaseKind::Mark) == mark)
+            .map_or(f64::INFINITY, |n| n.start_s);
+        let room = next.min(if mark { f64::INFINITY } else { p.end_s.max(p.start_s) }) - p.start_s;
+        // Past the previous label, if the band has room for that.
+        let x = p.start_s.max(ends[row]);
+        if x + width(&p.name) <= p.start_s + room {
+            out.drawn.push((x, mark, p.name.clone()));
+            ends[row] = x + width(&p.name);
+            groups[row] = None;
+            continue;
+        }
+        out.key.push(format!("{}: {}", i + 1, p.name));
+        match (&mut groups[row], out.drawn.last_mut()) {
+            // Overprinting the previous number: joined to it.
+            (Some((first, last)), Some(d)) if p.start_s < ends[row] => {
+                *last = i + 1;
+                d.2 = format!("{first}-{last}");
+                ends[row] = d.0 + width(&d.2);
+            }
+            _ => {
+                let t = format!("{}", i + 1);
+                ends[row] = p.start_s + width(&t);
+                out.drawn.push((p.start_s, mark, t));
+                groups[row] = Some((i + 1, i + 1));
+            }
+        }
+    }
+    out
+}
+
+/// The automatic phases as shaded bands labelled at the top; marks as
+/// lines with their label.
+fn shade<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
+    c: &mut Chart<'a, DB, Y>,
+    s: &Series,
+    labels: &Labels,
+    y_min: f64,
+    y_max: f64,
+) -> Result<()> {
     let mut n = 0;
     for p in &s.phases {
         if p.kind == PhaseKind::Mark {
             c.draw_series(std::iter::once(PathElement::new(
-                vec![(p.start_s, 0.0), (p.start_s, y_max)],
+                vec![(p.start_s, y_min), (p.start_s, y_max)],
                 ShapeStyle::from(&BLACK).stroke_width(1),
             )))
             .map_err(err)?;
-            labels.push((p, y_max * 0.86));
         } else {
             let fill = PHASE_FILL[n % PHASE_FILL.len()];
             c.draw_series(std::iter::once(Rectangle::new(
-                [(p.start_s, 0.0), (p.end_s.max(p.start_s), y_max)],
+                [(p.start_s, y_min), (p.end_s.max(p.start_s), y_max)],
                 fill.filled(),
             )))
             .map_err(err)?;
-            // Two alternating rows: a short phase's name does not run into
-            // the next one's.
-            labels.push((p, y_max * if n % 2 == 0 { 0.97 } else { 0.92 }));
             n += 1;
         }
     }
-    for (p, y) in labels {
+    // The labels after every band, so that no band covers one; a mark's
+    // a little lower than the phases'.
+    let at = |f: f64| if y_min > 0.0 { y_min * (y_max / y_min).powf(f) } else { y_min + (y_max - y_min) * f };
+    for (x, mark, text) in &labels.drawn {
+        let y = at(if *mark { 0.88 } else { 0.97 });
         c.draw_series(std::iter::once(Text::new(
-            p.name.clone(),
-            (p.start_s, y),
+            text.clone(),
+            (*x, y),
             ("sans-serif", 12).into_font().color(&BLACK),
         )))
         .map_err(err)?;
@@ -185,27 +351,69 @@ fn shade<'a, DB: DrawingBackend + 'a>(c: &mut Chart<'a, DB>, s: &Series, y_max: 
     Ok(())
 }
 
-fn lines<'a, DB: DrawingBackend + 'a>(
-    c: &mut Chart<'a, DB>,
-    series: &BTreeMap<ReportClass, Vec<(f64, f64)>>,
-) -> Result<()> {
-    for (m, pts) in series {
-        // A class has the same colour in both panels.
-        let color = Palette99::pick(*m as usize).to_rgba();
-        c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(err)?
-            .label(m.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+/// The steps of a series: each interval level over its own span.
+fn steps(pts: &[Step]) -> Vec<(f64, f64)> {
+    pts.iter().flat_map(|&(a, b, v)| [(a, v), (b, v)]).collect()
+}
+
+/// The runs of intervals that follow each other without a gap.
+fn contiguous(pts: &[Step]) -> Vec<Vec<Step>> {
+    let mut out: Vec<Vec<Step>> = Vec::new();
+    for &p in pts {
+        match out.last_mut() {
+            Some(run) if run.last().is_some_and(|l| l.1 == p.0) => run.push(p),
+            _ => out.push(vec![p]),
+        }
     }
-    if !series.is_empty() {
-        c.configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
+    out
+}
+
+/// The layers stacked: each a filled band between the sum of the ones
+/// below and that sum plus itself.
+fn stacked<'a, DB: DrawingBackend + 'a>(
+    c: &mut Chart<'a, DB, plotters::coord::types::RangedCoordf64>,
+    layers: &[(String, Vec<Step>)],
+) -> Result<()> {
+    let Some(n) = layers.first().map(|l| l.1.len()) else { return Ok(()) };
+    let mut base = vec![0.0f64; n];
+    for (i, (name, pts)) in layers.iter().enumerate() {
+        let color = layer_color(name, i);
+        let top: Vec<f64> = pts.iter().zip(&base).map(|(p, b)| b + p.2).collect();
+        let mut poly: Vec<(f64, f64)> =
+            pts.iter().zip(&top).flat_map(|(p, t)| [(p.0, *t), (p.1, *t)]).collect();
+        poly.extend(pts.iter().zip(&base).rev().flat_map(|(p, b)| [(p.1, *b), (p.0, *b)]));
+        c.draw_series(std::iter::once(Polygon::new(poly, color.mix(0.75).filled())))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], color.mix(0.75).filled()));
+        base = top;
     }
     Ok(())
+}
+
+/// Each layer's colour, the same in every plot.
+fn layer_color(name: &str, i: usize) -> RGBAColor {
+    let rgb = match name {
+        "reuse" => RGBColor(31, 119, 180),
+        "copy" => RGBColor(255, 127, 14),
+        "wp_shared" => RGBColor(44, 160, 44),
+        "spurious" => RGBColor(214, 39, 40),
+        "huge_pmd_wp" => RGBColor(148, 103, 189),
+        "first_touch" => RGBColor(188, 189, 34),
+        "wp_faults" => RGBColor(23, 190, 207),
+        "other" => RGBColor(170, 170, 170),
+        _ => return Palette99::pick(i).to_rgba(),
+    };
+    rgb.to_rgba()
+}
+
+fn legend<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(c: &mut Chart<'a, DB, Y>) -> Result<()> {
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)
 }
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
@@ -321,11 +529,19 @@ mod tests {
     fn series_rates_and_phases() {
         let s = series(&synthetic()).unwrap();
         // 410 copies... in 0.5 s: a rate per second.
-        assert_eq!(s.rates[&ReportClass::Copy][2], (1.5, 800.0));
+        // Over its own span: 1.0 s to 1.5 s.
+        assert_eq!(s.rates[&ReportClass::Copy][2], (1.0, 1.5, 800.0));
         assert_eq!(s.phases.len(), 4);
         assert_eq!(s.phases[1].start_s, 1.0);
         assert_eq!(s.phases[3].end_s, 5.0);
-        assert_eq!(s.p99_us[&ReportClass::Copy][0], (0.5, 40.0));
+        assert_eq!(s.p99_us[&ReportClass::Copy][0], (0.0, 0.5, 40.0));
+        // The partition stacked: reuse, copy, and the rest of the faults.
+        let l = layers(&s);
+        let names: Vec<&str> = l.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["reuse", "copy", "other"]);
+        assert_eq!(l[2].1[2], (1.0, 1.5, 10.0));
+        assert_eq!(compact(45000.0), "45k");
+        assert_eq!(compact(1_500_000.0), "1.5M");
         let none = Report { intervals: None, ..synthetic() };
         assert!(series(&none).is_err());
     }
@@ -354,5 +570,27 @@ mod tests {
         if let Some(p) = std::env::var_os("FAULTSCOPE_PLOT_PNG") {
             std::fs::write(p, &png).unwrap();
         }
+    }
+
+    #[test]
+    fn phase_labels_never_overprint() {
+        let span = |name: &str, a: f64, b: f64| Span {
+            name: name.into(),
+            kind: PhaseKind::ChildAlive,
+            start_s: a,
+            end_s: b,
+        };
+        // Three short phases at once, then a wide one: the three are one
+        // joined number with their names in the key; the wide one is named.
+        let phases = [
+            span("before-fork", 0.0, 0.001),
+            span("fork#1 child-alive", 0.001, 0.002),
+            span("fork#1 after", 0.002, 0.003),
+            span("fork#2 child-alive", 0.003, 10.0),
+        ];
+        let l = phase_labels(&phases, 10.0 / 1000.0);
+        let drawn: Vec<&str> = l.drawn.iter().map(|d| d.2.as_str()).collect();
+        assert_eq!(drawn, ["1-3", "fork#2 child-alive"]);
+        assert_eq!(l.key, ["1: before-fork", "2: fork#1 child-alive", "3: fork#1 after"]);
     }
 }
