@@ -11,13 +11,14 @@ use aya_ebpf::{
     EbpfContext,
 };
 use faultscope_common::{
+    attrib::addr_key,
     class::{ClassSet, KernelClass},
     fault::{classify_x86_error_code, ExcArch, Origin},
     maps::Config,
 };
 
 use crate::{
-    attrib::{attribute, regs_ip, task_site},
+    attrib::{attribute, count_mapping, regs_ip, task_site},
     helpers::{
         counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
         FnContext, ReadFailed, UNTIMED,
@@ -118,7 +119,12 @@ fn on_page_fault<C: StackIdContext>(
         if set.classes() != 0 {
             let (_, tgid) = pid_tgid();
             if counted_target(tgid).is_some() {
-                counted(ctx, &conf, tgid, set, origin, ip);
+                let phase = counted(ctx, &conf, tgid, set, origin, ip);
+                // No fault path, no VMA: the mapping by the address's
+                // granule, named by user space from the maps snapshots.
+                if conf.get(Config::Mappings) != 0 {
+                    count_mapping(tgid, phase, addr_key(addr()?), set.classes());
+                }
             }
         }
         return Ok(0);
@@ -157,19 +163,27 @@ fn on_page_fault<C: StackIdContext>(
 }
 
 /// A traced fault of the classes in `set`: counted, and attributed to its
-/// site and stacks where asked for (a tracepoint has no VMA: no mapping).
+/// site and stacks where asked for (a tracepoint has no VMA: no mapping
+/// here). Returns the phase it was counted in.
 #[inline(always)]
-fn counted<C: StackIdContext>(ctx: &C, conf: &Conf, tgid: u32, set: ClassSet, origin: Origin, ip: impl FnOnce() -> u64) {
+fn counted<C: StackIdContext>(
+    ctx: &C,
+    conf: &Conf,
+    tgid: u32,
+    set: ClassSet,
+    origin: Origin,
+    ip: impl FnOnce() -> u64,
+) -> faultscope_common::maps::PhaseId {
     let phase = current_phase();
     record_set(tgid, phase, set, UNTIMED);
     let asked = conf.get(Config::SiteClasses)
         | conf.get(Config::UserStackClasses)
         | conf.get(Config::KernelStackClasses);
-    if set.0 & asked == 0 {
-        return;
+    if set.0 & asked != 0 {
+        let (ip, syscall) = if origin == Origin::User { (ip(), 0) } else { task_site() };
+        attribute(ctx, conf, tgid, phase, &KernelClass::ERROR_CODE, set, None, ip, syscall, 0);
     }
-    let (ip, syscall) = if origin == Origin::User { (ip(), 0) } else { task_site() };
-    attribute(ctx, conf, tgid, phase, &KernelClass::ERROR_CODE, set, None, ip, syscall, 0);
+    phase
 }
 
 kprobe_and_fentry!(

@@ -120,10 +120,13 @@ pub fn attributable_here(
     (yes, why)
 }
 
-/// Per-mapping counting needs the fault's VMA: the handle_mm_fault kprobe
-/// and the VMA start offset from BTF.
+/// Per-mapping counting: by the fault's VMA (the handle_mm_fault probe and
+/// the VMA start offset from BTF), or, in tracepoint mode (no fault path),
+/// by the fault's address in `ADDR_GRANULE`s that user space names from
+/// the maps snapshots (rows `exact: false`).
 pub fn mappings_availability(
     fault_probe: bool,
+    tracepoint: bool,
     vma_offset: &Result<u32, String>,
     off: bool,
 ) -> Result<(), String> {
@@ -131,7 +134,11 @@ pub fn mappings_availability(
         return Err("switched off (--no-mappings)".into());
     }
     if !fault_probe {
-        return Err("needs the handle_mm_fault kprobe (the tracepoint gives the address, not the VMA)".into());
+        return if tracepoint {
+            Ok(())
+        } else {
+            Err("needs the handle_mm_fault probe or the exception tracepoint".into())
+        };
     }
     vma_offset.as_ref().map(drop).map_err(Clone::clone)
 }

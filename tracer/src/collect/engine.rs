@@ -52,6 +52,10 @@ pub struct ProbeOpts {
     /// program run.
     #[arg(long)]
     pub prog_stats: bool,
+    /// Leave out the start-up lines saying what is measured here (a bench
+    /// series says them at its first run only). Not a flag.
+    #[arg(skip)]
+    pub quiet: bool,
 }
 
 /// A tracing session with its phase timeline and the processes it knows.
@@ -150,8 +154,11 @@ impl Recorder {
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
         let no_mappings = attrib.no_mappings;
-        let attrib =
-            Attribution::new(attrib, mappings_availability(fault_probe, &session.vma_offset, no_mappings));
+        let tracepoint = session.attached(Program::PageFaultUser);
+        let attrib = Attribution::new(
+            attrib,
+            mappings_availability(fault_probe, tracepoint, &session.vma_offset, no_mappings),
+        );
         // Before any target is added: no fault is counted before this.
         let mut config = vec![
             (Config::TpClasses, classes::error_code_classes(&avail)),
@@ -159,9 +166,17 @@ impl Recorder {
         ];
         config.extend(attrib.config(&avail));
         session.configure(&config)?;
-        eprintln!("{}", classes::measured_line(&avail));
-        if let Err(why) = &attrib.mappings {
-            say(&format!("faultscope: per-mapping counts not measurable here: {why}"));
+        if !probe.quiet {
+            eprintln!("{}", classes::measured_line(&avail));
+        }
+        match &attrib.mappings {
+            _ if probe.quiet => {}
+            Err(why) => say(&format!("faultscope: per-mapping counts not measurable here: {why}")),
+            Ok(()) if !fault_probe => say(&format!(
+                "faultscope: per-mapping counts by address in tracepoint mode: {} KiB granules named from the maps snapshots (rows exact: false)",
+                faultscope_common::attrib::ADDR_GRANULE >> 10
+            )),
+            Ok(()) => {}
         }
         let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
         if stacks.is_empty() && (attrib.opts.folded.is_some() || attrib.opts.flamegraph.is_some()) {

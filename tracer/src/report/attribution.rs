@@ -72,25 +72,39 @@ pub fn attribution(
     let in_span = |t: u32, p: PhaseId| t == tgid && phase.is_none_or(|x| x == p);
     let mut out = Attribution::default();
 
-    // Mappings: sum per start over the span, rank by total, fold the rest.
+    // Mappings: sum per key over the span, name each, merge the keys that
+    // name one mapping (address granules), rank by total, fold the rest.
     let mut by_start: BTreeMap<u64, ClassCounts> = BTreeMap::new();
     for (k, v) in snap.mappings.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
         by_start.entry(k.start).or_insert(ClassCounts::ZERO).merge(v);
     }
-    let totals = by_start.iter().map(|(s, c)| (*s, n.counts(c).values().sum::<u64>()));
-    let (top, _) = top_n(totals, usize::MAX);
-    let max = n.attrib.opts.max_mappings;
-    for (i, (start, _)) in top.iter().enumerate() {
-        let counts = n.counts(&by_start[start]);
+    let mut rows: Vec<MappingRow> = Vec::new();
+    for (start, c) in &by_start {
+        let counts = n.counts(c);
         if counts.is_empty() {
             continue;
         }
+        let row = mapping_row(history, *start, at, counts);
+        match rows.iter_mut().find(|r| (&r.mapping, r.start, r.end) == (&row.mapping, row.start, row.end)) {
+            Some(r) => {
+                r.exact &= row.exact;
+                for (m, c) in row.counts {
+                    *r.counts.entry(m).or_insert(0) += c;
+                }
+            }
+            None => rows.push(row),
+        }
+    }
+    let total = |r: &MappingRow| r.counts.values().sum::<u64>();
+    rows.sort_by(|a, b| total(b).cmp(&total(a)).then(a.start.cmp(&b.start)));
+    let max = n.attrib.opts.max_mappings;
+    for (i, row) in rows.into_iter().enumerate() {
         if i < max {
-            out.mappings.push(mapping_row(history, *start, at, counts));
+            out.mappings.push(row);
         } else {
             let o = out.mappings_other.get_or_insert_with(Folded::default);
             o.entries += 1;
-            for (m, c) in counts {
+            for (m, c) in row.counts {
                 *o.counts.entry(m).or_insert(0) += c;
             }
         }
@@ -207,6 +221,17 @@ fn mapping_row(
             end: m.end,
             size: m.size(),
             exact,
+            counts,
+        },
+        // Address granules in no snapshot are one row (they are many: a
+        // process gone before its maps could be read); a VMA start keeps
+        // its address.
+        None if start & START_IS_ADDR != 0 => MappingRow {
+            mapping: "unresolved (addresses in no maps snapshot)".into(),
+            start: 0,
+            end: 0,
+            size: 0,
+            exact: false,
             counts,
         },
         None => MappingRow {

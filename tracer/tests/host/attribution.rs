@@ -5,10 +5,9 @@ use super::*;
 
 // ---- attribution ----
 
-/// In tracepoint mode (no kprobes on this host) per-mapping counts need the
-/// handle_mm_fault kprobe: the report says so instead of showing none, and
-/// the run still counts. Where kprobes work, the workload's region carries
-/// its writes.
+/// Per-mapping counts in every mode: by the fault's VMA with kprobes, by
+/// address granules named from the maps snapshots in tracepoint mode (rows
+/// `exact: false`). The workload's region carries its writes either way.
 #[test]
 fn attribution_is_measured_or_says_why_not() {
     let _t = host_test();
@@ -16,22 +15,76 @@ fn attribution_is_measured_or_says_why_not() {
     let (out, report, wl) = record_workload(d.path(), "16M");
     let info = report.attribution.as_ref().expect("the report says what it attributed");
     let p = process(&report, wl["pid"].as_u64().unwrap());
-    match report.mode {
+    let pages = wl["pages"].as_u64().unwrap();
+    assert!(info.mappings, "{info:?}");
+    let class = match report.mode {
         Mode::Tracepoint => {
-            assert!(!info.mappings);
-            let why = info.mappings_reason.as_deref().unwrap_or("");
-            assert!(why.contains("handle_mm_fault kprobe"), "{why}");
-            assert!(String::from_utf8_lossy(&out.stderr).contains("per-mapping counts not measurable here"));
-            assert!(p.attribution.mappings.is_empty());
+            assert!(String::from_utf8_lossy(&out.stderr)
+                .contains("per-mapping counts by address in tracepoint mode"));
             // copy and spurious cannot be measured here, so no sites either.
             assert!(info.site_classes.is_empty(), "{:?}", info.site_classes);
+            ReportClass::WpFaults
         }
-        _ => {
-            assert!(info.mappings);
-            let pages = wl["pages"].as_u64().unwrap();
-            let region = p.attribution.top_mapping(ReportClass::Reuse).expect("a mapping with reuse").1;
-            assert!(region >= pages, "{region} < {pages}");
-        }
+        _ => ReportClass::Reuse,
+    };
+    let (row, region) = p.attribution.top_mapping(class).expect("a mapping with the writes");
+    assert!(region >= pages, "{region} < {pages}");
+    assert_eq!(row.exact, report.mode != Mode::Tracepoint, "{row:?}");
+}
+
+/// The workload's three mappings (an anonymous region, a private file
+/// mapping, pages added to [heap]; the workload lists their ranges): each
+/// carries the write faults of its own pages after the fork, in every mode,
+/// within the granules at their edges (tracepoint mode names address
+/// granules, which a small mapping beside another can share).
+#[test]
+fn each_mapping_carries_its_own_pages_writes() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        workload(),
+        "--size",
+        "4M",
+        "--thp",
+        "never",
+        "--child",
+        "exit",
+        "--mappings",
+        "--linger",
+        "1",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (report, wl) = (read_report(&fs), read_json(&wl));
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let after = phase(p, "fork#1 after-child-exit");
+    // Write faults of this phase by mapping: those with kprobes are COW
+    // reuse or copy, in tracepoint mode write-protect faults.
+    let class =
+        if report.mode == Mode::Tracepoint { ReportClass::WpFaults } else { ReportClass::WriteFaults };
+    let edge = faultscope_common::attrib::ADDR_GRANULE / 4096;
+    for r in wl["regions"].as_array().unwrap() {
+        let (start, end) = (r["start"].as_u64().unwrap(), r["end"].as_u64().unwrap());
+        let pages = r["pages"].as_u64().unwrap();
+        let row = after
+            .attribution
+            .mappings
+            .iter()
+            .find(|m| m.start <= start && end <= m.end)
+            .unwrap_or_else(|| panic!("no mapping row holds {r}: {:#?}", after.attribution.mappings));
+        let n = row.counts.get(&class).copied().unwrap_or(0);
+        assert!(
+            n + 2 * edge >= pages && n <= pages + 2 * edge + TOLERANCE,
+            "{}: {n} {class} in {}, {pages} pages written",
+            r["role"],
+            row.mapping
+        );
     }
 }
 
