@@ -18,8 +18,13 @@ use sha2::{Digest as _, Sha256};
 use crate::{
     cross, setup,
     util::{root, run},
-    vm,
 };
+
+/// The test workload (`fs-workload`, its own crate: not part of the
+/// product) built beside `faultscope`.
+pub fn workload_beside(faultscope: &Path) -> PathBuf {
+    faultscope.with_file_name("fs-workload")
+}
 
 /// faultscope's version: every crate of the workspace takes the workspace's
 /// (`version.workspace = true`), xtask's included.
@@ -68,7 +73,7 @@ const COPYRIGHT: &str = "usr/share/doc/faultscope/copyright";
 const MAINTAINER: &str = "the faultscope authors <faultscope@invalid>";
 
 /// Builds the static faultscope for `deb_arch`, fs-workload beside it
-/// ([`vm::workload_beside`]), and checks both are static: the guests'
+/// ([`workload_beside`]), and checks both are static: the guests'
 /// initramfs has no libraries, and this is the binary the .deb ships.
 pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
     let a = arch(deb_arch)?;
@@ -77,7 +82,7 @@ pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
         _ => build_x86_64()?,
     };
     check_static(&bin, a)?;
-    check_static(&vm::workload_beside(&bin), a)?;
+    check_static(&workload_beside(&bin), a)?;
     Ok(bin)
 }
 

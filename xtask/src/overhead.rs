@@ -272,7 +272,7 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
     let path = |p: &Path| p.display().to_string();
     env.extend([
         ("FAULTSCOPE", path(&bin)),
-        ("FS_WORKLOAD", path(&vm::workload_beside(&bin))),
+        ("FS_WORKLOAD", path(&crate::dist::workload_beside(&bin))),
         ("LINETIME", path(&linetime)),
         ("LIB", path(&guest.join("lib.sh"))),
         ("SCRIPTS", path(&dir.join("scripts"))),

@@ -80,15 +80,9 @@ impl GuestRun {
 
 /// Builds the binary the guest of `arch` runs: the static one `cargo xtask
 /// dist` ships, so the guests test what is released ([`dist::static_build`]),
-/// and beside it the test workload ([`workload_beside`]).
+/// and beside it the test workload ([`dist::workload_beside`]).
 pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
     dist::static_build(arch)
-}
-
-/// The test workload (`fs-workload`, its own crate: not part of the
-/// product) built beside `faultscope`.
-pub fn workload_beside(faultscope: &Path) -> PathBuf {
-    faultscope.with_file_name("fs-workload")
 }
 
 fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
@@ -137,7 +131,7 @@ pub fn initramfs_with(
     };
     copy_into(&rootfs, &busybox, "/bin/busybox")?;
     copy_into(&rootfs, faultscope, "/faultscope")?;
-    copy_into(&rootfs, &workload_beside(faultscope), "/fs-workload")?;
+    copy_into(&rootfs, &dist::workload_beside(faultscope), "/fs-workload")?;
     let guest = root().join("xtask/guest");
     for helper in HELPERS {
         let bin = dir.join(helper);
