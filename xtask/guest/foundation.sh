@@ -1,5 +1,6 @@
 # The foundation test: fork / child exit / one byte per page, 4K and 64K mTHP.
 . /lib.sh
+shipped_binary
 oracle_setup
 run_case fork4k 4K --size ${SIZE:-64M} --thp never --child exit
 run_case fork64k 64K --size ${SIZE:-64M} --thp system --child exit

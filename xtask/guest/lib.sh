@@ -72,6 +72,19 @@ thp_mode() {
 	esac
 }
 
+# shipped_binary: the static faultscope that dist ships, run from an
+# initramfs with no C library: its version, and `probes` (its first line
+# names the mode a run gets here).
+shipped_binary() {
+	echo "@@FS-LIBC-FILES main $(find / -xdev -name 'libc.so*' 2>/dev/null | wc -l)"
+	/faultscope --version > /tmp/version.out 2>&1
+	echo "@@FS-RC version $?"
+	emit version.out /tmp/version.out
+	/faultscope probes > /tmp/probes.out 2>&1
+	echo "@@FS-RC probes $?"
+	emit probes.out /tmp/probes.out
+}
+
 # up LABEL: seconds since boot, for the guest's own timing.
 up() { read u _ < /proc/uptime; echo "@@FS-UP $1 $u"; }
 

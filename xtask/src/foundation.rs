@@ -343,7 +343,8 @@ pub fn run_origins(kernel: &str) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let cpio = vm::initramfs(&dir, k.arch, &bin, "origins.sh", &[])?;
     let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
-    let mut failures = Vec::new();
+    let (table, mut failures) = check_shipped(&run);
+    print!("{table}");
     for case in ORIGIN_CASES {
         let r = check_origins_case(&run, case)?;
         print!("{}", r.table);
@@ -354,6 +355,40 @@ pub fn run_origins(kernel: &str) -> Result<()> {
         bail!("origins guest test failed:\n  {}", failures.join("\n  "));
     }
     Ok(())
+}
+
+/// The shipped binary in the guest (lib.sh's `shipped_binary`): static,
+/// from an initramfs with no C library; `--version` names a commit and
+/// `probes` names, first, the fault path's mode (fentry or kprobe: these
+/// kernels have both).
+fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
+    let mut fails = Vec::new();
+    let libc = run.marker("LIBC-FILES", "main").unwrap_or_default();
+    if libc != "0" {
+        fails.push(format!("shipped binary: the initramfs holds {libc:?} libc files, want 0"));
+    }
+    for what in ["version", "probes"] {
+        let rc = run.marker("RC", what).unwrap_or_default();
+        if rc != "0" {
+            fails.push(format!("shipped binary: faultscope {what} exited {rc:?}"));
+        }
+    }
+    let version = run.section("version.out").unwrap_or("").trim().to_string();
+    if !version.contains("(commit ") {
+        fails.push(format!("shipped binary: --version names no commit: {version:?}"));
+    }
+    let mode = run.section("probes.out").unwrap_or("").lines().next().unwrap_or("").to_string();
+    if !(mode.starts_with("mode: fentry mode") || mode.starts_with("mode: kprobe mode")) {
+        fails.push(format!("shipped binary: probes' first line is not the fault path's mode: {mode:?}"));
+    }
+    (
+        format!(
+            "shipped binary (static, no libc in the initramfs): {version}
+  probes: {mode}
+"
+        ),
+        fails,
+    )
 }
 
 /// The cases `origins_cases` runs (lib.sh), one per backend.
@@ -405,7 +440,8 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", size.to_string())])?;
     let anon_vma_name = kernels::config_option(k, "CONFIG_ANON_VMA_NAME")?;
     let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
-    let mut failures = Vec::new();
+    let (table, mut failures) = check_shipped(&run);
+    print!("{table}");
     for (case, folio) in
         [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")]
     {
