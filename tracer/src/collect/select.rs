@@ -10,7 +10,7 @@
 //! tick is counted too; the processes already in the cgroup's
 //! `cgroup.procs` are added at start (and each second, for one that has
 //! not had an event yet). A cgroup directory removed and created again (a
-//! service restart) is a new id: it is noticed at the next scan.
+//! service restart) is a new id: it is noticed at the next tick.
 
 use std::{
     collections::BTreeMap,
@@ -93,7 +93,7 @@ impl Selection {
     }
 
     /// The processes the kernel added since the last call (said on
-    /// stderr), and once a second the cgroups' new ids and the running
+    /// stderr), the cgroups' new ids, and once a second the running
     /// processes not yet traced.
     pub fn tick(&mut self, rec: &mut Recorder) -> Result<()> {
         for (pid, idx) in std::mem::take(&mut rec.adopted) {
@@ -103,11 +103,12 @@ impl Selection {
             let comm = rec.comms.get(&pid).cloned().unwrap_or_default();
             say(&format!("faultscope: tracing pid {pid} ({})", safe(&comm)));
         }
+        // A stat per cgroup: every tick, so that a restart is followed at once.
+        self.follow_cgroups(rec)?;
         if self.is_empty() || Instant::now() < self.next_scan {
             return Ok(());
         }
         self.next_scan = Instant::now() + SCAN_EVERY;
-        self.follow_cgroups(rec)?;
         self.discover(rec);
         Ok(())
     }

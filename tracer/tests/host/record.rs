@@ -632,5 +632,10 @@ for i in range(0,8<<20,4096): s+=m[i]\nprint(resource.getrusage(resource.RUSAGE_
     let p = &read_report(&json).processes[0];
     let major = count(p, ReportClass::Major);
     assert!(own >= 1024, "the page cache was not evicted: {own} major faults");
-    assert!((own..=own + TOLERANCE).contains(&major), "major {major}, getrusage {own}");
+    // getrusage counts from the fork, the report from the exec: the
+    // exec's own reads of the program can fall between the two.
+    assert!(
+        (own.saturating_sub(TOLERANCE)..=own + TOLERANCE).contains(&major),
+        "major {major}, getrusage {own}"
+    );
 }
