@@ -230,3 +230,49 @@ fn record_exits_with_the_commands_status_and_ends_it_with_the_run() {
     let k = r.processes[0].kernel_check.as_ref().unwrap();
     assert_eq!(k.kernel_low, k.kernel_high, "{k:?}");
 }
+
+/// `record --interval` into a pipe: one header, then bcc-style lines (time,
+/// pid, comm, phase, counts), one per interval and process that faulted;
+/// their FAULTS column adds up to the report's intervals, all but the last
+/// (partial) one, which is in the JSON only.
+#[test]
+fn interval_lines_add_up_to_the_reports_intervals() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let out = faultscope(&[
+        "record",
+        "-i",
+        "0.2",
+        "-j",
+        fs.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3 4; do head -c 8M /dev/zero > /dev/null; sleep 0.3; done",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..5], ["TIME", "PID", "COMM", "PHASE", "FAULTS"], "{text}");
+    let r = read_report(&fs);
+    let pid = r.processes[0].pid;
+    let mut printed = 0u64;
+    for l in lines.take_while(|l| !l.starts_with("PID ")) {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        assert!(w[0].len() == 8 && w[0].as_bytes()[2] == b':', "{l}");
+        assert_eq!(w[1], pid.to_string(), "{l}");
+        // The phase may hold spaces: FAULTS is the first count after it,
+        // as many columns from the end as the header has after FAULTS.
+        let faults = w[w.len() - (header.len() - 4)];
+        printed += faults.replace(',', "").parse::<u64>().unwrap();
+    }
+    let iv = r.intervals.unwrap();
+    let of = |i: &faultscope::report::schema::Interval| {
+        i.processes.iter().filter(|p| p.pid == pid).map(|p| p.counts[&ReportClass::Faults]).sum::<u64>()
+    };
+    let want: u64 = iv[..iv.len() - 1].iter().map(of).sum();
+    assert!(want > 0, "no faults in the intervals");
+    assert_eq!(printed, want, "{text}");
+}
