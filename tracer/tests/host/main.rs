@@ -82,9 +82,16 @@ fn leftover_programs() -> Vec<String> {
         .collect()
 }
 
-/// What every test holds: the lock, and the check that nothing is left
-/// loaded at its end (skipped when the test already failed).
-struct HostTest(#[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
+/// What every test holds: the lock of this process's tests, the
+/// machine-wide lock of every host test run (another checkout's tests, run
+/// at the same time, share the kernel, the THP knobs and /run/faultscope),
+/// and the check that nothing is left loaded at its end (skipped when the
+/// test already failed).
+struct HostTest {
+    /// Dropped after the check below: the lock covers it.
+    _machine: std::fs::File,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
 
 impl Drop for HostTest {
     fn drop(&mut self) {
@@ -94,8 +101,22 @@ impl Drop for HostTest {
     }
 }
 
+/// The machine-wide lock file (flock, released when the test's file is
+/// closed, also by a killed test).
+const MACHINE_LOCK: &str = "/run/faultscope-host-tests.lock";
+
 fn host_test() -> HostTest {
-    HostTest(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+    use std::os::fd::AsRawFd;
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(MACHINE_LOCK)
+        .unwrap_or_else(|e| panic!("{MACHINE_LOCK}: {e}"));
+    // SAFETY: flock on a descriptor this function owns.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0, "flock {MACHINE_LOCK}");
+    HostTest { _machine: f, _serial: serial }
 }
 
 fn assert_nothing_left() {
