@@ -12,7 +12,7 @@ use faultscope::{
     },
     collect::target::{ExecFailed, EXIT_EXEC_FAILED},
     error::{Refusal, EXIT_REFUSED},
-    report::schema,
+    report::{bench_series, schema},
 };
 
 fn main() {
@@ -22,7 +22,7 @@ fn main() {
     // as Unix filters do; record and bench handle it and keep their report.
     if matches!(
         cli.cmd,
-        Cmd::Diff { .. } | Cmd::Schema | Cmd::Probes { .. } | Cmd::Verify(_) | Cmd::Generate { .. }
+        Cmd::Diff { .. } | Cmd::Schema { .. } | Cmd::Probes { .. } | Cmd::Verify(_) | Cmd::Generate { .. }
     ) {
         // SAFETY: setting a signal disposition before any thread starts.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
@@ -43,16 +43,20 @@ fn main() {
         Cmd::Probes { load, backend } => probes::run(load, backend),
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Bench(o) => bench::run(&o),
-        Cmd::Diff { a, b } => diff::run(&a, &b),
+        Cmd::Diff { a, b, format } => diff::run(&a, &b, format),
         Cmd::Plot { report, output } => plot::run(&report, &output),
         Cmd::Verify(o) => verify::run(&o),
         Cmd::Generate { what, dir } => generate::run(what, dir.as_deref()),
-        Cmd::Schema => serde_json::to_string_pretty(&schema::json_schema())
-            .map(|s| {
-                println!("{s}");
-                0
-            })
-            .map_err(anyhow::Error::from),
+        Cmd::Schema { bench } => serde_json::to_string_pretty(&if bench {
+            bench_series::json_schema()
+        } else {
+            schema::json_schema()
+        })
+        .map(|s| {
+            println!("{s}");
+            0
+        })
+        .map_err(anyhow::Error::from),
     };
     match res {
         Ok(code) => std::process::exit(code),

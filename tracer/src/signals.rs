@@ -29,6 +29,22 @@ impl HeldSignals {
     }
 }
 
+impl HeldSignals {
+    /// Whether a held signal has arrived (it stays pending: delivered when
+    /// this is dropped). A bench series stops between runs on one.
+    pub fn pending(&self) -> bool {
+        // SAFETY: plain signal-set calls on a zeroed set.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigpending(&mut set) == 0
+                && [libc::SIGINT, libc::SIGTERM, libc::SIGHUP]
+                    .iter()
+                    .any(|&s| libc::sigismember(&set, s) == 1)
+        }
+    }
+}
+
 impl Default for HeldSignals {
     fn default() -> Self {
         HeldSignals::new()

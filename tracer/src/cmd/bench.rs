@@ -6,6 +6,10 @@
 //! and marks each of these phases, so the tracer's counts per phase sit
 //! beside the workload's own numbers (pages, folios, getrusage, wall time,
 //! store latency) in one report.
+//!
+//! With `--runs N`, or lists of modes and folio sizes, it is a series: each
+//! (mode, folio) cell is run N times, round by round, and the statistics
+//! over each cell's runs are printed and written (`report::bench_series`).
 
 use crate::term::safe;
 use std::{
@@ -19,7 +23,7 @@ use clap::{Args, ValueEnum};
 
 use super::{
     folio::{self, FolioCheck, Knobs},
-    record::{self, Recorder},
+    record::{self, ProbeOpts, Recorder},
 };
 use crate::{
     collect::accounting::{KernelCount, Start},
@@ -27,6 +31,7 @@ use crate::{
     kernel::{self, classes::ReportClass},
     memory::{self, map_aligned, usage, Child, Usage},
     report::{
+        bench_series::{self, Cell, Series},
         file, findings, provenance,
         schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
     },
@@ -57,15 +62,25 @@ pub enum Mode {
 
 #[derive(Args, Debug)]
 pub struct BenchOpts {
-    /// The write pattern after the fork.
-    #[arg(value_enum, default_value = "seq")]
-    pub mode: Mode,
+    /// The write pattern after the fork; a comma-separated list
+    /// (seq,random) runs each (see --runs).
+    #[arg(value_enum, value_delimiter = ',', default_value = "seq")]
+    pub mode: Vec<Mode>,
     /// Anonymous memory, aligned to the folio size.
     #[arg(long, default_value = "256M", value_parser = crate::units::parse_size)]
     pub size: u64,
-    /// Folio size: 4K, 16K, 32K, 64K, 128K ... 2M.
-    #[arg(long, default_value = "4K", value_parser = folio::parse_folio)]
-    pub folio: u64,
+    /// Folio size: 4K, 16K, 32K, 64K, 128K ... 2M; a comma-separated list
+    /// (4K,64K,2M) runs each (see --runs).
+    #[arg(long, value_delimiter = ',', default_value = "4K")]
+    pub folio: Vec<String>,
+    /// Runs of each (mode, folio) cell, 1 to 1000, made round by round (one
+    /// run of every cell per round) so that a drift of the machine spreads
+    /// over all cells. With more than one run or cell, bench prints per
+    /// cell and step the median, min-max and mean ± sample stddev of the
+    /// times, minflt and counts, and --json writes a faultscope-bench/1
+    /// series that keeps every run's report.
+    #[arg(long, default_value_t = 1)]
+    pub runs: u64,
     /// With --folio 2M: keep the THPs mapped by PMDs (default: PTE-mapped,
     /// the PMD split without splitting the folio).
     #[arg(long)]
@@ -130,12 +145,55 @@ struct Memory {
 unsafe impl Send for Memory {}
 unsafe impl Sync for Memory {}
 
-/// A bench run: the tracer (unless --no-trace), the sysfs knobs held for
-/// the run, the memory, and each step's numbers.
+impl Drop for Memory {
+    fn drop(&mut self) {
+        // SAFETY: the region this run mapped, no longer used by anyone (the
+        // writers are joined; the fork's child has its own copy). The
+        // alignment slack of `map_aligned` stays mapped, never touched.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// The most runs of a cell `--runs` takes.
+pub const MAX_RUNS: u64 = 1000;
+
+/// One (mode, folio) cell: what a single run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CellOpts {
+    mode: Mode,
+    folio: u64,
+}
+
+/// The THP/mTHP knobs of one folio size, held from the run that set them
+/// until a run of another size (or the end): a series sets them once per
+/// folio size when it has one size, and otherwise once each time the size
+/// changes, which with runs interleaved round by round is once per run of
+/// each size in every round (the knobs cannot ask for two sizes at once).
+#[derive(Default)]
+struct HeldKnobs(Option<(u64, Knobs)>);
+
+impl HeldKnobs {
+    /// The knobs set for `folio` (restoring another size's first).
+    fn hold(&mut self, folio: u64) -> Result<()> {
+        if self.0.as_ref().map(|(f, _)| *f) != Some(folio) {
+            self.release();
+            self.0 = Some((folio, Knobs::set_for(folio)?));
+        }
+        Ok(())
+    }
+
+    /// Restores the knobs as they were found.
+    fn release(&mut self) {
+        drop(self.0.take());
+    }
+}
+
+/// A bench run: the tracer (unless --no-trace), the memory, and each
+/// step's numbers (the sysfs knobs are held by the caller: `HeldKnobs`).
 struct Run<'a> {
     o: &'a BenchOpts,
+    c: CellOpts,
     rec: Option<Recorder>,
-    knobs: Option<Knobs>,
     mem: Arc<Memory>,
     pages: usize,
     steps: Vec<Step>,
@@ -147,16 +205,20 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn start(o: &'a BenchOpts) -> Result<Run<'a>> {
+    /// Attaches (unless --no-trace), sets the knobs for the cell's folio
+    /// size and maps the memory. `quiet`: without the lines saying what is
+    /// measured here (a series says them at its first run).
+    fn start(o: &'a BenchOpts, c: CellOpts, knobs: &mut HeldKnobs, quiet: bool) -> Result<Run<'a>> {
         let rec = if o.no_trace {
             kernel::require_root()?;
             None
         } else {
+            let probe = ProbeOpts { quiet, ..o.probe.clone() };
             let mut r = Recorder::start(
                 o.max_stats,
                 record::DEFAULT_STATS,
                 o.attrib.clone(),
-                &o.probe,
+                &probe,
                 &record::Filters::default(),
             )?;
             r.self_traced = true;
@@ -172,11 +234,11 @@ impl<'a> Run<'a> {
             );
             Some(r)
         };
-        let knobs = Knobs::set_for(o.folio)?;
+        knobs.hold(c.folio)?;
         let len = o.size as usize;
         // 4K: no THP at all. 2M: MADV_HUGEPAGE lets the fault compact memory
         // for a THP (defrag=madvise). mTHP sizes need only their knob.
-        let advice = match o.folio {
+        let advice = match c.folio {
             PAGE => Some(libc::MADV_NOHUGEPAGE),
             PMD_SIZE => Some(libc::MADV_HUGEPAGE),
             _ => None,
@@ -184,8 +246,8 @@ impl<'a> Run<'a> {
         let mem = Arc::new(Memory { base: map_aligned(len, advice)?, len });
         Ok(Run {
             o,
+            c,
             rec,
-            knobs: Some(knobs),
             mem,
             pages: len / PAGE as usize,
             steps: Vec::new(),
@@ -212,11 +274,11 @@ impl<'a> Run<'a> {
         // SAFETY: the region this run mapped.
         unsafe { memory::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1) };
         self.steps.push(Step { label: "populate", from, to: usage() });
-        if self.o.folio == PMD_SIZE && !self.o.pmd {
+        if self.c.folio == PMD_SIZE && !self.o.pmd {
             split_pmds(self.mem.base, self.mem.len)?;
         }
-        self.check = folio::check(self.mem.base as usize, self.o.size, self.o.folio)?;
-        verify(&self.check, self.o)
+        self.check = folio::check(self.mem.base as usize, self.o.size, self.c.folio)?;
+        verify(&self.check, self.o, self.c.folio)
     }
 
     /// Forks; the child exits (and is waited for) or stays alive.
@@ -240,20 +302,22 @@ impl<'a> Run<'a> {
     fn write(&mut self, plan: Plan, lat: Vec<Vec<u64>>) -> Result<()> {
         self.mark("write")?;
         let from = usage();
-        self.stores = write(plan, self.o, &self.mem, lat)?;
+        self.stores = write(plan, self.c.folio, &self.mem, lat)?;
         self.steps.push(Step { label: "write", from, to: usage() });
         self.mark("done")
     }
 
-    /// Checks the mapping held, releases the knobs and the child, and
-    /// builds the report (the tracer's counts per step beside the
-    /// workload's own numbers).
-    fn finish(mut self) -> Result<Report> {
+    /// Checks the mapping held, releases the knobs (unless `keep`: the next
+    /// run is of the same folio size) and the child, and builds the report
+    /// (the tracer's counts per step beside the workload's own numbers).
+    fn finish(mut self, knobs: &mut HeldKnobs, keep: bool) -> Result<Report> {
         // The knobs (and khugepaged's pause) held until here: khugepaged must
         // not collapse the region into PMD-mapped THPs during the run. Check
         // that nothing did.
-        let after = folio::check(self.mem.base as usize, self.o.size, self.o.folio)?;
-        drop(self.knobs.take());
+        let after = folio::check(self.mem.base as usize, self.o.size, self.c.folio)?;
+        if !keep {
+            knobs.release();
+        }
         if after.pmd_mapped_bytes != self.check.pmd_mapped_bytes {
             bail!(
                 "the memory's mapping changed during the run ({} -> {} bytes PMD-mapped): the counts are not of the scenario asked for; run again",
@@ -286,16 +350,16 @@ impl<'a> Run<'a> {
                 ..Report::default()
             },
         };
-        let o = self.o;
+        let (o, c) = (self.o, self.c);
         report.bench = Some(schema::Bench {
-            mode: format!("{:?}", o.mode).to_lowercase(),
+            mode: format!("{:?}", c.mode).to_lowercase(),
             size: o.size,
-            folio: crate::units::size(o.folio),
-            mapping: if o.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" }.into(),
+            folio: crate::units::size(c.folio),
+            mapping: if c.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" }.into(),
             child: format!("{:?}", o.child).to_lowercase(),
-            threads: if matches!(o.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
+            threads: if matches!(c.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
             pages: self.pages as u64,
-            folios: o.size / o.folio,
+            folios: o.size / c.folio,
             folio_check: self.check,
             pid: std::process::id(),
             child_pid: self.child,
@@ -303,7 +367,7 @@ impl<'a> Run<'a> {
             store_latency: self.stores.take().map(store_latency),
         });
         let anchor = self.rec.as_ref().map_or(self.anchor, |r| r.anchor);
-        report.provenance = Some(provenance::here(format!("bench {:?}", o.mode).to_lowercase(), anchor));
+        report.provenance = Some(provenance::here(format!("bench {:?}", c.mode).to_lowercase(), anchor));
         Ok(report)
     }
 }
@@ -320,15 +384,48 @@ fn store_latency(mut v: Vec<u64>) -> StoreLatency {
     }
 }
 
+/// The cells of the command line, folio size by folio size (so that runs
+/// of one size follow each other within a round), or why not.
+fn cells(o: &BenchOpts) -> Result<Vec<CellOpts>, Refusal> {
+    if o.runs == 0 || o.runs > MAX_RUNS {
+        return Err(Refusal::new(format!("--runs {}: give 1 to {MAX_RUNS} runs of each cell", o.runs)));
+    }
+    let mut folios: Vec<u64> = Vec::new();
+    for f in &o.folio {
+        let v = folio::parse_folio(f).map_err(Refusal::new)?;
+        if folios.contains(&v) {
+            return Err(Refusal::new(format!("--folio {}: {} is listed twice", o.folio.join(","), f.trim())));
+        }
+        folios.push(v);
+    }
+    let name =
+        |m: &Mode| m.to_possible_value().map_or_else(|| format!("{m:?}"), |v| v.get_name().to_string());
+    for (i, m) in o.mode.iter().enumerate() {
+        if o.mode[..i].contains(m) {
+            let all: Vec<String> = o.mode.iter().map(name).collect();
+            return Err(Refusal::new(format!("bench {}: {} is listed twice", all.join(","), name(m))));
+        }
+    }
+    Ok(folios.iter().flat_map(|&folio| o.mode.iter().map(move |&mode| CellOpts { mode, folio })).collect())
+}
+
 pub fn run(o: &BenchOpts) -> Result<i32> {
-    if o.pmd && o.folio != PMD_SIZE {
+    let cells = cells(o)?;
+    let series = cells.len() > 1 || o.runs > 1;
+    if o.pmd && cells.iter().any(|c| c.folio != PMD_SIZE) {
         return Err(Refusal::new("--pmd goes with --folio 2M").into());
     }
-    if !o.size.is_multiple_of(o.folio) {
+    if let Some(c) = cells.iter().find(|c| !o.size.is_multiple_of(c.folio)) {
         return Err(Refusal::new(format!(
             "--size must be a multiple of the folio size {}",
-            crate::units::size(o.folio)
+            crate::units::size(c.folio)
         ))
+        .into());
+    }
+    if series && (o.attrib.folded.is_some() || o.attrib.flamegraph.is_some()) {
+        return Err(Refusal::new(
+            "--folded/--flamegraph take one run; a series keeps each run's stacks in its --json reports",
+        )
         .into());
     }
     if let Some(p) = &o.json {
@@ -337,16 +434,17 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     o.attrib.check_writable()?;
     // A folio size the kernel cannot give is refused before the probes
     // attach (one line, exit 2).
-    folio::require(o.folio)?;
+    for c in &cells {
+        folio::require(c.folio)?;
+    }
     // Declared first, so dropped last: Ctrl-C or SIGTERM waits until the
     // sysfs knobs are restored and the probes detached, then takes effect.
-    let _signals = crate::signals::HeldSignals::new();
-    let mut run = Run::start(o)?;
-    run.populate()?;
-    let plan = plan(o, run.pages);
-    let lat = run.fork(&plan)?;
-    run.write(plan, lat)?;
-    let mut report = run.finish()?;
+    let signals = crate::signals::HeldSignals::new();
+    let mut knobs = HeldKnobs::default();
+    if series {
+        return run_series(o, &cells, &signals, &mut knobs);
+    }
+    let mut report = one(o, cells[0], &mut knobs, false, false)?;
     let found = findings::attach(&mut report);
     // A closed stdout (`| head`) costs the tables, not the report.
     let _ = crate::term::out(&format!("{}{found}", summary(&report)));
@@ -355,6 +453,58 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
     }
     // After the report: a failure here must not cost it.
     super::record::write_stacks(&o.attrib, &report)?;
+    Ok(0)
+}
+
+/// One run of a cell, to its report (without findings). `keep`: the knobs
+/// stay set for the next run; `quiet`: see [`Run::start`].
+fn one(o: &BenchOpts, c: CellOpts, knobs: &mut HeldKnobs, keep: bool, quiet: bool) -> Result<Report> {
+    let mut run = Run::start(o, c, knobs, quiet)?;
+    run.populate()?;
+    let plan = plan(o, c, run.pages);
+    let lat = run.fork(&plan)?;
+    run.write(plan, lat)?;
+    run.finish(knobs, keep)
+}
+
+/// `--runs N` or several cells: every cell's runs round by round, then the
+/// statistics per cell. Ctrl-C or SIGTERM ends the series after the run
+/// under way (the knobs restored, the probes detached), with nothing
+/// written.
+fn run_series(
+    o: &BenchOpts,
+    cells: &[CellOpts],
+    signals: &crate::signals::HeldSignals,
+    knobs: &mut HeldKnobs,
+) -> Result<i32> {
+    let anchor = kernel::ClockAnchor::now();
+    let order: Vec<usize> = (0..o.runs).flat_map(|_| 0..cells.len()).collect();
+    let mut runs: Vec<Vec<Report>> = cells.iter().map(|_| Vec::new()).collect();
+    for (i, &ci) in order.iter().enumerate() {
+        if signals.pending() {
+            knobs.release();
+            bail!("interrupted after {i} of {} runs: nothing written", order.len());
+        }
+        let keep = order.get(i + 1).is_some_and(|&next| cells[next].folio == cells[ci].folio);
+        let mut report = one(o, cells[ci], knobs, keep, i > 0)?;
+        findings::attach(&mut report);
+        runs[ci].push(report);
+    }
+    let series = Series {
+        schema: bench_series::SCHEMA.into(),
+        kernel: kernel::release(),
+        arch: std::env::consts::ARCH.into(),
+        runs: o.runs,
+        cells: runs.into_iter().map(Cell::of_runs).collect(),
+        provenance: Some(provenance::here(
+            format!("bench series: {} runs of each of {} cells", o.runs, cells.len()),
+            anchor,
+        )),
+    };
+    let _ = crate::term::out(&bench_series::text(&series));
+    if let Some(p) = &o.json {
+        bench_series::write(p, &series)?;
+    }
     Ok(0)
 }
 
@@ -385,8 +535,8 @@ fn split_pmds(base: *mut u8, len: usize) -> Result<()> {
     Ok(())
 }
 
-fn verify(c: &FolioCheck, o: &BenchOpts) -> Result<()> {
-    let what = crate::units::size(o.folio);
+fn verify(c: &FolioCheck, o: &BenchOpts, folio: u64) -> Result<()> {
+    let what = crate::units::size(folio);
     if c.whole_folios != c.blocks {
         return Err(Refusal::new(format!(
             "only {} of {} {what} blocks are backed by one {what} folio (mTHP/THP allocation fell back); \
@@ -395,7 +545,7 @@ fn verify(c: &FolioCheck, o: &BenchOpts) -> Result<()> {
         ))
         .into());
     }
-    let want_pmd = if o.folio == PMD_SIZE && o.pmd { o.size } else { 0 };
+    let want_pmd = if folio == PMD_SIZE && o.pmd { o.size } else { 0 };
     if c.pmd_mapped_bytes != want_pmd {
         return Err(Refusal::new(format!(
             "{} bytes are mapped by PMDs, expected {want_pmd} ({})",
@@ -419,25 +569,25 @@ enum Plan {
     },
 }
 
-fn plan(o: &BenchOpts, pages: usize) -> Plan {
+fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
     let order = |seed: u64| {
         let mut v: Vec<usize> = (0..pages).collect();
         fastrand::Rng::with_seed(seed).shuffle(&mut v);
         v
     };
     let n = o.threads.max(1);
-    let writers = match o.mode {
+    let writers = match c.mode {
         Mode::Memset => return Plan::Memset,
         Mode::Seq | Mode::ReadThenStore => vec![(0..pages).collect()],
         Mode::Random => vec![order(o.seed)],
-        Mode::PerFolio => vec![(0..pages).step_by((o.folio / PAGE) as usize).collect()],
+        Mode::PerFolio => vec![(0..pages).step_by((c.folio / PAGE) as usize).collect()],
         Mode::Threads => {
             let all = order(o.seed);
             (0..n).map(|i| all.iter().copied().skip(i).step_by(n).collect()).collect()
         }
         Mode::ThreadsSame => (0..n).map(|i| order(o.seed + i as u64)).collect(),
     };
-    Plan::Stores { writers, read_first: o.mode == Mode::ReadThenStore }
+    Plan::Stores { writers, read_first: c.mode == Mode::ReadThenStore }
 }
 
 /// Buffers for store latencies, one per writer. Allocated and touched after
@@ -451,7 +601,7 @@ fn latency_buffers(plan: &Plan, time: bool) -> Vec<Vec<u64>> {
 }
 
 /// Runs the plan; fills `lat` (when timed) with each store's latency.
-fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> Result<Option<Vec<u64>>> {
+fn write(plan: Plan, folio: u64, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> Result<Option<Vec<u64>>> {
     let (writers, read_first) = match plan {
         Plan::Memset => {
             // SAFETY: the whole region is ours.
@@ -460,7 +610,7 @@ fn write(plan: Plan, o: &BenchOpts, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -
         }
         Plan::Stores { writers, read_first } => (writers, read_first),
     };
-    let per_folio = (o.folio / PAGE) as usize;
+    let per_folio = (folio / PAGE) as usize;
     let timed = !lat.is_empty();
     if writers.len() == 1 {
         let list = &writers[0];

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use super::{bench, generate, record, serve, verify};
+use super::{bench, diff::DiffFormat, generate, record, serve, verify};
 use crate::kernel::probes::BackendChoice;
 
 #[derive(Parser)]
@@ -40,12 +40,16 @@ pub enum Cmd {
     /// given size, populate, fork (the child exits or stays), a write
     /// pattern; counts per step beside the workload's own numbers.
     Bench(bench::BenchOpts),
-    /// Two reports side by side, per phase and class, with ratios.
+    /// Two reports side by side, per phase and class, with ratios; or two
+    /// bench series as a kernel changelog's table (--format changelog).
     Diff {
         /// The report before (the baseline).
         a: PathBuf,
         /// The report after.
         b: PathBuf,
+        /// What to print.
+        #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
+        format: DiffFormat,
     },
     /// Assertions over a report (or a run) for CI; exit 1 when one fails,
     /// 3 when a class is not measurable on that kernel.
@@ -58,8 +62,13 @@ pub enum Cmd {
         /// The new phase's name (printable, at most 64 bytes).
         label: String,
     },
-    /// Print the JSON Schema of the report (faultscope/1).
-    Schema,
+    /// Print the JSON Schema of the report (faultscope/1), or of a bench
+    /// series (faultscope-bench/1).
+    Schema {
+        /// The schema of a bench series (`bench --runs N --json`) instead.
+        #[arg(long)]
+        bench: bool,
+    },
     /// Trace until SIGINT/SIGTERM and serve OpenMetrics on
     /// http://127.0.0.1:9853/metrics (targets by -p, --comm, --cgroup).
     Serve(serve::ServeOpts),
@@ -158,6 +167,7 @@ pub const PAGES: &[Page] = &[
             ("faultscope bench random --child alive --threads 8", "8 threads writing in random order while the child lives: copies"),
             ("faultscope bench seq --time-stores -j bench.json", "the latency of every store, and the report as JSON"),
             ("faultscope bench seq --no-trace", "the same workload untraced, for comparison"),
+            ("faultscope bench seq,random --folio 4K,64K,2M --runs 5 -j series.json", "5 runs of each of the 6 cells, interleaved round by round: median, min-max, mean ± stddev per step, every run kept in the series"),
         ],
         fields: COUNT_FIELDS,
         overhead: TRACE_OVERHEAD,
@@ -165,7 +175,10 @@ pub const PAGES: &[Page] = &[
     },
     Page {
         name: "diff",
-        examples: &[("faultscope diff stock.json patched.json", "per phase and class: A, B and B/A")],
+        examples: &[
+            ("faultscope diff stock.json patched.json", "per phase and class: A, B and B/A"),
+            ("faultscope diff --format changelog stock-series.json patched-series.json", "per (mode, folio): the write step's write faults and time, A, B and the change, for a cover letter"),
+        ],
         fields: "",
         overhead: "",
         exit_status: &[OK, ERROR, REFUSED],
@@ -190,7 +203,10 @@ pub const PAGES: &[Page] = &[
     },
     Page {
         name: "schema",
-        examples: &[("faultscope schema > faultscope-1.json", "the report's JSON Schema")],
+        examples: &[
+            ("faultscope schema > faultscope-1.json", "the report's JSON Schema"),
+            ("faultscope schema --bench > faultscope-bench-1.json", "the JSON Schema of a bench series"),
+        ],
         fields: "",
         overhead: "",
         exit_status: &[OK],

@@ -212,7 +212,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false };
+    let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false, quiet: false };
     let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &filters)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());

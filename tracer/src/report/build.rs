@@ -305,6 +305,14 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             .collect(),
         drops: ctx.drops.clone(),
         processes,
+        availability: ctx
+            .availability
+            .iter()
+            .filter_map(|(m, a)| match a {
+                Availability::NotMeasurable(r) => Some((*m, r.clone())),
+                _ => None,
+            })
+            .collect(),
         attribution: ctx.namer.map(|n| info(n)),
         ..Report::default()
     }
@@ -454,8 +462,12 @@ mod tests {
         assert_eq!(p["phases"][0]["name"], "before-fork");
         assert_eq!(p["phases"][0]["kind"], "before-fork");
         assert_eq!(p["phases"][0]["classes"]["faults"]["count"], 4);
-        // Written and read back through the schema types: equal.
-        let back: Report = serde_json::from_value(j).unwrap();
+        // Written and read back through the schema types: equal, the
+        // reasons stored once.
+        assert!(p["classes"]["reuse"].get("reason").is_none());
+        assert!(j["availability"]["reuse"].as_str().is_some_and(|r| !r.is_empty()));
+        let mut back: Report = serde_json::from_value(j).unwrap();
+        back.restore_reasons();
         assert_eq!(back, r);
     }
 }

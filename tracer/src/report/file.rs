@@ -29,6 +29,12 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
     }
     let v: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| Refusal::new(format!("{name}: not a faultscope report: {e}")))?;
+    if v.get("schema").and_then(|s| s.as_str()) == Some(super::bench_series::SCHEMA) {
+        return Err(Refusal::new(format!(
+            "{name}: a bench series ({}, bench --runs), not one report: compare series with `diff --format changelog`",
+            super::bench_series::SCHEMA
+        )));
+    }
     if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
         return Err(Refusal::new(format!(
             "{name}: schema is {}, expected {SCHEMA:?}",
@@ -37,8 +43,9 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
     }
     // The error names the field (`processes[0].classes.reuse`), not only
     // what serde could not match there.
-    let report: Report = serde_path_to_error::deserialize(v)
+    let mut report: Report = serde_path_to_error::deserialize(v)
         .map_err(|e| Refusal::new(format!("{name}: malformed report: at {}: {}", e.path(), e.inner())))?;
+    report.restore_reasons();
     check(&report).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
     Ok(Loaded { path: name, report })
 }

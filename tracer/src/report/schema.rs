@@ -56,6 +56,10 @@ pub struct Report {
     /// What the run was of, where and when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// Why each class not measurable in this run is not: once here, not in
+    /// every class of every phase and process.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub availability: BTreeMap<ReportClass, String>,
 }
 
 /// Enough to say later what a report describes, and what on the machine
@@ -420,6 +424,10 @@ pub struct Latency {
 pub struct NotMeasurable {
     /// Always false.
     pub measurable: bool,
+    /// Why: stored once per report, in `availability`, and filled in here
+    /// when a report is read (`Report::restore_reasons`); accepted here on
+    /// input (older reports), never written.
+    #[serde(default, skip_serializing)]
     pub reason: String,
 }
 
@@ -736,6 +744,23 @@ impl Report {
         self.bench.as_ref().and_then(|b| self.process(b.pid))
     }
 
+    /// Fills each not-measurable class's reason from `availability` (a
+    /// report read back stores them there only).
+    pub fn restore_reasons(&mut self) {
+        let avail = &self.availability;
+        for p in &mut self.processes {
+            for c in std::iter::once(&mut p.classes).chain(p.phases.iter_mut().map(|ph| &mut ph.classes)) {
+                for (m, v) in c.iter_mut() {
+                    if let (ClassValue::NotMeasurable(n), Some(r)) = (v, avail.get(m)) {
+                        if n.reason.is_empty() {
+                            n.reason = r.clone();
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     pub fn drop_count(&self, d: DropReason) -> u64 {
         self.drops.get(d)
     }
@@ -842,15 +867,20 @@ mod tests {
                 text: "t".into(),
                 numbers: [("n".to_string(), Number::Int(1)), ("p".to_string(), Number::Float(0.5))].into(),
             }],
+            availability: [(ReportClass::ContpteUnfold, "arm64 only".to_string())].into(),
             ..Report::default()
         }
     }
 
+    /// The reasons are written once (`availability`) and come back in every
+    /// class on reading.
     #[test]
     fn round_trip_through_json() {
         let r = sample();
         let text = serde_json::to_string_pretty(&r).unwrap();
-        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(text.matches("arm64 only").count(), 1, "{text}");
+        let mut back: Report = serde_json::from_str(&text).unwrap();
+        back.restore_reasons();
         assert_eq!(back, r);
     }
 

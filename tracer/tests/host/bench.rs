@@ -219,3 +219,94 @@ fn bench_child_alive_dies_with_the_bench() {
     }
     assert!(gone, "the bench's child {child} outlived it");
 }
+
+#[test]
+fn bench_runs_keep_every_run_with_statistics_and_diff_as_a_changelog() {
+    let _t = host_test();
+    use faultscope::report::bench_series;
+    // Bad lists and counts are refused before anything is attached.
+    for (args, needle) in [
+        (&["--runs", "0"][..], "--runs 0"),
+        (&["--runs", "1001"][..], "--runs 1001"),
+        (&["--folio", "4K,48K"][..], "not 48K"),
+        (&["--folio", "4K,64K,4K"][..], "4K is listed twice"),
+    ] {
+        let mut a = vec!["bench", "seq", "--size", "4M"];
+        a.extend_from_slice(args);
+        assert_refused(&faultscope(&a), needle);
+    }
+    assert_refused(&faultscope(&["bench", "seq,random,seq", "--size", "4M"]), "seq is listed twice");
+    let d = tmp();
+    let f = d.path().join("series.json");
+    let fs = f.to_str().unwrap();
+    let out = faultscope(&["bench", "seq", "--folio", "4K", "--size", "4M", "--runs", "3", "--json", fs]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("faultscope bench seq 4K") && stdout.contains("3 runs"), "{stdout}");
+    // What is measured here is said once, not once per run.
+    assert_eq!(stderr.matches("faultscope: measuring").count(), 1, "{stderr}");
+    // Every run is kept, as its full report; the statistics in the file
+    // are those of its runs.
+    let raw = read_json(&f);
+    assert_eq!(raw["schema"], "faultscope-bench/1");
+    // It is what the schema says (the runs, what the report's schema
+    // says; the unit tests keep the published files equal to these).
+    let to_value = |s: schemars::Schema| serde_json::to_value(s).unwrap();
+    let registry = jsonschema::Registry::new()
+        .add("json-schema:///report.schema.json", to_value(faultscope::report::schema::json_schema()))
+        .unwrap()
+        .prepare()
+        .unwrap();
+    let v =
+        jsonschema::options().with_registry(&registry).build(&to_value(bench_series::json_schema())).unwrap();
+    let errors: Vec<String> = v.iter_errors(&raw).take(5).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let s = bench_series::load(&f).unwrap_or_else(|e| panic!("{e}")).series;
+    assert_eq!((s.runs, s.cells.len()), (3, 1));
+    let c = &s.cells[0];
+    assert_eq!(c.runs.len(), 3);
+    let again = serde_json::to_value(&c.steps).unwrap();
+    for (st, written) in again.as_array().unwrap().iter().zip(raw["cells"][0]["steps"].as_array().unwrap()) {
+        for k in ["name", "wall_ns", "cpu_ns", "minflt"] {
+            assert_eq!(st[k], written[k], "{k}");
+        }
+        for (m, x) in st["classes"].as_object().unwrap() {
+            let y = &written["classes"][m];
+            match x.get("measurable") {
+                Some(_) => assert_eq!(y["measurable"], false, "{m}"),
+                None => assert_eq!(x, y, "{m}"),
+            }
+        }
+    }
+    let pages = (4u64 << 20) / 4096;
+    for r in &c.runs {
+        assert_eq!(r.bench.as_ref().unwrap().pages, pages);
+        let w = r.bench_process().unwrap().span("mark:write").unwrap();
+        let n = w.count(ReportClass::WriteFaults).expect("write_faults is measured in either mode");
+        assert!((pages..=pages + TOLERANCE).contains(&n), "write faults {n} for {pages} pages");
+    }
+    let write = c.step("write").expect("the write step");
+    for (what, st) in [
+        ("write_faults", write.class(ReportClass::WriteFaults).unwrap()),
+        ("wall", &write.wall_ns),
+        ("minflt", &write.minflt),
+    ] {
+        assert_eq!(st.n, 3, "{what}");
+        assert!(st.min as f64 <= st.median && st.median <= st.max as f64, "{what}: {st:?}");
+        assert!(st.stddev.is_some(), "{what}: {st:?}");
+    }
+    // A class not measurable here stays so, never a 0.
+    for (m, v) in &write.classes {
+        let measured = c.runs[0].bench_process().unwrap().span("mark:write").unwrap().count(*m).is_some();
+        assert_eq!(v.stats().is_some(), measured, "{m}");
+    }
+    // The changelog of the series against itself: no change in any cell.
+    let out = faultscope(&["diff", "--format", "changelog", fs, fs]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("seq ")).collect();
+    assert_eq!(rows.len(), 2, "write faults and time:\n{text}");
+    for r in rows {
+        assert!(r.contains(" 0.00% ") && r.trim_end().ends_with("no"), "{r}\n{text}");
+    }
+}
