@@ -104,7 +104,18 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
     // No kernel stacks here (they are for the contpte classes): no caller.
     let conf = Conf::load();
-    attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, Some(st.vma_start), st.ip, st.syscall, 0);
+    attribute(
+        ctx,
+        &conf,
+        tgid,
+        phase,
+        &KernelClass::FAULT_RETURN,
+        set,
+        Some(st.vma_start),
+        st.ip,
+        st.syscall,
+        0,
+    );
     Ok(0)
 }
 
