@@ -41,27 +41,7 @@ fn attribution_is_measured_or_says_why_not() {
 fn each_mapping_carries_its_own_pages_writes() {
     let _t = host_test();
     let d = tmp();
-    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
-    let out = faultscope(&[
-        "record",
-        "--json",
-        fs.to_str().unwrap(),
-        "--",
-        workload(),
-        "--size",
-        "4M",
-        "--thp",
-        "never",
-        "--child",
-        "exit",
-        "--mappings",
-        "--linger",
-        "1",
-        "--out",
-        wl.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (report, wl) = (read_report(&fs), read_json(&wl));
+    let (_, report, wl) = record_workload_with(d.path(), "4M", &["--mappings", "--linger", "1"]);
     let p = process(&report, wl["pid"].as_u64().unwrap());
     let after = phase(p, "fork#1 after-child-exit");
     // Write faults of this phase by mapping: those with kprobes are COW

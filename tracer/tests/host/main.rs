@@ -147,22 +147,17 @@ fn workload() -> &'static str {
 /// `faultscope record --json -- fs-workload --size SIZE`: the output,
 /// the report and the workload's own report.
 fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {
+    record_workload_with(d, size, &[])
+}
+
+/// [`record_workload`] with more workload arguments.
+fn record_workload_with(d: &Path, size: &str, more: &[&str]) -> (Output, Report, Value) {
     let (fs, wl) = (d.join("fs.json"), d.join("wl.json"));
-    let out = faultscope(&[
-        "record",
-        "--json",
-        fs.to_str().unwrap(),
-        "--",
-        workload(),
-        "--size",
-        size,
-        "--thp",
-        "never",
-        "--child",
-        "exit",
-        "--out",
-        wl.to_str().unwrap(),
-    ]);
+    let mut args = vec!["record", "--json", fs.to_str().unwrap(), "--", workload()];
+    args.extend(["--size", size, "--thp", "never", "--child", "exit"]);
+    args.extend(more);
+    args.extend(["--out", wl.to_str().unwrap()]);
+    let out = faultscope(&args);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (report, wl) = (read_report(&fs), read_json(&wl));
     (out, report, wl)
