@@ -137,11 +137,7 @@ pub fn to_text(r: &Report) -> String {
     spurious_note(&mut out, r);
     let dropped: Vec<String> = r.drops.nonzero().map(|(k, n)| format!("{}: {n}", k.describe())).collect();
     if !dropped.is_empty() {
-        let _ = writeln!(
-            out,
-            "warning: the kernel side dropped records ({}); rerun with a larger --max-stats",
-            dropped.join(", ")
-        );
+        let _ = writeln!(out, "warning: records were dropped ({}){}", dropped.join(", "), drop_hints(r));
     }
     if let Some(progs) = &r.programs {
         let _ = writeln!(out, "PROGRAMS (the kernel's accounting, bpf_stats)");
@@ -168,6 +164,28 @@ pub fn to_text(r: &Report) -> String {
         "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
     );
     out
+}
+
+/// What to do about the drops that an option can avoid.
+fn drop_hints(r: &Report) -> String {
+    use crate::kernel::drops::{Drop, DropReason};
+    let mut hints = Vec::new();
+    if r.drops.get(DropReason::Kernel(Drop::StatsFull)) > 0 {
+        hints.push("rerun with a larger --max-stats");
+    }
+    if r.drops.get(DropReason::Kernel(Drop::MappingsFull)) > 0 {
+        hints.push("the per-mapping counts are incomplete (--no-mappings leaves them out)");
+    }
+    if r.drops.get(DropReason::Kernel(Drop::SitesFull)) + r.drops.get(DropReason::Kernel(Drop::StacksFull))
+        > 0
+    {
+        hints.push("the sites or stacks are incomplete (ask for fewer classes)");
+    }
+    if hints.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", hints.join("; "))
+    }
 }
 
 /// Where the machine cannot take a stale-TLB spurious fault, `spurious`
