@@ -54,7 +54,7 @@ start_redis() {
 	echo > $T/trace
 	echo 1 > $T/tracing_on
 	in_host /usr/bin/redis-server --port 0 --unixsocket $SOCK --save '' --appendonly no \
-		--dir $dir --logfile $dir/redis.log $REDIS_ARGS &
+		--dir $dir --logfile $dir/redis.log ${REDIS_ARGS:-} &
 	wait_until 30 redis_up || { emit $1.redis.log $H$dir/redis.log; fail "$1: redis-server did not start"; }
 	pid=$(pidof redis-server)
 	echo "@@FS-PID $1 $pid"
