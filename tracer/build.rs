@@ -79,15 +79,16 @@ fn commit() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     let commit = env::var("FAULTSCOPE_COMMIT").ok().or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
-    for p in ["HEAD", "packed-refs"] {
-        if let Some(path) = git(&["rev-parse", "--git-path", p]) {
-            println!("cargo:rerun-if-changed={path}");
+    // Only files that exist: cargo takes a missing one (no packed-refs in a
+    // fresh repository) as changed, and would rebuild the crate every time.
+    let watch = |path: Option<String>| {
+        if let Some(p) = path.filter(|p| std::path::Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={p}");
         }
+    };
+    for p in ["HEAD", "packed-refs"] {
+        watch(git(&["rev-parse", "--git-path", p]));
     }
-    if let Some(head_ref) =
-        git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r]))
-    {
-        println!("cargo:rerun-if-changed={head_ref}");
-    }
+    watch(git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r])));
     println!("cargo:rustc-env=FAULTSCOPE_COMMIT={}", commit.unwrap_or_else(|| "unknown".into()));
 }
