@@ -203,7 +203,7 @@ storm() {
 	while kill -0 $pid 2>/dev/null; do
 		read u _ < /proc/uptime
 		set -- $(cat /proc/$pid/stat 2>/dev/null)
-		ut=${14} st=${15}
+		ut=${14:-} st=${15:-}
 		mem=$(awk '$1 == "VmRSS:" {r = $2} $1 == "VmHWM:" {h = $2} END {if (h) print r, h}' /proc/$pid/status 2>/dev/null)
 		[ -n "$ut" ] && [ -n "$mem" ] && echo "@@FS-STORM-SAMPLE $c $u $ut $st $mem"
 		sleep 1
@@ -218,7 +218,7 @@ storm() {
 # each FUNC SUFFIX [KIND]: FUNC NAME$SUFFIX KIND ARGS... for each variant
 # (of KIND only, if given; "tracer": every kind but none).
 each() {
-	f=$1 sfx=$2 only=$3
+	f=$1 sfx=$2 only=${3:-}
 	for n in $(echo "$VARIANTS" | awk 'NF {print $1}'); do
 		set -- $(echo "$VARIANTS" | awk -v n=$n '$1 == n')
 		name=$1 kind=$2
