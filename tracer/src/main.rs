@@ -44,7 +44,14 @@ fn main() {
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Bench(o) => bench::run(&o),
         Cmd::Diff { a, b, format } => diff::run(&a, &b, format),
-        Cmd::Plot { report, output } => plot::run(&report, &output),
+        Cmd::Plot { files, output, compare, latency, step } => {
+            let what = match (compare, latency) {
+                (true, _) => plot::What::Compare,
+                (_, Some(class)) => plot::What::Latency { class, step },
+                _ => plot::What::Timeline,
+            };
+            plot::run(&files, &output, what)
+        }
         Cmd::Verify(o) => verify::run(&o),
         Cmd::Generate { what, dir } => generate::run(what, dir.as_deref()),
         Cmd::Schema { bench } => serde_json::to_string_pretty(&if bench {

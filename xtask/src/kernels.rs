@@ -36,6 +36,9 @@ pub enum Source {
     /// Built here ([`kbuild`]) from Debian's kernel source with a patch
     /// series, everything built in.
     Built(Patched),
+    /// A kernel image given by its path (`cargo xtask kernel` prints it),
+    /// e.g. for `cargo xtask ab`; what it changes is not known here.
+    Image(&'static str),
 }
 
 /// A kernel built with a patch series, and what the series changes.
@@ -58,6 +61,9 @@ pub enum FolioReuse {
     /// The whole folio in one fault: one reuse fault per folio, and arm64
     /// does not unfold its contpte blocks.
     WholeFolio,
+    /// An aligned block of 16 PTEs (64K, a contpte block) per fault: 64K
+    /// folios whole, 32 faults per PTE-mapped 2M folio.
+    ContpteBlock,
 }
 
 const fn package(
@@ -82,6 +88,20 @@ const FOLIO_REUSE: Patched = Patched {
         subject: "[PATCH v2 ",
     },
     reuse: FolioReuse::WholeFolio,
+};
+
+/// Only the series' first patch (`[PATCH v2 1/2] mm/memory: reuse 16 PTEs
+/// of an exclusive large folio on a write fault`): the cover letter's
+/// middle column. Not in the matrix: `cargo xtask ab --preset
+/// cover-letter` runs it.
+const REUSE_16_PTES: Patched = Patched {
+    change: "reuse-16-ptes",
+    series: kbuild::Fixture {
+        env: "FAULTSCOPE_PATCH_SERIES",
+        default: "xtask/series/folio-reuse-v2.thread",
+        subject: "[PATCH v2 1/2]",
+    },
+    reuse: FolioReuse::ContpteBlock,
 };
 
 pub const KERNELS: &[GuestKernel] = &[
@@ -109,7 +129,32 @@ pub const GENERIC_6_12_AMD64: GuestKernel =
 pub const GENERIC_7_3_AMD64: GuestKernel =
     package("7.3-amd64", "linux-image-amd64", "amd64", "trixie-backports");
 
-const EXTRA: &[GuestKernel] = &[GENERIC_6_12_AMD64, GENERIC_7_3_AMD64];
+const EXTRA: &[GuestKernel] = &[
+    GENERIC_6_12_AMD64,
+    GENERIC_7_3_AMD64,
+    GuestKernel { name: "7.3-reuse-16-ptes-amd64", arch: "amd64", source: Source::Built(REUSE_16_PTES) },
+    GuestKernel { name: "7.3-reuse-16-ptes-arm64", arch: "arm64", source: Source::Built(REUSE_16_PTES) },
+];
+
+/// A kernel by name, or by the path of an image `cargo xtask kernel`
+/// built (its folder, `<release>-<hash>-<arch>`, gives the version and the
+/// architecture).
+pub fn by_name_or_image(name: &str) -> Result<GuestKernel> {
+    let p = Path::new(name);
+    if !p.is_file() {
+        return by_name(name);
+    }
+    let dir =
+        p.parent().and_then(|d| d.file_name()).map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+    let arch = ["amd64", "arm64"].into_iter().find(|a| dir.ends_with(&format!("-{a}")));
+    let Some(arch) = arch else {
+        bail!(
+            "{name}: not in a folder named <release>-<hash>-<amd64|arm64> (as `cargo xtask kernel` builds)"
+        );
+    };
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    Ok(GuestKernel { name: leak(dir), arch, source: Source::Image(leak(p.display().to_string())) })
+}
 
 pub fn by_name(name: &str) -> Result<GuestKernel> {
     KERNELS.iter().chain(EXTRA).copied().find(|k| k.name == name).with_context(|| {
@@ -140,7 +185,7 @@ impl GuestKernel {
 
     pub fn reuse(&self) -> FolioReuse {
         match self.source {
-            Source::Package { .. } => FolioReuse::PageByPage,
+            Source::Package { .. } | Source::Image(_) => FolioReuse::PageByPage,
             Source::Built(p) => p.reuse,
         }
     }
@@ -151,6 +196,7 @@ impl GuestKernel {
         match self.source {
             Source::Package { .. } => None,
             Source::Built(p) => p.series.path().err(),
+            Source::Image(p) => (!Path::new(p).is_file()).then(|| format!("{p}: no such kernel image")),
         }
     }
 
@@ -172,6 +218,7 @@ pub fn fetch(k: GuestKernel) -> Result<PathBuf> {
     match k.source {
         Source::Package { .. } => vmlinuz(&package_dir(k)?),
         Source::Built(p) => Ok(built(k, p)?.image),
+        Source::Image(p) => Ok(PathBuf::from(p)),
     }
 }
 

@@ -1,5 +1,6 @@
 //! xtask (package `xtask`): developer tasks, `cargo xtask setup | dist | test | demo | guest-test`.
 
+mod ab;
 mod apt;
 mod bpftrace;
 mod check;
@@ -51,6 +52,39 @@ enum Cmd {
     Test,
     /// The demo: faultscope tracing the fork/write workload in a guest.
     Demo,
+    /// A against B (and more): the same `faultscope bench` series on each
+    /// kernel in `--boots` boots taken alternately (A B A B), printed as a
+    /// cover letter's table (a median per boot) and per cell A against each
+    /// other kernel: mean ± stddev, the change, and whether the runs'
+    /// min-max ranges do not overlap. Series and pictures under target/ab.
+    Ab {
+        /// Kernels, the baseline first: names of the matrix (or
+        /// 7.3-reuse-16-ptes-ARCH), or an image that `cargo xtask kernel`
+        /// built (its printed path). With --preset: none.
+        kernels: Vec<String>,
+        /// Runs of each bench cell per boot.
+        #[arg(long, default_value_t = 15)]
+        runs: u64,
+        /// Boots of each kernel.
+        #[arg(long, default_value_t = 2)]
+        boots: usize,
+        #[arg(long, default_value = "256M")]
+        size: String,
+        /// `faultscope bench` arguments, one bench per --bench (default:
+        /// "seq --time-stores --folio 4K,64K,2M").
+        #[arg(long = "bench")]
+        benches: Vec<String>,
+        /// The kernels and benches of a known comparison.
+        #[arg(long, value_enum)]
+        preset: Option<ab::Preset>,
+        /// The preset's architecture.
+        #[arg(long, default_value = "amd64", value_parser = ["amd64", "arm64"])]
+        arch: String,
+        /// Only the stage of `test`: stock 7.3 against the series, amd64,
+        /// 3 runs x 2 boots on 16M, judged.
+        #[arg(long, conflicts_with_all = ["kernels", "preset", "benches"])]
+        test: bool,
+    },
     /// Only the origins cases (read(2), /proc/self/mem and user stores,
     /// per origin against the oracle and the kernel's own count) in one
     /// guest.
@@ -245,6 +279,33 @@ fn main() -> Result<()> {
             println!("{}", b.image.display());
             Ok(())
         }
+        Cmd::Ab { test: true, .. } => {
+            setup::setup()?;
+            ab::test()
+        }
+        Cmd::Ab { kernels, runs, boots, size, benches, preset, arch, test: false } => {
+            setup::setup()?;
+            let o = match preset {
+                Some(p) => {
+                    if !kernels.is_empty() || !benches.is_empty() {
+                        bail!("ab --preset: give no kernels and no --bench (the preset names them)");
+                    }
+                    ab::Opts::preset(p, &arch, runs, boots, size)
+                }
+                None => ab::Opts {
+                    kernels,
+                    runs,
+                    boots,
+                    size,
+                    benches: if benches.is_empty() {
+                        vec!["seq --time-stores --folio 4K,64K,2M".into()]
+                    } else {
+                        benches
+                    },
+                },
+            };
+            ab::run(&o).map(|_| ())
+        }
         Cmd::Redis { keys, value_size, requests } => redis::run(keys, value_size, requests),
         Cmd::Daemon { keys, value_size, requests } => daemon::run(keys, value_size, requests),
     }
@@ -271,13 +332,14 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 7] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 8] = [
         // First: it builds the static binaries every guest stage runs.
         ("dist packages", &dist::check),
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
         ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
+        ("A/B, stock 7.3 against the series", &ab::test),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
         ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
     ];

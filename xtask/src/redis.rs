@@ -241,7 +241,7 @@ fn mthp_shape(rows: &[MthpRow]) -> Vec<String> {
                     ));
                 }
             }
-            FolioReuse::WholeFolio => match stock73 {
+            FolioReuse::WholeFolio | FolioReuse::ContpteBlock => match stock73 {
                 Some(s) if r.write_faults * 4 >= s.write_faults => f.push(format!(
                     "{n} mthp: {} write faults, not under a quarter of stock 7.3's {}",
                     r.write_faults, s.write_faults
@@ -284,7 +284,7 @@ pub fn boot_host_root_on(
     std::fs::create_dir_all(&dir)?;
     let (mut files, names) = match k.source {
         Source::Package { .. } => host_root_modules(&kernels::modules_dir(k)?, &dir)?,
-        Source::Built(_) => (Vec::new(), Vec::new()),
+        Source::Built(_) | Source::Image(_) => (Vec::new(), Vec::new()),
     };
     files.extend(extra.iter().cloned());
     let mut env = env.to_vec();

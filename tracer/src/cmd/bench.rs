@@ -742,7 +742,7 @@ fn summary(r: &Report) -> String {
     // The latency of the write step's first phase (its mark).
     let write_lat = proc_.and_then(|p| p.phases.iter().find(|ph| ph.name == "mark:write")).and_then(|ph| {
         match ph.classes.get(&ReportClass::Faults) {
-            Some(schema::ClassValue::Measured(m)) => m.latency,
+            Some(schema::ClassValue::Measured(m)) => m.latency.clone(),
             _ => None,
         }
     });

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{CommandFactory, Parser, Subcommand};
 
 use super::{bench, diff::DiffFormat, generate, record, serve, verify};
-use crate::kernel::probes::BackendChoice;
+use crate::kernel::{classes::ReportClass, probes::BackendChoice};
 
 #[derive(Parser)]
 #[command(
@@ -74,13 +74,28 @@ pub enum Cmd {
     Serve(serve::ServeOpts),
     /// Draw a report's time series (record --interval): fault rates per
     /// class over time with the phases shaded and the marks labelled, and
-    /// p99 latency per interval.
+    /// p99 latency per interval. With --compare or --latency, two bench
+    /// series A and B against each other.
     Plot {
-        /// A report of `record --interval ... --json`.
-        report: PathBuf,
+        /// A report of `record --interval ... --json`; with --compare or
+        /// --latency, the two bench series (or bench reports) A and B.
+        #[arg(value_name = "FILE", required = true, num_args = 1..=2)]
+        files: Vec<PathBuf>,
         /// The file to write: FILE.svg, or FILE.png (the same picture, rasterized).
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
+        /// A beside B per (mode, folio, mapping) cell: the write step's wall
+        /// time and write faults, median with a min-max whisker.
+        #[arg(long, conflicts_with = "latency")]
+        compare: bool,
+        /// The CDF of CLASS's fault latency (e.g. reuse, copy, first_touch)
+        /// in a bench step of A and B, one panel per cell, from the
+        /// kernel's buckets.
+        #[arg(long, value_name = "CLASS", value_parser = parse_class)]
+        latency: Option<ReportClass>,
+        /// With --latency: the bench step (populate, fork, write).
+        #[arg(long, value_name = "NAME", default_value = "write", requires = "latency")]
+        step: String,
     },
     /// Write the man pages, the shell completions or the command reference
     /// (for packaging).
@@ -92,6 +107,14 @@ pub enum Cmd {
         /// standard output).
         dir: Option<PathBuf>,
     },
+}
+
+/// A report class by its name (`copy`, `first_touch`).
+fn parse_class(s: &str) -> Result<ReportClass, String> {
+    ReportClass::from_name(s).ok_or_else(|| {
+        let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
+        format!("{s:?} is not a class (known: {})", known.join(", "))
+    })
 }
 
 /// The whole command, with each subcommand's page appended to its help.
@@ -223,7 +246,13 @@ pub const PAGES: &[Page] = &[
     },
     Page {
         name: "plot",
-        examples: &[("faultscope plot run.json -o run.svg", "fault rates per class and p99 latency over time, phases shaded"), ("faultscope plot run.json -o run.png", "the same as a PNG")],
+        examples: &[
+            ("faultscope plot run.json -o run.svg", "fault rates per class and p99 latency over time, phases shaded"),
+            ("faultscope plot run.json -o run.png", "the same as a PNG"),
+            ("faultscope plot --compare stock-series.json patched-series.json -o ab.svg", "per (mode, folio, mapping): the write step's wall time and write faults, A beside B, median and min-max of the runs"),
+            ("faultscope plot --latency copy stock-series.json patched-series.json -o copy.png", "the CDF of the copy faults' latency in the write step, A solid, B dashed, one panel per cell"),
+            ("faultscope plot --latency first_touch --step populate a.json b.json -o ft.svg", "first_touch latency in the populate step"),
+        ],
         fields: "",
         overhead: "",
         exit_status: &[OK, ERROR, REFUSED],

@@ -14,11 +14,11 @@ pub enum DiffFormat {
     /// Every phase and class of two reports, with ratios.
     #[default]
     Table,
-    /// Two bench series (`bench --runs N --json`) or bench reports: per
-    /// (mode, folio) cell the write step's write faults and wall time of A
-    /// and B (mean ± sample stddev over the runs), the change in %, and
-    /// whether the runs' min-max ranges do not overlap; plain text for a
-    /// kernel changelog or cover letter.
+    /// Two bench series (`bench --runs N --json`) or bench reports, as a
+    /// cover letter's text: the table of write faults and times per write
+    /// pattern and folio size (a median per boot), the latency table, then
+    /// per cell A and B (mean ± sample stddev over the runs), the change in
+    /// %, and whether the runs' min-max ranges do not overlap.
     Changelog,
 }
 
@@ -30,7 +30,7 @@ pub fn run(a: &Path, b: &Path, format: DiffFormat) -> Result<i32> {
         }
         DiffFormat::Changelog => {
             let (a, b) = (bench_series::load(a)?, bench_series::load(b)?);
-            changelog(&a, &b)
+            changelog(&[&a, &b])
         }
     };
     crate::term::out(&text)?;

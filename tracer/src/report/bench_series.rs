@@ -239,6 +239,61 @@ impl Cell {
     pub fn step(&self, name: &str) -> Option<&StepStats> {
         self.steps.iter().find(|s| s.name == name)
     }
+
+    /// What tells cells apart: mode, folio, mapping and what the child did
+    /// (`bench --child`, the same in every run of a cell).
+    pub fn key(&self) -> (&str, &str, &str, &str) {
+        let child = self.runs.first().and_then(|r| r.bench.as_ref()).map_or("", |b| b.child.as_str());
+        (&self.mode, &self.folio, &self.mapping, child)
+    }
+
+    /// The cell's runs by the boot they ran in (`provenance.boot_id`), in
+    /// the order of each boot's first run; runs that name no boot are one
+    /// group.
+    pub fn boots(&self) -> Vec<Vec<&Report>> {
+        let mut out: Vec<(Option<&str>, Vec<&Report>)> = Vec::new();
+        for r in &self.runs {
+            let id = r.provenance.as_ref().and_then(|p| p.boot_id.as_deref());
+            match out.iter_mut().find(|(b, _)| *b == id) {
+                Some((_, v)) => v.push(r),
+                None => out.push((id, vec![r])),
+            }
+        }
+        out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+impl Series {
+    /// Several series of one kernel as one (e.g. one per boot, or per
+    /// `bench` invocation with other flags): the runs of equal cells (by
+    /// [`Cell::key`]) are joined in the order given, other cells kept, the
+    /// statistics computed again over all runs.
+    pub fn merge(parts: Vec<Series>) -> Result<Series, Refusal> {
+        let mut it = parts.into_iter();
+        let Some(mut out) = it.next() else { return Err(Refusal::new("no series to merge")) };
+        for s in it {
+            if s.kernel != out.kernel || s.arch != out.arch {
+                return Err(Refusal::new(format!(
+                    "cannot merge series of kernel {} {} into {} {}",
+                    safe(&s.kernel),
+                    safe(&s.arch),
+                    safe(&out.kernel),
+                    safe(&out.arch)
+                )));
+            }
+            for c in s.cells {
+                match out.cells.iter_mut().find(|o| o.key() == c.key()) {
+                    Some(o) => o.runs.extend(c.runs),
+                    None => out.cells.push(c),
+                }
+            }
+        }
+        for c in &mut out.cells {
+            c.steps = step_stats(&c.runs);
+        }
+        out.runs = out.cells.iter().map(|c| c.runs.len() as u64).max().unwrap_or(0);
+        Ok(out)
+    }
 }
 
 impl StepStats {

@@ -4,7 +4,7 @@
 use crate::kernel::drops::Drops;
 use std::collections::BTreeMap;
 
-use faultscope_common::{KernelClass, Origin, PhaseId};
+use faultscope_common::{hist, KernelClass, Origin, PhaseId, Stat};
 
 use super::{
     attribution::{attribution, Namer},
@@ -75,7 +75,8 @@ fn class_value(
         }
         Availability::Measured { class, timed, source } => {
             let s = snap.get_in(tgid, phase, *class);
-            let latency = if *timed { s.as_ref().and_then(latency) } else { None };
+            let latency =
+                if *timed { s.as_ref().and_then(|s| latency(s).map(|l| (l, buckets(s)))) } else { None };
             let by = snap.origins_in(tgid, phase, *class);
             // The exception tracepoints see no get_user_pages fault, and
             // kernel-mode faults only where page_fault_kernel is traced.
@@ -88,16 +89,33 @@ fn class_value(
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
                 origins: Some(origins),
-                latency: latency.map(|l| Latency {
+                latency: latency.map(|(l, buckets)| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
                     max_ns: l.max_ns,
                     mean_ns: l.mean_ns,
+                    buckets,
                 }),
                 source: source.to_string(),
             })
         }
     }
+}
+
+/// The histogram's buckets that counted something, as the report keeps
+/// them (`Latency::buckets`). Values past the last bucket's range are
+/// counted in it: its upper end is then past the exact maximum.
+fn buckets(s: &Stat) -> Vec<[u64; 3]> {
+    s.hist
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(i, c)| {
+            let (lo, hi) = hist::bucket_range(i);
+            let hi = if i == hist::NBUCKETS - 1 { hi.max(s.max_ns.saturating_add(1)) } else { hi };
+            [lo, hi, *c]
+        })
+        .collect()
 }
 
 fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) -> Classes {
@@ -379,7 +397,7 @@ fn pids(snap: &Snapshot, ctx: &Context<'_>) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use faultscope_common::{Stat, StatKey};
+    use faultscope_common::StatKey;
 
     #[test]
     fn no_fault_path_is_tracepoint_mode() {
@@ -454,6 +472,11 @@ mod tests {
         assert_eq!(p["classes"]["faults"]["count"], 4);
         assert_eq!(p["classes"]["faults"]["max_ns"], 5000);
         assert!(p["classes"]["faults"]["p50_ns"].as_u64().unwrap() >= 384);
+        // The kernel's buckets that counted, ascending: [lo, hi) and count.
+        assert_eq!(
+            p["classes"]["faults"]["buckets"],
+            serde_json::json!([[384, 448, 2], [448, 512, 1], [4096, 5120, 1]])
+        );
         assert_eq!(p["classes"]["reuse"]["measurable"], false);
         // Measured but nothing happened: a real 0, without latency.
         assert_eq!(p["classes"]["copy"]["count"], 0);

@@ -1,20 +1,24 @@
-//! `faultscope diff --format changelog A B`: two bench series (or plain
-//! bench reports) as the table of a kernel patch's cover letter. Per
-//! (mode, folio) cell, the write step's write faults and wall time of A
-//! and B, the change, and whether B lies beyond the spread of the runs by
-//! one stated simple test (non-overlapping min-max ranges).
+//! `faultscope diff --format changelog A B` (and `cargo xtask ab`): bench
+//! series (or plain bench reports) as the text of a kernel patch's cover
+//! letter. First the cover letter's own layout (`cover_letter`): a column
+//! per kernel, the medians per boot, and the latency table. Then the
+//! statistics behind it: per (mode, folio) cell the write step's write
+//! faults and wall time of A and each other column, the change, and
+//! whether the runs lie beyond each other's spread by one stated simple
+//! test (non-overlapping min-max ranges).
 
 use std::fmt::Write as _;
 
 use super::{
     bench_series::{Cell, LoadedSeries, Stats},
+    cover_letter,
     diff::mismatches,
 };
 use crate::{kernel::classes::ReportClass, term::safe, units};
 
-/// What the table's footer says of its columns.
+/// What the statistics table's footer says of its columns.
 pub const FOOTER: &str = "\
-A, B: mean ± sample standard deviation (n-1) over the runs; one run: its value.
+A, B: mean ± sample standard deviation (n-1) over all runs; one run: its value.
 change: (B - A) / A, of the means.
 beyond spread: \"yes\" when the min-max ranges of A's and B's runs do not overlap
 (a simple test, not a test of significance); \"-\" with fewer than 2 runs on a side.";
@@ -90,7 +94,15 @@ fn time_unit(ns: f64) -> (&'static str, f64) {
 type Row = [String; 7];
 
 fn row(c: &Cell, metric: &str, a: String, b: String, change: String, spread: String) -> Row {
-    [safe(&c.mode), safe(&c.folio), metric.into(), a, b, change, spread]
+    let (_, _, mapping, child) = c.key();
+    let mut folio = safe(&c.folio);
+    if mapping == "pmd" {
+        folio.push_str(" pmd");
+    }
+    if child == "alive" {
+        folio.push_str(", child alive");
+    }
+    [safe(&c.mode), folio, metric.into(), a, b, change, spread]
 }
 
 /// A count's format: whole with one run, one decimal with several.
@@ -125,17 +137,50 @@ fn rows_of(out: &mut Vec<Row>, a: &Cell, b: &Cell) {
     }
 }
 
-/// The changelog table of A and B.
-pub fn changelog(la: &LoadedSeries, lb: &LoadedSeries) -> String {
-    let (a, b) = (&la.series, &lb.series);
+/// The columns' letters: A, B, C ...
+fn letter(i: usize) -> char {
+    (b'A' + (i % 26) as u8) as char
+}
+
+/// The changelog text of two or more series, the first the baseline.
+pub fn changelog(cols: &[&LoadedSeries]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "A: {}", describe(la));
-    let _ = writeln!(out, "B: {}", describe(lb));
-    let key = |c: &Cell| (c.mode.clone(), c.folio.clone());
+    for (i, l) in cols.iter().enumerate() {
+        let _ = writeln!(out, "{}: {}", letter(i), describe(l));
+    }
     let mut warned: Vec<String> = Vec::new();
+    let mut stats = String::new();
+    if let Some((base, rest)) = cols.split_first() {
+        for (i, other) in rest.iter().enumerate() {
+            let rows = pair_rows(&base.series, &other.series, &mut warned);
+            let _ = writeln!(stats, "\nfaultscope bench, write step, A against {}:\n", letter(i + 1));
+            stats.push_str(&table(&rows, letter(i + 1)));
+        }
+    }
+    for w in &warned {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    let _ = writeln!(out, "\n{}", cover_letter::preamble(cols));
+    out.push_str(&cover_letter::table(cols));
+    let latency = cover_letter::latency(cols);
+    if !latency.is_empty() {
+        let _ = writeln!(out, "\n{latency}");
+    }
+    out.push_str(&stats);
+    let _ = writeln!(out, "\n{FOOTER}");
+    out
+}
+
+/// The statistics rows of A's and B's cells, matched by `Cell::key`; the
+/// workloads' differences go to `warned`.
+fn pair_rows(
+    a: &super::bench_series::Series,
+    b: &super::bench_series::Series,
+    warned: &mut Vec<String>,
+) -> Vec<Row> {
     let mut rows: Vec<Row> = Vec::new();
     for ca in &a.cells {
-        match b.cells.iter().find(|cb| key(cb) == key(ca)) {
+        match b.cells.iter().find(|cb| cb.key() == ca.key()) {
             Some(cb) => {
                 if let (Some(x), Some(y)) = (ca.runs.first(), cb.runs.first()) {
                     for m in mismatches(x, y) {
@@ -151,20 +196,15 @@ pub fn changelog(la: &LoadedSeries, lb: &LoadedSeries) -> String {
             }
         }
     }
-    for cb in b.cells.iter().filter(|cb| !a.cells.iter().any(|ca| key(ca) == key(cb))) {
+    for cb in b.cells.iter().filter(|cb| !a.cells.iter().any(|ca| ca.key() == cb.key())) {
         rows.push(row(cb, "only in B", String::new(), String::new(), String::new(), String::new()));
     }
-    for w in &warned {
-        let _ = writeln!(out, "warning: {w}");
-    }
-    let _ = writeln!(out, "\nfaultscope bench, write step:\n");
-    out.push_str(&table(&rows));
-    let _ = writeln!(out, "\n{FOOTER}");
-    out
+    rows
 }
 
-fn table(rows: &[Row]) -> String {
-    let header: Row = ["mode", "folio", "metric", "A", "B", "change", "beyond spread"].map(String::from);
+fn table(rows: &[Row], b: char) -> String {
+    let header: Row =
+        ["mode", "folio", "metric", "A", &b.to_string(), "change", "beyond spread"].map(String::from);
     let all: Vec<&Row> = std::iter::once(&header).chain(rows).collect();
     let w: Vec<usize> = (0..7).map(|i| all.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
@@ -245,7 +285,7 @@ mod tests {
                 ],
             ],
         );
-        let t = changelog(&loaded("stock.json", a), &loaded("patched.json", b));
+        let t = changelog(&[&loaded("stock.json", a), &loaded("patched.json", b)]);
         assert!(
             t.starts_with("A: stock.json (kernel 7.3, bench 16 MiB, child exit, 3 runs per cell)\n"),
             "{t}"
@@ -289,7 +329,7 @@ mod tests {
         );
         let a = series("6.1", vec![vec![run("seq", "4K", 1_000, 10)]]);
         let b = series("6.1", vec![vec![b]]);
-        let t = changelog(&loaded("a", a), &loaded("b", b));
+        let t = changelog(&[&loaded("a", a), &loaded("b", b)]);
         assert!(t.contains("1 run per cell"), "{t}");
         assert_eq!(row(&t, "seq", "4K", "write faults"), ["seq", "4K", "write faults", "10", "n/m"]);
         assert_eq!(row(&t, "seq", "4K", "time"), ["seq", "4K", "time (us)", "1.00", "1.00", "0.00%", "-"]);
@@ -299,9 +339,9 @@ mod tests {
     fn mismatched_workloads_are_said() {
         let a = series("7.3", vec![vec![run("seq", "4K", 1, 1)]]);
         let mut r = run("seq", "4K", 1, 1);
-        r.bench.as_mut().unwrap().child = "alive".into();
+        r.bench.as_mut().unwrap().size = 32 << 20;
         let b = series("7.3", vec![vec![r]]);
-        let t = changelog(&loaded("a", a), &loaded("b", b));
-        assert!(t.contains("warning: workloads differ: bench child \"exit\" vs \"alive\""), "{t}");
+        let t = changelog(&[&loaded("a", a), &loaded("b", b)]);
+        assert!(t.contains("warning: workloads differ: bench size \"16777216\" vs \"33554432\""), "{t}");
     }
 }

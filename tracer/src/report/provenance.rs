@@ -24,6 +24,7 @@ pub fn here(target: String, start: ClockAnchor) -> Provenance {
         cpu_vendor,
         cpu_model,
         hypervisor: hypervisor(),
+        boot_id: Some(read("/proc/sys/kernel/random/boot_id")).filter(|b| !b.is_empty()),
     }
 }
 
@@ -115,7 +116,7 @@ fn dmi() -> Option<String> {
     ["QEMU", "KVM", "VMware", "Xen", "Microsoft", "Amazon EC2", "Google"]
         .iter()
         .any(|h| v.contains(h) || p.contains(h))
-        .then(|| crate::term::safe(&format!("{v} {p}").trim().to_string()))
+        .then(|| crate::term::safe(format!("{v} {p}").trim()))
 }
 
 #[cfg(test)]

@@ -95,6 +95,10 @@ pub struct Provenance {
     /// stale-TLB spurious fault does not occur under QEMU's TCG).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hypervisor: Option<String>,
+    /// /proc/sys/kernel/random/boot_id: runs with the same one ran in one
+    /// boot, so a series made over several boots can be told apart by boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// How the fault path is measured: kprobes, the tracepoint-only fallback,
@@ -410,13 +414,36 @@ impl Origins {
 }
 
 /// Latency of a timed class, from the kernel's log-linear histogram.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Latency {
     pub p50_ns: u64,
     pub p99_ns: u64,
     pub max_ns: u64,
     pub mean_ns: u64,
+    /// The kernel's own log-linear buckets, so that a reader can draw the
+    /// distribution (`plot --latency`): `[lo_ns, hi_ns, count]` of each
+    /// bucket that counted something, ascending, the values `[lo, hi)`.
+    /// Absent in reports older than it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub buckets: Vec<[u64; 3]>,
+}
+
+impl Latency {
+    /// Adds `from`'s buckets to `into` (both ascending), bucket by bucket
+    /// (the same `lo` is the same kernel bucket): the distribution of the
+    /// two sets of faults together.
+    pub fn add_buckets(into: &mut Vec<[u64; 3]>, from: &[[u64; 3]]) {
+        for b in from {
+            match into.binary_search_by_key(&b[0], |x| x[0]) {
+                Ok(i) => {
+                    into[i][1] = into[i][1].max(b[1]);
+                    into[i][2] += b[2];
+                }
+                Err(i) => into.insert(i, *b),
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -850,7 +877,13 @@ mod tests {
         p.classes = classes(&[(ReportClass::Faults, 3), (ReportClass::Reuse, 16)]);
         p.classes.insert(ReportClass::ContpteUnfold, not_measurable("arm64 only"));
         if let Some(ClassValue::Measured(m)) = p.classes.get_mut(&ReportClass::Faults) {
-            m.latency = Some(Latency { p50_ns: 1, p99_ns: 2, max_ns: 3, mean_ns: 2 });
+            m.latency = Some(Latency {
+                p50_ns: 1,
+                p99_ns: 2,
+                max_ns: 3,
+                mean_ns: 2,
+                buckets: vec![[1, 2, 1], [2, 3, 1]],
+            });
         }
         Report {
             schema: SCHEMA.into(),

@@ -309,4 +309,22 @@ fn bench_runs_keep_every_run_with_statistics_and_diff_as_a_changelog() {
     for r in rows {
         assert!(r.contains(" 0.00% ") && r.trim_end().ends_with("no"), "{r}\n{text}");
     }
+    // Above them, the cover letter's layout: the workload said in words,
+    // and both columns' medians of the same runs alike.
+    assert!(text.contains("of anonymous memory, fork(), the child exits"), "{text}");
+    assert!(text.contains("\n  one byte per page, ascending\n    write faults\n"), "{text}");
+    let pages: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("4K pages"))
+        .map(|l| l.split_whitespace().skip(2).collect())
+        .collect();
+    assert_eq!(pages.len(), 2, "a write faults row and a time row:\n{text}");
+    let median = write.class(faultscope::kernel::classes::ReportClass::WriteFaults).map(|s| s.median);
+    for (i, p) in pages.iter().enumerate() {
+        assert!(p.len() == 2 && p[0] == p[1], "{p:?}\n{text}");
+        if i == 0 {
+            let n: f64 = p[0].replace(',', "").parse().unwrap();
+            assert_eq!(Some(n), median, "the row is the median of the runs\n{text}");
+        }
+    }
 }

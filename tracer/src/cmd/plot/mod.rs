@@ -9,19 +9,30 @@
 //! class's p99 latency per interval on a log axis, left out in intervals
 //! where the class did not occur. Drawn with plotters' SVG backend; PNG by
 //! resvg.
+//!
+//! `plot --compare A B` and `plot --latency CLASS A B` draw two bench
+//! series against each other instead (`compare`, `latency`).
 
-use std::{collections::BTreeMap, path::Path};
+pub mod compare;
+pub mod latency;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{anyhow, Context as _, Result};
-use plotters::prelude::*;
+use plotters::{coord::Shift, prelude::*};
 
 use crate::{
     error::Refusal,
     kernel::classes::ReportClass,
     report::{
+        bench_series::{self, LoadedSeries},
         file,
         schema::{PhaseKind, Report},
     },
+    term::safe,
 };
 
 /// A phase on the time axis (seconds from the start of the run).
@@ -420,30 +431,160 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
-pub fn run(report: &Path, out: &Path) -> Result<i32> {
-    let png = match out.extension().and_then(|e| e.to_str()) {
-        Some("svg") => false,
-        Some("png") => true,
-        _ => {
-            return Err(Refusal::new(format!(
-                "{}: the plot is an SVG or a PNG file: give -o FILE.svg or -o FILE.png",
-                crate::term::safe(&out.display().to_string())
-            ))
-            .into())
+/// What `faultscope plot` was asked to draw.
+pub enum What {
+    /// One report's time series.
+    Timeline,
+    /// Two bench series' write steps side by side (`--compare`).
+    Compare,
+    /// A class's latency CDF in a bench step of two series (`--latency`).
+    Latency { class: ReportClass, step: String },
+}
+
+/// `faultscope plot`: the files are one report (the time series) or the
+/// two series A and B.
+pub fn run(files: &[PathBuf], out: &Path, what: What) -> Result<i32> {
+    let png = is_png(out)?;
+    let two = |flag: &str| match files {
+        [a, b] => Ok((a, b)),
+        _ => Err(Refusal::new(format!(
+            "plot {flag} takes two files, A and B (bench series or bench reports); got {}",
+            files.len()
+        ))),
+    };
+    let svg = match what {
+        What::Timeline => {
+            let [report] = files else {
+                return Err(Refusal::new(format!(
+                    "plot draws one report's time series: give one REPORT (got {}), or --compare A B, or --latency CLASS A B",
+                    files.len()
+                ))
+                .into());
+            };
+            crate::output::check(out)?;
+            let r = file::load(report)?.report;
+            let s = series(&r)?;
+            let title = format!(
+                "faultscope: {} ({} kernel {})",
+                safe(&report.display().to_string()),
+                safe(&r.arch),
+                safe(&r.kernel)
+            );
+            svg(&s, &title)?
+        }
+        What::Compare => {
+            let (a, b) = two("--compare")?;
+            crate::output::check(out)?;
+            let (a, b) = (bench_series::load(a)?, bench_series::load(b)?);
+            compare::svg(&a, &b)?
+        }
+        What::Latency { class, step } => {
+            let (a, b) = two("--latency CLASS")?;
+            crate::output::check(out)?;
+            let (a, b) = (bench_series::load(a)?, bench_series::load(b)?);
+            latency::svg(class, &step, &a, &b)?
         }
     };
-    crate::output::check(out)?;
-    let r = file::load(report)?.report;
-    let s = series(&r)?;
-    let title = format!("faultscope: {} ({} kernel {})", report.display(), r.arch, r.kernel);
-    let svg = svg(&s, &title)?;
-    if png {
-        let pix = rasterize(&svg)?;
-        crate::output::write(out, &pix.encode_png().context("encoding the PNG")?)?;
-    } else {
-        crate::output::write(out, svg.as_bytes())?;
-    }
+    write_picture(out, &svg, png)?;
     Ok(0)
+}
+
+/// Whether `out` is a PNG (else an SVG); refuses any other name.
+fn is_png(out: &Path) -> Result<bool, Refusal> {
+    match out.extension().and_then(|e| e.to_str()) {
+        Some("svg") => Ok(false),
+        Some("png") => Ok(true),
+        _ => Err(Refusal::new(format!(
+            "{}: the plot is an SVG or a PNG file: give -o FILE.svg or -o FILE.png",
+            safe(&out.display().to_string())
+        ))),
+    }
+}
+
+/// Writes the picture as its name says: the SVG, or its PNG.
+pub fn write_picture(out: &Path, svg: &str, png: bool) -> Result<()> {
+    if png {
+        let pix = rasterize(svg)?;
+        crate::output::write(out, &pix.encode_png().context("encoding the PNG")?)
+    } else {
+        crate::output::write(out, svg.as_bytes())
+    }
+}
+
+/// Writes `svg` to `out`, an SVG or a PNG by its name.
+pub fn save(out: &Path, svg: &str) -> Result<()> {
+    write_picture(out, svg, is_png(out)?)
+}
+
+/// A's and B's colour in every comparing picture.
+const SIDE_COLOR: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14)];
+
+/// The heights of the comparing pictures' title, legend and note lines.
+const TITLE_H: u32 = 34;
+const LEGEND_H: u32 = 26;
+const NOTE_LINE: u32 = 16;
+
+/// How a side is marked in the legend.
+#[derive(Clone, Copy)]
+enum Swatch {
+    Box,
+    Solid,
+    Dashed,
+}
+
+/// "A: FILE (kernel K)": the side as the legend names it, foreign text
+/// made safe and a long path cut to its end.
+fn side_name(side: usize, l: &LoadedSeries) -> String {
+    let path = safe(&l.path);
+    let n = path.chars().count();
+    let path = if n > 60 { format!("…{}", path.chars().skip(n - 59).collect::<String>()) } else { path };
+    format!("{}: {} (kernel {})", ["A", "B"][side], path, safe(&l.series.kernel))
+}
+
+/// The title and, under it, the legend of A and B: above the panels, so
+/// that it never covers the data.
+fn head<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    sides: [&LoadedSeries; 2],
+    swatch: [Swatch; 2],
+) -> Result<()> {
+    area.draw(&Text::new(title.to_string(), (12, 8), ("sans-serif", 18).into_font().color(&BLACK)))
+        .map_err(err)?;
+    let half = area.dim_in_pixel().0 as i32 / 2;
+    for (i, l) in sides.iter().enumerate() {
+        let (x, y) = (12 + i as i32 * half, TITLE_H as i32 + 6);
+        let c = SIDE_COLOR[i];
+        match swatch[i] {
+            Swatch::Box => area.draw(&Rectangle::new([(x, y), (x + 18, y + 12)], c.filled())).map_err(err)?,
+            Swatch::Solid => area
+                .draw(&PathElement::new(vec![(x, y + 6), (x + 24, y + 6)], c.stroke_width(2)))
+                .map_err(err)?,
+            Swatch::Dashed => {
+                for k in 0..3 {
+                    let x0 = x + k * 9;
+                    area.draw(&PathElement::new(vec![(x0, y + 6), (x0 + 5, y + 6)], c.stroke_width(2)))
+                        .map_err(err)?;
+                }
+            }
+        }
+        area.draw(&Text::new(side_name(i, l), (x + 30, y), ("sans-serif", 13).into_font().color(&BLACK)))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The notes under the picture, one a line.
+fn notes<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, lines: &[String]) -> Result<()> {
+    for (i, l) in lines.iter().enumerate() {
+        area.draw(&Text::new(
+            l.clone(),
+            (12, 4 + i as i32 * NOTE_LINE as i32),
+            ("sans-serif", 12).into_font().color(&BLACK),
+        ))
+        .map_err(err)?;
+    }
+    Ok(())
 }
 
 /// The SVG as pixels (resvg), its text in the system's sans-serif font

@@ -1,0 +1,318 @@
+//! `cargo xtask ab KERNEL-A KERNEL-B...`: the same `faultscope bench`
+//! series on each kernel, in `--boots` boots of each taken alternately (A B
+//! A B), every boot running every bench; the runs of a kernel's boots are
+//! joined into one series (`Series::merge`) and printed as
+//! `faultscope diff --format changelog` prints two: the cover letter's
+//! layout, a value per boot, and A against each other kernel with the
+//! change and the min-max test. Each kernel's series is kept under
+//! target/ab/NAME/ with the A/B pictures (`plot --compare`, the reuse
+//! fault's latency CDF).
+
+use std::{
+    fs,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use faultscope::{
+    cmd::plot,
+    kernel::classes::ReportClass,
+    report::{
+        bench_series::{self, LoadedSeries, Series},
+        changelog,
+    },
+};
+
+use crate::{
+    kernels::{self, GuestKernel},
+    util::root,
+    vm,
+};
+
+/// A named set of kernels and benches.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Preset {
+    /// The whole-folio reuse series' cover letter: stock 7.3, 7.3 with v2
+    /// 1/2 (16 PTEs) and with 1/2 + 2/2 (the whole folio); seq with a clock
+    /// read between the stores (4K, 64K, 1M, 2M PTE- and PMD-mapped),
+    /// memset(), 8 threads in random order, read-then-store, a 4K COW
+    /// copy with the child alive.
+    CoverLetter,
+}
+
+/// The cover letter's benches, one `faultscope bench` each per boot.
+const COVER_LETTER: &[&str] = &[
+    "seq --time-stores --folio 4K,64K,1M,2M",
+    "seq --time-stores --folio 2M --pmd",
+    "memset --folio 4K,64K,2M",
+    "memset --folio 2M --pmd",
+    "threads --threads 8 --folio 64K,2M",
+    "read-then-store --folio 64K",
+    "seq --child alive --folio 4K",
+];
+
+/// What to run.
+pub struct Opts {
+    pub kernels: Vec<String>,
+    pub runs: u64,
+    pub boots: usize,
+    pub size: String,
+    /// `faultscope bench` arguments (mode, --folio ...), one bench each.
+    pub benches: Vec<String>,
+}
+
+impl Opts {
+    /// The preset's kernels (for `arch`) and benches.
+    pub fn preset(p: Preset, arch: &str, runs: u64, boots: usize, size: String) -> Opts {
+        match p {
+            Preset::CoverLetter => Opts {
+                kernels: ["7.3-cloud", "7.3-reuse-16-ptes", "7.3-folio-reuse"]
+                    .iter()
+                    .map(|k| format!("{k}-{arch}"))
+                    .collect(),
+                runs,
+                boots,
+                size,
+                benches: COVER_LETTER.iter().map(|b| b.to_string()).collect(),
+            },
+        }
+    }
+}
+
+/// A kernel's merged series, written to target/ab/NAME/series.json.
+pub struct Column {
+    pub series: LoadedSeries,
+}
+
+/// A/B pictures of A against a later column: the bars with their spread
+/// and the reuse fault's latency CDF, as SVG and PNG.
+pub struct Pictures {
+    /// (path without its extension, SVG, PNG, non-white pixels of the PNG).
+    pub drawn: Vec<(PathBuf, String, Vec<u8>, usize)>,
+}
+
+fn draw(a: &LoadedSeries, b: &LoadedSeries, dir: &std::path::Path, name: &str) -> Result<Pictures> {
+    let mut drawn = Vec::new();
+    let svgs = [
+        ("compare", plot::compare::svg(a, b)?),
+        ("latency-reuse", plot::latency::svg(ReportClass::Reuse, "write", a, b)?),
+    ];
+    for (what, svg) in svgs {
+        let path = dir.join(format!("{name}-{what}"));
+        let (png, non_white) = crate::daemon::render_png(&svg)?;
+        fs::write(dir.join(format!("{name}-{what}.svg")), &svg)?;
+        fs::write(dir.join(format!("{name}-{what}.png")), &png)?;
+        drawn.push((path, svg, png, non_white));
+    }
+    Ok(Pictures { drawn })
+}
+
+/// The series of one boot of `k`: every bench's, merged.
+fn one_boot(k: GuestKernel, o: &Opts, boot: usize) -> Result<Series> {
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm/ab").join(k.name).join(format!("boot{boot}"));
+    fs::create_dir_all(&dir)?;
+    for b in &o.benches {
+        if b.contains(';') || b.contains('\'') {
+            bail!("bench arguments {b:?}: no ';' or quote");
+        }
+    }
+    let env = [("BENCHES", o.benches.join(";")), ("RUNS", o.runs.to_string()), ("SIZE", o.size.clone())];
+    let cpio = vm::initramfs(&dir, k.arch, &bin, "ab.sh", &env)?;
+    let t = Instant::now();
+    let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(3600))?;
+    let mut parts = Vec::new();
+    for (i, b) in o.benches.iter().enumerate() {
+        let case = format!("ab{}", i + 1);
+        if g.marker("RC", &case).as_deref() != Some("0") {
+            bail!(
+                "{} boot {boot}: faultscope bench {b} failed:\n{}",
+                k.name,
+                g.section(&format!("{case}.out")).unwrap_or("")
+            );
+        }
+        let section = format!("{case}.json");
+        let text = g.section(&section)?;
+        fs::write(dir.join(format!("{case}.json")), text)?;
+        let name = format!("{} boot {boot}: bench {b}", k.name);
+        parts.push(bench_series::parse(name, text)?.series);
+    }
+    println!(
+        "xtask ab: {} boot {boot}: {} benches in {:.0}s",
+        k.name,
+        o.benches.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(Series::merge(parts)?)
+}
+
+/// Runs the comparison; returns each kernel's merged series and the
+/// changelog text (also printed and written to target/ab/changelog.txt).
+pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
+    if o.kernels.len() < 2 {
+        bail!("ab: give two kernels or more (A first: the baseline)");
+    }
+    if o.boots == 0 || o.runs == 0 {
+        bail!("ab: --boots and --runs must be at least 1");
+    }
+    let ks: Vec<GuestKernel> =
+        o.kernels.iter().map(|n| kernels::by_name_or_image(n)).collect::<Result<_>>()?;
+    if let Some(k) = ks.iter().find(|k| k.arch != ks[0].arch) {
+        bail!(
+            "ab: {} is {}, {} is {}: compare kernels of one architecture",
+            ks[0].name,
+            ks[0].arch,
+            k.name,
+            k.arch
+        );
+    }
+    for k in &ks {
+        if let Some(why) = k.missing() {
+            bail!("ab: {}: {why}", k.name);
+        }
+    }
+    let t = Instant::now();
+    let mut boots: Vec<Vec<Series>> = vec![Vec::new(); ks.len()];
+    // Alternately: boot i of every kernel before boot i + 1 of any.
+    for boot in 1..=o.boots {
+        for (i, k) in ks.iter().enumerate() {
+            boots[i].push(one_boot(*k, o, boot)?);
+        }
+    }
+    let out = root().join("target/ab");
+    let mut cols = Vec::new();
+    for (k, parts) in ks.iter().zip(boots) {
+        let series = Series::merge(parts).with_context(|| k.name.to_string())?;
+        let dir = out.join(k.name);
+        fs::create_dir_all(&dir)?;
+        let path: PathBuf = dir.join("series.json");
+        bench_series::write(&path, &series)?;
+        cols.push(Column { series: LoadedSeries { path: path.display().to_string(), series } });
+    }
+    let refs: Vec<&LoadedSeries> = cols.iter().map(|c| &c.series).collect();
+    let text = changelog::changelog(&refs);
+    fs::write(out.join("changelog.txt"), &text)?;
+    let mut pictures = Vec::new();
+    for (k, c) in ks.iter().zip(&cols).skip(1) {
+        pictures.push(draw(&cols[0].series, &c.series, &out, k.name)?);
+    }
+    print!("{text}");
+    println!(
+        "xtask ab: {} kernels x {} boots x {} benches of {} runs on {} in {:.0}s; series and pictures under {}",
+        ks.len(),
+        o.boots,
+        o.benches.len(),
+        o.runs,
+        o.size,
+        t.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok((cols, text, pictures))
+}
+
+/// The guest test of `ab`: stock 7.3 against 7.3 with the whole-folio
+/// series, amd64, 3 runs x 2 boots of seq on 16M for 4K, 64K and 2M
+/// (PTE-mapped). The series' 64K and 2M write faults must lie beyond the
+/// stock kernel's spread, and inside the page arithmetic (stock: one per
+/// page; the series: one per folio, plus the bench's own few); 4K must not
+/// (both reuse page by page), and both kernels' 4K counts must be one per
+/// page. The text must have a value per boot.
+pub fn test() -> Result<()> {
+    let o = Opts {
+        kernels: vec!["7.3-cloud-amd64".into(), "7.3-folio-reuse-amd64".into()],
+        runs: 3,
+        boots: 2,
+        size: "16M".into(),
+        benches: vec!["seq --folio 4K,64K,2M".into()],
+    };
+    let (cols, text, pictures) = run(&o)?;
+    let mut fails = judge(&cols, &text, 16 << 20);
+    for (path, svg, png, non_white) in pictures.iter().flat_map(|p| &p.drawn) {
+        let labels = ["seq 4K", "seq 64K", "seq 2M"];
+        if path.to_string_lossy().ends_with("-compare") {
+            if let Some(l) = labels.iter().find(|l| !svg.contains(*l)) {
+                fails.push(format!("{}.svg has no label {l:?}", path.display()));
+            }
+        }
+        if png.len() < 20_000 || *non_white < 20_000 {
+            fails.push(format!("{}.png: {} bytes, {non_white} non-white pixels", path.display(), png.len()));
+        }
+    }
+    if !fails.is_empty() {
+        bail!("ab test:\n  {}", fails.join("\n  "));
+    }
+    println!("xtask ab test: passed");
+    Ok(())
+}
+
+/// Faults beyond the page arithmetic the bench's own memory may take in
+/// the write step (its stack, heap and the tracer's ring), as in the
+/// matrix.
+const SLACK: f64 = 64.0;
+
+fn judge(cols: &[Column], text: &str, size: u64) -> Vec<String> {
+    use faultscope::kernel::classes::ReportClass;
+    let mut fails = Vec::new();
+    let (a, b) = (&cols[0].series.series, &cols[1].series.series);
+    for (folio, bytes) in [("4K", 4096u64), ("64K", 64 << 10), ("2M", 2 << 20)] {
+        let cell = |s: &Series| s.cells.iter().find(|c| c.mode == "seq" && c.folio == folio).cloned();
+        let (Some(ca), Some(cb)) = (cell(a), cell(b)) else {
+            fails.push(format!("seq {folio}: a kernel has no cell"));
+            continue;
+        };
+        let wf =
+            |c: &bench_series::Cell| c.step("write").and_then(|s| s.class(ReportClass::WriteFaults)).cloned();
+        let (Some(sa), Some(sb)) = (wf(&ca), wf(&cb)) else {
+            fails.push(format!("seq {folio}: write faults not measured"));
+            continue;
+        };
+        let (pages, folios) = ((size / 4096) as f64, (size / bytes) as f64);
+        let within = |s: &bench_series::Stats, n: f64| s.min as f64 >= n && s.max as f64 <= n + SLACK;
+        if !within(&sa, pages) {
+            fails.push(format!(
+                "seq {folio}: stock 7.3's write faults {}-{} not one per page ({pages})",
+                sa.min, sa.max
+            ));
+        }
+        let want_b = if folio == "4K" { pages } else { folios };
+        if !within(&sb, want_b) {
+            fails.push(format!(
+                "seq {folio}: the series' write faults {}-{} not {want_b} (+{SLACK})",
+                sb.min, sb.max
+            ));
+        }
+        let beyond = bench_series::Stats::beyond_spread(&sa, &sb);
+        let want = folio != "4K";
+        if beyond != Some(want) {
+            fails.push(format!(
+                "seq {folio}: write faults beyond the spread is {beyond:?}, want {want} (A {}-{}, B {}-{})",
+                sa.min, sa.max, sb.min, sb.max
+            ));
+        }
+        let line = text.lines().find(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.len() > 3 && w[0] == "seq" && w[1] == folio && w[2] == "write"
+        });
+        let word = if want { "yes" } else { "no" };
+        if !line.is_some_and(|l| l.trim_end().ends_with(word)) {
+            fails.push(format!("seq {folio}: the statistics row does not end in {word:?}: {line:?}"));
+        }
+        if ca.boots().len() != 2 || cb.boots().len() != 2 {
+            fails.push(format!(
+                "seq {folio}: runs not in 2 boots ({} and {})",
+                ca.boots().len(),
+                cb.boots().len()
+            ));
+        }
+    }
+    if !text.contains("2 boots of each kernel, taken alternately") {
+        fails.push("the text does not say the boots alternated".into());
+    }
+    let time_row = text.lines().find(|l| l.trim_start().starts_with("64K mTHP") && l.contains(" / "));
+    if time_row.is_none() {
+        fails.push("no time row with a value per boot (`x / y`) for 64K".into());
+    }
+    fails
+}
