@@ -1023,7 +1023,7 @@ base-commit: 1234
         let Source::Built(p) = crate::kernels::by_name("7.3-folio-reuse-amd64").unwrap().source else {
             panic!("not a built kernel")
         };
-        let file = match p.series.path() {
+        let file = match p.series.unwrap().path() {
             Ok(f) => f,
             Err(why) => {
                 eprintln!("SKIPPED: the folio-reuse series' cut: {why}");
@@ -1031,7 +1031,7 @@ base-commit: 1234
             }
         };
         let all = read_series(std::slice::from_ref(&file), None).unwrap();
-        let d = read_series(&[file], Some(p.series.subject)).unwrap();
+        let d = read_series(&[file], Some(p.series.unwrap().subject)).unwrap();
         assert!(all.len() > d.len(), "{all:?}");
         assert_eq!(d.len(), 2, "{d:?}");
         assert!(d[0].subject.starts_with("[PATCH v2 1/2] "), "{}", d[0].subject);

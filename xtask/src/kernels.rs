@@ -46,7 +46,10 @@ pub enum Source {
 pub struct Patched {
     /// The change, as the kernel's release names it (`7.3.4-<change>`).
     pub change: &'static str,
-    pub series: kbuild::Fixture,
+    /// None: the stock tree, built with the same configuration (the
+    /// like-for-like baseline of an A/B: Debian's own kernels have another
+    /// configuration, which changes the times).
+    pub series: Option<kbuild::Fixture>,
     /// How the kernel reuses an exclusive large folio after fork on a
     /// write fault.
     pub reuse: FolioReuse,
@@ -82,11 +85,11 @@ const fn package(
 /// another copy.
 const FOLIO_REUSE: Patched = Patched {
     change: "folio-reuse",
-    series: kbuild::Fixture {
+    series: Some(kbuild::Fixture {
         env: "FAULTSCOPE_PATCH_SERIES",
         default: "xtask/series/folio-reuse-v2.thread",
         subject: "[PATCH v2 ",
-    },
+    }),
     reuse: FolioReuse::WholeFolio,
 };
 
@@ -96,13 +99,16 @@ const FOLIO_REUSE: Patched = Patched {
 /// cover-letter` runs it.
 const REUSE_16_PTES: Patched = Patched {
     change: "reuse-16-ptes",
-    series: kbuild::Fixture {
+    series: Some(kbuild::Fixture {
         env: "FAULTSCOPE_PATCH_SERIES",
         default: "xtask/series/folio-reuse-v2.thread",
         subject: "[PATCH v2 1/2]",
-    },
+    }),
     reuse: FolioReuse::ContpteBlock,
 };
+
+/// Debian's 7.3 source with no patch, built as the patched kernels are.
+const STOCK_BUILD: Patched = Patched { change: "stock", series: None, reuse: FolioReuse::PageByPage };
 
 pub const KERNELS: &[GuestKernel] = &[
     // bookworm's own 6.1 LTS (the point release's, not -security's): no
@@ -132,6 +138,8 @@ pub const GENERIC_7_3_AMD64: GuestKernel =
 const EXTRA: &[GuestKernel] = &[
     GENERIC_6_12_AMD64,
     GENERIC_7_3_AMD64,
+    GuestKernel { name: "7.3-stock-build-amd64", arch: "amd64", source: Source::Built(STOCK_BUILD) },
+    GuestKernel { name: "7.3-stock-build-arm64", arch: "arm64", source: Source::Built(STOCK_BUILD) },
     GuestKernel { name: "7.3-reuse-16-ptes-amd64", arch: "amd64", source: Source::Built(REUSE_16_PTES) },
     GuestKernel { name: "7.3-reuse-16-ptes-arm64", arch: "arm64", source: Source::Built(REUSE_16_PTES) },
 ];
@@ -195,7 +203,7 @@ impl GuestKernel {
     pub fn missing(&self) -> Option<String> {
         match self.source {
             Source::Package { .. } => None,
-            Source::Built(p) => p.series.path().err(),
+            Source::Built(p) => p.series.and_then(|f| f.path().err()),
             Source::Image(p) => (!Path::new(p).is_file()).then(|| format!("{p}: no such kernel image")),
         }
     }
@@ -224,8 +232,10 @@ pub fn fetch(k: GuestKernel) -> Result<PathBuf> {
 
 /// The build of a [`Source::Built`] kernel (cached, or built now).
 fn built(k: GuestKernel, p: Patched) -> Result<kbuild::Built> {
-    let file = p.series.path().map_err(anyhow::Error::msg)?;
-    let diffs = kbuild::read_series(&[file], Some(p.series.subject))?;
+    let diffs = match p.series {
+        Some(f) => kbuild::read_series(&[f.path().map_err(anyhow::Error::msg)?], Some(f.subject))?,
+        None => Vec::new(),
+    };
     kbuild::build(k.arch, p.change, &diffs)
 }
 

@@ -126,6 +126,21 @@ fn rows_of(out: &mut Vec<Row>, a: &Cell, b: &Cell) {
         _ => (String::new(), String::new()),
     };
     out.push(row(a, "write faults", side(wa), side(wb), ch, sp));
+    // Where a run lost events its counts are short: the kernel's own count
+    // of the step's faults beside them.
+    if cover_letter::lost(a) || cover_letter::lost(b) {
+        if let (Some(x), Some(y)) = (a.step("write").map(|s| &s.minflt), b.step("write").map(|s| &s.minflt)) {
+            let (fa, fb) = (count_format(x), count_format(y));
+            out.push(row(
+                a,
+                "minflt (getrusage)",
+                value(x, fa),
+                value(y, fb),
+                change(x.mean, y.mean),
+                spread(x, y),
+            ));
+        }
+    }
     match (a.step("write").map(|s| &s.wall_ns), b.step("write").map(|s| &s.wall_ns)) {
         (Some(x), Some(y)) => {
             let (unit, div) = time_unit(x.mean);
@@ -164,7 +179,7 @@ pub fn changelog(cols: &[&LoadedSeries]) -> String {
     out.push_str(&cover_letter::table(cols));
     let latency = cover_letter::latency(cols);
     if !latency.is_empty() {
-        let _ = writeln!(out, "\n{latency}");
+        let _ = writeln!(out, "\n{}", latency.trim_end());
     }
     out.push_str(&stats);
     let _ = writeln!(out, "\n{FOOTER}");

@@ -29,15 +29,17 @@ fn heading(c: &Cell) -> String {
     let b = c.runs.first().and_then(|r| r.bench.as_ref());
     let threads = b.map_or(1, |b| b.threads);
     let timed = b.is_some_and(|b| b.store_latency.is_some());
-    let what = match c.mode.as_str() {
+    // Reports name the modes as clap does (`read-then-store`) or without
+    // the dashes (`readthenstore`).
+    let what = match c.mode.replace('-', "").as_str() {
         "seq" if timed => "one byte per page, a clock_gettime() between the stores".to_string(),
         "seq" => "one byte per page, ascending".into(),
         "random" => "one byte per page, random order".into(),
         "memset" => "memset() of all of it".into(),
         "threads" => format!("{threads} threads, one byte per page, random order"),
-        "threads-same" => format!("{threads} threads, each storing to every page, random order"),
-        "per-folio" => "one byte per folio".into(),
-        "read-then-store" => "every page of a folio read, then stored to".into(),
+        "threadssame" => format!("{threads} threads, each storing to every page, random order"),
+        "perfolio" => "one byte per folio".into(),
+        "readthenstore" => "every page of a folio read, then stored to".into(),
         m => safe(m),
     };
     match b.map(|b| b.child.as_str()) {
@@ -77,11 +79,24 @@ fn boot_medians(
 }
 
 /// One value row of a block: the label and, per column, the boots'
-/// medians or why there are none.
+/// medians or why there are none, and whether a run of the cell lost
+/// events (its counts are then lower bounds).
 struct Line {
     label: String,
     cells: Vec<Result<Vec<f64>, &'static str>>,
+    lost: Vec<bool>,
 }
+
+/// Whether a run of the cell lost events in the kernel or in user space
+/// (`drops`): its counts may be short.
+pub fn lost(c: &Cell) -> bool {
+    c.runs.iter().any(|r| r.drops.total() > 0)
+}
+
+/// The footnote of values marked `*`, naming what was lost.
+pub const LOST: &str = "* a run of this cell lost events (the report's `drops`, e.g. kretprobe \
+returns the kernel missed): the counts are lower bounds; the statistics \
+below give the step's getrusage minflt beside them.";
 
 /// What a block shows of each cell.
 #[derive(Clone, Copy)]
@@ -107,14 +122,12 @@ impl Quantity {
 }
 
 /// Whether a block of `q` is worth a place: write faults and time always;
-/// spurious faults in read-then-store or where any run has some; contpte
-/// unfolds on arm64 where measured.
+/// spurious faults in read-then-store or where a boot's median is not 0;
+/// contpte unfolds on arm64 where measured.
 fn shown(q: Quantity, mode: &str, cells: &[Option<&Cell>], arm64: bool) -> bool {
-    let any = |m: ReportClass| {
-        cells.iter().flatten().any(|c| c.runs.iter().any(|r| count(r, m).is_ok_and(|n| n > 0)))
-    };
+    let some = || cells.iter().flatten().any(|c| q.of(c).is_ok_and(|v| v.iter().any(|x| *x > 0.0)));
     match q {
-        Quantity::Class(ReportClass::Spurious, _) => mode == "read-then-store" || any(ReportClass::Spurious),
+        Quantity::Class(ReportClass::Spurious, _) => mode.replace('-', "") == "readthenstore" || some(),
         Quantity::Class(ReportClass::ContpteUnfold, _) => {
             arm64
                 && cells
@@ -175,6 +188,8 @@ fn render(q: Quantity, lines: &[Line]) -> (String, Vec<Vec<String>>) {
                     }
                     Ok(v) => v.iter().map(|x| format!("{:>width$}", one(*x))).collect::<Vec<_>>().join(" / "),
                 })
+                .zip(&l.lost)
+                .map(|(v, lost)| if *lost && matches!(q, Quantity::Class(..)) { v + "*" } else { v })
                 .collect()
         })
         .collect();
@@ -232,6 +247,7 @@ pub fn table<'a>(cols: &[&'a LoadedSeries]) -> String {
                 .map(|(_, f, m)| Line {
                     label: folio_label(f, m),
                     cells: cols.iter().map(|l| cell_of(l, f, m).map_or(Err("-"), |c| q.of(c))).collect(),
+                    lost: cols.iter().map(|l| cell_of(l, f, m).is_some_and(lost)).collect(),
                 })
                 .collect();
             let (title, cells) = render(q, &lines);
@@ -242,7 +258,11 @@ pub fn table<'a>(cols: &[&'a LoadedSeries]) -> String {
         }
     }
     let heads: Vec<String> = cols.iter().map(|l| safe(&l.series.kernel)).collect();
-    layout(&heads, &rows)
+    let mut out = layout(&heads, &rows);
+    if rows.iter().any(|(_, c)| c.iter().any(|v| v.ends_with('*'))) {
+        out.push_str(&format!("\n{}\n", wrap(LOST)));
+    }
+    out
 }
 
 /// Rows under a header (a head may have several lines, split on `\n`),
@@ -386,6 +406,9 @@ pub fn latency<'a>(cols: &[&'a LoadedSeries]) -> String {
         cells.push(cell(last).map_or("-".into(), |c| ns(allocating_p50(c))));
         cells.push(if copy_cell.is_some() { ns(copy) } else { "-".into() });
         rows.push((format!("      {}", folio_label(f, m)), cells));
+    }
+    if rows.iter().all(|(_, c)| c.iter().all(|v| v == "n/m" || v == "-")) {
+        return "Latency: not measurable here (these runs timed no fault).\n".into();
     }
     let mut out = String::from(
         "The latency of the fault that reuses a folio, beside the fault that\n\
@@ -578,6 +601,23 @@ mod tests {
             p.contains("Medians of 1-2 runs per boot, 1-2 boots of each kernel, taken alternately"),
             "{p}"
         );
+    }
+
+    #[test]
+    fn counts_of_runs_that_lost_events_are_marked() {
+        let mut r = run("threads", "64K", 1_000_000, 300);
+        r.bench.as_mut().unwrap().threads = 8;
+        let reason = crate::kernel::drops::DropReason::all().next().unwrap();
+        r.drops.set(reason, 7);
+        let a = loaded("a", series("7.3", vec![vec![r]]));
+        let b = loaded("b", series("7.3", vec![vec![run("seq", "64K", 1_000_000, 256)]]));
+        let t = table(&[&a, &b]);
+        assert!(t.contains("8 threads, one byte per page, random order"), "{t}");
+        let line = t.lines().find(|l| l.trim_start().starts_with("64K mTHP") && l.contains("300")).unwrap();
+        assert!(line.contains("300*"), "{t}");
+        assert!(t.contains("lower bounds"), "{t}");
+        let plain = table(&[&b, &b]);
+        assert!(!plain.contains('*') && !plain.contains("lower bounds"), "{plain}");
     }
 
     #[test]

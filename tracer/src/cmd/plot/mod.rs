@@ -521,7 +521,7 @@ const SIDE_COLOR: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14
 
 /// The heights of the comparing pictures' title, legend and note lines.
 const TITLE_H: u32 = 34;
-const LEGEND_H: u32 = 26;
+const LEGEND_H: u32 = 46;
 const NOTE_LINE: u32 = 16;
 
 /// How a side is marked in the legend.
@@ -551,9 +551,10 @@ fn head<DB: DrawingBackend>(
 ) -> Result<()> {
     area.draw(&Text::new(title.to_string(), (12, 8), ("sans-serif", 18).into_font().color(&BLACK)))
         .map_err(err)?;
-    let half = area.dim_in_pixel().0 as i32 / 2;
+    // One line per side: a side's file and kernel can be as wide as the
+    // picture.
     for (i, l) in sides.iter().enumerate() {
-        let (x, y) = (12 + i as i32 * half, TITLE_H as i32 + 6);
+        let (x, y) = (12, TITLE_H as i32 + 4 + i as i32 * 20);
         let c = SIDE_COLOR[i];
         match swatch[i] {
             Swatch::Box => area.draw(&Rectangle::new([(x, y), (x + 18, y + 12)], c.filled())).map_err(err)?,
