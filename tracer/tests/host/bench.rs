@@ -311,7 +311,7 @@ fn bench_runs_keep_every_run_with_statistics_and_diff_as_a_changelog() {
     }
     // Above them, the cover letter's layout: the workload said in words,
     // and both columns' medians of the same runs alike.
-    assert!(text.contains("of anonymous memory, fork(), the child exits"), "{text}");
+    assert!(text.replace('\n', " ").contains("of anonymous memory, fork(), the child exits"), "{text}");
     assert!(text.contains("\n  one byte per page, ascending\n    write faults\n"), "{text}");
     let pages: Vec<Vec<&str>> = text
         .lines()
