@@ -43,7 +43,7 @@ fn main() {
         Cmd::Probes { load, backend } => probes::run(load, backend),
         Cmd::Mark { recorder, label } => mark::mark(&label, recorder),
         Cmd::Bench(o) => bench::run(&o),
-        Cmd::Diff { a, b, format } => diff::run(&a, &b, format),
+        Cmd::Diff { a, b, more, format } => diff::run(&a, &b, &more, format),
         Cmd::Plot { files, output, compare, latency, step } => {
             let what = match (compare, latency) {
                 (true, _) => plot::What::Compare,

@@ -47,6 +47,9 @@ pub enum Cmd {
         a: PathBuf,
         /// The report after.
         b: PathBuf,
+        /// With --format changelog: more series, as further columns (a
+        /// series' parts, e.g. v2 1/2 and 1/2+2/2).
+        more: Vec<PathBuf>,
         /// What to print.
         #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
         format: DiffFormat,
@@ -200,7 +203,8 @@ pub const PAGES: &[Page] = &[
         name: "diff",
         examples: &[
             ("faultscope diff stock.json patched.json", "per phase and class: A, B and B/A"),
-            ("faultscope diff --format changelog stock-series.json patched-series.json", "per (mode, folio): the write step's write faults and time, A, B and the change, for a cover letter"),
+            ("faultscope diff --format changelog stock-series.json patched-series.json", "a cover letter's text: per write pattern and folio size the write step's write faults and time (a median per boot), the latency table, then A and B with their spread and the change"),
+            ("faultscope diff --format changelog stock.json v2-1of2.json v2-2of2.json", "three columns: a series' parts side by side"),
         ],
         fields: "",
         overhead: "",

@@ -2,11 +2,14 @@
 //! `report::diff` of them; with `--format changelog`, loads two bench
 //! series (or bench reports) and prints `report::changelog` of them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::report::{bench_series, changelog::changelog, diff::diff, file};
+use crate::{
+    error::Refusal,
+    report::{bench_series, changelog::changelog, diff::diff, file},
+};
 
 /// What `diff` prints.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -22,15 +25,19 @@ pub enum DiffFormat {
     Changelog,
 }
 
-pub fn run(a: &Path, b: &Path, format: DiffFormat) -> Result<i32> {
+pub fn run(a: &Path, b: &Path, more: &[PathBuf], format: DiffFormat) -> Result<i32> {
     let text = match format {
         DiffFormat::Table => {
+            if !more.is_empty() {
+                return Err(Refusal::new("diff: more than two files only with --format changelog").into());
+            }
             let (a, b) = (file::load(a)?, file::load(b)?);
             diff(&a, &b)
         }
         DiffFormat::Changelog => {
-            let (a, b) = (bench_series::load(a)?, bench_series::load(b)?);
-            changelog(&[&a, &b])
+            let all = [a, b].into_iter().chain(more.iter().map(PathBuf::as_path));
+            let cols = all.map(bench_series::load).collect::<Result<Vec<_>, _>>()?;
+            changelog(&cols.iter().collect::<Vec<_>>())
         }
     };
     crate::term::out(&text)?;

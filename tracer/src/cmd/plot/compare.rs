@@ -31,10 +31,12 @@ const STEP: &str = "write";
 /// A cell's name on the x axis: `seq 64K`, `seq 2M pmd`.
 pub fn cell_label(c: &Cell) -> String {
     let pmd = if c.mapping == "pmd" { " pmd" } else { "" };
-    format!("{} {}{pmd}", safe(&c.mode), safe(&c.folio))
+    let alive = if c.key().3 == "alive" { ", child alive" } else { "" };
+    format!("{} {}{pmd}{alive}", safe(&c.mode), safe(&c.folio))
 }
 
-/// The cells of A and B paired by (mode, folio, mapping), in A's order,
+/// The cells of A and B paired by `Cell::key` (mode, folio, mapping,
+/// child), in A's order,
 /// and the labels of those on one side only.
 pub struct Pairs<'a> {
     pub common: Vec<(String, &'a Cell, &'a Cell)>,
@@ -42,8 +44,7 @@ pub struct Pairs<'a> {
 }
 
 pub fn pairs<'a>(a: &'a Series, b: &'a Series) -> Pairs<'a> {
-    let key = |c: &Cell| (c.mode.clone(), c.folio.clone(), c.mapping.clone());
-    let find = |s: &'a Series, c: &Cell| s.cells.iter().find(|x| key(x) == key(c));
+    let find = |s: &'a Series, c: &Cell| s.cells.iter().find(|x| x.key() == c.key());
     let common = a.cells.iter().filter_map(|c| find(b, c).map(|d| (cell_label(c), c, d))).collect();
     let only = [
         a.cells.iter().filter(|c| find(b, c).is_none()).map(cell_label).collect(),
