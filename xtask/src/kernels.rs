@@ -78,18 +78,24 @@ const fn package(
     GuestKernel { name, arch, source: Source::Package { meta, suite } }
 }
 
-/// The reuse-the-whole-folio series (`mm/memory: reuse the whole exclusive
-/// large folio on a write fault`, v2, two patches; docs/kernels.md says which)
-/// from its public linux-mm thread, kept in the repo
+/// The messages of the reuse-the-whole-folio series (`mm/memory: reuse the
+/// whole exclusive large folio on a write fault`, v2, two patches;
+/// docs/kernels.md says which) whose subject contains `subject`, from its
+/// public linux-mm thread kept in the repo
 /// (`xtask/series/folio-reuse-v2.thread`); FAULTSCOPE_PATCH_SERIES names
 /// another copy.
-const FOLIO_REUSE: Patched = Patched {
-    change: "folio-reuse",
-    series: Some(kbuild::Fixture {
+const fn folio_reuse_thread(subject: &'static str) -> Option<kbuild::Fixture> {
+    Some(kbuild::Fixture {
         env: "FAULTSCOPE_PATCH_SERIES",
         default: "xtask/series/folio-reuse-v2.thread",
-        subject: "[PATCH v2 ",
-    }),
+        subject,
+    })
+}
+
+/// The whole series.
+const FOLIO_REUSE: Patched = Patched {
+    change: "folio-reuse",
+    series: folio_reuse_thread("[PATCH v2 "),
     reuse: FolioReuse::WholeFolio,
 };
 
@@ -99,11 +105,7 @@ const FOLIO_REUSE: Patched = Patched {
 /// cover-letter` runs it.
 const REUSE_16_PTES: Patched = Patched {
     change: "reuse-16-ptes",
-    series: Some(kbuild::Fixture {
-        env: "FAULTSCOPE_PATCH_SERIES",
-        default: "xtask/series/folio-reuse-v2.thread",
-        subject: "[PATCH v2 1/2]",
-    }),
+    series: folio_reuse_thread("[PATCH v2 1/2]"),
     reuse: FolioReuse::ContpteBlock,
 };
 
