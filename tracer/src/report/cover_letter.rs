@@ -168,7 +168,7 @@ fn render(q: Quantity, lines: &[Line]) -> (String, Vec<Vec<String>>) {
     };
     let one = |v: f64| match q {
         Quantity::Time => format!("{:.*}", decimals, v / div),
-        Quantity::Class(..) => bench_count(v),
+        Quantity::Class(..) => super::bench_series::count_f(v),
     };
     let width = lines
         .iter()
@@ -194,10 +194,6 @@ fn render(q: Quantity, lines: &[Line]) -> (String, Vec<Vec<String>>) {
         })
         .collect();
     (format!("{}{unit}", q.title()), cells)
-}
-
-fn bench_count(v: f64) -> String {
-    super::bench_series::count_f(v)
 }
 
 /// The table: a header of the columns' kernels, then per heading (write
@@ -494,27 +490,19 @@ pub fn preamble(cols: &[&LoadedSeries]) -> String {
 /// Whether the columns' boots alternated: ordered by their first run's
 /// start, no two neighbours are boots of one column.
 fn alternated(cols: &[&LoadedSeries]) -> bool {
-    let mut boots: Vec<(u64, usize)> = Vec::new();
+    // (boot id, column) -> the boot's first start.
+    let mut first: Vec<(&str, usize, u64)> = Vec::new();
     for (i, l) in cols.iter().enumerate() {
-        let mut seen: Vec<&str> = Vec::new();
         for r in l.series.cells.iter().flat_map(|c| &c.runs) {
             let Some(p) = &r.provenance else { return false };
             let Some(id) = p.boot_id.as_deref() else { return false };
-            if !seen.contains(&id) {
-                seen.push(id);
-                let start = l
-                    .series
-                    .cells
-                    .iter()
-                    .flat_map(|c| &c.runs)
-                    .filter_map(|r| r.provenance.as_ref().filter(|p| p.boot_id.as_deref() == Some(id)))
-                    .map(|p| p.start_unix_ns)
-                    .min()
-                    .unwrap_or(0);
-                boots.push((start, i));
+            match first.iter_mut().find(|(b, c, _)| *b == id && *c == i) {
+                Some(f) => f.2 = f.2.min(p.start_unix_ns),
+                None => first.push((id, i, p.start_unix_ns)),
             }
         }
     }
+    let mut boots: Vec<(u64, usize)> = first.into_iter().map(|(_, i, t)| (t, i)).collect();
     boots.sort_unstable();
     cols.len() > 1 && boots.windows(2).all(|w| w[0].1 != w[1].1)
 }
