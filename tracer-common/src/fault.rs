@@ -154,7 +154,12 @@ pub struct ThreadFault {
     pub ip: u64,
     /// `SiteKey::syscall` of the fault (0 for a user-mode fault).
     pub syscall: u32,
-    pub _pad: u32,
+    /// The `TARGETS_EPOCH` (plus 1) at which the thread's process was last
+    /// found in the traced set; 0: not known to be traced.
+    pub traced: u32,
+    /// The time faultscope's programs nested in the fault in progress
+    /// measured of themselves (taken out of its latency).
+    pub own_ns: u64,
 }
 
 impl ThreadFault {
@@ -177,6 +182,7 @@ impl ThreadFault {
         self.fault_addr = addr;
         self.flags = flags;
         self.origin = origin as u32;
+        self.own_ns = 0;
         // Keep the exception record; forget the marks of the previous fault.
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
         lost
@@ -195,6 +201,15 @@ impl ThreadFault {
     pub fn mark(&mut self, bit: u32) {
         if self.seen & SEEN_IN_FAULT != 0 {
             self.seen |= bit;
+        }
+    }
+
+    /// A program nested in the fault in progress ran from `from_ns` to
+    /// `to_ns` (its own clock reads): not the fault's time.
+    #[inline(always)]
+    pub fn own_time(&mut self, from_ns: u64, to_ns: u64) {
+        if self.seen & SEEN_IN_FAULT != 0 {
+            self.own_ns += to_ns.saturating_sub(from_ns);
         }
     }
 

@@ -12,6 +12,7 @@ pub mod class;
 pub mod fault;
 pub mod hist;
 pub mod maps;
+pub mod pending;
 pub mod program;
 
 pub use class::KernelClass;

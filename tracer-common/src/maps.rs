@@ -57,8 +57,10 @@ impl ClassSetKey {
 /// run (one lookup, not one per entry).
 pub type ConfigValues = [u32; Config::COUNT];
 
-/// Value of `STATS`: a count and, for classes timed by the kretprobe, the
-/// latency distribution in nanoseconds.
+/// Value of `STATS`: a count and, for classes timed at the fault's return,
+/// the latency distribution in nanoseconds: the fault's time in the kernel
+/// less the time faultscope's own programs nested inside it measured
+/// (`hist`, `sum_ns`, `max_ns`), and the whole time (`raw_hist`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Stat {
@@ -66,25 +68,55 @@ pub struct Stat {
     pub sum_ns: u64,
     pub max_ns: u64,
     pub hist: [u64; NBUCKETS],
+    /// The nested programs' own time, summed (taken out of `sum_ns`).
+    pub own_ns: u64,
+    pub raw_max_ns: u64,
+    pub raw_hist: [u64; NBUCKETS],
 }
 
 impl Stat {
-    pub const ZERO: Stat = Stat { count: 0, sum_ns: 0, max_ns: 0, hist: [0; NBUCKETS] };
+    pub const ZERO: Stat = Stat {
+        count: 0,
+        sum_ns: 0,
+        max_ns: 0,
+        hist: [0; NBUCKETS],
+        own_ns: 0,
+        raw_max_ns: 0,
+        raw_hist: [0; NBUCKETS],
+    };
 
     /// Account one event; `ns == None` for classes that are only counted.
     /// Per-CPU, so no atomics are needed.
     #[inline(always)]
     pub fn record(&mut self, ns: Option<u64>) {
+        match ns {
+            Some(ns) => self.record_timed(ns, 0),
+            None => self.count += 1,
+        }
+    }
+
+    /// Account one timed event of `raw_ns` in the kernel, `own_ns` of which
+    /// faultscope's nested programs spent.
+    #[inline(always)]
+    pub fn record_timed(&mut self, raw_ns: u64, own_ns: u64) {
         self.count += 1;
-        if let Some(ns) = ns {
-            self.sum_ns += ns;
-            if ns > self.max_ns {
-                self.max_ns = ns;
-            }
-            let b = bucket_of(ns);
-            if b < NBUCKETS {
-                self.hist[b] += 1;
-            }
+        let own = if own_ns > raw_ns { raw_ns } else { own_ns };
+        let ns = raw_ns - own;
+        self.sum_ns += ns;
+        self.own_ns += own;
+        if ns > self.max_ns {
+            self.max_ns = ns;
+        }
+        if raw_ns > self.raw_max_ns {
+            self.raw_max_ns = raw_ns;
+        }
+        let b = bucket_of(ns);
+        if b < NBUCKETS {
+            self.hist[b] += 1;
+        }
+        let b = bucket_of(raw_ns);
+        if b < NBUCKETS {
+            self.raw_hist[b] += 1;
         }
     }
 
@@ -93,7 +125,12 @@ impl Stat {
         self.count += other.count;
         self.sum_ns += other.sum_ns;
         self.max_ns = self.max_ns.max(other.max_ns);
+        self.own_ns += other.own_ns;
+        self.raw_max_ns = self.raw_max_ns.max(other.raw_max_ns);
         for (a, b) in self.hist.iter_mut().zip(other.hist.iter()) {
+            *a += *b;
+        }
+        for (a, b) in self.raw_hist.iter_mut().zip(other.raw_hist.iter()) {
             *a += *b;
         }
     }
@@ -275,9 +312,10 @@ pub enum Drop {
     TargetsFull = 2,
     /// The `EVENTS` ring was full: a lifecycle event was lost.
     EventsFull = 3,
-    /// A user fault entered `handle_mm_fault` and its kretprobe never ran
-    /// (the kernel had no free kretprobe instance): that fault was not
-    /// classified. Seen when the thread's next fault enters.
+    /// A fault entered `handle_mm_fault` and its kretprobe never ran (the
+    /// kernel had no free kretprobe instance). Seen when the thread's next
+    /// fault enters, which counts it then from its marks: untimed, and with
+    /// its return value unknown (taken as completed, not retried).
     LostReturn = 4,
     /// A read of a program's context (probe argument, tracepoint field)
     /// failed: that event was not classified.
@@ -342,7 +380,7 @@ impl Drop {
             Drop::ThreadsFull => "thread state not created (task storage out of memory or busy)",
             Drop::TargetsFull => "targets map full",
             Drop::EventsFull => "events ring full",
-            Drop::LostReturn => "faults whose kretprobe was missed",
+            Drop::LostReturn => "faults whose kretprobe was missed (counted untimed at the next fault)",
             Drop::ReadFailed => "events whose context could not be read",
             Drop::MappingsFull => "mappings map full",
             Drop::SitesFull => "sites map full",

@@ -19,11 +19,14 @@ use faultscope_common::{
     class::{ClassSet, KernelClass},
     fault::Origin,
     maps::{Config, Drop, PhaseId},
+    pending::{self, PendingMapping},
 };
 
 use crate::{
-    helpers::{drop_count, FnContext, ReadFailed, BPF_NOEXIST},
-    maps::{cfg, Conf, MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS},
+    helpers::{drop_add, drop_count, entry, flushing, FnContext, ReadFailed, BPF_NOEXIST},
+    maps::{
+        cfg, Conf, MAPPINGS, PENDING_MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS,
+    },
 };
 
 /// `BPF_F_USER_STACK`: the user stack of the current task.
@@ -97,28 +100,50 @@ pub fn regs_ip(regs: u64) -> u64 {
     unsafe { bpf_probe_read_kernel((regs + PT_REGS_IP) as *const u64) }.unwrap_or(0)
 }
 
-/// One event in every class of `bits` (a `ClassSet`) for its mapping.
-/// Not inlined: one subprogram for the fault and the contpte programs.
+/// This CPU's pending slot for `key` (see `helpers::stat_slot`).
+#[inline(always)]
+fn mapping_slot(key: &MappingKey) -> Option<*mut PendingMapping> {
+    let (a, b) = pending::ways(pending::mapping_slot(key));
+    let pa = PENDING_MAPPINGS.get_ptr_mut(a)?;
+    let pb = PENDING_MAPPINGS.get_ptr_mut(b)?;
+    unsafe {
+        if (*pa).key == *key {
+            return Some(pa);
+        }
+        if (*pb).key == *key {
+            return Some(pb);
+        }
+        let v = if (*pa).key.tgid == 0 {
+            pa
+        } else if (*pb).key.tgid == 0 || pending::victim((*pa).key.phase, (*pb).key.phase, key.phase) {
+            pb
+        } else {
+            pa
+        };
+        flushing(|| {
+            if (*v).key.tgid != 0 {
+                (*v).end_run();
+                let dst = entry(&MAPPINGS, &ZERO_COUNTS, &(*v).key);
+                if dst.is_none() {
+                    drop_add(Drop::MappingsFull, pending::events(&(*v).counts));
+                }
+                pending::drain_counts(dst.map(|d| &mut *d), &mut (*v).counts);
+            }
+            (*v).key = *key;
+        });
+        Some(v)
+    }
+}
+
+/// One event in every class of `bits` (a `ClassSet`) for its mapping, in
+/// this CPU's pending slot. Not inlined: one subprogram for the fault and
+/// the contpte programs.
 #[inline(never)]
 pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32) {
     let key = MappingKey { tgid, phase, start };
-    let mut p = MAPPINGS.get_ptr_mut(&key);
-    if p.is_none() {
-        if let Some(z) = ZERO_COUNTS.get_ptr(0) {
-            let _ = MAPPINGS.insert(&key, unsafe { &*z }, BPF_NOEXIST);
-        }
-        p = MAPPINGS.get_ptr_mut(&key);
-    }
-    let Some(v) = p else {
-        drop_count(Drop::MappingsFull);
-        return;
-    };
-    let mut i = 0;
-    while i < KernelClass::COUNT {
-        if bits & (1 << i) != 0 {
-            unsafe { (*v).counts[i] += 1 };
-        }
-        i += 1;
+    match mapping_slot(&key) {
+        Some(v) => unsafe { (*v).add(bits) },
+        None => drop_count(Drop::MappingsFull),
     }
 }
 

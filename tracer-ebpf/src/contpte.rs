@@ -4,6 +4,7 @@
 //! Not tied to a fault: a block is unfolded by mprotect, munmap or a COW
 //! inside it as well, so these count for the current task whatever it does.
 
+use aya_ebpf::helpers::bpf_ktime_get_ns;
 use faultscope_common::{
     attrib::addr_key,
     class::{ClassSet, KernelClass},
@@ -21,10 +22,13 @@ use crate::{
 /// Counts and attributes a contpte event of `set` at user address `addr`:
 /// inside a traced fault of this thread with the fault's origin, mapping
 /// and instruction, else (the kernel inside a syscall: mprotect, munmap)
-/// as the kernel's, at the address's granule, with no instruction.
+/// as the kernel's, at the address's granule, with no instruction. Inside
+/// a fault, the program's own time from `from_ns` on is the fault's
+/// `own_ns`.
 #[inline(always)]
-fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
-    let (start, ip, syscall, origin) = match thread_state_if_any() {
+fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_ns: u64) {
+    let state = thread_state_if_any();
+    let (start, ip, syscall, origin) = match state {
         Some(s) if unsafe { (*s).in_fault() } => unsafe {
             ((*s).vma_start, (*s).ip, (*s).syscall, Origin::from_u32((*s).origin))
         },
@@ -32,7 +36,7 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
     };
     let phase = current_phase();
     let set = set.with_origin(origin);
-    record(tgid, phase, set.0, UNTIMED);
+    record(tgid, phase, set.0, UNTIMED, 0);
     let conf = Conf::load();
     attribute(
         ctx,
@@ -46,6 +50,9 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64) {
         syscall,
         ctx.entry_caller(&conf),
     );
+    if let Some(s) = state {
+        unsafe { (*s).own_time(from_ns, bpf_ktime_get_ns()) };
+    }
 }
 
 /// arm64 PTE_CONT: the contiguous hint of a PTE.
@@ -54,12 +61,13 @@ const PTE_CONT: u64 = 1 << 52;
 /// `fn(mm, addr, ...)` probes that count one class.
 #[inline(always)]
 fn try_count<C: FnContext>(ctx: &C, class: KernelClass) -> Result<u32, ReadFailed> {
+    let from = unsafe { bpf_ktime_get_ns() };
     let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
     }
     let addr = ctx.arg(1)?;
-    count_here(ctx, tgid, ClassSet::default().with(class), addr);
+    count_here(ctx, tgid, ClassSet::default().with(class), addr, from);
     Ok(0)
 }
 
@@ -67,6 +75,7 @@ fn try_count<C: FnContext>(ctx: &C, class: KernelClass) -> Result<u32, ReadFaile
 /// carries PTE_CONT when it is folded, not when it is unfolded.
 #[inline(always)]
 fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
+    let from = unsafe { bpf_ktime_get_ns() };
     let (_, tgid) = pid_tgid();
     if counted_target(tgid).is_none() {
         return Ok(0);
@@ -76,7 +85,7 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let pte = ctx.arg(3)?;
     let addr = ctx.arg(1)?;
     let class = if pte & PTE_CONT != 0 { KernelClass::ContpteFold } else { KernelClass::ContpteUnfold };
-    count_here(ctx, tgid, ClassSet::default().with(KernelClass::ContpteConvert).with(class), addr);
+    count_here(ctx, tgid, ClassSet::default().with(KernelClass::ContpteConvert).with(class), addr, from);
     Ok(0)
 }
 

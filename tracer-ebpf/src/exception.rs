@@ -19,10 +19,7 @@ use faultscope_common::{
 
 use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
-    helpers::{
-        counted_target, current_phase, field, pid_tgid, record_set, thread_state, thread_state_if_any,
-        FnContext, ReadFailed, UNTIMED,
-    },
+    helpers::{current_phase, field, pid_tgid, record_set, traced_thread, FnContext, ReadFailed, UNTIMED},
     maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
 };
 
@@ -118,7 +115,7 @@ fn on_page_fault<C: StackIdContext>(
     if conf.get(Config::Exceptions) == 0 {
         if set.classes() != 0 {
             let (_, tgid) = pid_tgid();
-            if counted_target(tgid).is_some() {
+            if traced_thread(tgid).is_some() {
                 let phase = counted(ctx, &conf, tgid, set, origin, ip);
                 // No fault path, no VMA: the mapping by the address's
                 // granule, named by user space from the maps snapshots.
@@ -129,33 +126,16 @@ fn on_page_fault<C: StackIdContext>(
         }
         return Ok(0);
     }
-    // The kprobes (or fentry) count the fault; this only leaves its error
-    // code. A thread with a state took a traced fault before: the record is
-    // left without looking the process up (an untraced thread never gets a
-    // state, and a record left by one no longer traced is never used: only
-    // a traced fault's entry opens a fault). Others are looked up once.
+    // The kprobes (or fentry) count the fault; this leaves its error code
+    // for the fault's return (an untraced thread never gets a state, and a
+    // record left by one no longer traced is never used: only a traced
+    // fault's entry opens a fault), and counts first_touch.
     let addr = addr()?;
-    let mut traced = None;
-    let st = match thread_state_if_any() {
-        Some(s) => Some(s),
-        None => {
-            let (_, tgid) = pid_tgid();
-            traced = Some(counted_target(tgid).is_some());
-            if traced == Some(true) {
-                thread_state()
-            } else {
-                None
-            }
-        }
-    };
-    if let Some(s) = st {
+    let (_, tgid) = pid_tgid();
+    if let Some(s) = traced_thread(tgid) {
         unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
-    }
-    // first_touch: a page not present.
-    if set.classes() != 0 {
-        let (_, tgid) = pid_tgid();
-        let traced = traced.unwrap_or_else(|| counted_target(tgid).is_some());
-        if traced {
+        // first_touch: a page not present.
+        if set.classes() != 0 {
             counted(ctx, &conf, tgid, set, origin, ip);
         }
     }
@@ -175,7 +155,7 @@ fn counted<C: StackIdContext>(
     ip: impl FnOnce() -> u64,
 ) -> faultscope_common::maps::PhaseId {
     let phase = current_phase();
-    record_set(tgid, phase, set, UNTIMED);
+    record_set(tgid, phase, set, UNTIMED, 0);
     let asked = conf.get(Config::SiteClasses)
         | conf.get(Config::UserStackClasses)
         | conf.get(Config::KernelStackClasses);
@@ -195,13 +175,11 @@ kprobe_and_fentry!(
 #[inline(always)]
 fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let (_, tgid) = pid_tgid();
-    if counted_target(tgid).is_none() {
+    let Some(s) = traced_thread(tgid) else {
         return Ok(0);
-    }
+    };
     let far = ctx.arg(0)?;
     let esr = ctx.arg(1)?;
-    if let Some(s) = thread_state() {
-        unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
-    }
+    unsafe { (*s).on_exception(ExcArch::Arm64, far, esr) };
     Ok(0)
 }

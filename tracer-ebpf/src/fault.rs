@@ -14,14 +14,14 @@ use aya_ebpf::{
 use faultscope_common::{
     class::KernelClass,
     fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP},
-    maps::Drop,
+    maps::{Config, Drop},
 };
 
 use crate::{
-    attrib::{attribute, fault_site, vma_start},
+    attrib::{attribute, count_mapping, fault_site, vma_start},
     helpers::{
-        counted_target, current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state,
-        thread_state_if_any, FnContext, ReadFailed,
+        current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state_if_any, traced_thread,
+        FnContext, ReadFailed, UNTIMED,
     },
     maps::Conf,
 };
@@ -40,9 +40,9 @@ kprobe_and_fentry!(
 #[inline(always)]
 fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let (_, tgid) = pid_tgid();
-    if counted_target(tgid).is_none() {
+    let Some(s) = traced_thread(tgid) else {
         return Ok(0);
-    }
+    };
     let flags = ctx.arg(2)? as u32;
     let regs = ctx.arg(3)?;
     let origin = Origin::of(flags, regs);
@@ -52,15 +52,25 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // lock that held it).
     let start = vma_start(ctx, &conf, ctx.arg(0)?)?;
     let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
-    if let Some(s) = thread_state() {
-        let st = unsafe { &mut *s };
-        if st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags, origin) {
-            drop_count(Drop::LostReturn);
+    let st = unsafe { &mut *s };
+    // The thread's previous fault never returned to us (a kretprobe out of
+    // instances): it is counted here, from its marks, untimed, its return
+    // value unknown (taken as completed). A fault cannot nest in another of
+    // the same thread, so this is the only way to be in a fault here.
+    if st.in_fault() {
+        drop_count(Drop::LostReturn);
+        if let Some(set) = st.on_return(0) {
+            let phase = current_phase();
+            record_set(tgid, phase, set, UNTIMED, 0);
+            if conf.get(Config::Mappings) != 0 {
+                count_mapping(tgid, phase, st.vma_start, set.classes());
+            }
         }
-        st.vma_start = start;
-        st.ip = ip;
-        st.syscall = syscall;
     }
+    st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags, origin);
+    st.vma_start = start;
+    st.ip = ip;
+    st.syscall = syscall;
     Ok(0)
 }
 
@@ -101,7 +111,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
-    record_set(tgid, phase, set, now.saturating_sub(st.start_ns));
+    record_set(tgid, phase, set, now.saturating_sub(st.start_ns), st.own_ns);
     // No kernel stacks here (they are for the contpte classes): no caller.
     let conf = Conf::load();
     attribute(
@@ -121,11 +131,18 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 
 // ---- marks inside a fault -----------------------------------------------------
 
-/// Marks the current thread's fault, if it is in a traced fault.
+/// Marks the current thread's fault, if it is in a traced fault, and adds
+/// this program's own time (from its first instruction to its last clock
+/// read) to the fault's `own_ns`.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
+    let from = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = thread_state_if_any() {
-        unsafe { (*s).mark(bit) };
+        let st = unsafe { &mut *s };
+        if st.in_fault() {
+            st.mark(bit);
+            st.own_time(from, unsafe { bpf_ktime_get_ns() });
+        }
     }
     Ok(0)
 }

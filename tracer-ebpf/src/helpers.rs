@@ -10,6 +10,7 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         bpf_probe_read_kernel, generated::bpf_get_current_task_btf,
     },
+    maps::{PerCpuArray, PerCpuHashMap},
     programs::{
         tracing::StackIdContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext,
         TracePointContext,
@@ -21,12 +22,13 @@ use faultscope_common::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
         ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
+    pending::{self, PendingStat},
     ThreadFault,
 };
 
 use crate::maps::{
-    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, PHASE, STATS, TARGETS,
-    TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, THREADS, ZERO,
+    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, PENDING_STATS,
+    PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, THREADS, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -38,9 +40,7 @@ pub struct ReadFailed;
 
 #[inline(always)]
 pub fn drop_count(d: Drop) {
-    if let Some(p) = DROPS.get_ptr_mut(d.index()) {
-        unsafe { *p += 1 };
-    }
+    drop_add(d, 1);
 }
 
 /// A failed context read: counted, and the error to return.
@@ -290,34 +290,101 @@ pub fn bump_phase() -> PhaseId {
 /// `ns` for classes that are only counted.
 pub const UNTIMED: u64 = u64::MAX;
 
+/// Adds `n` to a drop counter.
+#[inline(always)]
+pub fn drop_add(d: Drop, n: u64) {
+    if let Some(p) = DROPS.get_ptr_mut(d.index()) {
+        unsafe { *p += n };
+    }
+}
+
+/// Runs `flush` between the two increments of this CPU's `FLUSHES` (see
+/// `faultscope_common::pending`).
+#[inline(always)]
+pub fn flushing(flush: impl FnOnce()) {
+    let gen = FLUSHES.get_ptr_mut(0);
+    if let Some(g) = gen {
+        unsafe { *g += 1 };
+    }
+    flush();
+    if let Some(g) = gen {
+        unsafe { *g += 1 };
+    }
+}
+
+/// The entry of `key` in a per-CPU hash, inserted from `zero` if missing.
+#[inline(always)]
+pub fn entry<K, V>(map: &PerCpuHashMap<K, V>, zero: &PerCpuArray<V>, key: &K) -> Option<*mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(p);
+    }
+    if let Some(z) = zero.get_ptr(0) {
+        // NOEXIST: another CPU may have inserted it meanwhile; fine.
+        let _ = map.insert(key, unsafe { &*z }, BPF_NOEXIST);
+    }
+    map.get_ptr_mut(key)
+}
+
+/// This CPU's pending slot for `key`: the way that holds it, else an empty
+/// one, else one taken over after flushing it into `STATS`.
+#[inline(always)]
+fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
+    let (a, b) = pending::ways(pending::stat_slot(key));
+    let pa = PENDING_STATS.get_ptr_mut(a)?;
+    let pb = PENDING_STATS.get_ptr_mut(b)?;
+    unsafe {
+        if (*pa).key == *key {
+            return Some(pa);
+        }
+        if (*pb).key == *key {
+            return Some(pb);
+        }
+        let v = if (*pa).key.tgid == 0 {
+            pa
+        } else if (*pb).key.tgid == 0 || pending::victim((*pa).key.phase, (*pb).key.phase, key.phase) {
+            pb
+        } else {
+            pa
+        };
+        flushing(|| {
+            if (*v).key.tgid != 0 {
+                match entry(&STATS, &ZERO, &(*v).key) {
+                    Some(dst) => pending::drain_stat(&mut *dst, &mut (*v).stat),
+                    None => {
+                        drop_add(Drop::StatsFull, (*v).stat.count);
+                        pending::clear_stat(&mut (*v).stat);
+                    }
+                }
+            }
+            (*v).key = *key;
+        });
+        Some(v)
+    }
+}
+
 /// Counts one event of every class in `set` (one `STATS` entry per set:
-/// see `ClassSetKey`), with its latency `ns` (or `UNTIMED`). Not inlined:
-/// one BPF subprogram (four scalar arguments) instead of a copy per call
-/// site keeps the verifier's work per program small.
+/// see `ClassSetKey`), with its latency `ns` (or `UNTIMED`), in this CPU's
+/// pending slot. Not inlined: one BPF subprogram (four scalar arguments)
+/// instead of a copy per call site keeps the verifier's work per program
+/// small.
+/// `own_ns`: of `ns`, the time faultscope's nested programs took.
 #[inline(never)]
-pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64) {
+pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
     if set == 0 {
         return;
     }
     let key = ClassSetKey { tgid, phase, set };
-    let mut p = STATS.get_ptr_mut(&key);
-    if p.is_none() {
-        if let Some(z) = ZERO.get_ptr(0) {
-            // NOEXIST: another CPU may have inserted it meanwhile; fine.
-            let _ = STATS.insert(&key, unsafe { &*z }, BPF_NOEXIST);
-        }
-        p = STATS.get_ptr_mut(&key);
-    }
-    match p {
-        Some(s) => unsafe { (*s).record(if ns == UNTIMED { None } else { Some(ns) }) },
+    match stat_slot(&key) {
+        Some(s) if ns == UNTIMED => unsafe { (*s).stat.record(None) },
+        Some(s) => unsafe { (*s).stat.record_timed(ns, own_ns) },
         None => drop_count(Drop::StatsFull),
     }
 }
 
 /// Counts one event of the classes in `set`.
 #[inline(always)]
-pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64) {
-    record(tgid, phase, set.0, ns);
+pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64, own_ns: u64) {
+    record(tgid, phase, set.0, ns, own_ns);
 }
 
 /// The current thread's fault state, created on first use.
@@ -328,6 +395,24 @@ pub fn thread_state() -> Option<*mut ThreadFault> {
         drop_count(Drop::ThreadsFull);
     }
     s
+}
+
+/// The current thread's state, if its process is counted now. A thread
+/// found traced at the current `TARGETS_EPOCH` is not looked up again: a
+/// traced thread's fault reads one array entry and its own storage, no
+/// hash. (Read before the lookup: a removal after it moves the epoch.)
+#[inline(always)]
+pub fn traced_thread(tgid: u32) -> Option<*mut ThreadFault> {
+    let epoch = (TARGETS_EPOCH.get(0).copied().unwrap_or(0) as u32).wrapping_add(1).max(1);
+    if let Some(s) = THREADS.current(false) {
+        if unsafe { (*s).traced } == epoch {
+            return Some(s);
+        }
+    }
+    counted_target(tgid)?;
+    let s = thread_state()?;
+    unsafe { (*s).traced = epoch };
+    Some(s)
 }
 
 /// The current thread's fault state, if it has one (it took a traced user

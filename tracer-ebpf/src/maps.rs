@@ -14,6 +14,7 @@ use aya_ebpf::{
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
     maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseCounter, Stat, TargetInfo},
+    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     ThreadFault,
 };
 
@@ -21,6 +22,13 @@ use faultscope_common::{
 /// and by the fork program (children of followed processes).
 #[map]
 pub static TARGETS: HashMap<u32, TargetInfo> = HashMap::with_max_entries(4096, 0);
+
+/// Bumped by user space whenever it removes a process from `TARGETS` or
+/// rewrites an entry: a thread's cached "traced" (`ThreadFault::traced`)
+/// holds while this has not moved, so a fault of a traced thread skips the
+/// `TARGETS` lookup.
+#[map]
+pub static TARGETS_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 /// A task-local storage map (BPF_MAP_TYPE_TASK_STORAGE, 5.11+): one value
 /// per task, kept in the task itself, freed with it. aya-ebpf 0.2.1 has the
@@ -79,6 +87,21 @@ pub static THREADS: TaskStorage<ThreadFault> = TaskStorage::new();
 /// histogram (see `ClassSetKey`). User space may resize it before load.
 #[map]
 pub static STATS: PerCpuHashMap<ClassSetKey, Stat> = PerCpuHashMap::with_max_entries(2048, 0);
+
+/// The per-CPU cache in front of `STATS` (see `faultscope_common::pending`):
+/// `PENDING_SLOTS` slots per CPU, flushed into `STATS` when another key
+/// takes the slot over.
+#[map]
+pub static PENDING_STATS: PerCpuArray<PendingStat> = PerCpuArray::with_max_entries(PENDING_SLOTS, 0);
+
+/// The same in front of `MAPPINGS`.
+#[map]
+pub static PENDING_MAPPINGS: PerCpuArray<PendingMapping> = PerCpuArray::with_max_entries(PENDING_SLOTS, 0);
+
+/// Per CPU, the flushes of its pending slots into the hash maps, twice
+/// each: odd while one runs (the readers' seqlock).
+#[map]
+pub static FLUSHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// A zeroed `Stat` to insert from: a `Stat` does not fit on the BPF stack.
 #[map]

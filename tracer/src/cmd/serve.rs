@@ -141,6 +141,10 @@ impl Serve {
             .filter(|p| !self.rec.live.contains(p) || target::is_gone(*p))
             .collect();
         let snap = self.rec.snapshot()?;
+        // A CPU's pending slot still holds counts of these: the kernel moves
+        // them into its maps later, so they are folded in at a later tick.
+        let gone: BTreeSet<u32> =
+            gone.into_iter().filter(|p| !snap.pending.iter().any(|(t, _)| t == p)).collect();
         let rec = &self.rec;
         let kinds = rec.kinds.as_ref().expect("serve keeps each process's phase kinds");
         let cg = &self.sel.cgroup_of;
@@ -158,7 +162,9 @@ impl Serve {
         // counting, and stays.
         let cur = self.rec.timeline.current().id;
         let prev = std::mem::replace(&mut self.prev_phase, cur);
-        let stale = |tgid: u32, phase: PhaseId| gone.contains(&tgid) || phase < prev;
+        let stale = |tgid: u32, phase: PhaseId| {
+            (gone.contains(&tgid) || phase < prev) && !snap.pending.contains(&(tgid, phase))
+        };
         {
             let m = self.rec.session.bpf.map_mut("STATS").context("no STATS map")?;
             let mut stats: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;

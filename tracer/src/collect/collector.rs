@@ -1,11 +1,12 @@
 //! Reads the kernel's per-CPU aggregates into one snapshot: per (process,
 //! phase, class), the sum over CPUs. Snapshots subtract, for interval tables.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{anyhow, Result};
+
 use aya::{
-    maps::{PerCpuHashMap, StackTraceMap},
+    maps::{PerCpuArray, PerCpuHashMap, StackTraceMap},
     Ebpf, Pod,
 };
 use faultscope_common::{
@@ -14,6 +15,7 @@ use faultscope_common::{
     fault::Origin,
     hist,
     maps::ClassSetKey,
+    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     KernelClass, PhaseId, Stat, StatKey,
 };
 
@@ -75,6 +77,70 @@ pub struct Snapshot {
     pub sites: BTreeMap<SiteKey, u64>,
     /// Per (process, phase, class, stack ids).
     pub stacks: BTreeMap<StackKey, u64>,
+    /// The (process, phase) pairs that some CPU still holds counts of in a
+    /// pending slot: the kernel adds them to its maps later, so their
+    /// entries must not be deleted yet.
+    pub pending: BTreeSet<(u32, PhaseId)>,
+    /// The counts kept moving between CPUs' slots and the maps through
+    /// every retry: this snapshot may count a flush twice or not at all.
+    pub torn: bool,
+}
+
+/// Every CPU's value of index `i` of a per-CPU array.
+fn per_cpu_at<V: Pod>(bpf: &Ebpf, name: &str, i: u32) -> Result<Vec<V>> {
+    let m = bpf.map(name).ok_or_else(|| anyhow!("no {name} map"))?;
+    let arr: PerCpuArray<_, V> = PerCpuArray::try_from(m)?;
+    Ok(arr.get(&i, 0)?.iter().copied().collect())
+}
+
+/// The kernel's aggregates: the hash maps plus every CPU's pending slots.
+struct Aggregates {
+    sets: BTreeMap<ClassSetKey, Stat>,
+    mappings: BTreeMap<MappingKey, ClassCounts>,
+    pending: BTreeSet<(u32, PhaseId)>,
+    torn: bool,
+}
+
+/// Attempts at a read no flush ran through, before taking one that may be
+/// torn (flushes are rare: a slot taken over by a new phase or set).
+const READ_TRIES: u32 = 200;
+
+impl Aggregates {
+    /// `STATS` and `MAPPINGS` with the pending slots added, read between two
+    /// equal, even readings of every CPU's `FLUSHES` (see
+    /// `faultscope_common::pending`), so that each count is seen once.
+    fn read(bpf: &Ebpf) -> Result<Aggregates> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let before: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
+            let in_flush = before.iter().any(|g| g % 2 == 1);
+            let mut sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
+            let mut mappings = per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?;
+            let mut pending = BTreeSet::new();
+            for i in 0..PENDING_SLOTS {
+                for p in per_cpu_at::<PendingStat>(bpf, "PENDING_STATS", i)? {
+                    if p.key.tgid != 0 && p.stat.count > 0 {
+                        sets.entry(p.key).or_insert(Stat::ZERO).merge(&p.stat);
+                        pending.insert((p.key.tgid, p.key.phase));
+                    }
+                }
+                for p in per_cpu_at::<PendingMapping>(bpf, "PENDING_MAPPINGS", i)? {
+                    let counts = p.total();
+                    if p.key.tgid != 0 && counts.counts.iter().any(|n| *n > 0) {
+                        mappings.entry(p.key).or_insert(ClassCounts::ZERO).merge(&counts);
+                        pending.insert((p.key.tgid, p.key.phase));
+                    }
+                }
+            }
+            let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
+            let clean = !in_flush && before == after;
+            if clean || tries >= READ_TRIES {
+                return Ok(Aggregates { sets, mappings, pending, torn: !clean });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
 }
 
 /// Every entry of a per-CPU hash map, summed over CPUs.
@@ -155,16 +221,18 @@ pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId),
 
 impl Snapshot {
     pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
-        let sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
+        let Aggregates { sets, mappings, pending, torn } = Aggregates::read(bpf)?;
         Ok(Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),
             kinds: per_kind(&sets),
             accounted: accounted(&sets),
             stat_sets: sets.into_keys().collect(),
-            mappings: per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?,
+            mappings,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,
+            pending,
+            torn,
         })
     }
 
@@ -250,13 +318,20 @@ impl Snapshot {
             if let Some(e) = earlier.stats.get(k) {
                 d.count -= e.count.min(d.count);
                 d.sum_ns -= e.sum_ns.min(d.sum_ns);
+                d.own_ns -= e.own_ns.min(d.own_ns);
                 for (a, b) in d.hist.iter_mut().zip(e.hist.iter()) {
+                    *a -= (*b).min(*a);
+                }
+                for (a, b) in d.raw_hist.iter_mut().zip(e.raw_hist.iter()) {
                     *a -= (*b).min(*a);
                 }
                 // The max of an interval is not recoverable from two maxima;
                 // keep it only when it grew.
                 if e.max_ns >= d.max_ns {
                     d.max_ns = 0;
+                }
+                if e.raw_max_ns >= d.raw_max_ns {
+                    d.raw_max_ns = 0;
                 }
             }
             if d.count > 0 {
@@ -308,6 +383,8 @@ pub struct Latency {
     pub mean_ns: u64,
 }
 
+/// The latency of a timed class, faultscope's nested programs' own time
+/// taken out.
 pub fn latency(s: &Stat) -> Option<Latency> {
     let n = s.timed();
     if n == 0 {
@@ -319,6 +396,22 @@ pub fn latency(s: &Stat) -> Option<Latency> {
         max_ns: s.max_ns,
         mean_ns: s.sum_ns / n,
     })
+}
+
+/// The same with that time left in (`Stat::raw_hist`), and the mean of
+/// the time taken out; `None` from a kernel side that kept no raw figures.
+pub fn raw_latency(s: &Stat) -> Option<(Latency, u64)> {
+    let n: u64 = s.raw_hist.iter().sum();
+    if n == 0 {
+        return None;
+    }
+    let l = Latency {
+        p50_ns: percentile(&s.raw_hist, 0.50, s.raw_max_ns),
+        p99_ns: percentile(&s.raw_hist, 0.99, s.raw_max_ns),
+        max_ns: s.raw_max_ns,
+        mean_ns: (s.sum_ns + s.own_ns) / n,
+    };
+    Some((l, s.own_ns / n))
 }
 
 /// The q-quantile of a log-linear histogram, interpolated inside its bucket

@@ -436,7 +436,14 @@ impl Recorder {
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {
-        Snapshot::read(&self.session.bpf)
+        let snap = Snapshot::read(&self.session.bpf)?;
+        if snap.torn {
+            eprintln!(
+                "faultscope: the kernel kept flushing its per-CPU counts during every try of a read: \
+                 this read may count some events twice or not at all (the run's last read is exact)"
+            );
+        }
+        Ok(snap)
     }
 
     /// The run's last read of the counts, with the kernel's count of each

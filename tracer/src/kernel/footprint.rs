@@ -10,6 +10,7 @@ use std::mem::size_of;
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
     maps::{ClassSetKey, FltCount, TargetInfo},
+    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     Stat,
 };
 
@@ -113,6 +114,10 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("CGROUPS", cgroups.max(1) as u64, 8, 4, false, cpus),
         map("COMMS", comms.max(1) as u64, 16, 4, false, cpus),
         map("ZERO", 1, 4, size_of::<Stat>(), true, cpus),
+        map("PENDING_STATS", PENDING_SLOTS as u64, 4, size_of::<PendingStat>(), true, cpus),
+        map("PENDING_MAPPINGS", PENDING_SLOTS as u64, 4, size_of::<PendingMapping>(), true, cpus),
+        map("FLUSHES", 1, 4, 8, true, cpus),
+        map("TARGETS_EPOCH", 1, 4, 8, false, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
     ]
 }
@@ -168,7 +173,9 @@ mod tests {
             );
         }
         assert!(serve(128) <= STATS_AUTO_BYTES + (8 << 20), "{}", serve(128));
-        assert!(serve(2) < 16 << 20, "{}", serve(2));
+        // Two histograms per entry (the latency with and without
+        // faultscope's own time): 4,096 entries on 2 CPUs are 21 MB.
+        assert!(serve(2) < 24 << 20, "{}", serve(2));
         assert!(record(128) > serve(128));
     }
 

@@ -428,7 +428,21 @@ impl Session {
     }
 
     pub fn add_target(&mut self, tgid: u32, info: TargetInfo) -> Result<()> {
-        self.targets()?.insert(tgid, info, 0).with_context(|| format!("adding pid {tgid} to the traced set"))
+        self.targets()?
+            .insert(tgid, info, 0)
+            .with_context(|| format!("adding pid {tgid} to the traced set"))?;
+        // An entry may have been rewritten (flags): threads look it up again.
+        self.bump_targets_epoch()
+    }
+
+    /// Moves `TARGETS_EPOCH`: every thread's cached "traced" is stale, so
+    /// each one looks its process up again at its next fault.
+    fn bump_targets_epoch(&mut self) -> Result<()> {
+        let m = self.bpf.map_mut("TARGETS_EPOCH").ok_or_else(|| anyhow!("no TARGETS_EPOCH map"))?;
+        let mut a: aya::maps::Array<_, u64> = aya::maps::Array::try_from(m)?;
+        let e = a.get(&0, 0)?;
+        a.set(0, e.wrapping_add(1), 0)?;
+        Ok(())
     }
 
     /// The kernel's cgroup filter: a process of cgroup `id` joins the traced
@@ -460,6 +474,7 @@ impl Session {
         if let Ok(mut t) = self.targets() {
             let _ = t.remove(&tgid);
         }
+        let _ = self.bump_targets_epoch();
     }
 
     /// Takes the kernel's sum of the own fault counts of `tgid`'s threads

@@ -10,15 +10,15 @@ use super::{
     attribution::{attribution, Namer},
     schema::{
         Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Interval, IntervalProcess,
-        KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins, Phase, ProbeStatus, Process, Report,
-        SCHEMA,
+        KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins, Phase, ProbeStatus, Process,
+        RawLatency, Report, SCHEMA,
     },
 };
 use crate::{
     collect::{
         accounting::KernelCount,
         attribution::attributable_here,
-        collector::{latency, Snapshot},
+        collector::{latency, raw_latency, Snapshot},
         phases::{Lifetime, Timeline},
     },
     kernel::{
@@ -75,8 +75,11 @@ fn class_value(
         }
         Availability::Measured { class, timed, source } => {
             let s = snap.get_in(tgid, phase, *class);
-            let latency =
-                if *timed { s.as_ref().and_then(|s| latency(s).map(|l| (l, buckets(s)))) } else { None };
+            let latency = if *timed {
+                s.as_ref().and_then(|s| latency(s).map(|l| (l, buckets(s), raw_latency(s))))
+            } else {
+                None
+            };
             let by = snap.origins_in(tgid, phase, *class);
             // The exception tracepoints see no get_user_pages fault, and
             // kernel-mode faults only where page_fault_kernel is traced.
@@ -89,12 +92,19 @@ fn class_value(
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
                 origins: Some(origins),
-                latency: latency.map(|(l, buckets)| Latency {
+                latency: latency.map(|(l, buckets, raw)| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
                     max_ns: l.max_ns,
                     mean_ns: l.mean_ns,
                     buckets,
+                    raw: raw.map(|(r, own_mean_ns)| RawLatency {
+                        p50_ns: r.p50_ns,
+                        p99_ns: r.p99_ns,
+                        max_ns: r.max_ns,
+                        mean_ns: r.mean_ns,
+                        own_mean_ns,
+                    }),
                 }),
                 source: source.to_string(),
             })

@@ -427,6 +427,26 @@ pub struct Latency {
     /// Absent in reports older than it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub buckets: Vec<[u64; 3]>,
+    /// The figures above are the fault's time in the kernel less what
+    /// faultscope's own programs nested in the fault measured of
+    /// themselves; these are the whole time, and that own time's mean.
+    /// Absent in reports older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<RawLatency>,
+}
+
+/// A timed class's latency with faultscope's nested programs' own time
+/// left in (see `Latency::raw`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawLatency {
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+    /// The mean time per fault taken out (the nested programs' own clock
+    /// reads; the probe mechanism around them is not in it).
+    pub own_mean_ns: u64,
 }
 
 impl Latency {
@@ -883,6 +903,7 @@ mod tests {
                 max_ns: 3,
                 mean_ns: 2,
                 buckets: vec![[1, 2, 1], [2, 3, 1]],
+                raw: Some(RawLatency { p50_ns: 2, p99_ns: 3, max_ns: 4, mean_ns: 3, own_mean_ns: 1 }),
             });
         }
         Report {

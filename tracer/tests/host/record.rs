@@ -647,3 +647,71 @@ for i in range(0,8<<20,4096): s+=m[i]\nprint(resource.getrusage(resource.RUSAGE_
         "major {major}, getrusage {own}"
     );
 }
+
+/// Threads faulting across phase changes (`fs-workload --threads`: two
+/// mappings written alternately by 4 threads; a child killed at half the
+/// writes, a second forked and gone at three quarters, each while the
+/// threads wait at their mark): the kernel's per-CPU pending counts are
+/// flushed and read without loss. The intervals add up to the run exactly,
+/// the phases too, each phase's write-protect faults are its segment's
+/// pages, and the run's faults are getrusage's.
+#[test]
+fn a_threaded_storm_across_phases_loses_nothing() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, wl) = (d.path().join("fs.json"), d.path().join("wl.json"));
+    let out = faultscope(&[
+        "record",
+        "--interval",
+        "0.02",
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        workload(),
+        "--threads",
+        "4",
+        "--size",
+        "32M",
+        "--thp",
+        "never",
+        "--out",
+        wl.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (report, wl) = (read_report(&fs), read_json(&wl));
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let measured: Vec<ReportClass> =
+        ReportClass::ALL.into_iter().filter(|m| p.classes.get(m).and_then(|v| v.count()).is_some()).collect();
+    assert!(measured.contains(&ReportClass::WpFaults), "{measured:?}");
+    let intervals = report.intervals.as_ref().expect("intervals");
+    for &m in &measured {
+        let series: u64 = intervals
+            .iter()
+            .flat_map(|i| i.processes.iter())
+            .filter(|x| x.pid == p.pid)
+            .map(|x| x.counts.get(&m).copied().unwrap_or(0))
+            .sum();
+        let phases: u64 =
+            p.phases.iter().map(|ph| ph.classes.get(&m).and_then(|v| v.count()).unwrap_or(0)).sum();
+        assert_eq!(series, count(p, m), "{m}: the intervals ({} of them)", intervals.len());
+        assert_eq!(phases, count(p, m), "{m}: the phases");
+    }
+    // Each segment's writes, one write-protect fault per page, in the phase
+    // its mark put it in (plus the process's own few COW faults there).
+    let segments: Vec<u64> = wl["segments"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let wp = |name: &str| phase_count(phase(p, name), ReportClass::WpFaults);
+    for (name, pages) in [
+        ("fork#1 child-alive", segments[0]),
+        ("fork#1 after-child-exit", segments[1]),
+        ("fork#2 after-child-exit", segments[2]),
+    ] {
+        let got = wp(name);
+        assert!(
+            (pages..=pages + TOLERANCE).contains(&got),
+            "{name}: wp_faults {got} for {pages} pages written"
+        );
+    }
+    let minflt = wl["minflt_total"].as_u64().unwrap();
+    let faults = count(p, ReportClass::Faults);
+    assert!(faults.abs_diff(minflt) <= TOLERANCE, "faults {faults} vs getrusage {minflt}");
+}

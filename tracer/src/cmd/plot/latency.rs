@@ -309,8 +309,14 @@ mod tests {
         }
         let ph = p.phases.iter_mut().find(|ph| ph.name == mark).unwrap();
         let count = buckets.iter().map(|b| b[2]).sum();
-        let latency =
-            Some(Latency { p50_ns: 1, p99_ns: 1, max_ns: 1, mean_ns: 1, buckets: buckets.to_vec() });
+        let latency = Some(Latency {
+            p50_ns: 1,
+            p99_ns: 1,
+            max_ns: 1,
+            mean_ns: 1,
+            buckets: buckets.to_vec(),
+            raw: None,
+        });
         ph.classes.insert(
             class,
             ClassValue::Measured(Measured { count, origins: None, latency, source: "t".into() }),
