@@ -23,3 +23,8 @@ svg_facts mappings4k /tmp/mappings4k.svg
 # Every origin of a fault: copies and reuses made by read(2), by
 # /proc/self/mem (get_user_pages) and by user stores, under both backends.
 origins_cases
+# Threads across phase changes: two mappings written alternately by
+# several threads, a child killed at half the writes and a second one
+# forked and gone at three quarters, recorded with --interval (the kernel's
+# per-CPU pending counts flushed and read under them).
+storm_cases

@@ -158,6 +158,17 @@ origins_cases() {
 	RECORD_ARGS=
 }
 
+# storm_cases: the workload's --threads storm recorded with --interval
+# under each backend of $STORM_BACKENDS, as storm4k@BACKEND.
+storm_cases() {
+	for b in ${STORM_BACKENDS:-kprobe fentry}; do
+		RECORD_ARGS="--backend $b --interval 0.1"
+		run_case storm4k@$b 4K --threads ${STORM_THREADS:-4} --size ${STORM_SIZE:-16M} --thp never \
+			--regions-out /tmp/storm4k@$b.ranges
+	done
+	RECORD_ARGS=
+}
+
 # run_attach_case NAME WORKLOAD-ARGS...: the workload starts (exec'd while
 # tracing is on, for the oracle), populates and forks a child that lives
 # until killed (--child-lifetime); faultscope attaches with -p while the

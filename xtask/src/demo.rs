@@ -33,12 +33,18 @@ struct Column {
     kernel: GuestKernel,
     release: String,
     reports: Vec<(String, Report, PathBuf)>,
+    /// The same benches with `--no-trace`, by folio size.
+    untraced: Vec<(String, Report)>,
     missing: Option<String>,
 }
 
 impl Column {
     fn report(&self, folio: &str) -> Option<&Report> {
         self.reports.iter().find(|(f, _, _)| f == folio).map(|(_, r, _)| r)
+    }
+
+    fn untraced(&self, folio: &str) -> Option<&Report> {
+        self.untraced.iter().find(|(f, _)| f == folio).map(|(_, r)| r)
     }
 
     fn json(&self, folio: &str) -> Option<&PathBuf> {
@@ -52,12 +58,17 @@ fn write_step(report: &Report, m: ReportClass) -> Option<u64> {
 }
 
 /// The write step's per-fault latency of `m` (the `mark:write` phase: the
-/// child has exited before it, so the step is that one phase).
-fn write_latency(report: &Report, m: ReportClass) -> Option<(u64, u64)> {
+/// child has exited before it, so the step is that one phase): p50 and
+/// p99 with faultscope's own nested time taken out, or with it left in
+/// (`raw`).
+fn write_latency(report: &Report, m: ReportClass, raw: bool) -> Option<(u64, u64)> {
     let phase = report.bench_process()?.phases.iter().find(|p| p.name == "mark:write")?;
-    match phase.classes.get(&m)? {
-        ClassValue::Measured(x) => x.latency.as_ref().map(|l| (l.p50_ns, l.p99_ns)),
-        ClassValue::NotMeasurable(_) => None,
+    let ClassValue::Measured(x) = phase.classes.get(&m)? else { return None };
+    let l = x.latency.as_ref()?;
+    if raw {
+        l.raw.as_ref().map(|r| (r.p50_ns, r.p99_ns))
+    } else {
+        Some((l.p50_ns, l.p99_ns))
     }
 }
 
@@ -69,7 +80,13 @@ fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
     let k = kernels::by_name(name)?;
     if let Some(why) = k.missing() {
         println!("=== {name}: not shown: {why} ===");
-        return Ok(Column { kernel: k, release: name.into(), reports: vec![], missing: Some(why) });
+        return Ok(Column {
+            kernel: k,
+            release: name.into(),
+            reports: vec![],
+            untraced: vec![],
+            missing: Some(why),
+        });
     }
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
@@ -78,7 +95,7 @@ fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
     let env = [("SIZE", size.to_string()), ("FOLIOS", folios.join(" "))];
     let cpio = vm::initramfs(&dir, k.arch, &bin, "demo.sh", &env)?;
     let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(900))?;
-    let mut reports = Vec::new();
+    let (mut reports, mut untraced) = (Vec::new(), Vec::new());
     for f in folios {
         let case = format!("demo{f}");
         if g.marker("RC", &case).as_deref() != Some("0") {
@@ -91,9 +108,14 @@ fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
         let path = dir.join(format!("bench-{f}.json"));
         fs::write(&path, g.section(&section)?)?;
         reports.push((f.to_string(), j, path));
+        let case = format!("demo{f}-untraced");
+        if g.marker("RC", &case).as_deref() != Some("0") {
+            bail!("{name}: untraced bench {f} failed:\n{}", g.section(&format!("{case}.out")).unwrap_or(""));
+        }
+        untraced.push((f.to_string(), check::report(&g, &format!("{case}.json"))?));
     }
     let release = reports.first().map_or(name.to_string(), |(_, r, _)| r.kernel.clone());
-    Ok(Column { kernel: k, release, reports, missing: None })
+    Ok(Column { kernel: k, release, reports, untraced, missing: None })
 }
 
 /// The cells of one row across the columns, right-aligned.
@@ -148,31 +170,36 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
         let folios = r.bench.as_ref()?.folios.max(1);
         Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
     };
-    type Cell<'a> = Box<dyn Fn(&Report) -> Option<String> + 'a>;
-    let blocks: [(&str, Cell); 7] = [
-        ("write faults", Box::new(|r: &Report| write_step(r, ReportClass::WriteFaults).map(thousands))),
-        ("reuse per folio", Box::new(move |r: &Report| per_folio(r, ReportClass::Reuse))),
-        ("copy per folio", Box::new(move |r: &Report| per_folio(r, ReportClass::Copy))),
-        ("time of the pass (ms)", Box::new(|r: &Report| step_ms(r, "write").map(|v| format!("{v:.1}")))),
+    // A cell from the traced report and the untraced one of a folio size.
+    type Cell<'a> = Box<dyn Fn(&Report, Option<&Report>) -> Option<String> + 'a>;
+    let fault_latency = |raw: bool| -> Cell {
+        Box::new(move |r: &Report, _: Option<&Report>| {
+            write_latency(r, ReportClass::WriteFaults, raw).map(|(a, b)| format!("{} / {}", us(a), us(b)))
+        })
+    };
+    let store = |r: Option<&Report>| {
+        let s = r?.bench.as_ref()?.store_latency?;
+        Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
+    };
+    let blocks: [(&str, Cell); 10] = [
+        ("write faults", Box::new(|r: &Report, _| write_step(r, ReportClass::WriteFaults).map(thousands))),
+        ("reuse per folio", Box::new(move |r: &Report, _| per_folio(r, ReportClass::Reuse))),
+        ("copy per folio", Box::new(move |r: &Report, _| per_folio(r, ReportClass::Copy))),
+        ("time of the pass (ms)", Box::new(|r: &Report, _| step_ms(r, "write").map(|v| format!("{v:.1}")))),
+        ("write fault p50/p99 (us)", fault_latency(false)),
+        ("  raw: faultscope's nested programs' own time left in", fault_latency(true)),
+        ("store p50/p99 (us), traced", Box::new(move |r: &Report, _| store(Some(r)))),
+        ("store p50/p99 (us), untraced (--no-trace)", Box::new(move |_, u: Option<&Report>| store(u))),
+        ("spurious", Box::new(|r: &Report, _| write_step(r, ReportClass::Spurious).map(thousands))),
         (
-            "write fault p50/p99 (us)",
-            Box::new(|r: &Report| {
-                write_latency(r, ReportClass::WriteFaults).map(|(a, b)| format!("{} / {}", us(a), us(b)))
-            }),
+            "untraced time of the pass (ms)",
+            Box::new(|_, u: Option<&Report>| step_ms(u?, "write").map(|v| format!("{v:.1}"))),
         ),
-        (
-            "store p50/p99 (us)",
-            Box::new(|r: &Report| {
-                let s = r.bench.as_ref()?.store_latency?;
-                Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
-            }),
-        ),
-        ("spurious", Box::new(|r: &Report| write_step(r, ReportClass::Spurious).map(thousands))),
     ];
     for (what, cell) in &blocks {
         let _ = writeln!(t, "  {what}");
         for (f, label) in ROWS {
-            row(&mut t, label, cols, |c| c.report(f).and_then(cell));
+            row(&mut t, label, cols, |c| c.report(f).and_then(|r| cell(r, c.untraced(f))));
         }
     }
     t

@@ -350,6 +350,11 @@ pub fn run_origins(kernel: &str) -> Result<()> {
         print!("{}", r.table);
         failures.extend(r.failures);
     }
+    for case in crate::storm::STORM_CASES {
+        let r = crate::storm::check_storm_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
     println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !failures.is_empty() {
         bail!("origins guest test failed:\n  {}", failures.join("\n  "));
@@ -396,7 +401,7 @@ const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
 
 /// What every case must end with: no kretprobe return lost, no kprobe left
 /// behind by faultscope, no overrun of the oracle's trace buffer.
-fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
+pub fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
     let mut fails = Vec::new();
     let lost = fs.drop_count(DropReason::Kernel(Drop::LostReturn));
     if lost != 0 {
@@ -413,7 +418,7 @@ fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
 
 /// A case's faultscope report, the workload's own JSON (`faultscope
 /// workload --out`, not a report) and the workload's pid.
-fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
+pub fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
     let fs = check::report(run, &format!("{case}.fs.json"))?;
     let wl: Value =
         serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
@@ -454,6 +459,11 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     failures.extend(r.failures);
     for case in ORIGIN_CASES {
         let r = check_origins_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
+    for case in crate::storm::STORM_CASES {
+        let r = crate::storm::check_storm_case(&run, case)?;
         print!("{}", r.table);
         failures.extend(r.failures);
     }

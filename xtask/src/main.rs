@@ -16,6 +16,7 @@ mod matrix;
 mod overhead;
 mod redis;
 mod setup;
+mod storm;
 mod util;
 mod vm;
 

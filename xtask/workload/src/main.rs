@@ -114,6 +114,16 @@ pub struct WorkloadOpts {
     /// third and getrusage of each half.
     #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit"])]
     pub origins: bool,
+    /// A threaded storm across phase changes: two mappings of --size/2
+    /// (`a` and `b`), populated, then shared with a forked child; this many
+    /// threads write one byte per page, each its own pages, `a` and `b`
+    /// alternately. When half the pages are written the child is killed,
+    /// and at three quarters a second child is forked and exits at once:
+    /// every page takes one write-protect fault (a copy while a child
+    /// shares it, else a reuse), in phases that change under the threads.
+    /// `--regions-out` gets the two ranges.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit", "origins"])]
+    pub threads: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -454,6 +464,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.origins {
         return run_origins(o);
     }
+    if let Some(n) = o.threads {
+        return run_threads(o, n);
+    }
     let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for)?;
     if repeat_for.is_some() && o.child == Child::Alive {
         return Err(Refusal::new("--repeat-for goes with --child exit").into());
@@ -710,6 +723,132 @@ fn repeat_write(
         rounds += 1;
     }
     Ok((rounds, from, usage()))
+}
+
+/// `--threads N`: see the option.
+fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let half = o.size as usize / 2;
+    if n == 0 || n > 64 {
+        return Err(Refusal::new(format!("--threads {n}: give 1 to 64")).into());
+    }
+    if half == 0 || !half.is_multiple_of(page) {
+        bail!("--threads needs --size a multiple of two pages");
+    }
+    let advice = match o.thp {
+        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
+        Thp::System => None,
+    };
+    // One mapping cut by PROT_NONE guards into guard, `a`, guard, `b`,
+    // guard: `a` and `b` stay two VMAs of their own whatever the kernel
+    // merges (the threads' stacks are mapped next to them later), `b` as
+    // aligned as `a`.
+    const GUARD: usize = 2 << 20;
+    let base = map_aligned(2 * half + 3 * GUARD, advice)?;
+    for at in [0, GUARD + half, 2 * (GUARD + half)] {
+        // SAFETY: each guard is inside the mapping just made.
+        if unsafe { libc::mprotect(base.add(at).cast(), GUARD, libc::PROT_NONE) } != 0 {
+            bail!("mprotect of a guard: {}", std::io::Error::last_os_error());
+        }
+    }
+    let (a, b) = unsafe { (base.add(GUARD), base.add(2 * GUARD + half)) };
+    let pages = half / page;
+    let t0 = usage();
+    // SAFETY: the two mappings just made.
+    unsafe {
+        write_pages(a, half, page, 1);
+        write_pages(b, half, page, 1);
+    }
+    let t1 = usage();
+    let first = fork_child(ChildLife::Stay)?;
+    let t2 = usage();
+    // Thread t writes pages t, t+n, ...: its share ends its segments at a
+    // half and three quarters of it, where it waits for the main thread's
+    // phase change (`stage`), so that each segment's pages are known.
+    let share = |t: usize| (pages + n - 1 - t) / n;
+    let ends = |k: usize| [k / 2, k * 3 / 4, k];
+    let arrived = AtomicUsize::new(0);
+    let stage = AtomicUsize::new(0);
+    let (a_at, b_at) = (a as usize, b as usize);
+    let mut second = 0;
+    std::thread::scope(|sc| -> Result<()> {
+        for t in 0..n {
+            let (arrived, stage) = (&arrived, &stage);
+            sc.spawn(move || {
+                let mut j = 0;
+                for (seg, end) in ends(share(t)).into_iter().enumerate() {
+                    while stage.load(Ordering::Acquire) < seg {
+                        std::thread::yield_now();
+                    }
+                    while j < end {
+                        let i = t + j * n;
+                        // SAFETY: page i of each mapping, this thread's alone.
+                        unsafe {
+                            ((a_at + i * page) as *mut u8).write_volatile(2);
+                            ((b_at + i * page) as *mut u8).write_volatile(2);
+                        }
+                        j += 1;
+                    }
+                    arrived.fetch_add(1, Ordering::AcqRel);
+                }
+            });
+        }
+        let all_at = |seg: usize| {
+            while arrived.load(Ordering::Acquire) < n * seg {
+                std::thread::yield_now();
+            }
+        };
+        all_at(1);
+        unsafe {
+            libc::kill(first, libc::SIGKILL);
+            libc::waitpid(first, std::ptr::null_mut(), 0);
+        }
+        stage.store(1, Ordering::Release);
+        all_at(2);
+        second = fork_child(ChildLife::Exit(None))?;
+        unsafe { libc::waitpid(second, std::ptr::null_mut(), 0) };
+        stage.store(2, Ordering::Release);
+        Ok(())
+    })?;
+    let t3 = usage();
+    if let Some(p) = &o.regions_out {
+        let ranges = format!("a={a_at:#x}-{:#x}\nb={b_at:#x}-{:#x}\n", a_at + half, b_at + half);
+        faultscope::output::write(p, ranges.as_bytes())?;
+    }
+    // Pages written (both mappings) in each segment: while the first child
+    // lived, after its exit, after the second child's exit.
+    let mut segments = [0usize; 3];
+    for t in 0..n {
+        let e = ends(share(t));
+        for (k, s) in segments.iter_mut().enumerate() {
+            *s += 2 * (e[k] - if k == 0 { 0 } else { e[k - 1] });
+        }
+    }
+    let report = json!({
+        "workload": "threads",
+        "pid": std::process::id(),
+        "child_pids": [first, second],
+        "threads": n,
+        "page_size": page,
+        "bytes": 2 * half,
+        "pages": 2 * pages,
+        "segments": segments,
+        "regions": [
+            {"role": "a", "start": a_at, "end": a_at + half, "pages": pages},
+            {"role": "b", "start": b_at, "end": b_at + half, "pages": pages},
+        ],
+        "phases": {"populate": phase(t0, t1), "fork": phase(t1, t2), "write": phase(t2, t3)},
+        "minflt_total": t3.minflt,
+        "majflt_total": t3.majflt,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    match &o.out {
+        Some(p) => faultscope::output::write(p, text.as_bytes())?,
+        None => println!("{text}"),
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,105 @@
+//! The threaded-storm guest case (`storm4k@BACKEND` of the foundation
+//! test): `fs-workload --threads`, two mappings written alternately by
+//! several threads while the phase changes under them (a child killed at
+//! half the writes, a second forked and gone at three quarters), recorded
+//! with `--interval`. The kernel side keeps recent counts in per-CPU
+//! pending slots and flushes them when a phase or mapping takes the slot
+//! over; this case checks that nothing is lost or counted twice on the
+//! way: against the oracle for the process and in each mapping's range,
+//! the page arithmetic of each phase, and the intervals and phases adding
+//! up to the run.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, Context as _, Result};
+use faultscope::{kernel::classes::ReportClass, report::schema::Mode};
+
+use crate::{
+    check::{self, Checklist, Oracle},
+    foundation::{case_outputs, run_is_clean, CaseResult, TOLERANCE},
+    vm,
+};
+
+/// The cases `foundation.sh` runs, one per backend.
+pub const STORM_CASES: [&str; 2] = ["storm4k@kprobe", "storm4k@fentry"];
+
+/// The phases the workload's segments of writes land in, in order.
+const SEGMENT_PHASES: [&str; 3] =
+    ["fork#1 child-alive", "fork#1 after-child-exit", "fork#2 after-child-exit"];
+
+pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
+    let rc = run.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        bail!(
+            "{case}: faultscope exited with {rc:?}:\n{}",
+            run.section(&format!("{case}.out")).unwrap_or("")
+        );
+    }
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let (fs, wl, pid) = case_outputs(run, case)?;
+    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
+    let threads = wl["threads"].as_u64().unwrap_or(0);
+    let _ = writeln!(table, "{case} (pid {pid}, {threads} threads, {} pages)", wl["pages"]);
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let cmp = oracle
+        .compare(case, &p.classes, pid, "ALL")
+        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
+    table.push_str(&cmp.table("class"));
+    fails.extend(cmp.failures);
+    fails.extend(run_is_clean(run, case, &fs));
+    let mut cl = Checklist::new(case, &mut table, &mut fails);
+    cl.expect(fs.mode == Mode::Kprobe, format!("mode {}", check::mode_name(&fs)));
+    // Each mapping: faultscope's row against the oracle in its range, and
+    // one write-protect fault per page.
+    let regions = wl["regions"].as_array().context("workload regions")?;
+    for r in regions {
+        let role = r["role"].as_str().unwrap_or("?");
+        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
+        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
+            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
+            continue;
+        };
+        let got = |m: ReportClass| row.counts.get(&m).copied().unwrap_or(0);
+        let own = oracle.range(pid, "ALL", role);
+        for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
+            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
+            cl.expect(o == Some(got(m)), format!("{role}: {m} {} = oracle in its range {o:?}", got(m)));
+        }
+        cl.expect(
+            got(ReportClass::WpFaults) == pages,
+            format!("{role}: wp_faults {} = its pages {pages}", got(ReportClass::WpFaults)),
+        );
+    }
+    // Each segment of writes in the phase the workload's marks put it in.
+    let segments: Vec<u64> =
+        wl["segments"].as_array().context("workload segments")?.iter().filter_map(|v| v.as_u64()).collect();
+    for (name, pages) in SEGMENT_PHASES.iter().zip(&segments) {
+        let got = p
+            .phases
+            .iter()
+            .find(|ph| ph.name.starts_with(name))
+            .and_then(|ph| ph.classes.get(&ReportClass::WpFaults).and_then(|v| v.count()));
+        cl.expect(
+            got.is_some_and(|g| (*pages..=pages + TOLERANCE).contains(&g)),
+            format!("phase {name}: wp_faults {got:?} for the {pages} pages written in it (+{TOLERANCE})"),
+        );
+    }
+    // The intervals and the phases add up to the run, class by class.
+    let intervals = fs.intervals.as_deref().unwrap_or_default();
+    cl.expect(intervals.len() >= 2, format!("{} intervals", intervals.len()));
+    for m in ReportClass::ALL {
+        let Some(whole) = p.count(m) else { continue };
+        let series: u64 = intervals
+            .iter()
+            .flat_map(|i| i.processes.iter())
+            .filter(|x| x.pid == pid)
+            .map(|x| x.counts.get(&m).copied().unwrap_or(0))
+            .sum();
+        let phases: u64 = p.phases.iter().filter_map(|ph| ph.classes.get(&m).and_then(|v| v.count())).sum();
+        cl.expect(
+            series == whole && phases == whole,
+            format!("{m}: run {whole} = intervals {series} = phases {phases}"),
+        );
+    }
+    Ok(CaseResult { table, failures: fails })
+}
