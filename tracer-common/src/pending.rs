@@ -80,6 +80,47 @@ impl PendingMapping {
     }
 }
 
+/// A slot of either cache, for the one lookup both share.
+pub trait Slot {
+    type Key: Copy + PartialEq;
+    fn key(&self) -> &Self::Key;
+    fn set_key(&mut self, k: Self::Key);
+    /// A key's process and phase (tgid 0: an empty slot).
+    fn owner(k: &Self::Key) -> (u32, u32);
+}
+
+impl Slot for PendingStat {
+    type Key = ClassSetKey;
+    #[inline(always)]
+    fn key(&self) -> &ClassSetKey {
+        &self.key
+    }
+    #[inline(always)]
+    fn set_key(&mut self, k: ClassSetKey) {
+        self.key = k;
+    }
+    #[inline(always)]
+    fn owner(k: &ClassSetKey) -> (u32, u32) {
+        (k.tgid, k.phase)
+    }
+}
+
+impl Slot for PendingMapping {
+    type Key = MappingKey;
+    #[inline(always)]
+    fn key(&self) -> &MappingKey {
+        &self.key
+    }
+    #[inline(always)]
+    fn set_key(&mut self, k: MappingKey) {
+        self.key = k;
+    }
+    #[inline(always)]
+    fn owner(k: &MappingKey) -> (u32, u32) {
+        (k.tgid, k.phase)
+    }
+}
+
 /// Fibonacci hashing to the top bits: slot numbers for nearby keys differ.
 #[inline(always)]
 const fn spread(v: u32) -> u32 {

@@ -23,7 +23,7 @@ use faultscope_common::{
 };
 
 use crate::{
-    helpers::{drop_add, drop_count, entry, flushing, FnContext, ReadFailed, BPF_NOEXIST},
+    helpers::{drop_add, drop_count, entry, pending_slot, FnContext, ReadFailed, BPF_NOEXIST},
     maps::{
         cfg, Conf, MAPPINGS, PENDING_MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS,
     },
@@ -100,39 +100,17 @@ pub fn regs_ip(regs: u64) -> u64 {
     unsafe { bpf_probe_read_kernel((regs + PT_REGS_IP) as *const u64) }.unwrap_or(0)
 }
 
-/// This CPU's pending slot for `key` (see `helpers::stat_slot`).
+/// This CPU's pending slot for a `MAPPINGS` key.
 #[inline(always)]
 fn mapping_slot(key: &MappingKey) -> Option<*mut PendingMapping> {
-    let (a, b) = pending::ways(pending::mapping_slot(key));
-    let pa = PENDING_MAPPINGS.get_ptr_mut(a)?;
-    let pb = PENDING_MAPPINGS.get_ptr_mut(b)?;
-    unsafe {
-        if (*pa).key == *key {
-            return Some(pa);
+    pending_slot(&PENDING_MAPPINGS, pending::mapping_slot(key), key, |v| {
+        v.end_run();
+        let dst = entry(&MAPPINGS, &ZERO_COUNTS, &v.key);
+        if dst.is_none() {
+            drop_add(Drop::MappingsFull, pending::events(&v.counts));
         }
-        if (*pb).key == *key {
-            return Some(pb);
-        }
-        let v = if (*pa).key.tgid == 0 {
-            pa
-        } else if (*pb).key.tgid == 0 || pending::victim((*pa).key.phase, (*pb).key.phase, key.phase) {
-            pb
-        } else {
-            pa
-        };
-        flushing(|| {
-            if (*v).key.tgid != 0 {
-                (*v).end_run();
-                let dst = entry(&MAPPINGS, &ZERO_COUNTS, &(*v).key);
-                if dst.is_none() {
-                    drop_add(Drop::MappingsFull, pending::events(&(*v).counts));
-                }
-                pending::drain_counts(dst.map(|d| &mut *d), &mut (*v).counts);
-            }
-            (*v).key = *key;
-        });
-        Some(v)
-    }
+        pending::drain_counts(dst.map(|d| unsafe { &mut *d }), &mut v.counts);
+    })
 }
 
 /// One event in every class of `bits` (a `ClassSet`) for its mapping, in

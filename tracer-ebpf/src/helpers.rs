@@ -22,7 +22,7 @@ use faultscope_common::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
         ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
-    pending::{self, PendingStat},
+    pending::{self, PendingStat, Slot},
     ThreadFault,
 };
 
@@ -325,41 +325,54 @@ pub fn entry<K, V>(map: &PerCpuHashMap<K, V>, zero: &PerCpuArray<V>, key: &K) ->
     map.get_ptr_mut(key)
 }
 
-/// This CPU's pending slot for `key`: the way that holds it, else an empty
-/// one, else one taken over after flushing it into `STATS`.
+/// This CPU's slot for `key` among `slots` (at `hash`'s two ways): the way
+/// that holds it, else an empty one, else one taken over once `flush` has
+/// moved its counts into their hash map.
 #[inline(always)]
-fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
-    let (a, b) = pending::ways(pending::stat_slot(key));
-    let pa = PENDING_STATS.get_ptr_mut(a)?;
-    let pb = PENDING_STATS.get_ptr_mut(b)?;
+pub fn pending_slot<S: Slot>(
+    slots: &PerCpuArray<S>,
+    hash: u32,
+    key: &S::Key,
+    flush: impl FnOnce(&mut S),
+) -> Option<*mut S> {
+    let (a, b) = pending::ways(hash);
+    let pa = slots.get_ptr_mut(a)?;
+    let pb = slots.get_ptr_mut(b)?;
     unsafe {
-        if (*pa).key == *key {
+        if *(*pa).key() == *key {
             return Some(pa);
         }
-        if (*pb).key == *key {
+        if *(*pb).key() == *key {
             return Some(pb);
         }
-        let v = if (*pa).key.tgid == 0 {
+        let ((ta, fa), (tb, fb)) = (S::owner((*pa).key()), S::owner((*pb).key()));
+        let v = if ta == 0 {
             pa
-        } else if (*pb).key.tgid == 0 || pending::victim((*pa).key.phase, (*pb).key.phase, key.phase) {
+        } else if tb == 0 || pending::victim(fa, fb, S::owner(key).1) {
             pb
         } else {
             pa
         };
         flushing(|| {
-            if (*v).key.tgid != 0 {
-                match entry(&STATS, &ZERO, &(*v).key) {
-                    Some(dst) => pending::drain_stat(&mut *dst, &mut (*v).stat),
-                    None => {
-                        drop_add(Drop::StatsFull, (*v).stat.count);
-                        pending::clear_stat(&mut (*v).stat);
-                    }
-                }
+            if S::owner((*v).key()).0 != 0 {
+                flush(&mut *v);
             }
-            (*v).key = *key;
+            (*v).set_key(*key);
         });
         Some(v)
     }
+}
+
+/// This CPU's pending slot for a `STATS` key.
+#[inline(always)]
+fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
+    pending_slot(&PENDING_STATS, pending::stat_slot(key), key, |v| match entry(&STATS, &ZERO, &v.key) {
+        Some(dst) => pending::drain_stat(unsafe { &mut *dst }, &mut v.stat),
+        None => {
+            drop_add(Drop::StatsFull, v.stat.count);
+            pending::clear_stat(&mut v.stat);
+        }
+    })
 }
 
 /// Counts one event of every class in `set` (one `STATS` entry per set:
