@@ -160,9 +160,27 @@ pub struct ThreadFault {
     /// The time faultscope's programs nested in the fault in progress
     /// measured of themselves (taken out of its latency).
     pub own_ns: u64,
+    /// The classes of the fault last classified, as [`Self::opaque`] reads
+    /// them back.
+    pub set: u32,
+    pub _pad: u32,
 }
 
 impl ThreadFault {
+    /// `set`, stored in this thread's state and read back. In the kernel the
+    /// state is map memory, whose contents the verifier does not track: it
+    /// then sees one unknown value instead of each of the constants that
+    /// `on_return`'s branches combine (hundreds), every one of which it
+    /// would otherwise walk the rest of the program with, flushes included.
+    #[inline(always)]
+    pub fn opaque(&mut self, set: ClassSet) -> ClassSet {
+        // SAFETY: a valid, aligned field of `self`.
+        unsafe {
+            core::ptr::write_volatile(&mut self.set, set.0);
+            ClassSet(core::ptr::read_volatile(&self.set))
+        }
+    }
+
     /// The CPU raised a page-fault exception (before the kernel handles it).
     #[inline(always)]
     pub fn on_exception(&mut self, arch: ExcArch, addr: u64, code: u64) {

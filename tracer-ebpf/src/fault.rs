@@ -107,6 +107,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
+    let set = st.opaque(set);
     let (_, tgid) = pid_tgid();
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
@@ -132,14 +133,15 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 // ---- marks inside a fault -----------------------------------------------------
 
 /// Marks the current thread's fault, if it is in a traced fault, and adds
-/// this program's own time (from its first instruction to its last clock
-/// read) to the fault's `own_ns`.
+/// this program's own time (from its storage lookup on) to the fault's
+/// `own_ns`. The clock is read only once the thread is found in a traced
+/// fault: an untraced task's call costs the lookup alone.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
-    let from = unsafe { bpf_ktime_get_ns() };
     if let Some(s) = thread_state_if_any() {
         let st = unsafe { &mut *s };
         if st.in_fault() {
+            let from = unsafe { bpf_ktime_get_ns() };
             st.mark(bit);
             st.own_time(from, unsafe { bpf_ktime_get_ns() });
         }

@@ -29,7 +29,9 @@ pub enum Cmd {
     /// each probe would use and why.
     Probes {
         /// Also load every program through the verifier, without attaching
-        /// it (what a run would load, and the first error if one is refused).
+        /// it (what a run would load, and the first error if one is refused),
+        /// with the instructions the verifier processed and the time each
+        /// load took (every attach pays them).
         #[arg(long)]
         load: bool,
         /// The backend asked for (see `record --backend`).

@@ -81,9 +81,24 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     }
     if load {
         let mut failed = 0;
+        let (mut insns, mut ms) = (0u64, 0.0);
         for (prog, verdict) in verdicts? {
             match verdict {
-                Verdict::Ok => println!("verifier: {prog}: ok"),
+                Verdict::Ok(c) => {
+                    insns += u64::from(c.verified_insns.unwrap_or(0));
+                    ms += c.load.as_secs_f64() * 1e3;
+                    let over = match c.verified_insns {
+                        Some(n) if n > session::VERIFIED_INSNS_BUDGET => {
+                            format!(", over the budget of {}", session::VERIFIED_INSNS_BUDGET)
+                        }
+                        _ => String::new(),
+                    };
+                    println!(
+                        "verifier: {prog}: ok ({} instructions verified, loaded in {:.1} ms{over})",
+                        c.verified_insns.map_or("?".to_string(), |n| n.to_string()),
+                        c.load.as_secs_f64() * 1e3
+                    )
+                }
                 Verdict::NotHere(e) => {
                     println!("verifier: {prog}: not loadable here (auto uses the kprobe): {}", safe_lines(&e))
                 }
@@ -93,6 +108,7 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
                 }
             }
         }
+        println!("verifier: all loaded programs: {insns} instructions verified, loaded in {ms:.0} ms");
         return Ok(if failed == 0 { 0 } else { 1 });
     }
     Ok(0)

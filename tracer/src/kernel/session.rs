@@ -3,7 +3,7 @@
 //! leaves nothing attached behind it.
 
 use super::drops::{DropReason, Drops};
-use std::path::Path;
+use std::{path::Path, time::Instant};
 
 use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
@@ -643,13 +643,36 @@ fn attach_reason(e: &anyhow::Error) -> String {
 
 /// One program's verdict in `probes --load`.
 pub enum Verdict {
-    Ok,
+    Ok(LoadCost),
     /// The verifier (or the loader) rejected it.
     Rejected(String),
     /// Not loaded: the kernel refuses this kind of program here (a fentry
     /// twin where the kernel forbids tracing programs; `auto` then uses
     /// the kprobe).
     NotHere(String),
+}
+
+/// The most instructions the verifier may process for one program of the
+/// object (`probes --load` reports each; the host tests hold every program
+/// to it). The kernel refuses a program at 1,000,000, and every attach pays
+/// the verifier's work again: on an emulated guest, tens of seconds per
+/// 100,000.
+pub const VERIFIED_INSNS_BUDGET: u32 = 100_000;
+
+/// What loading a program cost: the verifier's own count of the
+/// instructions it processed (`verified_insns`, Linux 5.16+) and the load's
+/// wall time. Every attach pays it again, and on a slow machine (an
+/// emulated guest) the verifier dominates the time to attach.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadCost {
+    pub verified_insns: Option<u32>,
+    pub load: std::time::Duration,
+}
+
+impl LoadCost {
+    fn of(prog: &aya::programs::Program, load: std::time::Duration) -> LoadCost {
+        LoadCost { verified_insns: prog.info().ok().and_then(|i| i.verified_instruction_count()), load }
+    }
 }
 
 /// Loads every program of the object into the kernel without attaching any:
@@ -673,49 +696,51 @@ pub fn load_all(
     let mut out = Vec::new();
     for r in resolved {
         let spec = r.spec;
-        let res = (|| -> Result<()> {
+        let res = (|| -> Result<LoadCost> {
             let prog =
                 bpf.program_mut(spec.program.name()).ok_or_else(|| anyhow!("missing from the object"))?;
+            let t0 = Instant::now();
             match spec.hook {
                 Hook::Kprobe(_) | Hook::Kretprobe(_) => {
-                    let p: &mut KProbe = prog.try_into()?;
+                    let p: &mut KProbe = (&mut *prog).try_into()?;
                     p.load()?;
                 }
                 Hook::Tracepoint(..) => {
-                    let p: &mut TracePoint = prog.try_into()?;
+                    let p: &mut TracePoint = (&mut *prog).try_into()?;
                     p.load()?;
                 }
             }
-            Ok(())
+            Ok(LoadCost::of(prog, t0.elapsed()))
         })();
         out.push((
             spec.program.name(),
-            res.map_or_else(|e| Verdict::Rejected(format!("{e:#}")), |()| Verdict::Ok),
+            res.map_or_else(|e| Verdict::Rejected(format!("{e:#}")), Verdict::Ok),
         ));
         let (Some(twin), Some(aya_btf)) = (spec.program.fentry_name(), aya_btf) else { continue };
         let Resolution::Attach { symbol, backend: Backend::Fentry, .. } = &r.resolution else { continue };
-        let res = (|| -> Result<()> {
+        let res = (|| -> Result<LoadCost> {
             let prog = bpf.program_mut(twin).ok_or_else(|| anyhow!("missing from the object"))?;
+            let t0 = Instant::now();
             match spec.hook {
                 Hook::Kretprobe(_) => {
-                    let p: &mut FExit = prog.try_into()?;
+                    let p: &mut FExit = (&mut *prog).try_into()?;
                     p.load(symbol, aya_btf)?;
                 }
                 Hook::Kprobe(_) => {
-                    let p: &mut FEntry = prog.try_into()?;
+                    let p: &mut FEntry = (&mut *prog).try_into()?;
                     p.load(symbol, aya_btf)?;
                 }
                 Hook::Tracepoint(_, tp) => {
-                    let p: &mut BtfTracePoint = prog.try_into()?;
+                    let p: &mut BtfTracePoint = (&mut *prog).try_into()?;
                     p.load(tp, aya_btf)?;
                 }
             }
-            Ok(())
+            Ok(LoadCost::of(prog, t0.elapsed()))
         })();
         out.push((
             twin,
             match res {
-                Ok(()) => Verdict::Ok,
+                Ok(c) => Verdict::Ok(c),
                 Err(e) => {
                     let e = attach_reason(&e);
                     if e.contains("Operation not permitted") && choice == BackendChoice::Auto {

@@ -146,6 +146,30 @@ fn every_program_passes_the_verifier() {
     }
 }
 
+/// Each program's verification stays within the budget: every attach pays
+/// it again, and the kernel's own limit is not far above a program whose
+/// branches multiply.
+#[test]
+fn every_program_verifies_within_its_budget() {
+    let _t = host_test();
+    let out = faultscope(&["probes", "--load"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let budget = faultscope::kernel::session::VERIFIED_INSNS_BUDGET;
+    let mut seen = 0;
+    for line in text.lines().filter(|l| l.starts_with("verifier: ") && l.contains(": ok (")) {
+        let n: Option<u32> =
+            line.split(": ok (").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok());
+        // The kernel reports the count from 5.16 on.
+        let Some(n) = n else { continue };
+        seen += 1;
+        assert!(n <= budget, "over the verifier budget of {budget}: {line}");
+    }
+    assert!(
+        seen >= programs().count() / 2,
+        "too few programs with the kernel's verified count (Linux 5.16+ reports it):\n{text}"
+    );
+}
+
 /// `probes` names, in its first line, the mode a run is then in.
 #[test]
 fn probes_first_line_names_the_mode_a_run_gets() {
