@@ -2,6 +2,16 @@
 . /lib.sh
 oracle_setup
 
+# Every program through this kernel's own verifier, as a run would load
+# them, with the instructions each made it process (xtask holds them to
+# faultscope's budget). The gates' boots skip it: the matrix has run it on
+# their kernels.
+if [ "${GATES:-0}" != 1 ]; then
+	/faultscope probes --load > /tmp/verifier.out 2>&1
+	echo "@@FS-RC verifier $?"
+	emit verifier.out /tmp/verifier.out
+fi
+
 # bench_case NAME ARGS...: one bench run while the oracle traces, with
 # the probes attached by $BACKEND (NAME is CASE@BACKEND).
 bench_case() {

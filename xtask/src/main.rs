@@ -328,7 +328,7 @@ fn test() -> Result<()> {
         "--test-threads=1",
     ]))?;
     let t1 = Instant::now();
-    println!("xtask test: [{:.0} s] set-up, unit and host tests passed", t0.elapsed().as_secs_f64());
+    eprintln!("xtask test: [{:.0} s] set-up, unit and host tests passed", t0.elapsed().as_secs_f64());
     // Every stage runs even when one before it failed: one run of the
     // suite then tells all that is wrong.
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
@@ -349,13 +349,9 @@ fn test() -> Result<()> {
     let mut times = Vec::new();
     for (name, stage) in stages {
         let ts = Instant::now();
-        // On both streams, as it happens: a run cut short by a time limit
-        // still shows where its time went.
-        let at = |what: &str| {
-            let line = format!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
-            println!("{line}");
-            eprintln!("{line}");
-        };
+        // As it happens: a run cut short by a time limit still shows where
+        // its time went.
+        let at = |what: &str| eprintln!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
         at(&format!("{name}: starting"));
         let result = stage();
         let took = ts.elapsed().as_secs_f64();

@@ -604,6 +604,38 @@ pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true)
 }
 
+/// `probes --load` on this kernel (matrix.sh runs it first): every
+/// program accepted, none over faultscope's verifier budget (each kernel's
+/// verifier walks the same programs differently). Returns the line to
+/// print (the largest program and the sum) and the failures.
+fn check_verifier(kernel: &str, rc: &str, out: &str) -> (String, Vec<String>) {
+    let mut fails = Vec::new();
+    if rc != "0" {
+        fails.push(format!("{kernel}: probes --load exited {rc:?}"));
+    }
+    let (mut n, mut largest, mut sum) = (0, ("", 0u64), 0u64);
+    for l in out.lines().filter(|l| l.starts_with("verifier: ")) {
+        if l.contains("REJECTED") || l.contains("over the budget") {
+            fails.push(format!("{kernel}: {l}"));
+        }
+        let Some((name, rest)) = l["verifier: ".len()..].split_once(": ok (") else { continue };
+        let Some(insns) = rest.split(' ').next().and_then(|v| v.parse::<u64>().ok()) else { continue };
+        n += 1;
+        sum += insns;
+        if insns > largest.1 {
+            largest = (name, insns);
+        }
+    }
+    if n == 0 {
+        fails.push(format!("{kernel}: probes --load printed no verified program:\n{out}"));
+    }
+    let line = format!(
+        "{kernel} verifier: {n} programs, the largest {} ({} instructions), {sum} in all",
+        largest.0, largest.1
+    );
+    (line, fails)
+}
+
 fn run_with(
     kernels: &[GuestKernel],
     size: &str,
@@ -648,6 +680,12 @@ fn run_with(
         let labels: Vec<String> = bs.iter().flat_map(|b| cases.iter().map(move |c| label(c, b))).collect();
         let harness_errors = check_cases(&run, k, &labels, &mut failures);
         failures.extend(check_verify(&run, k, gates));
+        if !gates {
+            let rc = run.marker("RC", "verifier").unwrap_or_default();
+            let (line, fails) = check_verifier(k.name, &rc, run.section("verifier.out").unwrap_or(""));
+            println!("{line}");
+            failures.extend(fails);
+        }
         println!(
             "guest {} ran {} cases ({}) in {:.1}s",
             k.name,
@@ -691,6 +729,20 @@ fn run_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_verifier_check_reads_probes_load() {
+        let out = "mode: kprobe mode\nverifier: fault_entry: ok (18483 instructions verified, loaded in 17.6 ms)\n\
+                   verifier: fault_return: ok (21118 instructions verified, loaded in 27.1 ms)\n\
+                   verifier: wp_page_fe: not loadable here (auto uses the kprobe): refused\n\
+                   verifier: all loaded programs: 39601 instructions verified, loaded in 45 ms\n";
+        let (line, fails) = check_verifier("k", "0", out);
+        assert!(fails.is_empty(), "{fails:?}");
+        assert_eq!(line, "k verifier: 2 programs, the largest fault_return (21118 instructions), 39601 in all");
+        let over = out.replace("27.1 ms)", "27.1 ms, over the budget of 100000)");
+        assert_eq!(check_verifier("k", "0", &over).1.len(), 1);
+        assert_eq!(check_verifier("k", "1", "verifier: x: REJECTED: no").1.len(), 3);
+    }
 
     #[test]
     fn unfold_stacks_name_the_kernels_own_caller() {
