@@ -60,6 +60,7 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     if st.in_fault() {
         drop_count(Drop::LostReturn);
         if let Some(set) = st.on_return(0) {
+            let set = st.opaque(set);
             let phase = current_phase();
             record_set(tgid, phase, set, UNTIMED, 0);
             if conf.get(Config::Mappings) != 0 {

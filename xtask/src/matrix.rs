@@ -732,13 +732,17 @@ mod tests {
 
     #[test]
     fn the_verifier_check_reads_probes_load() {
-        let out = "mode: kprobe mode\nverifier: fault_entry: ok (18483 instructions verified, loaded in 17.6 ms)\n\
+        let out =
+            "mode: kprobe mode\nverifier: fault_entry: ok (18483 instructions verified, loaded in 17.6 ms)\n\
                    verifier: fault_return: ok (21118 instructions verified, loaded in 27.1 ms)\n\
                    verifier: wp_page_fe: not loadable here (auto uses the kprobe): refused\n\
                    verifier: all loaded programs: 39601 instructions verified, loaded in 45 ms\n";
         let (line, fails) = check_verifier("k", "0", out);
         assert!(fails.is_empty(), "{fails:?}");
-        assert_eq!(line, "k verifier: 2 programs, the largest fault_return (21118 instructions), 39601 in all");
+        assert_eq!(
+            line,
+            "k verifier: 2 programs, the largest fault_return (21118 instructions), 39601 in all"
+        );
         let over = out.replace("27.1 ms)", "27.1 ms, over the budget of 100000)");
         assert_eq!(check_verifier("k", "0", &over).1.len(), 1);
         assert_eq!(check_verifier("k", "1", "verifier: x: REJECTED: no").1.len(), 3);
