@@ -618,8 +618,8 @@ fn check_verifier(kernel: &str, rc: &str, out: &str) -> (String, Vec<String>) {
         if l.contains("REJECTED") || l.contains("over the budget") {
             fails.push(format!("{kernel}: {l}"));
         }
-        let Some((name, rest)) = l["verifier: ".len()..].split_once(": ok (") else { continue };
-        let Some(insns) = rest.split(' ').next().and_then(|v| v.parse::<u64>().ok()) else { continue };
+        let Some((name, insns)) = faultscope::cmd::probes::read_loaded_line(l) else { continue };
+        let insns = u64::from(insns);
         n += 1;
         sum += insns;
         if insns > largest.1 {

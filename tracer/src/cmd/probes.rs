@@ -87,17 +87,7 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
                 Verdict::Ok(c) => {
                     insns += u64::from(c.verified_insns.unwrap_or(0));
                     ms += c.load.as_secs_f64() * 1e3;
-                    let over = match c.verified_insns {
-                        Some(n) if n > session::VERIFIED_INSNS_BUDGET => {
-                            format!(", over the budget of {}", session::VERIFIED_INSNS_BUDGET)
-                        }
-                        _ => String::new(),
-                    };
-                    println!(
-                        "verifier: {prog}: ok ({} instructions verified, loaded in {:.1} ms{over})",
-                        c.verified_insns.map_or("?".to_string(), |n| n.to_string()),
-                        c.load.as_secs_f64() * 1e3
-                    )
+                    println!("{}", loaded_line(prog, &c));
                 }
                 Verdict::NotHere(e) => {
                     println!("verifier: {prog}: not loadable here (auto uses the kprobe): {}", safe_lines(&e))
@@ -112,6 +102,30 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         return Ok(if failed == 0 { 0 } else { 1 });
     }
     Ok(0)
+}
+
+/// `--load`'s line for a program the kernel accepted, read back by
+/// [`read_loaded_line`].
+fn loaded_line(prog: &str, c: &session::LoadCost) -> String {
+    let over = match c.verified_insns {
+        Some(n) if n > session::VERIFIED_INSNS_BUDGET => {
+            format!(", over the budget of {}", session::VERIFIED_INSNS_BUDGET)
+        }
+        _ => String::new(),
+    };
+    format!(
+        "verifier: {prog}: ok ({} instructions verified, loaded in {:.1} ms{over})",
+        c.verified_insns.map_or("?".to_string(), |n| n.to_string()),
+        c.load.as_secs_f64() * 1e3
+    )
+}
+
+/// A program's name and verified instructions from a line of `--load`
+/// (the tests' and the guest matrix's reading); `None` for other lines and
+/// where the kernel gave no count.
+pub fn read_loaded_line(line: &str) -> Option<(&str, u32)> {
+    let (prog, rest) = line.strip_prefix("verifier: ")?.split_once(": ok (")?;
+    Some((prog, rest.split(' ').next()?.parse().ok()?))
 }
 
 /// The mode a run would be in, and why: the fault path by fentry or
@@ -143,5 +157,22 @@ fn mode_line(resolved: &[probes::Resolved], refused: &dyn Fn(&str) -> Option<Str
             ),
             _ => format!("mode: none: no fault source here ({why}); nothing would be measured"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_lines_read_back() {
+        let c =
+            session::LoadCost { verified_insns: Some(21_118), load: std::time::Duration::from_millis(27) };
+        assert_eq!(read_loaded_line(&loaded_line("fault_return", &c)), Some(("fault_return", 21_118)));
+        let over = session::LoadCost { verified_insns: Some(session::VERIFIED_INSNS_BUDGET + 1), ..c };
+        assert!(loaded_line("x", &over).contains("over the budget"));
+        let unknown = session::LoadCost { verified_insns: None, ..c };
+        assert_eq!(read_loaded_line(&loaded_line("x", &unknown)), None);
+        assert_eq!(read_loaded_line("verifier: all loaded programs: 5 instructions verified"), None);
     }
 }

@@ -156,11 +156,8 @@ fn every_program_verifies_within_its_budget() {
     let text = String::from_utf8_lossy(&out.stdout);
     let budget = faultscope::kernel::session::VERIFIED_INSNS_BUDGET;
     let mut seen = 0;
-    for line in text.lines().filter(|l| l.starts_with("verifier: ") && l.contains(": ok (")) {
-        let n: Option<u32> =
-            line.split(": ok (").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok());
-        // The kernel reports the count from 5.16 on.
-        let Some(n) = n else { continue };
+    // The kernel reports the count from 5.16 on.
+    for (line, n) in text.lines().filter_map(|l| Some((l, faultscope::cmd::probes::read_loaded_line(l)?.1))) {
         seen += 1;
         assert!(n <= budget, "over the verifier budget of {budget}: {line}");
     }
