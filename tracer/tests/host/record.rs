@@ -701,16 +701,15 @@ fn a_threaded_storm_across_phases_loses_nothing() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (report, wl) = (read_report(&fs), read_json(&wl));
     let p = process(&report, wl["pid"].as_u64().unwrap());
-    let measured: Vec<ReportClass> =
-        ReportClass::ALL.into_iter().filter(|m| p.classes.get(m).and_then(|v| v.count()).is_some()).collect();
+    let measured: Vec<ReportClass> = ReportClass::ALL.into_iter().filter(|&m| p.count(m).is_some()).collect();
     assert!(measured.contains(&ReportClass::WpFaults), "{measured:?}");
+    // Each phase's count of a class, `None` where the phase has none.
+    let in_phase = |ph: &Phase, m: ReportClass| ph.classes.get(&m).and_then(|v| v.count());
     // A class counted per fault is in every phase. `major` in tracepoint
     // mode is the kernel's maj_flt over the whole run: no phases, no
     // intervals to add up (a run may take a major fault or not).
-    let in_phases =
-        |m: &ReportClass| p.phases.iter().any(|ph| ph.classes.get(m).and_then(|v| v.count()).is_some());
     let (per_fault, whole_run): (Vec<ReportClass>, Vec<ReportClass>) =
-        measured.iter().partition(|m| in_phases(m));
+        measured.iter().partition(|&&m| p.phases.iter().any(|ph| in_phase(ph, m).is_some()));
     assert!(
         whole_run.iter().all(|m| *m == ReportClass::Major),
         "measured over the whole run only: {whole_run:?}"
@@ -723,8 +722,7 @@ fn a_threaded_storm_across_phases_loses_nothing() {
             .filter(|x| x.pid == p.pid)
             .map(|x| x.counts.get(&m).copied().unwrap_or(0))
             .sum();
-        let phases: u64 =
-            p.phases.iter().map(|ph| ph.classes.get(&m).and_then(|v| v.count()).unwrap_or(0)).sum();
+        let phases: u64 = p.phases.iter().map(|ph| in_phase(ph, m).unwrap_or(0)).sum();
         assert_eq!(series, count(p, m), "{m}: the intervals ({} of them)", intervals.len());
         assert_eq!(phases, count(p, m), "{m}: the phases");
     }
