@@ -53,6 +53,7 @@ use super::record::{Filters, Recorder};
 use crate::{
     collect::{
         attribution::AttribOpts,
+        collector::Snapshot,
         select::{SelectOpts, Selection},
         target,
     },
@@ -122,6 +123,9 @@ struct Serve {
     sel: Selection,
     /// Connections that could not be accepted (no descriptor left).
     accept_errors: u64,
+    /// (process, phase) counts held back at the last tick: their phase was
+    /// newer than the lifecycle events read.
+    waiting: BTreeSet<(u32, PhaseId)>,
 }
 
 impl Serve {
@@ -141,18 +145,24 @@ impl Serve {
             .filter(|p| !self.rec.live.contains(p) || target::is_gone(*p))
             .collect();
         let snap = self.rec.snapshot()?;
+        // The events of every phase change made before the read: a fault
+        // counted in a phase has seen its change, whose event the kernel
+        // sends just after it.
+        self.rec.drain_events()?;
         // A CPU's pending slot still holds counts of these: the kernel moves
         // them into its maps later, so they are folded in at a later tick.
         let gone: BTreeSet<u32> =
             gone.into_iter().filter(|p| !snap.pending.iter().any(|(t, _)| t == p)).collect();
+        let hold = held_back(&snap, self.rec.timeline.current().id, &gone, &self.waiting);
         let rec = &self.rec;
         let kinds = rec.kinds.as_ref().expect("serve keeps each process's phase kinds");
         let cg = &self.sel.cgroup_of;
         self.metrics.update(
             &snap,
-            |pid, ph| kinds.kind(pid, ph),
+            |pid, ph| (!hold.contains(&(pid, ph))).then(|| kinds.kind(pid, ph)),
             |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
         );
+        self.waiting = hold;
         let mut drops = self.rec.drops()?;
         drops.set(DropReason::AcceptErrors, self.accept_errors);
         self.metrics.update_drops(&drops);
@@ -189,6 +199,25 @@ impl Serve {
         self.rec.timeline.keep_last(KEEP_PHASES);
         Ok(())
     }
+}
+
+/// The (process, phase) counts to leave for a later tick: a phase newer than
+/// the last one user space knows began after the events were read (its event
+/// was still on its way), so its kind is not known yet, and a counter cannot
+/// take back counts given to the wrong kind. Counted at the next tick all the
+/// same (a lost event leaves the newest known kind), and at once for a
+/// process that is gone (its entries are deleted at this tick).
+fn held_back(
+    snap: &Snapshot,
+    known: PhaseId,
+    gone: &BTreeSet<u32>,
+    waited: &BTreeSet<(u32, PhaseId)>,
+) -> BTreeSet<(u32, PhaseId)> {
+    snap.stats
+        .keys()
+        .map(|k| (k.tgid, k.phase))
+        .filter(|&(tgid, ph)| ph > known && !gone.contains(&tgid) && !waited.contains(&(tgid, ph)))
+        .collect()
 }
 
 pub async fn run(o: ServeOpts) -> Result<i32> {
@@ -240,7 +269,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let prev_phase = rec.timeline.current().id;
     let tick = Duration::from_secs_f64(o.tick);
     let sel = Selection::new(o.select.clone(), &filters);
-    let mut s = Serve { rec, metrics, prev_phase, sel, accept_errors: 0 };
+    let mut s = Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new() };
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
     let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(s.metrics.encode()))));
@@ -391,5 +420,26 @@ fn respond<B>(req: &Request<B>, scrape: &Scrape) -> Response<Full<Bytes>> {
             Bytes::from_static(b"<html><head><title>faultscope</title></head><body><h1>faultscope</h1><p><a href=\"/metrics\">/metrics</a></p></body></html>\n"),
         ),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", Bytes::from_static(b"not found\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use faultscope_common::{KernelClass, StatKey};
+
+    #[test]
+    fn a_phase_newer_than_the_events_waits_one_tick() {
+        let mut snap = Snapshot::default();
+        for (pid, ph) in [(7, 3), (7, 4), (8, 4), (9, 5)] {
+            snap.stats.insert(StatKey::new(pid, ph, KernelClass::Faults as u16), Stat::ZERO);
+        }
+        let gone = BTreeSet::from([8]);
+        let hold = held_back(&snap, 3, &gone, &BTreeSet::new());
+        // Known phases go on; a gone process's entries are counted now.
+        assert_eq!(hold, BTreeSet::from([(7, 4), (9, 5)]));
+        // Still unknown at the next tick (its event lost): counted then.
+        let hold = held_back(&snap, 4, &BTreeSet::new(), &hold);
+        assert_eq!(hold, BTreeSet::new());
     }
 }

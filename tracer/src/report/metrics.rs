@@ -314,12 +314,14 @@ impl Metrics {
     }
 
     /// Adds what happened since the last update. `kind` gives the kind of
-    /// a process's phase, `proc` a process's names (None: not traced,
-    /// skipped).
+    /// a process's phase, or None for a phase whose start user space has
+    /// not read yet: its counts wait for a later update (a counter cannot
+    /// take back what it was given under the wrong kind). `proc` gives a
+    /// process's names (None: not traced, skipped).
     pub fn update(
         &mut self,
         snap: &Snapshot,
-        kind: impl Fn(u32, PhaseId) -> PhaseKind,
+        kind: impl Fn(u32, PhaseId) -> Option<PhaseKind>,
         proc: impl Fn(u32) -> Option<ProcLabels>,
     ) {
         for (k, v) in &snap.stats {
@@ -327,6 +329,7 @@ impl Metrics {
                 continue;
             };
             let Some(p) = proc(k.tgid) else { continue };
+            let Some(kind) = kind(k.tgid, k.phase) else { continue };
             let last = self.last.get(k).copied().unwrap_or(Stat::ZERO);
             // A count never goes down; if an entry was recreated, it
             // counts from 0 again.
@@ -335,7 +338,7 @@ impl Metrics {
             if d_count == 0 {
                 continue;
             }
-            let kind = kind_name(kind(k.tgid, k.phase));
+            let kind = kind_name(kind);
             let mut labels: Labels = vec![
                 ("class", metric.name().to_string()),
                 ("phase_kind", kind.to_string()),
@@ -361,10 +364,11 @@ impl Metrics {
                 continue;
             };
             let Some(p) = proc(k.tgid) else { continue };
+            let Some(kind) = kind(k.tgid, k.phase) else { continue };
+            let kind = kind_name(kind);
             let last = self.last_origins.get(k).copied().unwrap_or_default();
             // An entry recreated counts from 0 again.
             let base = if v.iter().zip(last).any(|(a, b)| *a < b) { Default::default() } else { last };
-            let kind = kind_name(kind(k.tgid, k.phase));
             for o in Origin::ALL {
                 let d = v[o as usize] - base[o as usize];
                 if d == 0 {
@@ -383,6 +387,7 @@ impl Metrics {
         }
         for (&(tgid, phase, fault_kind), &v) in &snap.kinds {
             let Some(p) = proc(tgid) else { continue };
+            let Some(kind) = kind(tgid, phase) else { continue };
             let last = self.last_kinds.get(&(tgid, phase, fault_kind)).copied().unwrap_or(0);
             // An entry recreated counts from 0 again.
             let d = if v < last { v } else { v - last };
@@ -392,7 +397,7 @@ impl Metrics {
             }
             let mut labels: Labels = vec![
                 ("kind", fault_kind.to_string()),
-                ("phase_kind", kind_name(kind(tgid, phase)).to_string()),
+                ("phase_kind", kind_name(kind).to_string()),
                 ("comm", esc(&p.comm)),
             ];
             self.opts.extend(&mut labels, tgid, &p);
@@ -562,12 +567,8 @@ mod tests {
         snap
     }
 
-    fn kind(_: u32, ph: PhaseId) -> PhaseKind {
-        if ph == 0 {
-            PhaseKind::BeforeFork
-        } else {
-            PhaseKind::ChildAlive
-        }
+    fn kind(_: u32, ph: PhaseId) -> Option<PhaseKind> {
+        Some(if ph == 0 { PhaseKind::BeforeFork } else { PhaseKind::ChildAlive })
     }
 
     fn redis(_: u32) -> Option<ProcLabels> {
@@ -763,6 +764,40 @@ mod tests {
         let key =
             "faultscope_class_faults_total{class=\"copy\",phase_kind=\"child-alive\",comm=\"redis-server\"}";
         assert_eq!(sample(&m.encode(), key), Some(2.0));
+    }
+
+    #[test]
+    fn a_phase_not_known_yet_is_counted_later_under_its_kind() {
+        let mut m = metrics();
+        let key = |k: &str| {
+            format!(
+                "faultscope_class_faults_total{{class=\"faults\",phase_kind=\"{k}\",comm=\"redis-server\"}}"
+            )
+        };
+        m.update(&snap(&[(7, 1, KernelClass::Faults, stat(&[1, 2]))]), kind, redis);
+        // Phase 2's start (a child's exit) is not read yet: held back, and
+        // phase 1's counts still go on.
+        let sn = snap(&[
+            (7, 1, KernelClass::Faults, stat(&[1, 2, 3])),
+            (7, 2, KernelClass::Faults, stat(&[4, 5])),
+        ]);
+        m.update(&sn, |_, ph| (ph < 2).then_some(PhaseKind::ChildAlive), redis);
+        let t = m.encode();
+        assert_eq!(sample(&t, &key("child-alive")), Some(3.0), "{t}");
+        assert_eq!(sample(&t, &key("after-child-exit")).unwrap_or(0.0), 0.0, "{t}");
+        // Its event read: all of its counts go to its own kind, none lost.
+        let sn = snap(&[
+            (7, 1, KernelClass::Faults, stat(&[1, 2, 3])),
+            (7, 2, KernelClass::Faults, stat(&[4, 5, 6])),
+        ]);
+        m.update(
+            &sn,
+            |_, ph| Some(if ph < 2 { PhaseKind::ChildAlive } else { PhaseKind::AfterChildExit }),
+            redis,
+        );
+        let t = m.encode();
+        assert_eq!(sample(&t, &key("child-alive")), Some(3.0), "{t}");
+        assert_eq!(sample(&t, &key("after-child-exit")), Some(3.0), "{t}");
     }
 
     #[test]
