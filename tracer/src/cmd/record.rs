@@ -416,7 +416,7 @@ impl Recording {
         crate::term::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);
         let tables = format!("{}{found}", text::to_text(&report));
-        if self.opts.json.as_deref().is_some_and(|p| p.as_os_str() == "-") {
+        if self.opts.json.as_deref().is_some_and(crate::output::is_stdout) {
             // The JSON has standard output.
             let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), tables.as_bytes());
         } else if !self.stdout_closed {

@@ -156,20 +156,21 @@ mod tests {
     }
 
     #[test]
-    fn written_whole_and_never_through_a_planted_name() {
+    fn written_whole_and_through_a_link_of_ours() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("r.json");
         let r = Report { schema: SCHEMA.into(), ..Report::default() };
         write(&p, &r).unwrap();
         assert_eq!(load(&p).unwrap().report, r);
-        // A symlink planted at the target is replaced, not followed.
-        let victim = dir.path().join("victim");
-        fs::write(&victim, "keep").unwrap();
+        // A link of this user's (`latest.json -> runs/1.json`) stays a
+        // link: what it points at is replaced whole.
+        let target = dir.path().join("run1.json");
+        fs::write(&target, "old").unwrap();
         fs::remove_file(&p).unwrap();
-        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        std::os::unix::fs::symlink("run1.json", &p).unwrap();
         write(&p, &r).unwrap();
-        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
-        assert!(!fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+        assert_eq!(load(&target).unwrap().report, r);
+        assert!(fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
         let left: Vec<_> = fs::read_dir(dir.path()).unwrap().filter_map(|e| e.ok()).collect();
         assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
     }

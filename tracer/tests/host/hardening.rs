@@ -43,48 +43,201 @@ fn a_thread_id_is_not_a_process() {
     assert_refused(&out, "is a thread of process");
 }
 
+/// Another user's link at an output's name, or as its directory, is
+/// refused before the run: nothing is written through it, nothing is
+/// replaced, and the command never starts.
 #[test]
-fn record_json_never_writes_through_planted_symlinks() {
+fn another_users_link_is_refused_before_the_run() {
     let _t = host_test();
     let user = TestUser::new();
     let d = tmp();
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    // Root writes a report into a directory of the user's (the user asked
-    // for it there), where the user has planted symlinks at the report's
-    // name and at every temporary name the writer might use.
     let home = d.path().join("home");
     std::fs::create_dir(&home).unwrap();
     user.own(&home);
-    let victims: Vec<PathBuf> = (0..3).map(|i| d.path().join(format!("victim{i}"))).collect();
-    for v in &victims {
-        std::fs::write(v, "keep").unwrap();
-    }
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "keep").unwrap();
     let report = home.join("r.json");
-    user.plant(&victims[0], &report);
-    user.plant(&victims[1], &home.join("r.json.tmp"));
-    let pids = next_pids(300);
-    for &p in &pids {
-        user.plant(&victims[2], &home.join(format!(".r.json.{p}.0.tmp")));
-    }
+    user.plant(&victim, &report);
+    let via = d.path().join("via");
+    user.plant(&home, &via);
+    let marker = d.path().join("ran");
     let planted = entries(&home);
-    let child = Command::new(BIN)
-        .args(["record", "--json", report.to_str().unwrap(), "--", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(pids.contains(&pid), "record got pid {pid}, not one planted for; run again");
-    for v in &victims {
-        assert_eq!(std::fs::read_to_string(v).unwrap(), "keep", "{} was written through", v.display());
+    for (p, needle) in [(report.clone(), "owned by uid"), (via.join("new.json"), "its directory")] {
+        let out =
+            faultscope(&["record", "--json", p.to_str().unwrap(), "--", "touch", marker.to_str().unwrap()]);
+        assert_refused(&out, needle);
+        assert!(!marker.exists(), "the command ran");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert!(std::fs::symlink_metadata(&report).unwrap().file_type().is_symlink());
+        assert_eq!(entries(&home), planted, "a file was left or replaced");
     }
-    // The report replaced the link at its name; the other links are as planted.
-    assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
-    assert_eq!(read_report(&report).end.as_deref(), Some("all targets exited"));
-    assert_eq!(std::fs::read_link(home.join(format!(".r.json.{pid}.0.tmp"))).unwrap(), victims[2]);
-    assert_eq!(entries(&home), planted, "a temporary file was left");
+}
+
+/// A link of root's (`/dev/stdout` in a private `/dev`) or of this user's
+/// (`latest.json -> runs/run1.json`) stays a link: a descriptor it names
+/// is written in place, a file it names is replaced whole.
+#[test]
+fn outputs_through_our_links_keep_the_links() {
+    let _t = host_test();
+    let d = tmp();
+    // /dev/stdout, /dev/stderr and /proc/self/fd/1 into a file a shell
+    // opened, in a private mount namespace whose /dev is a tmpfs (the
+    // host's links are never at stake).
+    let script = format!(
+        r#"set -e
+mount -t tmpfs fs-dev /dev
+mknod -m 666 /dev/null c 1 3
+ln -s /proc/self/fd/1 /dev/stdout
+ln -s /proc/self/fd/2 /dev/stderr
+cd {dir}
+{bin} record --json /dev/stdout -- true > out1 2> err1
+{bin} record --json /proc/self/fd/1 -- true > out2 2> err2
+{bin} record --json /dev/stderr -- true 2> out3 > tables3
+test -L /dev/stdout && test -L /dev/stderr
+"#,
+        dir = d.path().display(),
+        bin = BIN
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Standard error also has faultscope's own lines: the report is whole in it.
+    let err = std::fs::read_to_string(d.path().join("out3")).unwrap();
+    assert!(err.contains("\"schema\": \"faultscope/1\"") && err.contains("\"findings\""), "{err}");
+    for f in ["out1", "out2"] {
+        let text = std::fs::read_to_string(d.path().join(f)).unwrap();
+        let r: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{f} is the JSON alone: {e}: {text}"));
+        assert_eq!(r["schema"], "faultscope/1");
+    }
+    assert!(
+        std::fs::read_to_string(d.path().join("err1")).unwrap().contains("whole run"),
+        "tables on stderr"
+    );
+    // The user's own link to a report of an earlier run.
+    std::fs::create_dir(d.path().join("runs")).unwrap();
+    let run1 = d.path().join("runs/run1.json");
+    std::fs::write(&run1, "old").unwrap();
+    let latest = d.path().join("latest.json");
+    std::os::unix::fs::symlink("runs/run1.json", &latest).unwrap();
+    let out = faultscope(&["record", "--json", latest.to_str().unwrap(), "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::symlink_metadata(&latest).unwrap().file_type().is_symlink());
+    assert_eq!(read_report(&run1).schema, "faultscope/1");
+    assert_eq!(entries(&d.path().join("runs")), BTreeSet::from(["run1.json".to_string()]));
+}
+
+/// Every output that cannot be written is refused before the command
+/// starts: a read-only mount, a name too long, and one file spelled two
+/// ways.
+#[test]
+fn unwritable_outputs_are_refused_before_the_command_starts() {
+    let _t = host_test();
+    let d = tmp();
+    let marker = d.path().join("ran");
+    let m = marker.to_str().unwrap();
+    let ro = d.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o ro fs-ro {ro} && exec {bin} record --json {ro}/r.json -- touch {m}",
+        ro = ro.display(),
+        bin = BIN
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_refused(&out, "Read-only file system");
+    let long = d.path().join("x".repeat(256));
+    assert_refused(&faultscope(&["record", "--json", long.to_str().unwrap(), "--", "touch", m]), "too long");
+    std::fs::create_dir(d.path().join("of")).unwrap();
+    let out = Command::new(BIN)
+        .current_dir(d.path())
+        .args(["record", "--json", "./of/x.json", "--folded", "of/x.json", "--", "touch", m])
+        .output()
+        .unwrap();
+    assert_refused(&out, "same file");
+    assert!(!marker.exists(), "the command ran");
+    // 255 bytes is a name the file system takes: written.
+    let longest = d.path().join("y".repeat(255));
+    let out = faultscope(&["record", "--json", longest.to_str().unwrap(), "--", "true"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_report(&longest).schema, "faultscope/1");
+}
+
+/// In a sticky world-writable directory another user swaps a FIFO of theirs
+/// and a link to a root-only file at the output's name
+/// (`renameat2(RENAME_EXCHANGE)`, as fast as it can) while root writes
+/// there: every run refuses, none hangs, and the root-only file is never
+/// written.
+#[test]
+fn a_fifo_swapped_for_a_link_never_reaches_roots_file() {
+    let _t = host_test();
+    let user = TestUser::new();
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A report with intervals to draw, made once.
+    let report = d.path().join("r.json");
+    let out = faultscope(&[
+        "record",
+        "--interval",
+        "0.1",
+        "--json",
+        report.to_str().unwrap(),
+        "--",
+        "sleep",
+        "0.3",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "keep").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let shared = d.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let cstr = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let (name, spare, target) = (cstr(&shared.join("x.svg")), cstr(&shared.join("spare")), cstr(&victim));
+    let (uid, gid) = (user.uid, user.gid);
+    // SAFETY: the child makes only raw system calls, then exits.
+    let swapper = unsafe { libc::fork() };
+    assert!(swapper >= 0);
+    if swapper == 0 {
+        unsafe {
+            if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                libc::_exit(1);
+            }
+            libc::mkfifo(name.as_ptr(), 0o666);
+            libc::symlink(target.as_ptr(), spare.as_ptr());
+            loop {
+                libc::syscall(
+                    libc::SYS_renameat2,
+                    libc::AT_FDCWD,
+                    name.as_ptr(),
+                    libc::AT_FDCWD,
+                    spare.as_ptr(),
+                    libc::RENAME_EXCHANGE,
+                );
+            }
+        }
+    }
+    let svg = shared.join("x.svg");
+    let mut refused = 0;
+    for _ in 0..300 {
+        let out = faultscope(&["plot", report.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+        if out.status.code() == Some(2) {
+            refused += 1;
+        }
+        assert_ne!(out.status.code(), Some(0), "written: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    unsafe {
+        libc::kill(swapper, libc::SIGKILL);
+        libc::waitpid(swapper, std::ptr::null_mut(), 0);
+    }
+    assert_eq!(refused, 300, "every run refused with one line");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "root's file was written");
 }
 
 #[test]

@@ -292,11 +292,13 @@ impl Mappings {
         let anon_name = name_anon(named, len)?;
         // A new file under a name nobody can guess, created exclusively and
         // never through a link (the temporary directory is everyone's).
-        let (file, mut w) = faultscope::output::create_unguessable(
-            &std::env::temp_dir(),
-            |r| format!("faultscope-workload-{r:016x}.dat"),
-            0o600,
-        )?;
+        let (mut w, file) = tempfile::Builder::new()
+            .prefix("faultscope-workload-")
+            .suffix(".dat")
+            .tempfile()
+            .context("creating the mapped file in the temporary directory")?
+            .keep()
+            .context("keeping the mapped file")?;
         // Written a page at a time: a buffer of flen would be a transient
         // mmap by malloc, and the file mapping could then land on addresses
         // it had, which an address-only oracle would mix up with it.
