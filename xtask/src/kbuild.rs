@@ -299,6 +299,13 @@ const GIT_HEADERS: &[&str] = &[
     "copy to ",
 ];
 
+/// A git extended header line, as leniently as GNU patch reads one: after
+/// any indentation, its word followed by a space or a tab.
+fn git_header(l: &str) -> bool {
+    let l = l.trim_start_matches([' ', '\t', 'X']);
+    GIT_HEADERS.iter().any(|h| l.strip_prefix(h.trim_end()).is_some_and(|r| r.starts_with([' ', '\t'])))
+}
+
 /// Cuts the diffs out of a patch file: a `git format-patch` mbox (several
 /// messages, each with a diff), a rendered mail thread, or a plain unified
 /// diff. A message's diff runs from its first `diff --git` (or `---`/`+++`
@@ -334,7 +341,7 @@ pub fn cut_diffs(text: &str) -> Result<Vec<Diff>> {
         loop {
             if lines[i].starts_with("diff --git ") {
                 i += 1;
-                while i < lines.len() && GIT_HEADERS.iter().any(|h| lines[i].starts_with(h)) {
+                while i < lines.len() && git_header(lines[i]) {
                     i += 1;
                 }
                 if lines.get(i).is_some_and(|l| l.starts_with("Binary files ")) {
@@ -434,16 +441,46 @@ fn diff_paths(d: &Diff) -> Vec<String> {
         .collect()
 }
 
+/// The file modes a diff's git headers give, as GNU patch reads them:
+/// `old mode`, `new mode`, `new file mode`, `deleted file mode` and the
+/// mode after an `index` line's hashes, each after any indentation and
+/// with any spacing, in octal. An unreadable mode is `Err(text)`.
+fn diff_modes(d: &Diff) -> Vec<(String, Result<u32, String>)> {
+    let mut out = Vec::new();
+    for l in d.text.lines() {
+        let h = l.trim_start_matches([' ', '\t', 'X']);
+        let rest = ["old mode", "new mode", "new file mode", "deleted file mode"]
+            .iter()
+            .find_map(|k| h.strip_prefix(k).filter(|r| r.starts_with([' ', '\t'])))
+            .or_else(|| {
+                // `index abc..def 100644`: the mode is the third word, if any.
+                let r = h.strip_prefix("index").filter(|r| r.starts_with([' ', '\t']))?;
+                let mut w = r.split_whitespace();
+                w.next().filter(|hashes| hashes.contains(".."))?;
+                w.next()
+            });
+        if let Some(m) = rest {
+            let m = m.trim();
+            let v = u32::from_str_radix(m, 8).map_err(|_| m.to_string());
+            out.push((l.to_string(), v));
+        }
+    }
+    out
+}
+
 /// A series is code the build runs (its Makefiles, as whoever builds):
-/// refused when a diff makes a symbolic link (GNU patch applies git's) or
+/// refused when a diff gives any file mode but a regular file's (a link,
+/// a gitlink, a directory: GNU patch makes links from git's modes) or
 /// names a path outside the tree.
 fn check_diff(d: &Diff) -> Result<()> {
-    for l in d.text.lines() {
-        if ["new file mode 120000", "new mode 120000", "old mode 120000", "deleted file mode 120000"]
-            .iter()
-            .any(|m| l.trim() == *m)
-        {
-            bail!("the diff makes or changes a symbolic link ({l:?}): refused, a link could point the build outside the tree");
+    for (l, mode) in diff_modes(d) {
+        match mode {
+            Ok(m) if m & 0o170000 == 0o100000 => {}
+            Ok(m) if m & 0o170000 == 0o120000 => bail!(
+                "the diff makes or changes a symbolic link ({l:?}): refused, a link could point the build outside the tree"
+            ),
+            Ok(m) => bail!("the diff gives the mode {m:o}, not a regular file's ({l:?}): refused"),
+            Err(m) => bail!("the diff gives the mode {m:?}, not an octal number ({l:?}): refused"),
         }
     }
     for p in diff_paths(d) {
@@ -452,6 +489,26 @@ fn check_diff(d: &Diff) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every symbolic link under `tree` (relative paths): taken before and
+/// after each patch, so that a link made by a way the diff's headers do not
+/// show is refused all the same.
+fn links_in(tree: &Path) -> Result<std::collections::BTreeSet<PathBuf>> {
+    let mut links = std::collections::BTreeSet::new();
+    let mut todo = vec![tree.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_symlink() {
+                links.insert(e.path().strip_prefix(tree).unwrap_or(&e.path()).to_path_buf());
+            } else if t.is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    Ok(links)
 }
 
 /// Each path a diff writes resolves inside `tree` (no link in the tree
@@ -702,6 +759,7 @@ fn build_in(
     run(Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(tree).arg("--strip-components=1"))?;
     let patches = scratch.join("out");
     fs::create_dir_all(&patches)?;
+    let links = links_in(tree)?;
     for (n, d) in diffs.iter().enumerate() {
         let file = patches.join(format!("{:04}.diff", n + 1));
         fs::write(&file, &d.text)?;
@@ -721,6 +779,14 @@ fn build_in(
                 n + 1,
                 diffs.len(),
                 said.trim_end()
+            );
+        }
+        if let Some(l) = links_in(tree)?.difference(&links).next() {
+            bail!(
+                "patch {} of {}, {subject}, made the symbolic link {}: refused",
+                n + 1,
+                diffs.len(),
+                l.display()
             );
         }
         eprintln!(
@@ -898,6 +964,31 @@ base-commit: 1234
         let link = "diff --git a/evil b/evil\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+/etc\n\\ No newline at end of file\n";
         let d = cut_diffs(link).unwrap();
         assert!(format!("{:#}", check_diff(&d[0]).unwrap_err()).contains("symbolic link"));
+        // Every spelling GNU patch takes as a link, and other types.
+        for (header, why) in [
+            ("new file mode 120777", "symbolic link"),
+            ("new file mode 120644", "symbolic link"),
+            ("new file mode  120000", "symbolic link"),
+            ("new file mode\t120000", "symbolic link"),
+            ("  new mode 120000", "symbolic link"),
+            ("old mode 0120000", "symbolic link"),
+            ("index 0000000..1111111 120000", "symbolic link"),
+            ("new file mode 160000", "not a regular file"),
+            ("new file mode 040755", "not a regular file"),
+            ("new file mode 12x000", "not an octal number"),
+        ] {
+            let text = link.replace(
+                "new file mode 120000\nindex 0000000..1111111",
+                &format!("{header}\nindex 0000000..1111111"),
+            );
+            let d = cut_diffs(&text).unwrap();
+            let e = format!("{:#}", check_diff(&d[0]).unwrap_err());
+            assert!(e.contains(why), "{header:?}: {e}");
+        }
+        for header in ["new file mode 100644", "new file mode 100755", "index 0000000..1111111 100644"] {
+            let text = link.replace("new file mode 120000\nindex 0000000..1111111", header);
+            check_diff(&cut_diffs(&text).unwrap()[0]).unwrap();
+        }
         let out = "--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n";
         let d = cut_diffs(out).unwrap();
         assert!(format!("{:#}", check_diff(&d[0]).unwrap_err()).contains("outside the kernel tree"));
