@@ -3,8 +3,27 @@
 /// SIGINT, SIGTERM and SIGHUP blocked while alive: taken with `wait`
 /// (verify passes them on to its run), or delivered when dropped (bench:
 /// after the sysfs knobs are restored and the probes detached). A child
-/// started meanwhile gets an empty mask from std's spawn.
+/// inherits the mask across fork and exec: start one with
+/// [`empty_mask_in_child`].
 pub struct HeldSignals(libc::sigset_t);
+
+/// Makes `cmd`'s child start with no signal blocked, whatever this thread
+/// holds (std's spawn keeps the caller's mask).
+pub fn empty_mask_in_child(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: the closure runs between fork and exec and makes only
+    // async-signal-safe calls on its own stack.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
 
 impl HeldSignals {
     pub fn new() -> HeldSignals {

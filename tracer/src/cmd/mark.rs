@@ -29,19 +29,38 @@ pub fn socket_path(recorder_pid: u32) -> PathBuf {
 /// dropped: at the end of the run, on an error and on a panic.
 pub struct Socket {
     pub listener: UnixListener,
+    /// Where it is bound now.
     path: PathBuf,
 }
 
 impl Socket {
-    pub fn listen(recorder_pid: u32) -> Result<Socket> {
+    /// Binds the socket before anything is attached, so that a run that
+    /// cannot listen for marks (a read-only /run) is refused before it
+    /// starts a command; under a name `mark` does not look for until
+    /// [`Socket::publish`].
+    pub fn bind(recorder_pid: u32) -> Result<Socket> {
         use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(SOCKET_DIR)?;
-        let path = socket_path(recorder_pid);
+        let cannot = |what: &Path, e: std::io::Error| {
+            Refusal::new(format!("cannot listen for phase marks at {}: {e}", what.display()))
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(SOCKET_DIR)
+            .map_err(|e| cannot(Path::new(SOCKET_DIR), e))?;
+        let path = socket_path(recorder_pid).with_extension("starting");
         // Ours by pid: whatever is there was left by an earlier process.
         let _ = std::fs::remove_file(&path);
-        let listener =
-            UnixListener::bind(&path).with_context(|| format!("listening on {}", path.display()))?;
+        let listener = UnixListener::bind(&path).map_err(|e| cannot(&path, e))?;
         Ok(Socket { listener, path })
+    }
+
+    /// Gives the socket the name `mark` finds, once the run is attached.
+    pub fn publish(&mut self, recorder_pid: u32) -> Result<()> {
+        let name = socket_path(recorder_pid);
+        std::fs::rename(&self.path, &name).with_context(|| format!("naming {}", name.display()))?;
+        self.path = name;
+        Ok(())
     }
 }
 
@@ -74,7 +93,7 @@ pub fn remove_stale_sockets() -> Vec<PathBuf> {
     let mut removed = Vec::new();
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().to_string();
-        let ours = name.starts_with("record-") && name.ends_with(".sock");
+        let ours = name.starts_with("record-") && (name.ends_with(".sock") || name.ends_with(".starting"));
         if ours && e.file_type().is_ok_and(|t| t.is_socket()) && is_stale(&e.path(), &bound) {
             let _ = std::fs::remove_file(e.path());
             removed.push(e.path());

@@ -210,8 +210,8 @@ impl Recording {
             .into());
         }
         let filters = o.select.filters()?;
-        let duration = crate::units::seconds("--duration", o.duration)?;
-        let interval = crate::units::seconds("--interval", o.interval)?;
+        let duration = crate::units::seconds("--duration", o.duration, 1e-3)?;
+        let interval = crate::units::seconds("--interval", o.interval, crate::units::MIN_INTERVAL_S)?;
         if o.count == Some(0) {
             return Err(Refusal::new("--count 0: give at least 1 interval").into());
         }
@@ -457,8 +457,16 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
         Some(s) => Some(signal(SignalKind::from_raw(s))?),
         None => None,
     };
+    // A signal meant for marks, sent without --mark-on-signal, would kill
+    // faultscope and leave the command untraced: it is ignored, and said.
+    let stray = |s: i32| -> Result<Option<Signal>> {
+        Ok(if mark_signal == Some(s) { None } else { Some(signal(SignalKind::from_raw(s))?) })
+    };
+    let (mut usr1, mut usr2) = (stray(libc::SIGUSR1)?, stray(libc::SIGUSR2)?);
+    let mut stray_said = false;
+    let mut sock = marks::Socket::bind(std::process::id())?;
     let mut r = Recording::start(o)?;
-    let sock = marks::Socket::listen(std::process::id())?;
+    sock.publish(std::process::id())?;
     // Each mark client is read by a task of its own, so that one that
     // connects and says nothing cannot hold up the run.
     let mut requests: JoinSet<Option<(Result<String, String>, UnixStream)>> = JoinSet::new();
@@ -471,6 +479,8 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
             Some(()) = recv(sigmark.as_mut()) => {
                 r.signal_mark()?;
             }
+            Some(()) = recv(usr1.as_mut()) => stray_said = said_stray("USR1", stray_said),
+            Some(()) = recv(usr2.as_mut()) => stray_said = said_stray("USR2", stray_said),
             Ok((stream, _)) = sock.listener.accept() => {
                 requests.spawn(read_request(stream));
             }
@@ -516,6 +526,16 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Says once that a mark signal came without --mark-on-signal.
+fn said_stray(name: &str, said: bool) -> bool {
+    if !said {
+        crate::term::say(&format!(
+            "faultscope: SIG{name} ignored: give --mark-on-signal {name} to mark a phase with it"
+        ));
+    }
+    true
 }
 
 /// The next delivery of an optional signal (never, without one).

@@ -276,3 +276,76 @@ fn interval_lines_add_up_to_the_reports_intervals() {
     assert!(want > 0, "no faults in the intervals");
     assert_eq!(printed, want, "{text}");
 }
+
+/// The mark socket is made before anything is attached: with /run
+/// read-only the run is refused, naming the path, and the command never
+/// starts untraced.
+#[test]
+fn no_mark_socket_no_run() {
+    let _t = host_test();
+    let d = tmp();
+    let marker = d.path().join("ran");
+    let script =
+        format!("mount -t tmpfs -o ro fs-run /run && exec {BIN} record -- touch {}", marker.display());
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_refused(&out, "/run/faultscope");
+    assert!(!marker.exists(), "the command ran untraced");
+}
+
+/// SIGUSR1 or SIGUSR2 without --mark-on-signal is ignored, and said once:
+/// the run goes on and ends with its report.
+#[test]
+fn a_mark_signal_without_mark_on_signal_is_ignored() {
+    let _t = host_test();
+    let d = tmp();
+    let json = d.path().join("r.json");
+    let tracer = Command::new(BIN)
+        .args(["record", "--json", json.to_str().unwrap(), "--", "sleep", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    for s in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGUSR1] {
+        unsafe { libc::kill(tracer.id() as i32, s) };
+    }
+    let out = tracer.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("ignored: give --mark-on-signal").count(), 1, "said once: {err}");
+    assert_eq!(read_report(&json).end.as_deref(), Some("all targets exited"));
+}
+
+/// `verify -- record ...` starts its run with no signal blocked, and passes
+/// Ctrl-C on to it: the run ends with a report, which verify checks.
+#[test]
+fn verify_passes_an_interrupt_to_its_run() {
+    let _t = host_test();
+    let verify = Command::new(BIN)
+        .args(["verify", "--expect", "faults>0", "--", "record", "--", "sleep", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run = None;
+    for _ in 0..300 {
+        if let Some(&c) = children(verify.id()).first() {
+            if faultscope::cmd::mark::socket_path(c).exists() {
+                run = Some(c);
+                break;
+            }
+        }
+        sleep(Duration::from_millis(50));
+    }
+    let run = run.expect("verify's record attached within 15 s");
+    let status = std::fs::read_to_string(format!("/proc/{run}/status")).unwrap();
+    let blocked = status.lines().find_map(|l| l.strip_prefix("SigBlk:")).unwrap().trim().to_string();
+    assert_eq!(u64::from_str_radix(&blocked, 16).unwrap(), 0, "verify's run started with signals blocked");
+    unsafe { libc::kill(verify.id() as i32, libc::SIGINT) };
+    let out = verify.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS faults>0"));
+}
