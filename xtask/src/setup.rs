@@ -66,6 +66,8 @@ const PACKAGES: &[&str] = &[
     "bpftrace",
     "bpftool",
     "e2fsprogs",
+    // Host tests: a run's own opens of /proc/kallsyms, counted.
+    "strace",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with

@@ -259,25 +259,28 @@ fn owned(s: Symbolized<'_>) -> Result<SiteLocation, String> {
     }
 }
 
-/// Names kernel addresses (stack frames) from /proc/kallsyms: `func+0x1c`,
-/// or the address in hex where kallsyms has nothing.
-pub fn kernel_frames(addrs: &[u64]) -> Vec<String> {
-    let kernel = source::Kernel {
-        kallsyms: blazesym::MaybeDefault::Default,
-        vmlinux: blazesym::MaybeDefault::None,
-        ..Default::default()
-    };
-    let symbolizer = Symbolizer::new();
-    match symbolizer.symbolize(&source::Source::Kernel(kernel), Input::AbsAddr(addrs)) {
-        Ok(v) => v
-            .iter()
-            .zip(addrs)
-            .map(|(s, a)| match s {
-                Symbolized::Sym(sym) => format!("{}+{:#x}", display_safe(&sym.name), sym.offset),
-                Symbolized::Unknown(_) => format!("{a:#x}"),
-            })
-            .collect(),
-        Err(_) => addrs.iter().map(|a| format!("{a:#x}")).collect(),
+impl SiteSymbolizer {
+    /// Names kernel addresses (stack frames) from /proc/kallsyms:
+    /// `func+0x1c`, or the address in hex where kallsyms has nothing.
+    /// kallsyms is parsed once per symbolizer (blazesym keeps it), so one
+    /// symbolizer serves a whole run's stacks.
+    pub fn kernel_frames(&self, addrs: &[u64]) -> Vec<String> {
+        let kernel = source::Kernel {
+            kallsyms: blazesym::MaybeDefault::Default,
+            vmlinux: blazesym::MaybeDefault::None,
+            ..Default::default()
+        };
+        match self.inner.symbolize(&source::Source::Kernel(kernel), Input::AbsAddr(addrs)) {
+            Ok(v) => v
+                .iter()
+                .zip(addrs)
+                .map(|(s, a)| match s {
+                    Symbolized::Sym(sym) => format!("{}+{:#x}", display_safe(&sym.name), sym.offset),
+                    Symbolized::Unknown(_) => format!("{a:#x}"),
+                })
+                .collect(),
+            Err(_) => addrs.iter().map(|a| format!("{a:#x}")).collect(),
+        }
     }
 }
 

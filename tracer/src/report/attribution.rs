@@ -15,7 +15,7 @@ use super::schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, Stack
 use crate::{
     attrib::{
         mapping::{top_n, MapsHistory},
-        sites::{kernel_frames, SiteSymbolizer},
+        sites::SiteSymbolizer,
         stacks::FoldedStacks,
     },
     collect::{attribution::Attribution as Attrib, collector::Snapshot},
@@ -147,7 +147,8 @@ pub fn attribution(
     for ((m, u, k, caller), count) in stacks {
         let mut user: Vec<String> =
             name_ips(n, history, at, &(n.frames)(u)).into_iter().map(|(s, _)| s).collect();
-        let mut kernel = without_trampolines(kernel_frames(&with_caller((n.frames)(k), caller)));
+        let mut kernel =
+            without_trampolines(n.symbolizer.borrow().kernel_frames(&with_caller((n.frames)(k), caller)));
         // Leaf first from the kernel; the report has outermost first.
         user.reverse();
         kernel.reverse();

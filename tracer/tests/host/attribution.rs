@@ -142,3 +142,27 @@ fn sites_and_stacks_of_write_faults_add_up_in_every_mode() {
         .sum();
     assert!(stacked + lost >= writes && stacked <= writes, "stacks {stacked} + lost {lost} vs {writes}");
 }
+
+/// The end of a `--stacks` run names every stack's kernel frames from one
+/// parse of /proc/kallsyms (it is 100,000+ lines: parsed once per stack, a
+/// run of `true` took seconds, deaf to signals). Counted by the run's own
+/// opens of the file under strace, against the stacks it wrote.
+#[test]
+fn kallsyms_is_read_once_per_run() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, log) = (d.path().join("fs.json"), d.path().join("strace.log"));
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=openat,open", "-o"])
+        .arg(&log)
+        .args([BIN, "record", "--json", fs.to_str().unwrap(), "--stacks", "faults", "--"])
+        .args(["sh", "-c", "ls / > /dev/null; cat /dev/null; true"])
+        .output()
+        .expect("strace (cargo xtask setup installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stacks: usize = read_report(&fs).processes.iter().map(|p| p.attribution.stacks.len()).sum();
+    assert!(stacks >= 3, "a run with several stacks: {stacks}");
+    let opens =
+        std::fs::read_to_string(&log).unwrap().lines().filter(|l| l.contains("\"/proc/kallsyms\"")).count();
+    assert!(opens <= 2, "/proc/kallsyms opened {opens} times for {stacks} stacks");
+}
