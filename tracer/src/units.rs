@@ -87,13 +87,25 @@ pub fn ns(ns: u64) -> String {
     }
 }
 
-pub fn seconds(flag: &str, v: Option<f64>) -> Result<Option<std::time::Duration>, crate::error::Refusal> {
+/// The shortest `--interval`: one interval line per process per 10 ms is
+/// already more than a terminal shows, and shorter ones are only the
+/// collector's own cost.
+pub const MIN_INTERVAL_S: f64 = 0.01;
+
+/// A time in seconds from a flag: from `min` (above 0, so that a value
+/// such as 1e-300 never rounds to no time at all) to 1e9.
+pub fn seconds(
+    flag: &str,
+    v: Option<f64>,
+    min: f64,
+) -> Result<Option<std::time::Duration>, crate::error::Refusal> {
+    debug_assert!(min > 0.0);
     match v {
         None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Some(std::time::Duration::from_secs_f64(s))),
-        Some(s) => Err(crate::error::Refusal::new(format!(
-            "{flag} {s}: give a number of seconds above 0 (at most 1e9)"
-        ))),
+        Some(s) if s.is_finite() && s >= min && s <= 1e9 => Ok(Some(std::time::Duration::from_secs_f64(s))),
+        Some(s) => {
+            Err(crate::error::Refusal::new(format!("{flag} {s}: give a number of seconds from {min} to 1e9")))
+        }
     }
 }
 

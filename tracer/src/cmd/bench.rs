@@ -157,6 +157,11 @@ impl Drop for Memory {
 /// The most runs of a cell `--runs` takes.
 pub const MAX_RUNS: u64 = 1000;
 
+/// The most writer threads of a threaded mode: far past the cores of any
+/// machine the write step is timed on, and within what a process can
+/// start (each thread has a stack, and the kernel's `threads-max`).
+pub const MAX_THREADS: usize = 1024;
+
 /// One (mode, folio) cell: what a single run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct CellOpts {
@@ -419,6 +424,15 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         return Err(Refusal::new(format!(
             "--size must be a multiple of the folio size {}",
             crate::units::size(c.folio)
+        ))
+        .into());
+    }
+    let threaded = o.mode.iter().any(|m| matches!(m, Mode::Threads | Mode::ThreadsSame));
+    let most = MAX_THREADS.min((o.size / crate::units::PAGE) as usize);
+    if threaded && !(1..=most).contains(&o.threads) {
+        return Err(Refusal::new(format!(
+            "--threads {}: give 1 to {most} writer threads (at most {MAX_THREADS}, and no more than --size has pages)",
+            o.threads
         ))
         .into());
     }

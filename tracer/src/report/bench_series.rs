@@ -10,7 +10,7 @@
 //! report's schema (`report.schema.json`, beside it) for the runs, so it
 //! does not change when the report's types do.
 
-use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path};
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -320,7 +320,7 @@ pub struct LoadedSeries {
 /// they are always those of the reports kept.
 pub fn load(path: &Path) -> Result<LoadedSeries, Refusal> {
     let name = path.display().to_string();
-    let text = fs::read_to_string(path).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
+    let text = super::file::read_input(path)?;
     parse(name, &text)
 }
 

@@ -2,7 +2,7 @@
 //! against the schema types, so the rest reads fields, never guesses; a
 //! report is written whole or not at all.
 
-use std::{fs, path::Path};
+use std::{fs, io::Read as _, path::Path};
 
 use anyhow::Result;
 
@@ -15,11 +15,53 @@ pub struct Loaded {
     pub report: Report,
 }
 
+/// The largest input faultscope reads (a report or a bench series): far
+/// above a real report (a 301-process fork tree's is about 200 MB), and a
+/// bound on what a wrong path (`/dev/urandom`, a FIFO that never ends)
+/// can make it allocate.
+pub const MAX_INPUT: u64 = 1 << 30;
+
+/// Reads an input file whole: a regular file of at most [`MAX_INPUT`]
+/// bytes (a larger one refused before reading) or a pipe, cut off past it;
+/// a device or anything else is refused.
+pub fn read_input(path: &Path) -> Result<String, Refusal> {
+    let name = crate::term::safe(&path.display().to_string());
+    let refuse = |why: String| Refusal::new(format!("{name}: {why}"));
+    let f = fs::File::open(path).map_err(|e| refuse(e.to_string()))?;
+    let m = f.metadata().map_err(|e| refuse(e.to_string()))?;
+    use std::os::unix::fs::FileTypeExt as _;
+    let t = m.file_type();
+    let too_big =
+        || refuse(format!("larger than {} MiB, the most faultscope reads: not a report", MAX_INPUT >> 20));
+    if t.is_file() {
+        if m.len() > MAX_INPUT {
+            return Err(too_big());
+        }
+    } else if !t.is_fifo() {
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else {
+            "a socket"
+        };
+        return Err(refuse(format!("it is {what}, not a report file (give a regular file or a pipe)")));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_INPUT + 1).read_to_end(&mut buf).map_err(|e| refuse(e.to_string()))?;
+    if buf.len() as u64 > MAX_INPUT {
+        return Err(too_big());
+    }
+    String::from_utf8(buf).map_err(|e| refuse(format!("not a report: not UTF-8 text ({e})")))
+}
+
 /// Loads and checks a report; malformed or truncated files are refused with
 /// the file name and what is wrong.
 pub fn load(path: &Path) -> Result<Loaded, Refusal> {
     let name = path.display().to_string();
-    let text = fs::read_to_string(path).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
+    let text = read_input(path)?;
     parse(name, &text)
 }
 

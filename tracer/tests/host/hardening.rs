@@ -244,7 +244,7 @@ fn a_fifo_swapped_for_a_link_never_reaches_roots_file() {
 fn bad_seconds_and_counts_are_refused_before_attaching() {
     let _t = host_test();
     for flag in ["--duration", "--interval"] {
-        for v in ["-1", "0", "nan", "inf", "-inf", "1e19", "1e999"] {
+        for v in ["-1", "0", "nan", "inf", "-inf", "1e19", "1e999", "1e-300", "1e-9"] {
             let out = faultscope(&["record", "-p", "1", flag, v]);
             assert_refused(&out, &format!("{flag} "));
             let out = faultscope(&["record", "-p", "1", &format!("{flag}={v}")]);
@@ -253,6 +253,14 @@ fn bad_seconds_and_counts_are_refused_before_attaching() {
     }
     assert_refused(&faultscope(&["record", "-p", "1", "--interval", "1", "--count", "0"]), "--count 0");
     assert_refused(&faultscope(&["record", "-p", "1", "--max-stats", "0"]), "--max-stats 0");
+    // Writer threads: bounded by a stated maximum and by the pages.
+    for n in ["0", "100000", "1025"] {
+        assert_refused(&faultscope(&["bench", "threads", "--threads", n, "--size", "16M"]), "--threads");
+    }
+    assert_refused(
+        &faultscope(&["bench", "threads", "--threads", "32", "--size", "64K"]),
+        "no more than --size",
+    );
 }
 
 /// Bytes a terminal would act on: C0 controls other than newline and tab,

@@ -154,3 +154,22 @@ fn verify_refuses_malformed_reports_typos_and_bad_numbers() {
     let out = verify(&["--expect", " faults >= 5 ", &good]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Inputs are read with a bound: a report file past it is refused before
+/// it is read (a sparse 1 GiB file), and a device (`/dev/urandom`, which
+/// never ends) is refused as no report; each with one line and exit 2.
+#[test]
+fn inputs_past_the_bound_or_devices_are_refused_unread() {
+    let _t = host_test();
+    let d = tmp();
+    let big = d.path().join("big.json");
+    std::fs::File::create(&big).unwrap().set_len(faultscope::report::file::MAX_INPUT + 1).unwrap();
+    let out_svg = d.path().join("p.svg");
+    for input in [big.to_str().unwrap(), "/dev/urandom"] {
+        let why = if input == "/dev/urandom" { "character device" } else { "the most faultscope reads" };
+        assert_refused(&faultscope(&["plot", input, "-o", out_svg.to_str().unwrap()]), why);
+        assert_refused(&faultscope(&["diff", input, input]), why);
+        assert_refused(&faultscope(&["verify", "--expect", "faults>0", input]), why);
+    }
+    assert!(!out_svg.exists());
+}
