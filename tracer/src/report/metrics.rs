@@ -87,7 +87,8 @@ pub struct BuildInfo {
     pub version: String,
     pub kernel: String,
     pub arch: String,
-    /// kprobe or tracepoint.
+    /// How the fault path's first program is attached, in the kernel's
+    /// words: fentry, kprobe, tp_btf, tracepoint or none.
     pub backend: String,
 }
 
