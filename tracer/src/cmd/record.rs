@@ -202,7 +202,10 @@ pub const STDOUT_CLOSED: &str = "stdout closed";
 impl Recording {
     /// Checks the request, attaches, adds the targets and starts the
     /// command; refuses bad input before anything is attached.
-    pub fn start(o: RecordOpts) -> Result<Recording> {
+    /// Also returns the mark socket, bound before anything is attached (a
+    /// run that cannot listen is refused before it starts a command) and
+    /// named once the run is attached.
+    pub fn start(o: RecordOpts) -> Result<(Recording, marks::Socket)> {
         if o.pids.is_empty() && o.command.is_empty() && o.select.is_empty() {
             return Err(Refusal::new(
                 "nothing to trace: give -p PID, --comm NAME, --cgroup PATH or -- COMMAND",
@@ -239,6 +242,7 @@ impl Recording {
         .filter_map(|(f, p)| Some((f, p?)))
         .collect();
         crate::output::check_distinct(&outs)?;
+        let mut sock = marks::Socket::bind(std::process::id())?;
         let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &filters)?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
@@ -255,11 +259,12 @@ impl Recording {
             spawned = Some(pid);
         }
         rec.trace_mark("attach");
+        sock.publish(std::process::id())?;
         let started = Instant::now();
         let live_view = live::enabled();
         // On a terminal the live view redraws every interval (1 s by default).
         let interval = interval.or(live_view.then_some(Duration::from_secs(1)));
-        Ok(Recording {
+        let r = Recording {
             rec,
             started,
             spawned,
@@ -275,7 +280,8 @@ impl Recording {
             stdout_closed: false,
             sel: Selection::new(o.select.clone(), &filters),
             opts: o,
-        })
+        };
+        Ok((r, sock))
     }
 
     /// Starts a `mark:LABEL` phase; says its name on stderr.
@@ -464,9 +470,7 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
     };
     let (mut usr1, mut usr2) = (stray(libc::SIGUSR1)?, stray(libc::SIGUSR2)?);
     let mut stray_said = false;
-    let mut sock = marks::Socket::bind(std::process::id())?;
-    let mut r = Recording::start(o)?;
-    sock.publish(std::process::id())?;
+    let (mut r, sock) = Recording::start(o)?;
     // Each mark client is read by a task of its own, so that one that
     // connects and says nothing cannot hold up the run.
     let mut requests: JoinSet<Option<(Result<String, String>, UnixStream)>> = JoinSet::new();

@@ -75,7 +75,31 @@ pub fn require_root() -> Result<(), Refusal> {
             "faultscope needs root (CAP_BPF, CAP_PERFMON and tracefs access): run it with sudo",
         ));
     }
+    let caps = effective_caps().unwrap_or(u64::MAX);
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+        return Err(Refusal::new(format!(
+            "faultscope runs as root without CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN): effective \
+             capabilities {caps:#x}; give them back (a container: --cap-add BPF --cap-add PERFMON)"
+        )));
+    }
+    // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK: lift it as
+    // bcc does (root may), so that a low limit is not a map-creation error.
+    let inf = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit reads a valid rlimit.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &inf) };
     Ok(())
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// This process's effective capability set (`CapEff` in /proc/self/status).
+fn effective_caps() -> Option<u64> {
+    let s = fs::read_to_string("/proc/self/status").ok()?;
+    let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 pub fn has_kprobe_pmu() -> bool {

@@ -24,6 +24,13 @@ fn bad_input_is_refused_with_one_line() {
         .output()
         .expect("setpriv (util-linux)");
     assert_refused(&out, "needs root");
+    // Root without the BPF capabilities (a container's dropped set): said,
+    // rather than a map-creation error.
+    let out = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin", BIN, "record", "-p", "1"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_refused(&out, "without CAP_BPF and CAP_PERFMON");
 }
 
 #[test]
