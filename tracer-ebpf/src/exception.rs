@@ -19,7 +19,10 @@ use faultscope_common::{
 
 use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
-    helpers::{current_phase, field, pid_tgid, record_set, traced_thread, FnContext, ReadFailed, UNTIMED},
+    helpers::{
+        current_phase, field, pagefault_disabled, pid_tgid, record_set, traced_thread, FnContext, ReadFailed,
+        UNTIMED,
+    },
     maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
 };
 
@@ -105,8 +108,10 @@ fn on_page_fault<C: StackIdContext>(
     let conf = Conf::load();
     let code = code()?;
     // A kernel-mode fault counts only on a user address (read first: most
-    // kernel-mode faults of untraced tasks stop here).
-    if origin == Origin::Kernel && !user_address(addr()?) {
+    // kernel-mode faults of untraced tasks stop here), and only if the
+    // kernel handles it: not one raised with page faults disabled, such as
+    // the user-stack walk of faultscope's own `--stacks`.
+    if origin == Origin::Kernel && (!user_address(addr()?) || pagefault_disabled()) {
         return Ok(0);
     }
     // Only the classes the report takes from here: all of them without the

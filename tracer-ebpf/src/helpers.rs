@@ -28,7 +28,8 @@ use faultscope_common::{
 
 use crate::maps::{
     cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, PENDING_STATS,
-    PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, THREADS, ZERO,
+    PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, TASK_PAGEFAULT_DISABLED_OFF,
+    THREADS, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -163,6 +164,23 @@ pub fn current_flt() -> FltCount {
             maj: core::ptr::read_volatile(task.wrapping_add(maj) as *const u64),
         }
     }
+}
+
+/// Whether the current task runs with page faults disabled (a `*_nofault`
+/// copy: a BPF stack walk or probe read, faultscope's own among them). The
+/// kernel never handles such a fault (`do_user_addr_fault` fixes it up at
+/// once) nor counts it, so neither does faultscope. False where BTF does not
+/// give the offset.
+#[inline(always)]
+pub fn pagefault_disabled() -> bool {
+    let off = cfg(&TASK_PAGEFAULT_DISABLED_OFF);
+    if off == 0 {
+        return false;
+    }
+    // SAFETY: as in `current_flt`: the current task, typed by BTF, at an
+    // offset the verifier checks against task_struct.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    unsafe { core::ptr::read_volatile(task.wrapping_add(off) as *const i32) != 0 }
 }
 
 /// `*p += v`, atomically (BPF_XADD): core offers no atomic read-modify-write

@@ -226,6 +226,11 @@ pub static TASK_MAJ_FLT_OFF: u32 = 0;
 #[no_mangle]
 pub static SIGNAL_LIVE_OFF: u32 = 0;
 
+/// `task_struct.pagefault_disabled`, from BTF (0: unknown, every
+/// kernel-mode fault is counted).
+#[no_mangle]
+pub static TASK_PAGEFAULT_DISABLED_OFF: u32 = 0;
+
 /// A load-time global, read so that the compiler cannot fold the default in.
 #[inline(always)]
 pub fn cfg(v: &'static u32) -> usize {

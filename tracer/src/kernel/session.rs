@@ -228,6 +228,14 @@ fn loader(
         Ok((min, maj)) => offsets.extend([("TASK_MIN_FLT_OFF", min), ("TASK_MAJ_FLT_OFF", maj)]),
         Err(why) => eprintln!("faultscope: warning: {why}; the kernel's own fault count is not checked"),
     }
+    // Faults raised with page faults disabled are not the kernel's to
+    // handle: left out (a kernel without the field in BTF counts them).
+    match btf.member_offset("task_struct", "pagefault_disabled") {
+        Ok(off) => offsets.push(("TASK_PAGEFAULT_DISABLED_OFF", off)),
+        Err(why) => eprintln!(
+            "faultscope: warning: task_struct.pagefault_disabled not in the kernel's BTF ({why}): kernel-mode faults of nofault copies are counted"
+        ),
+    }
     let mut l = EbpfLoader::new();
     // THREADS is task-local storage, which aya 0.14 creates but has no
     // user-space type for (user space never reads it).

@@ -166,3 +166,39 @@ fn kallsyms_is_read_once_per_run() {
         std::fs::read_to_string(&log).unwrap().lines().filter(|l| l.contains("\"/proc/kallsyms\"")).count();
     assert!(opens <= 2, "/proc/kallsyms opened {opens} times for {stacks} stacks");
 }
+
+/// The user-stack walks of `--stacks` read the target's stack with page
+/// faults disabled; the CPU raises a kernel-mode exception for each page
+/// it cannot read, which the kernel never handles nor counts. faultscope
+/// counts none of them either: with stacks, every process of a compile has
+/// the kernel's own count (no negative "faults without an exception"), as
+/// without.
+#[test]
+fn stacks_add_no_faults_of_their_own() {
+    let _t = host_test();
+    let d = tmp();
+    let src = d.path().join("hello.c");
+    std::fs::write(&src, "#include <stdio.h>\nint main(void) { puts(\"hello\"); return 0; }\n").unwrap();
+    let bin = d.path().join("hello");
+    for stacks in [false, true] {
+        let fs = d.path().join(format!("fs-{stacks}.json"));
+        let mut args = vec!["record", "--follow-children", "--json", fs.to_str().unwrap()];
+        if stacks {
+            args.extend(["--stacks", "faults"]);
+        }
+        args.extend(["--", "gcc", "-O2", "-o", bin.to_str().unwrap(), src.to_str().unwrap()]);
+        let out = faultscope(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r = read_report(&fs);
+        assert!(r.processes.len() >= 2, "gcc and its cc1 at least: {}", r.processes.len());
+        for p in r.processes.iter().filter(|p| p.kernel_check.is_some()) {
+            let (kernel, gup) = kernel_check(p);
+            assert!(
+                gup >= 0,
+                "--stacks {stacks}: {} counted {} faults, the kernel {kernel}",
+                p.comm,
+                count(p, ReportClass::Faults)
+            );
+        }
+    }
+}
