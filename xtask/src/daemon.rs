@@ -54,9 +54,10 @@ const INTERVAL_S: &str = "0.25";
 /// many faults as record, and fewer by those that ended meanwhile. The
 /// exiting CPU runs both programs with preemption off, so that is a few
 /// microseconds of the guest, unless the host deschedules its vCPU thread
-/// between them: XXMEASURED the largest measured over 15 runs of this stage (10 on a
-/// quiet machine, 5 beside two busy loops) was 0 (see docs/testing.md),
-/// this bounds it with room for a descheduled vCPU.
+/// between them. Measured on 2026-12-03 over 9 runs of this stage (6 on a
+/// machine building the project, 3 beside two busy loops): 0 in 5, 1 in
+/// 2, 3 in 2, always at the BGSAVE child's exit and always serve fewer
+/// (docs/testing.md); this bounds it with room for a descheduled vCPU.
 const ORDER_SLACK: u64 = 32;
 
 /// The other way round: a fault whose serve fexit program read the old
