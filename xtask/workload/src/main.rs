@@ -469,7 +469,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if let Some(n) = o.threads {
         return run_threads(o, n);
     }
-    let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for)?;
+    let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for, 1e-3)?;
     if repeat_for.is_some() && o.child == Child::Alive {
         return Err(Refusal::new("--repeat-for goes with --child exit").into());
     }
