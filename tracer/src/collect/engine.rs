@@ -14,7 +14,7 @@ use anyhow::Result;
 use clap::Args;
 use faultscope_common::{
     maps::{Config, LifeEvent, LifeKind, TargetInfo, ADOPT_AT_EXEC, TARGET_PENDING_EXEC},
-    Program,
+    FltCount, Program,
 };
 
 use crate::{
@@ -32,7 +32,7 @@ use crate::{
         classes::{self, Availability, ReportClass},
         footprint::{self, Sizes},
         probes::{self, BackendChoice},
-        session::Session,
+        session::{self, Session},
     },
     term::say,
 };
@@ -94,6 +94,10 @@ pub struct Recorder {
     pub accounting: BTreeMap<u32, KernelCount>,
     /// The maps' sizes (their kernel memory goes in the report).
     pub(crate) sizes: Sizes,
+    /// Whether the programs read a thread's own fault count (the offsets
+    /// of `task_struct.min_flt` and `maj_flt` in BTF), or why not: without
+    /// them the count an exec or exit event carries is no count.
+    flt_offsets: Result<(), String>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -127,8 +131,11 @@ impl Recorder {
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
-        // Read and parsed once for the whole start-up.
+        // Read and parsed once for the whole start-up; BTF that cannot be
+        // read or parsed is refused as a missing one is.
         let btf = probes::kernel_btf();
+        btf.require()?;
+        let flt_offsets = session::task_flt_offsets(&btf).map(|_| ());
         let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
         let sizes = Sizes {
@@ -205,6 +212,7 @@ impl Recorder {
             adopted: Vec::new(),
             accounting: BTreeMap::new(),
             sizes,
+            flt_offsets,
         })
     }
 
@@ -373,9 +381,8 @@ impl Recorder {
                     }
                     // A started command counts from its exec (a traced
                     // process that execs again keeps its start).
-                    self.accounting
-                        .entry(e.tgid)
-                        .or_insert_with(|| KernelCount::new(Start::Exact(e.flt, "its exec")));
+                    let start = kernel_start(e.flt, "its exec", &self.flt_offsets);
+                    self.accounting.entry(e.tgid).or_insert_with(|| KernelCount::new(start));
                     self.comms.insert(e.tgid, comm);
                     // The maps before the exec were another program's.
                     self.attrib.exec(e.tgid, e.ts_ns);
@@ -386,7 +393,7 @@ impl Recorder {
                     let at_exec = e.aux & ADOPT_AT_EXEC != 0;
                     self.accounting.entry(e.tgid).or_insert_with(|| {
                         KernelCount::new(if at_exec {
-                            Start::Exact(e.flt, "its exec")
+                            kernel_start(e.flt, "its exec", &self.flt_offsets)
                         } else {
                             Start::Unknown(
                                 "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
@@ -403,13 +410,7 @@ impl Recorder {
                 k if k == LifeKind::Exit as u32 => {
                     let exited = self.session.take_exited(e.tgid);
                     if let Some(k) = self.accounting.get_mut(&e.tgid) {
-                        match exited {
-                            Some(total) => k.exited(total),
-                            None => {
-                                k.start =
-                                    Start::Unknown("no thread's final count was kept at its exit".into())
-                            }
-                        }
+                        at_exit(k, exited, &self.flt_offsets);
                     }
                     self.live.remove(&e.tgid);
                     if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
@@ -467,6 +468,38 @@ impl Recorder {
     }
 }
 
+/// Where the kernel's count of a process starts when the kernel read it at
+/// `how` (`flt`, carried by the event): exact where the programs know
+/// where a thread keeps its count (`offsets`), else unknown: a value read
+/// without the offsets is no count.
+fn kernel_start(flt: FltCount, how: &'static str, offsets: &Result<(), String>) -> Start {
+    match offsets {
+        Ok(()) => Start::Exact(flt, how),
+        Err(why) => Start::Unknown(format!("the kernel's count at {how} was not read ({why})")),
+    }
+}
+
+/// A traced process exited; `exited` is the sum of its threads' final
+/// counts the kernel kept, if it kept one. Without the offsets
+/// (`offsets`) that sum is no count: the end read from `/proc` around the
+/// run's last read stands where there is one, else the check is not made.
+fn at_exit(k: &mut KernelCount, exited: Option<FltCount>, offsets: &Result<(), String>) {
+    let why = match (exited, offsets) {
+        (Some(total), Ok(())) => return k.exited(total),
+        (Some(_), Err(_)) if matches!(k.end, Some(End::Proc(_))) => return,
+        (Some(_), Err(why)) => format!("its threads' final counts at their exit were not read ({why})"),
+        (None, _) => "no thread's final count was kept at its exit".to_string(),
+    };
+    // A start already unknown keeps its reason (the first one).
+    if !matches!(k.start, Start::Unknown(_)) {
+        k.start = Start::Unknown(why);
+    }
+    // It ended at its exit, at a count not known: with the start unknown
+    // the window is that reason (not "its end was not read"), and the last
+    // read of the run reads no `/proc` for it.
+    k.end.get_or_insert(End::Exited(FltCount::default()));
+}
+
 /// The trace_marker line of a phase (the guest oracle splits on it).
 fn marker_line(label: &str) -> String {
     format!("faultscope phase {label}\n")
@@ -481,5 +514,58 @@ fn write_marker(marker: Option<&fs::File>, line: &str) {
         if let Err(e) = f.write_all(line.as_bytes()) {
             eprintln!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flt(min: u64) -> FltCount {
+        FltCount { min, maj: 0 }
+    }
+
+    const UNKNOWN: &str =
+        "task_struct.min_flt not found in the kernel's BTF: struct task_struct is not in this BTF";
+
+    /// Exec to exit, read by the kernel: exact with the offsets.
+    #[test]
+    fn the_kernels_reads_are_taken_where_the_offsets_are_known() {
+        let mut k = KernelCount::new(kernel_start(flt(120), "its exec", &Ok(())));
+        at_exit(&mut k, Some(flt(2190)), &Ok(()));
+        assert_eq!(k.window().unwrap().total(), (2070, 2070));
+    }
+
+    /// Without `task_struct.min_flt` in BTF the programs read 0 at the exec
+    /// and the exit: "the kernel's min_flt+maj_flt 0: -2070 faults without
+    /// an exception". Not checked, and why.
+    #[test]
+    fn counts_read_at_unknown_offsets_are_not_taken() {
+        let offsets = Err(UNKNOWN.to_string());
+        let mut k = KernelCount::new(kernel_start(flt(0), "its exec", &offsets));
+        at_exit(&mut k, Some(flt(0)), &offsets);
+        let why = k.window().unwrap_err();
+        assert!(why.contains("its exec") && why.contains("task_struct.min_flt"), "{why}");
+        // A followed child starts at 0 at its fork without reading
+        // anything; its exit's count is the one not known.
+        let mut k = KernelCount::new(Start::Exact(flt(0), "its fork"));
+        at_exit(&mut k, Some(flt(0)), &offsets);
+        let why = k.window().unwrap_err();
+        assert!(why.contains("exit") && why.contains("task_struct.min_flt"), "{why}");
+        // Attached with -p and read from /proc at both ends: that bracket
+        // needs no offset and stands.
+        let start = Start::Proc { whole: Bracket::exact(flt(100)), threads: Bracket::exact(flt(100)) };
+        let mut k = KernelCount::new(start);
+        k.end = Some(End::Proc(Bracket { lo: flt(300), hi: flt(302) }));
+        at_exit(&mut k, Some(flt(0)), &offsets);
+        assert_eq!(k.window().unwrap().total(), (200, 202));
+    }
+
+    /// No final count kept (`exited_map_full`): said as such.
+    #[test]
+    fn an_exit_without_its_count_says_so() {
+        let mut k = KernelCount::new(Start::Exact(flt(5), "its exec"));
+        at_exit(&mut k, None, &Ok(()));
+        assert_eq!(k.window().unwrap_err(), "no thread's final count was kept at its exit");
     }
 }

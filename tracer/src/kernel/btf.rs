@@ -6,7 +6,7 @@
 
 use std::{cell::OnceCell, collections::BTreeSet};
 
-use crate::{attrib::btf::Btf, kernel::BTF_VMLINUX};
+use crate::{attrib::btf::Btf, error::Refusal, kernel::BTF_VMLINUX};
 
 pub struct KernelBtf {
     parsed: Result<Btf, String>,
@@ -32,6 +32,22 @@ impl KernelBtf {
         KernelBtf { parsed, functions, aya: OnceCell::new() }
     }
 
+    /// A run needs the kernel's BTF: one that cannot be read or parsed (an
+    /// empty or truncated file, an I/O error) is refused as a missing one
+    /// is (`kernel::require_btf`), before anything is attached. Without it
+    /// the offsets the programs read (the kernel's own fault count of a
+    /// thread among them) would be unknown.
+    pub fn require(&self) -> Result<(), Refusal> {
+        match &self.parsed {
+            Ok(_) => Ok(()),
+            Err(e) => Err(Refusal::new(format!(
+                "{BTF_VMLINUX} is not usable BTF ({}): faultscope needs a kernel built with CONFIG_DEBUG_INFO_BTF \
+                 (to check the types its probes read)",
+                one_line(e)
+            ))),
+        }
+    }
+
     /// The table's functions BTF describes, or why none.
     pub fn functions(&self) -> Result<&BTreeSet<String>, String> {
         self.functions.as_ref().map_err(Clone::clone)
@@ -52,5 +68,54 @@ impl KernelBtf {
             })
             .as_ref()
             .map_err(Clone::clone)
+    }
+}
+
+/// An error on one line (a refusal is one line).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A header (magic, version 1, 24 bytes) saying where the sections are.
+    fn header(type_len: u32, str_len: u32) -> Vec<u8> {
+        let mut b = vec![0x9f, 0xeb, 1, 0];
+        for v in [24u32, 0, type_len, type_len, str_len] {
+            b.extend(v.to_le_bytes());
+        }
+        b
+    }
+
+    fn load(bytes: Vec<u8>) -> KernelBtf {
+        KernelBtf::from(Btf::parse(bytes).map_err(|e| format!("{e:#}")), &BTreeSet::new())
+    }
+
+    #[test]
+    fn unusable_btf_is_refused() {
+        // Empty, a header cut short, and sections past the end of the file.
+        for bytes in [vec![], header(0, 1)[..12].to_vec(), header(4096, 64)] {
+            let why = load(bytes.clone()).require().unwrap_err().to_string();
+            assert!(why.starts_with(BTF_VMLINUX) && why.contains("CONFIG_DEBUG_INFO_BTF"), "{why}");
+            assert_eq!(why.lines().count(), 1, "{why}");
+        }
+        let why = KernelBtf::from(Err("reading BTF x:\nInput/output error".into()), &BTreeSet::new())
+            .require()
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("Input/output error") && why.lines().count() == 1, "{why}");
+    }
+
+    #[test]
+    fn parsed_btf_is_taken_and_says_which_offsets_it_lacks() {
+        // Well formed, with no type: the run goes on, and each offset it
+        // lacks is an error where it is asked for.
+        let mut bytes = header(0, 1);
+        bytes.push(0);
+        let b = load(bytes);
+        b.require().unwrap();
+        assert!(b.member_offset("task_struct", "min_flt").is_err());
     }
 }

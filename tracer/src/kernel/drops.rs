@@ -46,6 +46,23 @@ impl DropReason {
     pub fn from_key(key: &str) -> Option<DropReason> {
         DropReason::all().find(|d| d.key() == key)
     }
+
+    /// Whether a drop of this reason can change a count the kernel check
+    /// compares: faultscope's (an event not counted, or counted as
+    /// completed without its return) or the kernel's (an exiting thread's
+    /// final count not kept). The attribution maps' drops only cost names
+    /// (the counts are in `STATS`); `targets_map_full` and
+    /// `events_ring_full` cost a process or an event, which leaves that
+    /// process without a check rather than with a wrong one; `/proc` and
+    /// `accept` errors are user space's.
+    pub fn loses_counts(self) -> bool {
+        matches!(
+            self,
+            DropReason::Kernel(
+                Drop::StatsFull | Drop::ThreadsFull | Drop::LostReturn | Drop::ReadFailed | Drop::ExitedFull
+            )
+        )
+    }
 }
 
 impl fmt::Display for DropReason {
@@ -74,6 +91,19 @@ impl Drops {
     /// The reasons that lost something.
     pub fn nonzero(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
         self.0.iter().filter(|(_, n)| **n > 0).map(|(d, n)| (*d, *n))
+    }
+
+    /// The drops that can change a count of the kernel check
+    /// ([`DropReason::loses_counts`]), as `key N, key N`; `None` when there
+    /// were none. The counters are the run's, not a process's: a drop may
+    /// have cost any traced process.
+    pub fn of_counts(&self) -> Option<String> {
+        let v: Vec<String> = self
+            .nonzero()
+            .filter(|(d, _)| d.loses_counts())
+            .map(|(d, n)| format!("{} {n}", d.key()))
+            .collect();
+        (!v.is_empty()).then(|| v.join(", "))
     }
 }
 
@@ -133,5 +163,17 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown drop reason"));
+    }
+
+    #[test]
+    fn drops_that_lose_counts() {
+        let mut d = Drops::default();
+        d.set(DropReason::Kernel(Drop::SitesFull), 9);
+        d.set(DropReason::ProcErrors, 1);
+        d.set(DropReason::Kernel(Drop::StatsFull), 0);
+        assert_eq!(d.of_counts(), None, "names and /proc errors change no count");
+        d.set(DropReason::Kernel(Drop::StatsFull), 436);
+        d.set(DropReason::Kernel(Drop::ExitedFull), 2);
+        assert_eq!(d.of_counts().as_deref(), Some("stats_map_full 436, exited_map_full 2"));
     }
 }

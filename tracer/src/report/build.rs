@@ -209,12 +209,9 @@ fn kernel_check(snap: &Snapshot, tgid: u32, ctx: &Context<'_>) -> Option<KernelC
     c.kernel_low = Some(lo);
     c.kernel_high = Some(hi);
     c.bracket = Some(w.how);
+    let dropped = ctx.drops.of_counts();
     if mode == Mode::Tracepoint {
-        c.result = CheckResult::Derived;
-        c.gup_derived = Some((lo as i64 - faultscope as i64, hi as i64 - faultscope as i64));
-        c.reason = Some(
-            "get_user_pages faults take no exception, and some kernel-mode exceptions reach no fault (a copy with page faults disabled): the rest of the kernel's count is derived, not checked".into(),
-        );
+        derive_gup(&mut c, (lo, hi), dropped);
         return Some(c);
     }
     if (lo..=hi).contains(&faultscope) {
@@ -224,13 +221,47 @@ fn kernel_check(snap: &Snapshot, tgid: u32, ctx: &Context<'_>) -> Option<KernelC
     c.result = CheckResult::Differs;
     c.difference =
         if faultscope < lo { faultscope as i64 - lo as i64 } else { faultscope as i64 - hi as i64 };
-    let dropped = ctx.drops.total();
-    c.reason = Some(if dropped > 0 {
-        format!("the kernel side dropped {dropped} records (see drops)")
-    } else {
-        "faultscope did not see every fault the kernel accounted (or saw more): a fault path outside handle_mm_fault's probes".into()
+    c.reason = Some(match dropped {
+        Some(d) => format!("the kernel side dropped records that hold counts ({d}; see drops)"),
+        None => "faultscope did not see every fault the kernel accounted (or saw more): a fault path outside handle_mm_fault's probes".into(),
     });
     Some(c)
+}
+
+/// Tracepoint mode's check of `c` against the kernel's count `lo..=hi`:
+/// get_user_pages takes no exception, so the kernel's count minus
+/// faultscope's exceptions is what no exception showed (`gup_derived`).
+/// Derived only from a run that dropped nothing that holds counts
+/// (`dropped`: [`Drops::of_counts`]), and never below 0: more exceptions
+/// than the kernel's count differs (a bad access that raised a signal, a
+/// fault that failed: the kernel accounts neither); with drops the count
+/// of exceptions is short by an unknown number, and nothing is derived.
+fn derive_gup(c: &mut KernelCheck, (lo, hi): (u64, u64), dropped: Option<String>) {
+    let faultscope = c.faultscope;
+    let also = dropped
+        .as_deref()
+        .map(|d| format!("; the kernel side also dropped records that hold counts ({d}; see drops)"));
+    if faultscope > hi {
+        c.result = CheckResult::Differs;
+        c.difference = faultscope as i64 - hi as i64;
+        c.reason = Some(format!(
+            "faultscope counted more page-fault exceptions than the kernel accounted faults: exceptions that completed no fault (a bad access that raised a signal, a fault that failed){}",
+            also.unwrap_or_default()
+        ));
+        return;
+    }
+    if let Some(d) = dropped {
+        c.result = CheckResult::NotChecked;
+        c.reason = Some(format!(
+            "the kernel side dropped records that hold counts ({d}; see drops): faultscope's count of exceptions is short by an unknown number, so the faults without an exception (get_user_pages) are not derived"
+        ));
+        return;
+    }
+    c.result = CheckResult::Derived;
+    c.gup_derived = Some((lo.saturating_sub(faultscope) as i64, (hi - faultscope) as i64));
+    c.reason = Some(
+        "get_user_pages faults take no exception, and some kernel-mode exceptions reach no fault (a copy with page faults disabled): the rest of the kernel's count is derived, not checked".into(),
+    );
 }
 
 fn attrib(snap: &Snapshot, ctx: &Context<'_>, tgid: u32, phase: Option<u32>, at: u64) -> Attribution {
@@ -502,5 +533,131 @@ mod tests {
         let mut back: Report = serde_json::from_value(j).unwrap();
         back.restore_reasons();
         assert_eq!(back, r);
+    }
+
+    /// A tracepoint-mode context whose process 42 ran from its exec to its
+    /// exit with the kernel's count `kernel`, and `drops`.
+    fn tracepoint_check(exceptions: u64, kernel: u64, drops: Drops) -> KernelCheck {
+        use crate::collect::{
+            accounting::{End, Start},
+            collector::Accounted,
+        };
+        use faultscope_common::FltCount;
+        let avail = vec![(
+            ReportClass::Faults,
+            Availability::Measured { class: KernelClass::TpFaults, timed: false, source: "t" },
+        )];
+        let comms: BTreeMap<u32, String> = [(42, "w".to_string())].into();
+        let timeline = Timeline::new(0, 0);
+        let lifetimes = BTreeMap::new();
+        let mut k = KernelCount::new(Start::Exact(FltCount { min: 100, maj: 0 }, "its exec"));
+        k.end = Some(End::Exited(FltCount { min: 100 + kernel, maj: 0 }));
+        let accounting: BTreeMap<u32, KernelCount> = [(42, k)].into();
+        let ctx = Context {
+            kernel: "6.18".into(),
+            arch: "x86_64",
+            availability: &avail,
+            probes: &[],
+            comms: &comms,
+            lifetimes: &lifetimes,
+            accounting: &accounting,
+            kernel_exceptions: true,
+            drops,
+            duration_ns: 1,
+            timeline: &timeline,
+            namer: None,
+            now_ns: 0,
+        };
+        let mut snap = Snapshot::default();
+        let mut a = Accounted::default();
+        a.exceptions[Origin::User as usize] = exceptions;
+        snap.accounted.insert((42, 0), a);
+        kernel_check(&snap, 42, &ctx).expect("a check")
+    }
+
+    fn drops_of(pairs: &[(faultscope_common::maps::Drop, u64)]) -> Drops {
+        use crate::kernel::drops::DropReason;
+        let mut d = Drops::default();
+        for (r, n) in pairs {
+            d.set(DropReason::Kernel(*r), *n);
+        }
+        d
+    }
+
+    #[test]
+    fn tracepoint_mode_derives_what_no_exception_shows() {
+        let c = tracepoint_check(2070, 2075, Drops::default());
+        assert_eq!(c.result, CheckResult::Derived, "{c:?}");
+        assert_eq!(c.gup_derived, Some((5, 5)));
+        // Drops that cost no count (names, /proc) derive as well.
+        let c = tracepoint_check(2070, 2075, drops_of(&[(faultscope_common::maps::Drop::SitesFull, 9)]));
+        assert_eq!(c.result, CheckResult::Derived, "{c:?}");
+    }
+
+    /// `stats_map_full` 436: the exceptions faultscope lost are not
+    /// get_user_pages faults (the report said "65 faults without an
+    /// exception (get_user_pages)").
+    #[test]
+    fn drops_are_never_derived() {
+        use faultscope_common::maps::Drop;
+        for d in [Drop::StatsFull, Drop::ThreadsFull, Drop::ReadFailed, Drop::ExitedFull, Drop::LostReturn] {
+            let c = tracepoint_check(2005, 2070, drops_of(&[(d, 436)]));
+            assert_eq!(c.result, CheckResult::NotChecked, "{d:?}: {c:?}");
+            assert_eq!(c.gup_derived, None, "{c:?}");
+            let why = c.reason.as_deref().unwrap();
+            assert!(why.contains(&format!("{} 436", d.key())) && why.contains("not derived"), "{why}");
+            let line = crate::report::text::check_line(&c);
+            assert!(line.contains(d.key()) && !line.contains("derived:"), "the line says why: {line}");
+        }
+        // 299,809 faults dropped while faultscope was stopped: never
+        // presented as get_user_pages faults.
+        let c = tracepoint_check(1000, 300_809, drops_of(&[(Drop::StatsFull, 299_809)]));
+        assert_ne!(c.result, CheckResult::Derived, "{c:?}");
+        assert_eq!(c.gup_derived, None);
+    }
+
+    /// More exceptions than the kernel's count: a difference, never a
+    /// negative number of get_user_pages faults.
+    #[test]
+    fn a_negative_difference_is_never_derived() {
+        let c = tracepoint_check(2070, 2060, Drops::default());
+        assert_eq!(c.result, CheckResult::Differs, "{c:?}");
+        assert_eq!((c.difference, c.gup_derived), (10, None));
+        assert!(c.reason.as_deref().unwrap().contains("more page-fault exceptions"), "{c:?}");
+        // With drops too: still a difference (drops only lose exceptions).
+        let c = tracepoint_check(2070, 2060, drops_of(&[(faultscope_common::maps::Drop::StatsFull, 3)]));
+        assert_eq!((c.result, c.difference), (CheckResult::Differs, 10), "{c:?}");
+        assert!(c.reason.as_deref().unwrap().contains("stats_map_full 3"), "{c:?}");
+    }
+
+    /// A bracket (a process attached with `-p`) whose low end is below the
+    /// exceptions: the derived range starts at 0, not below.
+    #[test]
+    fn a_derived_range_starts_at_zero() {
+        use crate::collect::accounting::{Bracket, End, Start};
+        use faultscope_common::FltCount;
+        let flt = |min| FltCount { min, maj: 0 };
+        let mut k = KernelCount::new(Start::Proc {
+            whole: Bracket { lo: flt(100), hi: flt(110) },
+            threads: Bracket { lo: flt(100), hi: flt(110) },
+        });
+        k.end = Some(End::Proc(Bracket { lo: flt(200), hi: flt(205) }));
+        let mut c = KernelCheck {
+            result: CheckResult::NotChecked,
+            minflt: None,
+            majflt: None,
+            kernel_low: None,
+            kernel_high: None,
+            faultscope: 95,
+            counted: String::new(),
+            difference: 0,
+            bracket: None,
+            gup_derived: None,
+            reason: None,
+        };
+        let (lo, hi) = k.window().unwrap().total();
+        assert_eq!((lo, hi), (90, 105));
+        derive_gup(&mut c, (lo, hi), None);
+        assert_eq!((c.result, c.gup_derived), (CheckResult::Derived, Some((0, 10))), "{c:?}");
     }
 }

@@ -320,6 +320,7 @@ mod attribution;
 mod bench;
 mod command;
 mod hardening;
+mod kernel_check;
 mod readme;
 mod record;
 mod serve;
