@@ -25,17 +25,28 @@
 //! still counting.)
 //!
 //! HTTP is hyper's (HTTP/1.1 keep-alive, HEAD, bare-LF requests), with at
-//! most 64 connections, a 10 s bound on every read and write, and gzip
-//! when the client accepts it.
+//! most 64 connections: with all 64 taken, a new connection ends the one
+//! that has waited longest for a request (idle, or its headers still
+//! incomplete), so clients that hold connections without asking cannot
+//! keep a scrape out (counted in
+//! `faultscope_http_connections_dropped_total{reason="evicted"}`). A
+//! request's headers must be in within 5 s of the start of the wait for
+//! them, and every read and write is bounded by 10 s. The format and the
+//! encoding are negotiated by RFC 9110 (`Accept`, `Accept-Encoding`:
+//! q-values, wildcards): OpenMetrics or the Prometheus text format 0.0.4,
+//! gzip or not.
 
 use crate::kernel::drops::DropReason;
 use std::{
     collections::BTreeSet,
     convert::Infallible,
+    fmt::Write as _,
     io::Write as _,
     net::SocketAddr,
-    sync::{Arc, Mutex, OnceLock},
-    time::Duration,
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    task::{ready, Context, Poll},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -43,10 +54,15 @@ use aya::maps::PerCpuHashMap;
 use clap::Args;
 use faultscope_common::{maps::ClassSetKey, PhaseId, Stat};
 use http_body_util::Full;
-use hyper::{body::Bytes, header, Method, Request, Response, StatusCode};
+use hyper::{
+    body::{Body, Bytes, Frame, SizeHint},
+    header, Method, Request, Response, StatusCode,
+};
 use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpSocket, TcpStream},
     signal::unix::{signal, SignalKind},
+    task::JoinHandle,
 };
 
 use super::record::{Filters, Recorder};
@@ -98,14 +114,25 @@ pub struct ServeOpts {
 /// keep a CPU busy for nothing Prometheus scrapes).
 const MIN_TICK_S: f64 = 0.1;
 
-/// Connections served at once; more are closed at once.
+/// Connections served at once. With all of them taken, a new one makes
+/// room by ending the one that has waited longest for a request
+/// ([`victim`]); only when every one is replying is the new one closed at
+/// once. Either way serve holds at most this many connections' descriptors.
 const MAX_CONNECTIONS: usize = 64;
 
 /// The pause after a failed accept (no descriptor left).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// The longest a connection waits for a read or a write: an idle or a
-/// non-reading client lets go of its slot after this.
+/// The longest a connection waits for a request's headers to be complete,
+/// from its accept or the end of its last reply (hyper's header read
+/// timeout): an idle client, or one that trickles its headers a byte at a
+/// time, lets go of its slot after this even when no new connection evicts
+/// it. Prometheus sends a request's headers at once.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a connection waits for a read or a write: a non-reading
+/// client lets go of its slot after this, and a reply not written out
+/// within it may be evicted ([`victim`]).
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// serve's most stats entries by default.
@@ -272,7 +299,8 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let mut s = Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new() };
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
-    let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(s.metrics.encode()))));
+    let mut conns = Conns::default();
+    let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(with_http(s.metrics.encode(), &conns)))));
     // The port the kernel gave (`--port 0`).
     let bound = listener.local_addr().unwrap_or(addr);
     crate::term::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
@@ -280,22 +308,19 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut every = tokio::time::interval(tick);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let why = loop {
         tokio::select! {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
             _ = sighup.recv() => break "hung up",
             accepted = listener.accept() => match accepted {
-                // Past the cap a connection is closed at once: idle
-                // clients cannot take every descriptor.
+                // At the cap a connection that waits for a request makes
+                // room (else the new one is closed at once): clients that
+                // hold connections can neither take every descriptor nor
+                // keep a scrape out.
                 Ok((stream, _)) => {
-                    if let Ok(slot) = slots.clone().try_acquire_owned() {
-                        let scrape = scrape.clone();
-                        tokio::spawn(async move {
-                            connection(stream, scrape).await;
-                            drop(slot);
-                        });
+                    if conns.make_room().await {
+                        conns.spawn(stream, scrape.clone());
                     }
                 }
                 // Out of descriptors (EMFILE) or another failure: the
@@ -311,7 +336,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
             },
             _ = every.tick() => {
                 s.tick()?;
-                *scrape.lock().unwrap() = Arc::new(Scrape::new(s.metrics.encode()));
+                *scrape.lock().unwrap() = Arc::new(Scrape::new(with_http(s.metrics.encode(), &conns)));
             }
         }
     };
@@ -360,27 +385,246 @@ impl Scrape {
     }
 }
 
-/// Serves one connection (keep-alive) until the client closes it, or a read
-/// or a write waits longer than `IO_TIMEOUT`.
-async fn connection(stream: TcpStream, scrape: Arc<Mutex<Arc<Scrape>>>) {
+/// Serves one connection (keep-alive) until the client closes it, its
+/// request's headers take longer than `HEADER_TIMEOUT`, a read or a write
+/// waits longer than `IO_TIMEOUT`, or it is evicted (its task aborted).
+/// What it is doing is kept in `activity` for the choice of a [`victim`].
+async fn connection(stream: TcpStream, scrape: Arc<Mutex<Arc<Scrape>>>, activity: Shared) {
     let mut io = tokio_io_timeout::TimeoutStream::new(stream);
     io.set_read_timeout(Some(IO_TIMEOUT));
     io.set_write_timeout(Some(IO_TIMEOUT));
-    let io = hyper_util::rt::TokioIo::new(Box::pin(io));
+    let io = hyper_util::rt::TokioIo::new(Tracked { io: Box::pin(io), activity: activity.clone() });
     let service = hyper::service::service_fn(move |req| {
+        lock(&activity).replying();
         let current = scrape.lock().unwrap().clone();
-        async move { Ok::<_, Infallible>(respond(&req, &current)) }
+        let reply = respond(&req, &current).map(|body| Reply { body, activity: activity.clone() });
+        async move { Ok::<_, Infallible>(reply) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(IO_TIMEOUT)
+        .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(io, service)
         .await;
 }
 
+/// What a connection is doing, for the choice of one to evict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Doing {
+    /// Waiting for a request, or for the rest of its headers: idle.
+    Waiting,
+    /// Its request's headers are in: its reply is made and written out.
+    Replying,
+}
+
+/// A connection's [`Doing`], since when, and whether hyper has taken all of
+/// its reply's body (the reply is written out at the next flush).
+struct Activity {
+    doing: Doing,
+    since: Instant,
+    body_taken: bool,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity { doing: Doing::Waiting, since: Instant::now(), body_taken: false }
+    }
+
+    /// A request's headers are in.
+    fn replying(&mut self) {
+        *self = Activity { doing: Doing::Replying, ..Activity::new() };
+    }
+
+    /// A flush went through: once the body was taken, the reply is out and
+    /// the connection waits for its next request.
+    fn flushed(&mut self) {
+        if self.doing == Doing::Replying && self.body_taken {
+            *self = Activity::new();
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Activity>>;
+
+/// A connection's [`Activity`] (a task that panicked leaves it as it was).
+fn lock(a: &Shared) -> MutexGuard<'_, Activity> {
+    a.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The connection to end for a new one when all `MAX_CONNECTIONS` are
+/// taken, from each one's (doing, since): the one that has waited longest
+/// for a request (idle, or its headers incomplete), where a reply that has
+/// not been written out within `IO_TIMEOUT` (a client that does not read
+/// it) counts as waiting since its request. None when every connection is
+/// replying, and not for long.
+fn victim(conns: &[(Doing, Instant)], now: Instant) -> Option<usize> {
+    conns
+        .iter()
+        .enumerate()
+        .filter(|(_, &(doing, since))| {
+            doing == Doing::Waiting || now.saturating_duration_since(since) > IO_TIMEOUT
+        })
+        .min_by_key(|(_, &(_, since))| since)
+        .map(|(i, _)| i)
+}
+
+/// serve's connections, each a task and its [`Activity`] (at most
+/// `MAX_CONNECTIONS` of them unfinished), and the connections closed to
+/// keep to that.
+#[derive(Default)]
+struct Conns {
+    live: Vec<(JoinHandle<()>, Shared)>,
+    /// Ended to make room for a new one.
+    evicted: u64,
+    /// New ones closed at once: every connection was replying.
+    refused: u64,
+}
+
+impl Conns {
+    /// Room for one more connection: the ended ones are forgotten and, with
+    /// all `MAX_CONNECTIONS` taken, the [`victim`] is ended, and awaited,
+    /// so that its descriptor is closed before another is taken. False when
+    /// there is none to end.
+    async fn make_room(&mut self) -> bool {
+        self.live.retain(|(task, _)| !task.is_finished());
+        if self.live.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        let now = Instant::now();
+        let doing: Vec<(Doing, Instant)> = self
+            .live
+            .iter()
+            .map(|(_, a)| {
+                let a = lock(a);
+                (a.doing, a.since)
+            })
+            .collect();
+        let Some(i) = victim(&doing, now) else {
+            self.refused += 1;
+            return false;
+        };
+        let (task, _) = self.live.swap_remove(i);
+        task.abort();
+        // Cancelled: its future, and so its stream, dropped.
+        let _ = task.await;
+        self.evicted += 1;
+        true
+    }
+
+    fn spawn(&mut self, stream: TcpStream, scrape: Arc<Mutex<Arc<Scrape>>>) {
+        let activity = Arc::new(Mutex::new(Activity::new()));
+        let task = tokio::spawn(connection(stream, scrape, activity.clone()));
+        self.live.push((task, activity));
+    }
+}
+
+/// The OpenMetrics text of the metrics (ending in `# EOF`) with serve's own
+/// count of the connections it closed to stay within `MAX_CONNECTIONS`
+/// before its end.
+fn with_http(mut openmetrics: String, conns: &Conns) -> String {
+    if openmetrics.ends_with("# EOF\n") {
+        openmetrics.truncate(openmetrics.len() - "# EOF\n".len());
+    }
+    let name = "faultscope_http_connections_dropped";
+    let _ = write!(
+        openmetrics,
+        "# HELP {name} Connections serve closed to keep to {MAX_CONNECTIONS} at once: evicted (one that waited \
+         longest for a request, idle or its headers incomplete, ended for a new one), refused (a new one, \
+         every other replying).\n\
+         # TYPE {name} counter\n\
+         {name}_total{{reason=\"evicted\"}} {}\n\
+         {name}_total{{reason=\"refused\"}} {}\n\
+         # EOF\n",
+        conns.evicted, conns.refused
+    );
+    openmetrics
+}
+
+/// A connection's stream, which notes the end of each reply: a flush that
+/// goes through once hyper has taken all of the reply's body (so all of it
+/// is written).
+struct Tracked<S> {
+    io: S,
+    activity: Shared,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = ready!(Pin::new(&mut this.io).poll_flush(cx));
+        if r.is_ok() {
+            lock(&this.activity).flushed();
+        }
+        Poll::Ready(r)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A reply's body. hyper drops it once it has taken all of it (for HEAD,
+/// none), after which the reply is written out at the next flush.
+struct Reply {
+    body: Full<Bytes>,
+    activity: Shared,
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        lock(&self.activity).body_taken = true;
+    }
+}
+
 /// `GET`/`HEAD` of `/metrics` (OpenMetrics for a client that asks for it,
 /// as Prometheus does, else the Prometheus text format for curl and
-/// promtool; gzip when accepted) and of `/` (a page that links to it).
+/// promtool; gzip when accepted: [`wants_openmetrics`], [`wants_gzip`])
+/// and of `/` (a page that links to it).
 fn respond<B>(req: &Request<B>, scrape: &Scrape) -> Response<Full<Bytes>> {
     let reply = |status: StatusCode, ctype: &str, body: Bytes| {
         let mut r = Response::new(Full::new(body));
@@ -395,13 +639,10 @@ fn respond<B>(req: &Request<B>, scrape: &Scrape) -> Response<Full<Bytes>> {
         r.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
         return r;
     }
-    let accepts = |h: header::HeaderName, what: &str| {
-        req.headers().get_all(h).iter().any(|v| v.to_str().is_ok_and(|v| v.contains(what)))
-    };
     match req.uri().path() {
         "/metrics" => {
-            let om = accepts(header::ACCEPT, "application/openmetrics-text");
-            let gzip = accepts(header::ACCEPT_ENCODING, "gzip");
+            let om = wants_openmetrics(members(req.headers(), header::ACCEPT).as_deref());
+            let gzip = wants_gzip(members(req.headers(), header::ACCEPT_ENCODING).as_deref());
             let ctype = if om {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8"
             } else {
@@ -423,6 +664,172 @@ fn respond<B>(req: &Request<B>, scrape: &Scrape) -> Response<Full<Bytes>> {
     }
 }
 
+/// One member of a header's comma-separated list (RFC 9110 5.6.1): its
+/// value (a media range or a content coding, lowercased), its parameters
+/// before the weight (names lowercased, values unquoted), and its weight in
+/// thousandths (1000 without one).
+#[derive(Debug, PartialEq)]
+struct Member {
+    value: String,
+    params: Vec<(String, String)>,
+    q: u16,
+}
+
+/// The members of every line of header `name`, in order; None when the
+/// request has no such header. A member with a malformed weight (`q=2`,
+/// `q=0.0001`, `q="1"`) or parameter is left out, as are empty ones and
+/// lines that are not visible ASCII.
+fn members(headers: &header::HeaderMap, name: header::HeaderName) -> Option<Vec<Member>> {
+    let mut lines = headers.get_all(name).iter().peekable();
+    lines.peek()?;
+    Some(
+        lines
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|l| split_unquoted(l, ','))
+            .filter_map(member)
+            .collect(),
+    )
+}
+
+/// `s` split at each `sep` outside a quoted string (where `\` quotes the
+/// next character).
+fn split_unquoted(s: &str, sep: char) -> Vec<&str> {
+    let (mut out, mut start, mut quoted, mut escaped) = (Vec::new(), 0, false, false);
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if quoted && c == '\\' {
+            escaped = true;
+        } else if c == '"' {
+            quoted = !quoted;
+        } else if c == sep && !quoted {
+            out.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// A member of a list: `value *( OWS ";" OWS [ name "=" value ] )`, where
+/// the parameter `q` is the weight and ends it (RFC 9110 12.4.2: what
+/// follows is no parameter of the media type).
+fn member(s: &str) -> Option<Member> {
+    let mut parts = split_unquoted(s, ';').into_iter();
+    let value = parts.next()?.trim().to_ascii_lowercase();
+    if value.is_empty() {
+        return None;
+    }
+    let mut params = Vec::new();
+    for p in parts.map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = p.split_once('=')?;
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+        if k == "q" {
+            return Some(Member { value, params, q: qvalue(v)? });
+        }
+        params.push((k, unquote(v)));
+    }
+    Some(Member { value, params, q: 1000 })
+}
+
+/// A parameter's value, a token or a quoted string.
+fn unquote(v: &str) -> String {
+    let Some(inner) = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else { return v.to_string() };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' { chars.next().unwrap_or(c) } else { c });
+    }
+    out
+}
+
+/// A q-value (RFC 9110 12.4.2: `0` to `1` with at most three decimals) in
+/// thousandths; None when malformed.
+fn qvalue(s: &str) -> Option<u16> {
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let thousandths: u16 = format!("{frac:0<3}").parse().ok()?;
+    match int {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+/// A form of `/metrics`: its media type, and the version it is of.
+struct Format {
+    media: &'static str,
+    version: &'static str,
+}
+
+const OPENMETRICS: Format = Format { media: "application/openmetrics-text", version: "1.0.0" };
+const TEXT_004: Format = Format { media: "text/plain", version: "0.0.4" };
+
+/// How specifically the media range `range` names `f`: None when it does
+/// not match; 0 for `*/*`, 1 for `type/*`, 2 and its parameters' count for
+/// the type itself. Of the parameters, `version` must be `f`'s and
+/// `charset` UTF-8; others (Prometheus' `escaping`) ask for nothing that
+/// faultscope's names and labels would not meet.
+fn specificity(range: &Member, f: &Format) -> Option<usize> {
+    let (ty, sub) = range.value.split_once('/')?;
+    let (fty, fsub) = f.media.split_once('/')?;
+    let level = match (ty, sub) {
+        ("*", "*") => 0,
+        (t, "*") if t == fty => 1,
+        (t, s) if t == fty && s == fsub => 2 + range.params.len(),
+        _ => return None,
+    };
+    let fits = range.params.iter().all(|(k, v)| match k.as_str() {
+        "version" => v == f.version,
+        "charset" => v.eq_ignore_ascii_case("utf-8"),
+        _ => true,
+    });
+    fits.then_some(level)
+}
+
+/// The weight `accept` gives `f` (RFC 9110 12.5.1): that of the most
+/// specific range that matches it (the highest of equally specific ones),
+/// 0 when none does; and whether that range names f's type itself.
+fn weight(accept: &[Member], f: &Format) -> (u16, bool) {
+    accept
+        .iter()
+        .filter_map(|m| Some((specificity(m, f)?, m.q)))
+        .max()
+        .map_or((0, false), |(level, q)| (q, level >= 2))
+}
+
+/// Whether `/metrics` is OpenMetrics for this `Accept` (RFC 9110 12.5.1):
+/// the form of the higher weight; at a tie OpenMetrics when a range names
+/// its type (as Prometheus asks, beside text at a lower weight), else the
+/// text format (curl's `*/*`). Falls back to the Prometheus text format
+/// 0.0.4 with no `Accept`, and when neither form is acceptable (each at
+/// q=0, or only other types asked for: nothing else is offered, and a
+/// scrape is better answered than refused with 406).
+fn wants_openmetrics(accept: Option<&[Member]>) -> bool {
+    let Some(accept) = accept else { return false };
+    let (om, named) = weight(accept, &OPENMETRICS);
+    let (text, _) = weight(accept, &TEXT_004);
+    om > 0 && (om > text || (om == text && named))
+}
+
+/// Whether to gzip for this `Accept-Encoding` (RFC 9110 12.5.3): gzip's
+/// weight (`gzip` or its alias `x-gzip`, else `*`; 0 when unlisted) above 0
+/// and at least identity's (`identity`, else `*`; identity unlisted is
+/// acceptable but preferred by no one), the highest where a coding is
+/// listed twice. Falls back to identity with no `Accept-Encoding` (a
+/// client that does not ask gets no gzip) and when gzip is not acceptable,
+/// even if identity is excluded too (nothing else is offered).
+fn wants_gzip(accept_encoding: Option<&[Member]>) -> bool {
+    let Some(codings) = accept_encoding else { return false };
+    let q = |names: &[&str]| codings.iter().filter(|m| names.contains(&m.value.as_str())).map(|m| m.q).max();
+    let any = q(&["*"]);
+    let gzip = q(&["gzip", "x-gzip"]).or(any).unwrap_or(0);
+    let identity = q(&["identity"]).or(any).unwrap_or(0);
+    gzip > 0 && gzip >= identity
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,5 +848,270 @@ mod tests {
         // Still unknown at the next tick (its event lost): counted then.
         let hold = held_back(&snap, 4, &BTreeSet::new(), &hold);
         assert_eq!(hold, BTreeSet::new());
+    }
+
+    /// The request headers `(name, value)`, parsed as `respond` does.
+    fn negotiate(lines: &[(&str, &str)]) -> (bool, bool) {
+        let mut h = header::HeaderMap::new();
+        for &(k, v) in lines {
+            h.append(header::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        (
+            wants_openmetrics(members(&h, header::ACCEPT).as_deref()),
+            wants_gzip(members(&h, header::ACCEPT_ENCODING).as_deref()),
+        )
+    }
+
+    fn format(accept: &str) -> bool {
+        negotiate(&[("accept", accept)]).0
+    }
+
+    fn gzip(accept_encoding: &str) -> bool {
+        negotiate(&[("accept-encoding", accept_encoding)]).1
+    }
+
+    #[test]
+    fn q_values_are_rfc_9110s() {
+        for (s, q) in
+            [("0", 0), ("0.", 0), ("0.5", 500), ("0.05", 50), ("0.123", 123), ("1", 1000), ("1.", 1000)]
+        {
+            assert_eq!(qvalue(s), Some(q), "{s}");
+        }
+        for s in ["1.000", "0.000"] {
+            assert!(qvalue(s).is_some(), "{s}");
+        }
+        for s in ["", ".5", "1.5", "1.001", "2", "-1", "0.1234", "0,5", "0.5x", "1e0", " 1", "\"1\"", "+1"] {
+            assert_eq!(qvalue(s), None, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn members_keep_quoted_commas_and_semicolons() {
+        let m = member("Text/Plain; Version=\"0.0.4\" ;charset=UTF-8;Q=0.5;ext=1").unwrap();
+        assert_eq!(
+            m,
+            Member {
+                value: "text/plain".into(),
+                params: vec![("version".into(), "0.0.4".into()), ("charset".into(), "UTF-8".into())],
+                q: 500,
+            }
+        );
+        assert_eq!(split_unquoted(r#"a;x="1,\"2;3",b"#, ','), vec![r#"a;x="1,\"2;3""#, "b"]);
+        assert_eq!(unquote(r#""a\"b\\c""#), r#"a"b\c"#);
+        // A malformed member is left out, the others kept; empty ones too.
+        let mut h = header::HeaderMap::new();
+        h.append(header::ACCEPT, "text/plain;q=2, , application/*;q=0.3,,text/html;x".parse().unwrap());
+        h.append(header::ACCEPT, "image/png".parse().unwrap());
+        let ms = members(&h, header::ACCEPT).unwrap();
+        let values: Vec<_> = ms.iter().map(|m| (m.value.as_str(), m.q)).collect();
+        assert_eq!(values, [("application/*", 300), ("image/png", 1000)]);
+        assert_eq!(members(&header::HeaderMap::new(), header::ACCEPT), None);
+    }
+
+    #[test]
+    fn accept_chooses_the_highest_acceptable_format() {
+        // No Accept, or nothing acceptable: text 0.0.4.
+        assert!(!negotiate(&[]).0);
+        for accept in [
+            "",
+            "text/html",
+            "application/openmetrics-text;q=0",
+            "application/openmetrics-text;q=0, text/plain;q=0",
+            "application/openmetrics-text;version=0.0.1",
+            "application/openmetrics-text;charset=latin1",
+            "*/plain",
+            "application/openmetrics-text;q=1.5",
+            "application/openmetrics-text;q=abc",
+        ] {
+            assert!(!format(accept), "{accept:?}");
+        }
+        // The review's case: OpenMetrics excluded.
+        assert!(!format("application/openmetrics-text;q=0, text/plain"));
+        // Prometheus 2 and 3.
+        assert!(format("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"));
+        assert!(format("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"));
+        // Prometheus asking for text only.
+        assert!(!format("text/plain;version=0.0.4;q=1,*/*;q=0.1"));
+        // Weights, case, whitespace.
+        assert!(!format("text/plain;q=0.5, application/openmetrics-text;q=0.4"));
+        assert!(format("APPLICATION/OpenMetrics-Text ; Q=0.9 , text/plain;q=0.5"));
+        assert!(format("application/openmetrics-text;q=0.001"));
+        assert!(!format("application/openmetrics-text;q=0.000, text/plain;q=0.001"));
+        assert!(format("application/openmetrics-text; charset=UTF-8"));
+        // Wildcards: */* is curl's, text; application/* names OpenMetrics.
+        assert!(!format("*/*"));
+        assert!(format("application/*"));
+        assert!(!format("text/*, application/*"));
+        assert!(format("*/*;q=0.5, application/openmetrics-text"));
+        // The most specific range decides, whatever a wildcard says.
+        assert!(format("application/openmetrics-text;q=0.8, */*;q=0.9, text/plain;q=0.1"));
+        assert!(!format(
+            "application/*;q=0, application/openmetrics-text;version=1.0.0;q=0.1, text/plain;q=0.2"
+        ));
+        assert!(format("*/*;q=0, application/openmetrics-text"));
+        assert!(!format("*/*;q=0.3, application/openmetrics-text;q=0, text/*;q=0.2"));
+        // At a tie, OpenMetrics when named.
+        assert!(format("text/plain, application/openmetrics-text"));
+        // A quoted comma is no separator: the q of OpenMetrics is 0.1.
+        assert!(!format("application/openmetrics-text;x=\"a,text/plain;q=1\";q=0.1, text/plain;q=0.5"));
+        // Several lines are one list.
+        assert!(negotiate(&[("accept", "text/plain;q=0.2"), ("accept", "application/openmetrics-text")]).0);
+    }
+
+    #[test]
+    fn accept_encoding_chooses_gzip_only_when_acceptable_and_preferred() {
+        assert!(!negotiate(&[]).1);
+        for e in [
+            "",
+            "gzip;q=0",
+            "notgzip",
+            "gzipx, deflate",
+            "br",
+            "identity",
+            "gzip;q=0.5, identity;q=0.8",
+            "*;q=0",
+            "*;q=0, identity",
+            "gzip;q=0, identity;q=0",
+            "gzip;q=1.5",
+            "gzip;q=-1",
+            "*;q=0.5, gzip;q=0.3",
+            "gzip;q=0, *",
+        ] {
+            assert!(!gzip(e), "{e:?}");
+        }
+        for e in [
+            "gzip",
+            "GZIP;Q=0.5",
+            "gzip;q=0.001",
+            "x-gzip",
+            "*",
+            "identity;q=0.5, gzip",
+            "gzip, identity",
+            "deflate, gzip;q=1.0, *;q=0.5",
+            "identity;q=0, *",
+            "br;q=1, gzip;q=0.8",
+        ] {
+            assert!(gzip(e), "{e:?}");
+        }
+        assert!(negotiate(&[("accept-encoding", "br"), ("accept-encoding", "gzip")]).1);
+    }
+
+    #[test]
+    fn the_victim_is_the_longest_waiting_or_an_unread_reply() {
+        let now = Instant::now();
+        let ago = |s: u64| now - Duration::from_secs(s);
+        let (w, r) = (Doing::Waiting, Doing::Replying);
+        assert_eq!(victim(&[], now), None);
+        // Replies under way are kept, even older ones.
+        assert_eq!(victim(&[(r, ago(5)), (w, ago(1)), (w, ago(3)), (r, ago(9))], now), Some(2));
+        assert_eq!(victim(&[(r, ago(5)), (r, ago(1))], now), None);
+        // A reply unread for longer than IO_TIMEOUT goes first.
+        assert_eq!(victim(&[(w, ago(4)), (r, ago(11)), (w, ago(3))], now), Some(1));
+    }
+
+    /// A loopback connection: (the client's end, serve's end).
+    async fn pair(listener: &tokio::net::TcpListener) -> (TcpStream, TcpStream) {
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
+
+    /// One reply read off `c` (its head and its Content-Length's body).
+    async fn read_reply(c: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt as _;
+        let mut buf = Vec::new();
+        loop {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length: ").map(str::to_string))
+                    .map_or(0, |v| v.parse().unwrap());
+                if body.len() >= len || head.starts_with("HEAD") {
+                    return text;
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            let n = c.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed: {text}");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn scrape_of(text: &str) -> Arc<Mutex<Arc<Scrape>>> {
+        Arc::new(Mutex::new(Arc::new(Scrape::new(text.to_string()))))
+    }
+
+    /// A kept-alive connection waits again, evictable, once each reply is
+    /// written, GET and HEAD alike.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_connection_waits_again_once_its_reply_is_written() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (mut c, server) = pair(&listener).await;
+        let activity = Arc::new(Mutex::new(Activity::new()));
+        let task = tokio::spawn(connection(server, scrape_of("# EOF\n"), activity.clone()));
+        for req in ["GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n"] {
+            let asked = Instant::now();
+            c.write_all(req.as_bytes()).await.unwrap();
+            let reply = read_reply(&mut c).await;
+            assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+            let a = lock(&activity);
+            assert!(a.doing == Doing::Waiting && a.since >= asked, "{req}: {:?}", a.doing);
+        }
+        task.abort();
+    }
+
+    /// With every slot taken, a new connection evicts the one idle longest,
+    /// whose client sees it closed; the table stays at the cap.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_table_evicts_the_connection_idle_longest() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let scrape = scrape_of("# EOF\n");
+        let mut clients = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            clients.push(pair(&listener).await);
+        }
+        let mut conns = Conns::default();
+        let mut ends = Vec::new();
+        for (c, server) in clients {
+            assert!(conns.make_room().await);
+            conns.spawn(server, scrape.clone());
+            ends.push(c);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        // The second one sends half a request line: still waiting, but
+        // since its accept, after the first.
+        ends[1].write_all(b"GET /met").await.unwrap();
+        let (mut newer, server) = pair(&listener).await;
+        assert!(conns.make_room().await);
+        conns.spawn(server, scrape.clone());
+        assert_eq!((conns.live.len(), conns.evicted, conns.refused), (MAX_CONNECTIONS, 1, 0));
+        let mut b = [0u8; 16];
+        assert_eq!(ends[0].read(&mut b).await.unwrap(), 0, "the oldest is closed");
+        // The next eviction is the half-sent request's.
+        let (_newest, server) = pair(&listener).await;
+        assert!(conns.make_room().await);
+        conns.spawn(server, scrape);
+        assert!(ends[1].read(&mut b).await.map_or(true, |n| n == 0), "the half-sent request is closed");
+        // The new one is served.
+        newer.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        assert!(read_reply(&mut newer).await.starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn the_http_counters_end_the_scrape_in_both_formats() {
+        let conns = Conns { evicted: 3, refused: 1, ..Conns::default() };
+        let om = with_http("# HELP a x.\n# TYPE a counter\na_total 1\n# EOF\n".into(), &conns);
+        assert!(om.ends_with(
+            "# TYPE faultscope_http_connections_dropped counter\n\
+             faultscope_http_connections_dropped_total{reason=\"evicted\"} 3\n\
+             faultscope_http_connections_dropped_total{reason=\"refused\"} 1\n# EOF\n"
+        ));
+        assert_eq!(om.matches("# EOF").count(), 1, "{om}");
+        let text = to_text_004(&om);
+        assert!(text.contains("# TYPE faultscope_http_connections_dropped_total counter\n"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }

@@ -35,7 +35,9 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
         .unwrap();
     let pid = wl.id().to_string();
     let served = Served::start(&["-p", &pid, "--port", &port.to_string(), "--tick", "0.2"]);
-    sleep(Duration::from_millis(2500));
+    // Attaching takes seconds on a loaded machine.
+    wait_serving(port);
+    sleep(Duration::from_millis(500));
     let before = sample(&scrape(port), "faultscope_class_faults_total{class=\"faults\"");
     use std::io::{BufRead, Write};
     let mut stdin = wl.stdin.take().unwrap();
@@ -342,9 +344,9 @@ fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
         }
     };
     assert_ne!(port, 0);
-    // Idle clients, more than the cap: past it they are closed at once, so
-    // serve's descriptors stay bounded, and once the idle ones time out
-    // (5 s) a scrape gets in.
+    // Idle clients, more than the cap: past it a new one evicts the one
+    // idle longest, so serve's descriptors stay bounded, and a scrape gets
+    // in.
     let fds = || std::fs::read_dir(format!("/proc/{}/fd", serve.id())).unwrap().count();
     let before = fds();
     let idle: Vec<_> =
@@ -562,4 +564,260 @@ fn serve_out_of_descriptors_keeps_counting() {
     wl.wait().unwrap();
     let err = served.stop();
     assert_eq!(err.matches("cannot accept a connection").count(), 1, "{err}");
+}
+
+/// A `sleep` to trace, killed with the test.
+struct Sleeper(std::process::Child);
+impl Sleeper {
+    fn start() -> Sleeper {
+        Sleeper(Command::new("sleep").arg("300").spawn().unwrap())
+    }
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+}
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The connections serve keeps at once (`MAX_CONNECTIONS`).
+const SERVE_CONNECTIONS: usize = 64;
+
+/// A client that holds a connection to `port` without ever completing a
+/// request: it sends nothing (`trickle` false) or a request line and
+/// headers one byte every 200 ms that never end, and connects again
+/// whenever serve closes it, until `stop`. Counts its connections in
+/// `opened`.
+fn slow_client(
+    port: u16,
+    trickle: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::{
+        io::{ErrorKind, Read, Write},
+        sync::atomic::Ordering::Relaxed,
+    };
+    let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    while !stop.load(Relaxed) {
+        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            sleep(Duration::from_millis(50));
+            continue;
+        };
+        opened.fetch_add(1, Relaxed);
+        c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut sent = 0;
+        while !stop.load(Relaxed) {
+            if trickle {
+                let b = head.get(sent).copied().unwrap_or(b'a');
+                if c.write_all(&[b]).is_err() {
+                    break;
+                }
+                sent += 1;
+            }
+            // Closed (or answered, with a timeout's 408): connect again.
+            match c.read(&mut [0u8; 512]) {
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                _ => break,
+            }
+        }
+    }
+}
+
+/// One `request` to `port` within `within` (connect, write, read to the
+/// end): the whole reply, or what went wrong.
+fn http_within(port: u16, request: &str, within: Duration) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let t0 = Instant::now();
+    let mut s = std::net::TcpStream::connect_timeout(&addr, within).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(within)).unwrap();
+    s.set_write_timeout(Some(within)).unwrap();
+    s.write_all(request.as_bytes()).map_err(|e| format!("write: {e}"))?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).map_err(|e| format!("read: {e} after {} bytes", out.len()))?;
+    let took = t0.elapsed();
+    let out = String::from_utf8_lossy(&out).into_owned();
+    if took > within {
+        return Err(format!("took {took:?}"));
+    }
+    if !out.starts_with("HTTP/1.1 200") {
+        return Err(format!("reply {:?}", out.chars().take(80).collect::<String>()));
+    }
+    Ok(out)
+}
+
+/// Slow clients past the cap: more than the connections serve keeps, each
+/// sending nothing or a request line and headers that never end, a byte at
+/// a time, and connecting again whenever serve closes it. A prober's 60
+/// scrapes are all answered, each within 5 s: a new connection makes room
+/// by evicting the one that has waited longest for its request. serve's
+/// descriptors stay bounded all the while, and it counts the evictions.
+#[test]
+fn serve_answers_every_scrape_while_slow_clients_hold_more_than_its_connections() {
+    use std::sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed},
+        Arc,
+    };
+    let _t = host_test();
+    let port = 9879;
+    let target = Sleeper::start();
+    let served = Served::start(&["-p", &target.pid(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    let spid = served.0.as_ref().unwrap().id();
+    let fds = || std::fs::read_dir(format!("/proc/{spid}/fd")).unwrap().count();
+    let before = fds();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..SERVE_CONNECTIONS + 16)
+        .map(|i| {
+            let (stop, opened) = (stop.clone(), opened.clone());
+            std::thread::spawn(move || slow_client(port, i % 2 == 0, stop, opened))
+        })
+        .collect();
+    // Every client connected, and the cap reached.
+    for _ in 0..100 {
+        if opened.load(Relaxed) >= SERVE_CONNECTIONS + 16 {
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    sleep(Duration::from_millis(500));
+    let within = Duration::from_secs(5);
+    let mut failed = Vec::new();
+    let mut most_fds = 0;
+    let mut slowest = Duration::ZERO;
+    let n = 60;
+    for i in 0..n {
+        let t0 = Instant::now();
+        if let Err(e) =
+            http_within(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", within)
+        {
+            failed.push(format!("scrape {i}: {e}"));
+        }
+        slowest = slowest.max(t0.elapsed());
+        most_fds = most_fds.max(fds());
+        sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let opened = opened.load(Relaxed);
+    assert!(
+        failed.is_empty(),
+        "{} of {n} scrapes failed while {} slow clients held connections ({opened} opened):\n{}",
+        failed.len(),
+        SERVE_CONNECTIONS + 16,
+        failed.join("\n")
+    );
+    // The table's connections, the listener's and a scrape's.
+    let held = most_fds - before;
+    assert!(held <= SERVE_CONNECTIONS + 4, "serve held {held} more descriptors (cap {SERVE_CONNECTIONS})");
+    sleep(Duration::from_millis(500));
+    let text = scrape(port);
+    let evicted = sample(&text, "faultscope_http_connections_dropped_total{reason=\"evicted\"}");
+    println!(
+        "{opened} slow connections, {evicted} evicted, slowest scrape {slowest:?}, {held} more fds at most"
+    );
+    assert!(evicted > 0, "no eviction counted ({opened} connections opened)\n{text}");
+    served.stop();
+}
+
+/// The head of a reply (lowercased) and its body, gunzipped when it says
+/// gzip.
+fn head_and_body(reply: &[u8]) -> (String, String) {
+    use std::io::Read as _;
+    let h = reply.windows(4).position(|w| w == b"\r\n\r\n").expect("a reply head");
+    let head = String::from_utf8_lossy(&reply[..h]).to_ascii_lowercase();
+    let raw = &reply[h + 4..];
+    let body = if head.contains("\r\ncontent-encoding: gzip") {
+        let mut t = String::new();
+        flate2::read::GzDecoder::new(raw).read_to_string(&mut t).expect("a gzip body");
+        t
+    } else {
+        String::from_utf8_lossy(raw).into_owned()
+    };
+    (head, body)
+}
+
+/// Content negotiation by RFC 9110 over HTTP: q-values (q=0 is "not
+/// acceptable"), wildcards, case, parameters and quoted commas choose
+/// between OpenMetrics and the text format 0.0.4 and between gzip and
+/// identity; with nothing acceptable, text 0.0.4 without gzip.
+#[test]
+fn serve_negotiates_format_and_encoding_by_q_values() {
+    use std::io::{Read, Write};
+    let _t = host_test();
+    let port = 9880;
+    let target = Sleeper::start();
+    let served = Served::start(&["-p", &target.pid(), "--port", &port.to_string(), "--tick", "0.2"]);
+    wait_serving(port);
+    const OM: bool = true;
+    const TEXT: bool = false;
+    const GZIP: bool = true;
+    const IDENTITY: bool = false;
+    let prometheus3 = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,\
+application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,\
+text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let cases: &[(Option<&str>, Option<&str>, bool, bool)] = &[
+        (None, None, TEXT, IDENTITY),
+        (Some("application/openmetrics-text;q=0, text/plain"), None, TEXT, IDENTITY),
+        (Some("application/openmetrics-text; version=1.0.0"), Some("gzip"), OM, GZIP),
+        (Some(prometheus3), Some("gzip"), OM, GZIP),
+        (Some("text/plain;q=0.5, application/openmetrics-text;q=0.4"), None, TEXT, IDENTITY),
+        (Some("APPLICATION/OpenMetrics-Text;Q=0.9, text/plain;q=0.5"), None, OM, IDENTITY),
+        (Some("*/*"), None, TEXT, IDENTITY),
+        (Some("application/*"), None, OM, IDENTITY),
+        (Some("text/html"), None, TEXT, IDENTITY),
+        (Some("application/openmetrics-text;q=0"), Some("gzip;q=0, identity;q=0"), TEXT, IDENTITY),
+        (
+            Some("application/openmetrics-text;x=\"a,text/plain;q=1\";q=0.1, text/plain;q=0.5"),
+            None,
+            TEXT,
+            IDENTITY,
+        ),
+        (None, Some("gzip;q=0"), TEXT, IDENTITY),
+        (None, Some("notgzip"), TEXT, IDENTITY),
+        (None, Some("GZIP;Q=0.5"), TEXT, GZIP),
+        (None, Some("gzip;q=0.5, identity;q=0.8"), TEXT, IDENTITY),
+        (None, Some("*"), TEXT, GZIP),
+        (None, Some("*;q=0, identity"), TEXT, IDENTITY),
+        (None, Some("gzip;q=1.5"), TEXT, IDENTITY),
+        (None, Some("x-gzip"), TEXT, GZIP),
+    ];
+    for &(accept, encoding, om, gzip) in cases {
+        let mut req = String::from("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+        for (name, v) in [("Accept", accept), ("Accept-Encoding", encoding)] {
+            if let Some(v) = v {
+                req.push_str(&format!("{name}: {v}\r\n"));
+            }
+        }
+        req.push_str("\r\n");
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply).unwrap();
+        let (head, body) = head_and_body(&reply);
+        let case = format!("Accept {accept:?}, Accept-Encoding {encoding:?}");
+        assert!(head.starts_with("http/1.1 200"), "{case}: {head}");
+        let ctype = if om {
+            "\r\ncontent-type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+        } else {
+            "\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8"
+        };
+        assert!(
+            head.contains(ctype),
+            "{case}: want {}, got\n{head}",
+            if om { "OpenMetrics" } else { "text" }
+        );
+        assert_eq!(head.contains("\r\ncontent-encoding: gzip"), gzip, "{case}: gzip {gzip}, got\n{head}");
+        assert!(body.contains("faultscope_build_info"), "{case}: {body}");
+        assert_eq!(body.ends_with("# EOF\n"), om, "{case}: {body}");
+    }
+    served.stop();
 }
