@@ -758,18 +758,21 @@ fn qvalue(s: &str) -> Option<u16> {
     }
 }
 
-/// A form of `/metrics`: its media type, and the version it is of.
+/// A form of `/metrics`: its media type, and the versions a client may
+/// ask it by.
 struct Format {
     media: &'static str,
-    version: &'static str,
+    versions: &'static [&'static str],
 }
 
-const OPENMETRICS: Format = Format { media: "application/openmetrics-text", version: "1.0.0" };
-const TEXT_004: Format = Format { media: "text/plain", version: "0.0.4" };
+/// OpenMetrics 1.0; Prometheus before 2.43 asks for it as `version=0.0.1`
+/// (the same text, as client_golang serves both).
+const OPENMETRICS: Format = Format { media: "application/openmetrics-text", versions: &["1.0.0", "0.0.1"] };
+const TEXT_004: Format = Format { media: "text/plain", versions: &["0.0.4"] };
 
 /// How specifically the media range `range` names `f`: None when it does
 /// not match; 0 for `*/*`, 1 for `type/*`, 2 and its parameters' count for
-/// the type itself. Of the parameters, `version` must be `f`'s and
+/// the type itself. Of the parameters, `version` must be one of `f`'s and
 /// `charset` UTF-8; others (Prometheus' `escaping`) ask for nothing that
 /// faultscope's names and labels would not meet.
 fn specificity(range: &Member, f: &Format) -> Option<usize> {
@@ -782,7 +785,7 @@ fn specificity(range: &Member, f: &Format) -> Option<usize> {
         _ => return None,
     };
     let fits = range.params.iter().all(|(k, v)| match k.as_str() {
-        "version" => v == f.version,
+        "version" => f.versions.contains(&v.as_str()),
         "charset" => v.eq_ignore_ascii_case("utf-8"),
         _ => true,
     });
@@ -917,7 +920,7 @@ mod tests {
             "text/html",
             "application/openmetrics-text;q=0",
             "application/openmetrics-text;q=0, text/plain;q=0",
-            "application/openmetrics-text;version=0.0.1",
+            "application/openmetrics-text;version=2.0.0",
             "application/openmetrics-text;charset=latin1",
             "*/plain",
             "application/openmetrics-text;q=1.5",
@@ -929,6 +932,10 @@ mod tests {
         assert!(!format("application/openmetrics-text;q=0, text/plain"));
         // Prometheus 2 and 3.
         assert!(format("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"));
+        // Prometheus 2.42 (Debian bookworm's).
+        assert!(format(
+            "application/openmetrics-text;version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        ));
         assert!(format("application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"));
         // Prometheus asking for text only.
         assert!(!format("text/plain;version=0.0.4;q=1,*/*;q=0.1"));
