@@ -143,7 +143,11 @@ impl Selection {
         Ok(())
     }
 
-    /// New processes of `--comm` and `--cgroup`.
+    /// New processes of `--comm` and `--cgroup`: only a process that can
+    /// still fault is adopted (not a thread id, a kernel thread, a zombie
+    /// or a process in its exit): a traced process that lingers as a
+    /// zombie is not taken again, so the kernel does not count as it the
+    /// next process given its pid.
     fn discover(&mut self, rec: &mut Recorder) {
         let mut new: Vec<(u32, Option<String>)> = Vec::new();
         if !self.opts.comm.is_empty() {
@@ -151,7 +155,7 @@ impl Selection {
                 if rec.live.contains(&pid) {
                     continue;
                 }
-                if target::comm_of(pid).is_some_and(|c| self.opts.comm.contains(&c))
+                if target::comm_bytes(pid).is_some_and(|c| comm_matches(&self.opts.comm, &c))
                     && !parent_of(pid).is_some_and(|pp| rec.live.contains(&pp))
                 {
                     new.push((pid, None));
@@ -167,11 +171,7 @@ impl Selection {
             }
         }
         for (pid, cg) in new {
-            let Some(comm) = target::comm_of(pid) else { continue };
-            // A thread id is not a process.
-            if target::check_pid(pid).is_err() {
-                continue;
-            }
+            let Ok(comm) = target::check_pid(pid) else { continue };
             if rec.add(pid, 0, comm.clone()).is_ok() {
                 say(&format!("faultscope: tracing pid {pid} ({})", safe(&comm)));
                 if let Some(cg) = cg {
@@ -180,6 +180,13 @@ impl Selection {
             }
         }
     }
+}
+
+/// Whether a comm (the kernel's bytes) is one of `--comm`: byte for byte,
+/// as the kernel's filter at exec compares it (no trimming: " x " is not
+/// "x").
+fn comm_matches(wanted: &[String], comm: &[u8]) -> bool {
+    wanted.iter().any(|w| w.as_bytes() == comm)
 }
 
 /// A cgroup v2 directory's id: its inode number (what
@@ -212,9 +219,9 @@ fn all_pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// Read as bytes: the comm in /proc/PID/stat need not be UTF-8.
 fn parent_of(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    target::stat_of(pid).map(|s| s.ppid)
 }
 
 /// The kernel keeps a comm in 16 bytes, NUL included.
@@ -235,4 +242,19 @@ pub fn comm_key(name: &str) -> Result<[u8; COMM_LEN]> {
     let mut k = [0u8; COMM_LEN];
     k[..b.len()].copy_from_slice(b);
     Ok(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comm_is_matched_byte_for_byte() {
+        let wanted = vec!["x".to_string(), " y ".to_string()];
+        assert!(comm_matches(&wanted, b"x"));
+        assert!(comm_matches(&wanted, b" y "));
+        for other in [&b" x  "[..], b"x\t", b"x\n", b"y", b" y", b"", b"x\xff"] {
+            assert!(!comm_matches(&wanted, other), "{other:?}");
+        }
+    }
 }

@@ -12,23 +12,101 @@ use anyhow::Result;
 
 use crate::error::Refusal;
 
-/// Refuses pids that do not exist (or are threads, not processes).
+/// Refuses pids that are no process that can fault: none there, a thread
+/// (not a process), a kernel thread (no user memory), a zombie or a
+/// process in its exit. Returns its comm (for display: not UTF-8 is
+/// replaced, as for the kernel's comms).
 pub fn check_pid(pid: u32) -> Result<String, Refusal> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| Refusal::new(format!("no process with pid {pid}")))?;
-    let tgid =
-        status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse::<u32>().ok());
+    let none = || Refusal::new(format!("no process with pid {pid}"));
+    // Bytes: the comm in `Name:` (and in stat) need not be UTF-8.
+    let status = fs::read(format!("/proc/{pid}/status")).map_err(|_| none())?;
+    let tgid = status_field(&status, b"Tgid:");
     if tgid != Some(pid) {
         return Err(Refusal::new(format!(
             "pid {pid} is a thread of process {}; pass the process id",
             tgid.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
         )));
     }
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok().and_then(|s| Stat::parse(&s)).ok_or_else(none)?;
+    if stat.flags & PF_KTHREAD != 0 {
+        return Err(Refusal::new(format!("pid {pid} is a kernel thread: it has no user memory to fault")));
+    }
+    if is_gone(pid) {
+        return Err(Refusal::new(match stat.state {
+            b'Z' => format!("pid {pid} has exited (a zombie)"),
+            b'X' | b'x' => format!("pid {pid} has exited"),
+            _ => format!("pid {pid} is exiting"),
+        }));
+    }
     Ok(comm_of(pid).unwrap_or_default())
 }
 
+/// A number field of /proc/PID/status (`Tgid:`), read as bytes.
+fn status_field(status: &[u8], name: &[u8]) -> Option<u32> {
+    let v = status.split(|&b| b == b'\n').find_map(|l| l.strip_prefix(name))?;
+    std::str::from_utf8(v).ok()?.trim().parse().ok()
+}
+
+/// The comm as the kernel holds it, byte for byte: /proc/PID/comm less the
+/// one newline /proc adds (a comm may begin or end with spaces, hold a
+/// newline, or be no UTF-8).
+pub fn comm_bytes(pid: u32) -> Option<Vec<u8>> {
+    fs::read(format!("/proc/{pid}/comm")).ok().map(|b| strip_newline(&b).to_vec())
+}
+
+fn strip_newline(b: &[u8]) -> &[u8] {
+    b.strip_suffix(b"\n").unwrap_or(b)
+}
+
+/// [`comm_bytes`] for display: not UTF-8 is replaced (U+FFFD), as in the
+/// comms the kernel's events give; print it through `term::safe`.
 pub fn comm_of(pid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
+    comm_bytes(pid).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// The fields of a /proc/PID/stat (or task/TID/stat) that say whether the
+/// task can still run user code, and its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// Field 3: R, S, D, Z, X, ...
+    pub state: u8,
+    /// Field 4.
+    pub ppid: u32,
+    /// Field 9: PF_* flags.
+    pub flags: u64,
+    /// Field 23: 0 when the task has no mm (a kernel thread, or past
+    /// `exit_mm`).
+    pub vsize: u64,
+}
+
+impl Stat {
+    /// Parses the bytes of a stat file; the comm (field 2) may hold
+    /// anything, `)` and invalid UTF-8 included, so fields are counted
+    /// from the last `)`.
+    pub fn parse(s: &[u8]) -> Option<Stat> {
+        let close = s.iter().rposition(|&b| b == b')')?;
+        let rest = std::str::from_utf8(&s[close + 1..]).ok()?;
+        // Fields 3 on of proc(5).
+        let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+        Some(Stat {
+            state: *f.first()?.as_bytes().first()?,
+            ppid: u32::try_from(num(1)?).ok()?,
+            flags: num(6)?,
+            vsize: num(20)?,
+        })
+    }
+
+    /// Whether the task can run user code: not a zombie, dead or exiting,
+    /// and it has an mm.
+    fn runs(&self) -> bool {
+        !matches!(self.state, b'Z' | b'X' | b'x') && self.flags & PF_EXITING == 0 && self.vsize != 0
+    }
+}
+
+/// A process's /proc/PID/stat.
+pub fn stat_of(pid: u32) -> Option<Stat> {
+    Stat::parse(&fs::read(format!("/proc/{pid}/stat")).ok()?)
 }
 
 /// Whether the process is gone: none of its threads can run user code any
@@ -58,23 +136,18 @@ fn proc_error(pid: u32, e: &std::io::Error) {
 
 /// `PF_EXITING` in /proc/.../stat's flags: the thread is in `do_exit`.
 const PF_EXITING: u64 = 0x4;
+/// `PF_KTHREAD`: a kernel thread (no user memory of its own).
+const PF_KTHREAD: u64 = 0x0020_0000;
 
-/// A thread's /proc stat: running (not a zombie, dead or exiting).
+/// A thread's /proc stat: running (not a zombie, dead or exiting, and
+/// with an mm). Read as bytes: its comm need not be UTF-8.
 fn thread_runs(stat: &Path) -> bool {
-    let s = match fs::read_to_string(stat) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+    match fs::read(stat) {
+        Ok(s) => Stat::parse(&s).is_some_and(|t| t.runs()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         // Not readable now is not an exit.
-        Err(_) => return true,
-    };
-    let Some((_, rest)) = s.rsplit_once(')') else {
-        return false;
-    };
-    // Fields 3 (state) and 9 (flags) of proc(5).
-    let mut f = rest.split_whitespace();
-    let state = f.next().unwrap_or("X");
-    let flags: u64 = f.nth(5).and_then(|v| v.parse().ok()).unwrap_or(0);
-    !matches!(state, "Z" | "X" | "x") && flags & PF_EXITING == 0
+        Err(_) => true,
+    }
 }
 
 fn find_program(name: &str) -> Option<PathBuf> {
@@ -287,6 +360,98 @@ mod tests {
     fn own_pid_is_accepted() {
         assert!(check_pid(std::process::id()).is_ok());
         assert!(!is_gone(std::process::id()));
+    }
+
+    #[test]
+    fn comm_keeps_its_bytes_less_one_newline() {
+        assert_eq!(strip_newline(b" x  \n"), b" x  ");
+        assert_eq!(strip_newline(b"x\t\n"), b"x\t");
+        assert_eq!(strip_newline(b"x\n\n"), b"x\n");
+        assert_eq!(strip_newline(b"x"), b"x");
+        assert_eq!(strip_newline(b"fs\xffu\n"), b"fs\xffu");
+    }
+
+    #[test]
+    fn stat_is_parsed_from_bytes_after_the_last_paren() {
+        let line = b"77 (a) Z\xff) S 1 77 77 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 26 2260992 0 18446744073709551615\n";
+        let st = Stat::parse(line).unwrap();
+        assert_eq!(st, Stat { state: b'S', ppid: 1, flags: 4194560, vsize: 2260992 });
+        assert!(st.runs());
+        assert!(!Stat { state: b'Z', ..st }.runs());
+        assert!(!Stat { state: b'X', ..st }.runs());
+        assert!(!Stat { flags: st.flags | PF_EXITING, ..st }.runs());
+        assert!(!Stat { vsize: 0, ..st }.runs(), "no mm: cannot run user code");
+        assert_eq!(Stat::parse(b"77 (a S 1"), None);
+    }
+
+    /// Forks a child that runs `f` (async-signal-safe calls only) and then
+    /// `_exit(0)`s; the caller reaps it.
+    fn fork_child(f: impl FnOnce()) -> u32 {
+        // SAFETY: the child only makes raw syscalls and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            f();
+            unsafe { libc::_exit(0) };
+        }
+        pid as u32
+    }
+
+    fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+        for _ in 0..1000 {
+            if ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("not within 10 s: {what}");
+    }
+
+    #[test]
+    fn a_zombie_is_refused_and_gone() {
+        let pid = fork_child(|| ());
+        wait_until("the child is a zombie", || stat_of(pid).is_some_and(|s| s.state == b'Z'));
+        let e = check_pid(pid).unwrap_err();
+        assert_eq!(e.0, format!("pid {pid} has exited (a zombie)"));
+        assert!(is_gone(pid));
+        assert_eq!(wait(pid), Some(0));
+    }
+
+    #[test]
+    fn a_non_utf8_comm_is_accepted_and_its_bytes_kept() {
+        // PR_SET_NAME takes up to 15 bytes and a NUL.
+        let name = *b"fs\xffu\x1b[2J\0";
+        let pid = fork_child(move || unsafe {
+            libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+            libc::pause();
+        });
+        let renamed = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            comm_bytes(pid).as_deref() == Some(&name[..name.len() - 1])
+        });
+        let (comm, gone) = (check_pid(pid), is_gone(pid));
+        // Ended before any check can fail.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait(pid);
+        assert!(renamed, "the child did not rename itself within 10 s");
+        assert!(!gone);
+        assert_eq!(comm.unwrap(), "fs\u{fffd}u\x1b[2J");
+    }
+
+    #[test]
+    fn a_kernel_thread_is_refused() {
+        // kthreadd and its threads: none where /proc is another pid
+        // namespace's.
+        let Some(k) = fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&p| stat_of(p).is_some_and(|s| s.flags & PF_KTHREAD != 0))
+        else {
+            eprintln!("no kernel thread in this /proc: not checked");
+            return;
+        };
+        let e = check_pid(k).unwrap_err();
+        assert_eq!(e.0, format!("pid {k} is a kernel thread: it has no user memory to fault"));
     }
 
     #[test]

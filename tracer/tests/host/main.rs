@@ -324,4 +324,5 @@ mod kernel_check;
 mod readme;
 mod record;
 mod serve;
+mod targets;
 mod verify_diff;
