@@ -159,8 +159,10 @@ pub fn parse_stat(line: &str) -> Option<FltCount> {
     Some(FltCount { min: f.get(7)?.parse().ok()?, maj: f.get(9)?.parse().ok()? })
 }
 
+/// Read as bytes: the comm in it need not be UTF-8 (the fields after it
+/// are).
 fn read_stat(path: &Path) -> Option<FltCount> {
-    parse_stat(&fs::read_to_string(path).ok()?)
+    parse_stat(&String::from_utf8_lossy(&fs::read(path).ok()?))
 }
 
 /// The whole process's count (`/proc/PID/stat`: its live threads and those

@@ -18,8 +18,9 @@ type Layout = [u64; LAYOUT_FIELDS.len()];
 /// The address-space layout of a process, None when unreadable (gone, a
 /// kernel thread, or hidden from us).
 fn layout(pid: u32) -> Option<Layout> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_layout(&stat)
+    // Bytes: the comm in it need not be UTF-8 (the fields after it are).
+    let stat = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_layout(&String::from_utf8_lossy(&stat))
 }
 
 fn parse_layout(stat: &str) -> Option<Layout> {
@@ -61,7 +62,8 @@ fn scan_ppid(pid: u32) -> Vec<u32> {
     dir.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|c| {
-            let stat = fs::read_to_string(format!("/proc/{c}/stat")).unwrap_or_default();
+            let stat = fs::read(format!("/proc/{c}/stat")).unwrap_or_default();
+            let stat = String::from_utf8_lossy(&stat);
             let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok());
             ppid == Some(pid)
         })

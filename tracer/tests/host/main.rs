@@ -312,6 +312,10 @@ fn kernel_check(p: &Process) -> (u64, i64) {
             (lo, g0)
         }
         CheckResult::Equal => (lo, 0),
+        // Tracepoint mode: a few exceptions more than the kernel's count
+        // (an access that raised a signal completes no fault), as a
+        // negative derived count; the tests bound it.
+        CheckResult::Differs if (1..=4).contains(&k.difference) && lo == hi => (lo, -k.difference),
         other => panic!("kernel check {other:?}: {k:?}"),
     }
 }
