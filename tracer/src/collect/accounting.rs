@@ -193,6 +193,7 @@ pub fn start_at_attach(pid: u32, join: impl FnOnce()) -> Start {
         (Some((w0, t0)), Some((w1, t1))) => {
             Start::Proc { whole: Bracket { lo: w0, hi: w1 }, threads: Bracket { lo: t0, hi: t1 } }
         }
+        _ if super::target::is_gone(pid) => Start::Unknown("it exited before attach".into()),
         _ => Start::Unknown("its /proc/PID/stat could not be read at attach".into()),
     }
 }
@@ -203,6 +204,17 @@ mod tests {
 
     fn c(min: u64, maj: u64) -> FltCount {
         FltCount { min, maj }
+    }
+
+    #[test]
+    fn a_target_gone_during_the_attach_is_said_to_have_exited() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let start = start_at_attach(pid, || {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
+        assert!(matches!(&start, Start::Unknown(why) if why == "it exited before attach"), "{start:?}");
     }
 
     #[test]
