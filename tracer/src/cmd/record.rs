@@ -59,9 +59,12 @@ pub struct RecordOpts {
     #[arg(short = 'c', long, requires = "interval")]
     pub count: Option<u64>,
     /// Write the final report as JSON (schema faultscope/1) to this file;
-    /// `-` is standard output (the tables then go to standard error). A
-    /// FIFO or a character device is written in place, a regular file
-    /// replaced whole; anything else is refused before the run.
+    /// `-` (or `/dev/stdout`) is standard output (the tables then go to
+    /// standard error), `/dev/fd/N` this process's descriptor N. A FIFO or a
+    /// character device is written in place, a regular file replaced whole
+    /// (through a link of root's or this user's, which stays a link);
+    /// another user's link or FIFO, and anything else, is refused before
+    /// the run.
     #[arg(short = 'j', long)]
     pub json: Option<PathBuf>,
     /// On --duration, Ctrl-C, SIGTERM or SIGHUP, leave the command running
