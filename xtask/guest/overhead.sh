@@ -12,7 +12,9 @@
 # Env: BENCH (bench arguments), RUNS, STATS_RUNS, STORM (seconds, 0: none),
 # STORM_SIZE, and VARIANTS, one line per variant: NAME KIND ARGS, KIND one
 # of none (bench --no-trace), bpftrace (ARGS: a script in $SCRIPTS, run
-# beside bench --no-trace) or faultscope (ARGS: flags of the traced bench).
+# beside bench --no-trace), faultscope (ARGS: flags of the traced bench) or
+# untraced (bench --no-trace while faultscope record, ARGS its flags,
+# traces a sleeper: what faultscope costs the processes it does not trace).
 # On the host also FAULTSCOPE, LINETIME, LIB, SCRIPTS, WORK, and BT_ROOT
 # empty (the guest chroots into the bpftrace image at /bt).
 . ${LIB:-/lib.sh}
@@ -112,6 +114,32 @@ bt_stop() {
 	emit $1.bt $W/$1.bt
 }
 
+# untraced_start CASE FLAGS...: a sleeper, and faultscope record -p of it
+# with FLAGS, attached (its "measuring" line): @@FS-ATTACH CASE NS.
+untraced_start() {
+	uc=$1; shift
+	sleep 100000 &
+	sl=$!
+	$LT $W/$uc.attach 'faultscope: measuring' $FS record -p $sl "$@" \
+		--json $W/$uc.record.json > $W/$uc.out 2>&1 &
+	fs=$!
+	wait_file $W/$uc.attach $fs || { emit $uc.out $W/$uc.out; fail "$uc: faultscope did not attach"; }
+	echo "@@FS-ATTACH $uc $(cat $W/$uc.attach)"
+}
+
+# untraced_stop CASE: SIGINT to faultscope record (it detaches, reports and
+# exits 0), then the sleeper ended: @@FS-TRACER-RC CASE RC; fails unless 0.
+untraced_stop() {
+	kill -INT $(cat $W/$1.attach.pid)
+	finish $fs 300 "$1: faultscope record after SIGINT"
+	frc=$?
+	echo "@@FS-TRACER-RC $1 $frc"
+	kill $sl
+	wait $sl
+	[ $frc = 0 ] || { emit $1.out $W/$1.out; fail "$1: faultscope record exited with $frc"; }
+	emit $1.record.json $W/$1.record.json
+}
+
 # run NAME KIND ARGS...: one timed run of a variant.
 run() {
 	c=$1 kind=$2; shift 2
@@ -129,6 +157,13 @@ run() {
 	faultscope)
 		$LT $W/$c.attach 'faultscope: measuring' $FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1 &
 		finish $! 900 "$c: the traced bench"
+		;;
+	untraced)
+		untraced_start $c "$@"
+		bench $c --no-trace
+		rc=$?
+		untraced_stop $c
+		(exit $rc)
 		;;
 	esac
 	rc=$?
@@ -178,6 +213,13 @@ stats() {
 		finish $fs 300 "$c: faultscope record after its target's exit"
 		echo "@@FS-TRACER-RC $c $?"
 		emit $c.json $W/$c.json
+		;;
+	untraced)
+		untraced_start $c "$@"
+		bench $c --no-trace
+		echo "@@FS-RC $c $?"
+		progs $c
+		untraced_stop $c
 		;;
 	esac
 }

@@ -1,9 +1,11 @@
 //! `cargo xtask overhead`: what tracing costs the traced, side by side with
 //! bpftrace. The same `faultscope bench` (its own step timing, so every
-//! variant times the same thing) runs bare, beside bpftrace scripts and
-//! traced by faultscope, the variants interleaved round after round in one
-//! session (these machines are noisy: only ratios taken side by side mean
-//! anything). Then each tracer a few times more with the kernel's BPF run
+//! variant times the same thing) runs bare, beside bpftrace scripts (the
+//! floors among them: the probe mechanism with little or nothing in it),
+//! traced by faultscope, and untraced while faultscope records another
+//! process (what it costs those it does not trace), the variants
+//! interleaved round after round in one session (these machines are noisy:
+//! only ratios taken side by side mean anything). Then each tracer a few times more with the kernel's BPF run
 //! time accounting on (`kernel.bpf_stats_enabled`), its programs read by
 //! bpftool while attached, and faultscope `record --interval 1` over two
 //! storms of faults (by fork, by MADV_DONTNEED), its CPU time and RSS
@@ -37,8 +39,15 @@ struct Script {
     file: &'static str,
     text: &'static str,
     /// The map whose count must reach the pages written: bpftrace was
-    /// attached while the bench wrote.
-    counter: &'static str,
+    /// attached while the bench wrote. None for the empty floors, which
+    /// count nothing: a counter would be the very cost they leave out, so
+    /// nothing tells that they saw the writes but their attach (BEGIN fires
+    /// once every probe is attached) and the stats rounds, where bpftool
+    /// lists their programs and the runs of each.
+    counter: Option<&'static str>,
+    /// On x86 only (`exceptions:page_fault_user` is arch/x86's tracepoint;
+    /// arm64 has none): refused for another architecture.
+    x86_only: bool,
 }
 
 /// Every script's first line: BEGIN fires once every probe is attached, so
@@ -66,7 +75,8 @@ macro_rules! bt_fault_script {
                 $entry,
                 ":do_wp_page { @do_wp_page = count(); }\n"
             ),
-            counter: "@do_wp_page",
+            counter: Some("@do_wp_page"),
+            x86_only: false,
         }
     };
 }
@@ -85,7 +95,8 @@ const BT_TRACEPOINT: Script = Script {
         bt_begin!(),
         "tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }\n"
     ),
-    counter: "@write_faults",
+    counter: Some("@write_faults"),
+    x86_only: true,
 };
 
 /// The least any fentry tracer of the fault can cost: one program on
@@ -93,10 +104,36 @@ const BT_TRACEPOINT: Script = Script {
 const BT_FLOOR: Script = Script {
     file: "floor.bt",
     text: concat!(bt_begin!(), "kfunc:handle_mm_fault { @ = count(); }\n"),
-    counter: "@",
+    counter: Some("@"),
+    x86_only: false,
 };
 
-const SCRIPTS: [&Script; 4] = [&BT_KPROBE, &BT_FENTRY, &BT_TRACEPOINT, &BT_FLOOR];
+/// The mechanism alone of an entry and exit pair: empty programs on
+/// `handle_mm_fault`'s fentry and fexit. bpftrace 0.17 keeps an empty body:
+/// it loads and attaches a program that returns at once (`return 1`, which
+/// fentry and fexit ignore), and bpftool lists both in the stats rounds.
+const BT_FLOOR_PAIR: Script = Script {
+    file: "floor-pair.bt",
+    text: concat!(bt_begin!(), "kfunc:handle_mm_fault {}\n", "kretfunc:handle_mm_fault {}\n"),
+    counter: None,
+    x86_only: false,
+};
+
+/// The mechanism alone of x86's user fault tracepoint: one empty program.
+/// Not quite the mechanism alone: bpftrace 0.17's programs return 1, and
+/// it opens the tracepoint's perf event on CPU 0 only (the program runs on
+/// every CPU), so a fault on CPU 0 goes on from the program to that perf
+/// event's sample; a run takes one of two times, by the CPU the bench runs
+/// on (docs/cost.md).
+const BT_FLOOR_TP: Script = Script {
+    file: "floor-tp.bt",
+    text: concat!(bt_begin!(), "tracepoint:exceptions:page_fault_user {}\n"),
+    counter: None,
+    x86_only: true,
+};
+
+const SCRIPTS: [&Script; 6] =
+    [&BT_KPROBE, &BT_FENTRY, &BT_TRACEPOINT, &BT_FLOOR, &BT_FLOOR_PAIR, &BT_FLOOR_TP];
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -106,6 +143,10 @@ enum Kind {
     Bpftrace(&'static Script),
     /// The bench traced by faultscope, with these flags.
     Faultscope(&'static [&'static str]),
+    /// `bench --no-trace`, not traced, while `faultscope record -p` with
+    /// these flags traces another process (a `sleep`) for the whole run:
+    /// what faultscope costs the processes it does not trace.
+    Untraced(&'static [&'static str]),
 }
 
 struct Variant {
@@ -120,6 +161,8 @@ const VARIANTS: &[Variant] = &[
     Variant { name: "bpftrace-fentry", kind: Kind::Bpftrace(&BT_FENTRY) },
     Variant { name: "bpftrace-tracepoint", kind: Kind::Bpftrace(&BT_TRACEPOINT) },
     Variant { name: "floor", kind: Kind::Bpftrace(&BT_FLOOR) },
+    Variant { name: "floor-pair", kind: Kind::Bpftrace(&BT_FLOOR_PAIR) },
+    Variant { name: "floor-tp", kind: Kind::Bpftrace(&BT_FLOOR_TP) },
     Variant { name: "faultscope-kprobe", kind: Kind::Faultscope(&["--backend", "kprobe"]) },
     Variant { name: "faultscope-fentry", kind: Kind::Faultscope(&["--backend", "fentry"]) },
     // Whatever the kernel allows (on this host: the tracepoint).
@@ -134,6 +177,10 @@ const VARIANTS: &[Variant] = &[
         name: "faultscope-kprobe-stacks",
         kind: Kind::Faultscope(&["--backend", "kprobe", "--sites", "reuse,copy", "--stacks", "reuse,copy"]),
     },
+    // Not traced: faultscope records a sleeper meanwhile.
+    Variant { name: "untraced-kprobe", kind: Kind::Untraced(&["--backend", "kprobe"]) },
+    Variant { name: "untraced-fentry", kind: Kind::Untraced(&["--backend", "fentry"]) },
+    Variant { name: "untraced", kind: Kind::Untraced(&[]) },
 ];
 
 pub const GUEST_DEFAULT: [&str; 6] =
@@ -173,9 +220,27 @@ fn variant_lines(vs: &[&Variant]) -> String {
             Kind::Bare => writeln!(s, "{} none", v.name),
             Kind::Bpftrace(b) => writeln!(s, "{} bpftrace {}", v.name, b.file),
             Kind::Faultscope(flags) => writeln!(s, "{} faultscope {}", v.name, flags.join(" ")),
+            Kind::Untraced(flags) => writeln!(s, "{} untraced {}", v.name, flags.join(" ")),
         };
     }
     s
+}
+
+/// The variants that cannot run on `arch` (Debian's name), refused before
+/// anything is built.
+fn refuse_elsewhere(vs: &[&Variant], arch: &str) -> Result<()> {
+    for v in vs {
+        if let Kind::Bpftrace(b) = v.kind {
+            if b.x86_only && arch != "amd64" {
+                bail!(
+                    "{}: not available on {arch}: tracepoint:exceptions:page_fault_user is x86's \
+                     (an {arch} kernel has no such tracepoint)",
+                    v.name
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn write_scripts(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
@@ -208,6 +273,16 @@ pub fn run(o: &Opts) -> Result<()> {
     if !matches!(vs.first().map(|v| v.kind), Some(Kind::Bare)) {
         bail!("the first variant must be bare: the ratios are to it");
     }
+    let arch = if o.host {
+        if cfg!(target_arch = "x86_64") {
+            "amd64"
+        } else {
+            std::env::consts::ARCH
+        }
+    } else {
+        kernels::by_name(&o.kernel)?.arch
+    };
+    refuse_elsewhere(&vs, arch)?;
     let mut env = vec![
         ("BENCH", bench_args(&o.size)),
         ("RUNS", o.runs.to_string()),
@@ -322,6 +397,8 @@ struct Run {
     /// What the tracer counted during the run: bpftrace's counter map,
     /// faultscope's faults in the write step.
     counted: Option<u64>,
+    /// An untraced variant's `faultscope record` report (of the sleeper).
+    tracer: Option<Report>,
 }
 
 impl Run {
@@ -396,6 +473,26 @@ struct Results<'a> {
     pages: u64,
 }
 
+/// An untraced run's `faultscope record` (of the sleeper): attached before
+/// the bench, exited 0 on its SIGINT after it, and never traced the bench.
+fn untraced_record(g: &vm::GuestRun, case: &str, bench: &Report, attach_ns: Option<u64>) -> Result<Report> {
+    let out = || g.section(&format!("{case}.out")).map(|s| crate::util::tail(s, 20)).unwrap_or_default();
+    if attach_ns.is_none() {
+        bail!("{case}: faultscope record did not attach:\n{}", out());
+    }
+    let rc = g.marker("TRACER-RC", case).unwrap_or_default();
+    if rc != "0" {
+        bail!("{case}: faultscope record exited with {rc:?}:\n{}", out());
+    }
+    let rec = check::report(g, &format!("{case}.record.json"))?;
+    if let Some(b) = &bench.bench {
+        if rec.processes.iter().any(|p| p.pid == b.pid) {
+            bail!("{case}: faultscope record traced the bench (pid {}), which it was not to", b.pid);
+        }
+    }
+    Ok(rec)
+}
+
 fn counter(output: &str, key: &str) -> Option<u64> {
     output.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
@@ -423,15 +520,13 @@ impl<'a> Results<'a> {
                 let report = check::report(g, &format!("{case}.json"))?;
                 pages = report.bench.as_ref().map_or(0, |b| b.pages);
                 let counted = match v.kind {
-                    Kind::Bare => None,
-                    Kind::Bpftrace(b) => {
+                    Kind::Bare | Kind::Untraced(_) => None,
+                    // The empty floors count nothing (see `Script::counter`).
+                    Kind::Bpftrace(Script { counter: None, .. }) => None,
+                    Kind::Bpftrace(Script { counter: Some(key), .. }) => {
                         let out = g.section(&format!("{case}.bt"))?;
-                        Some(counter(out, b.counter).with_context(|| {
-                            format!(
-                                "{case}: bpftrace printed no {}:\n{}",
-                                b.counter,
-                                crate::util::tail(out, 20)
-                            )
+                        Some(counter(out, key).with_context(|| {
+                            format!("{case}: bpftrace printed no {key}:\n{}", crate::util::tail(out, 20))
                         })?)
                     }
                     Kind::Faultscope(_) => report
@@ -444,11 +539,15 @@ impl<'a> Results<'a> {
                     if n < pages {
                         bail!("{case}: the tracer counted {n} < {pages} pages written: it did not trace the bench");
                     }
-                } else if !matches!(v.kind, Kind::Bare) {
+                } else if matches!(v.kind, Kind::Faultscope(_)) {
                     bail!("{case}: faultscope counted no faults in the write step");
                 }
                 let attach_ns = g.marker("ATTACH", &case).and_then(|s| s.parse().ok());
-                runs.entry(v.name).or_default().push(Run { report, attach_ns, counted });
+                let tracer = match v.kind {
+                    Kind::Untraced(_) => Some(untraced_record(g, &case, &report, attach_ns)?),
+                    _ => None,
+                };
+                runs.entry(v.name).or_default().push(Run { report, attach_ns, counted, tracer });
             }
         }
         let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
@@ -611,19 +710,27 @@ impl<'a> Results<'a> {
             self.runs[self.variants[0].name].first().and_then(|r| r.step("write").ok()).map_or(0, |s| s.minflt)
         );
         for v in &self.variants {
-            let Some(r) = self.runs[v.name].first().filter(|_| matches!(v.kind, Kind::Faultscope(_))) else {
+            // The traced bench's report, or the untraced run's record of the
+            // sleeper.
+            let Some((r, whose)) = self.runs[v.name].first().and_then(|r| match v.kind {
+                Kind::Faultscope(_) => Some((&r.report, "")),
+                Kind::Untraced(_) => {
+                    r.tracer.as_ref().map(|t| (t, " (record of a sleeper; the bench untraced)"))
+                }
+                _ => None,
+            }) else {
                 continue;
             };
             let mut by: BTreeMap<&str, usize> = BTreeMap::new();
-            for p in r.report.probes.iter().filter(|p| p.attached) {
+            for p in r.probes.iter().filter(|p| p.attached) {
                 *by.entry(p.backend.as_deref().unwrap_or("?")).or_default() += 1;
             }
             let by: Vec<String> = by.iter().map(|(b, n)| format!("{n} {b}")).collect();
             let _ = writeln!(
                 t,
-                "  {}: {} mode, probes attached as {}",
+                "  {}: {} mode, probes attached as {}{whose}",
                 v.name,
-                check::mode_name(&r.report),
+                check::mode_name(r),
                 by.join(", ")
             );
         }
@@ -687,6 +794,24 @@ impl<'a> Results<'a> {
                 "    per-mapping attribution: adds {:.0}% to faultscope-kprobe's own added time; goal <= 10%: {}",
                 more * 100.0,
                 met(more <= 0.10)
+            );
+        }
+        // What faultscope costs a process it does not trace, against the
+        // floors' mechanism.
+        let floors: Vec<(&str, f64)> = ["floor-pair", "floor-tp", "floor"]
+            .into_iter()
+            .filter_map(|n| get(n).map(|f| (n, added(f))))
+            .filter(|(_, a)| *a > 0.0)
+            .collect();
+        for v in self.variants.iter().filter(|v| matches!(v.kind, Kind::Untraced(_))) {
+            let Some(s) = get(v.name) else { continue };
+            let xs: Vec<String> = floors.iter().map(|(n, f)| format!("{:.2}x {n}", added(s) / f)).collect();
+            let _ = writeln!(
+                t,
+                "    {}: a fault of a process faultscope does not trace costs {:.0} ns more{}",
+                v.name,
+                added(s) / s.faults.max(1) as f64,
+                if xs.is_empty() { String::new() } else { format!(" ({})", xs.join(", ")) }
             );
         }
         if let Some(s) = get("faultscope") {
@@ -936,6 +1061,147 @@ mod tests {
         assert_eq!(counter(out, "@faults"), None);
     }
 
+    /// Two rounds of bare, the empty floors and untraced-fentry (its
+    /// record report: a sleeper, pid `recorded`; TRACER-RC `tracer_rc`), one
+    /// stats round each.
+    fn run_floors_untraced(recorded: u32, tracer_rc: &str) -> vm::GuestRun {
+        let (b1, b2) = (bench(5000, 5000), bench(6000, 6000));
+        let (p1, p2) = (bench(5500, 5500), bench(6500, 6500));
+        let (tp1, tp2) = (bench(5300, 5300), bench(6300, 6300));
+        let (u1, u2) = (bench(8000, 8000), bench(9000, 9000));
+        let mut rec: serde_json::Value = serde_json::from_str(&bench_json()).unwrap();
+        rec.as_object_mut().unwrap().remove("bench");
+        rec["processes"][0]["pid"] = recorded.into();
+        rec["processes"][0]["comm"] = "sleep".into();
+        rec["probes"][0]["backend"] = "fexit".into();
+        let rec = rec.to_string();
+        // Empty programs print nothing but the BEGIN line.
+        let bt = "bpftrace: attached\n";
+        let pair = r#"[{"id":3,"type":"tracing","name":"BEGIN","run_time_ns":9,"run_cnt":1},
+            {"id":4,"type":"tracing","name":"handle_mm_fault","run_time_ns":1600,"run_cnt":20},
+            {"id":5,"type":"tracing","name":"handle_mm_fault","run_time_ns":1800,"run_cnt":20}]"#;
+        let tp = r#"[{"id":7,"type":"tracepoint","name":"page_fault_user","run_time_ns":400,"run_cnt":20}]"#;
+        let fs = r#"[{"id":11,"type":"tracing","name":"fault_entry_fe","run_time_ns":8000,"run_cnt":20},
+            {"id":12,"type":"tracing","name":"fault_return_fe","run_time_ns":16000,"run_cnt":20}]"#;
+        let mut markers = String::from("@@FS-BPFTRACE-VERSION bpftrace v0.17.0\n");
+        for i in 1..=2 {
+            markers += &format!(
+                "@@FS-RC bare{i} 0\n@@FS-ATTACH floor-pair{i} 700000000\n@@FS-RC floor-pair{i} 0\n\
+                 @@FS-ATTACH floor-tp{i} 600000000\n@@FS-RC floor-tp{i} 0\n\
+                 @@FS-ATTACH untraced-fentry{i} 1500000000\n@@FS-TRACER-RC untraced-fentry{i} {tracer_rc}\n\
+                 @@FS-RC untraced-fentry{i} 0\n"
+            );
+        }
+        markers += "@@FS-PROG-IDS floor-pair-stats1 3 4 5 \n@@FS-PROG-IDS floor-tp-stats1 7 \n\
+                    @@FS-PROG-IDS untraced-fentry-stats1 11 12 \n";
+        guest_run(
+            &markers,
+            &[
+                ("bare1.json", &b1),
+                ("bare2.json", &b2),
+                ("floor-pair1.json", &p1),
+                ("floor-pair2.json", &p2),
+                ("floor-pair1.bt", bt),
+                ("floor-pair2.bt", bt),
+                ("floor-tp1.json", &tp1),
+                ("floor-tp2.json", &tp2),
+                ("floor-tp1.bt", bt),
+                ("floor-tp2.bt", bt),
+                ("untraced-fentry1.json", &u1),
+                ("untraced-fentry2.json", &u2),
+                ("untraced-fentry1.record.json", &rec),
+                ("untraced-fentry2.record.json", &rec),
+                ("untraced-fentry1.out", "faultscope: measuring faults\nfaultscope: interrupted"),
+                ("untraced-fentry2.out", "faultscope: measuring faults\nfaultscope: interrupted"),
+                ("floor-pair-stats1.progs", pair),
+                ("floor-tp-stats1.progs", tp),
+                ("untraced-fentry-stats1.progs", fs),
+            ],
+        )
+    }
+
+    fn floors_untraced() -> [&'static Variant; 4] {
+        ["bare", "floor-pair", "floor-tp", "untraced-fentry"].map(|n| variant(n).unwrap())
+    }
+
+    #[test]
+    fn empty_floors_count_nothing_and_untraced_runs_are_measured() {
+        let vs = floors_untraced();
+        let g = run_floors_untraced(99, "0");
+        let r = Results::parse(&g, &vs, 2, 1).unwrap();
+        let w = r.step_stats("write", Measure::Wall).unwrap();
+        let medians: Vec<u64> = w.iter().map(|s| s.median).collect();
+        assert_eq!(medians, [5500, 6000, 5800, 8500]);
+        // No counter for the floors or the untraced bench.
+        assert!(w.iter().all(|s| s.counted.is_none()));
+        assert_eq!(w[3].attach, Some(1_500_000_000));
+        let text = r.text("guest", "64K", Duration::ZERO);
+        // (8500 - 5500) / 20 faults; 3000 / 500 of floor-pair, / 300 of floor-tp.
+        assert!(
+            text.contains(
+                "untraced-fentry: a fault of a process faultscope does not trace costs 150 ns more \
+                 (6.00x floor-pair, 10.00x floor-tp)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("untraced-fentry: kprobe mode, probes attached as 1 fexit (record of a sleeper"),
+            "{text}"
+        );
+        // floor-pair's two empty programs (and its BEGIN), the record's programs.
+        assert!(
+            text.contains("floor-pair             handle_mm_fault    tracing            20       80"),
+            "{text}"
+        );
+        assert!(
+            text.contains("floor-pair             handle_mm_fault    tracing            20       90"),
+            "{text}"
+        );
+        assert!(
+            text.contains("floor-tp               page_fault_user    tracepoint         20       20"),
+            "{text}"
+        );
+        assert!(
+            text.contains("untraced-fentry        fault_return_fe    tracing            20      800"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_untraced_run_whose_record_failed_or_traced_the_bench_fails() {
+        let vs = floors_untraced();
+        let e = Results::parse(&run_floors_untraced(99, "1"), &vs, 2, 1).err().expect("record exited 1");
+        assert!(e.to_string().contains("untraced-fentry1: faultscope record exited with \"1\""), "{e}");
+        assert!(e.to_string().contains("faultscope: interrupted"), "{e}");
+        // The bench's pid (7) in the record's report: it was traced.
+        let e = Results::parse(&run_floors_untraced(7, "0"), &vs, 2, 1).err().expect("the bench traced");
+        assert!(e.to_string().contains("traced the bench (pid 7)"), "{e}");
+    }
+
+    #[test]
+    fn x86_tracepoints_are_refused_on_arm64() {
+        let vs = floors_untraced();
+        assert!(refuse_elsewhere(&vs, "amd64").is_ok());
+        let e = refuse_elsewhere(&vs, "arm64").unwrap_err().to_string();
+        assert!(e.contains("floor-tp: not available on arm64"), "{e}");
+        let bt = [variant("bare").unwrap(), variant("bpftrace-tracepoint").unwrap()];
+        assert!(refuse_elsewhere(&bt, "arm64").is_err());
+        let fine = ["bare", "floor", "floor-pair", "untraced-kprobe"].map(|n| variant(n).unwrap());
+        assert!(refuse_elsewhere(&fine, "arm64").is_ok());
+    }
+
+    #[test]
+    fn the_floors_scripts_are_empty_probes() {
+        assert_eq!(
+            BT_FLOOR_PAIR.text,
+            "BEGIN { printf(\"bpftrace: attached\\n\"); }\nkfunc:handle_mm_fault {}\nkretfunc:handle_mm_fault {}\n"
+        );
+        assert!(BT_FLOOR_TP.text.ends_with("\ntracepoint:exceptions:page_fault_user {}\n"));
+        assert_eq!((BT_FLOOR_PAIR.counter, BT_FLOOR_TP.counter), (None, None));
+        let files: Vec<&str> = SCRIPTS.iter().map(|s| s.file).collect();
+        assert!(files.contains(&"floor-pair.bt") && files.contains(&"floor-tp.bt"), "{files:?}");
+    }
+
     #[test]
     fn variants_are_named_once_and_lines_name_their_kind() {
         let mut names: Vec<&str> = variant_names().collect();
@@ -953,6 +1219,13 @@ mod tests {
         assert_eq!(
             variant_lines(&vs),
             "bare none\nbpftrace-fentry bpftrace fentry.bt\nfaultscope-kprobe faultscope --backend kprobe\n"
+        );
+        let vs = ["floor-pair", "floor-tp", "untraced-kprobe", "untraced-fentry", "untraced"]
+            .map(|n| variant(n).unwrap());
+        assert_eq!(
+            variant_lines(&vs),
+            "floor-pair bpftrace floor-pair.bt\nfloor-tp bpftrace floor-tp.bt\n\
+             untraced-kprobe untraced --backend kprobe\nuntraced-fentry untraced --backend fentry\nuntraced untraced \n"
         );
     }
 }
