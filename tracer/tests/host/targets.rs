@@ -56,33 +56,6 @@ fn kernel_thread() -> Option<u32> {
         .find(|&p| flags(p).is_some_and(|f| f & PF_KTHREAD != 0))
 }
 
-/// clone3(2) with `set_tid`: a new process with pid `pid` (free) that execs
-/// `argv`. Root only. (As record.rs' own.)
-fn spawn_with_pid(pid: u32, argv: &[&str]) -> u32 {
-    use std::ffi::CString;
-    let cargs: Vec<CString> = argv.iter().map(|a| CString::new(*a).unwrap()).collect();
-    let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
-    let set_tid: [libc::pid_t; 1] = [pid as libc::pid_t];
-    // struct clone_args (CLONE_ARGS_SIZE_VER1): flags, pidfd, child_tid,
-    // parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size.
-    let mut args = [0u64; 10];
-    args[4] = libc::SIGCHLD as u64;
-    args[8] = set_tid.as_ptr() as u64;
-    args[9] = 1;
-    // SAFETY: a fork-like clone3; the child only execs or _exits.
-    let r = unsafe { libc::syscall(libc::SYS_clone3, args.as_ptr(), std::mem::size_of_val(&args)) };
-    if r == 0 {
-        unsafe {
-            libc::execv(ptrs[0], ptrs.as_ptr());
-            libc::_exit(127);
-        }
-    }
-    assert!(r > 0, "clone3 with set_tid {pid}: {}", std::io::Error::last_os_error());
-    assert_eq!(r as u32, pid);
-    r as u32
-}
-
 /// `record ARGS --json JSON`, its stderr piped.
 fn record_with(args: &[&str], json: &Path) -> std::process::Child {
     Command::new(BIN)
