@@ -20,7 +20,11 @@ mod storm;
 mod util;
 mod vm;
 
-use std::{path::PathBuf, process::Command, time::Instant};
+use std::{
+    path::PathBuf,
+    process::{Command, ExitCode},
+    time::Instant,
+};
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -220,8 +224,19 @@ enum Cmd {
 /// the suite short.
 const DAEMON_SETS: u64 = 40_000;
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// An error ends in one line, its causes joined, without a backtrace: the
+/// last lines of a long run (all a CI log may keep) then say what failed.
+fn main() -> ExitCode {
+    match dispatch(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup { build: false } => setup::setup(),
         Cmd::Setup { build: true } => setup::setup_build(),
@@ -359,14 +374,18 @@ fn test() -> Result<()> {
             Ok(()) => at(&format!("{name}: passed in {took:.0} s")),
             Err(e) => {
                 at(&format!("{name}: FAILED in {took:.0} s: {e:#}"));
-                failed.push(name);
+                failed.push(format!("{name}: {e:#}"));
             }
         }
         times.push(format!("{name} {took:.0}s"));
     }
     eprintln!("xtask test: stage times: {}", times.join(", "));
     if !failed.is_empty() {
-        bail!("xtask test: failed: {} (errors above)", failed.join(", "));
+        // Last, one line a stage: the tail of the log says what failed.
+        for f in &failed {
+            eprintln!("xtask test: FAILED {f}");
+        }
+        bail!("xtask test: {} of {} stages failed (each one's output above)", failed.len(), times.len());
     }
     eprintln!(
         "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
