@@ -227,6 +227,8 @@ impl<'a> Run<'a> {
                 &record::Filters::default(),
             )?;
             r.self_traced = true;
+            // Before it is traced: these faults are no step's.
+            memory::populate_own_image();
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             // Its own reading of the counts is left out of its report (the
             // `report` phase), so the whole run is not checked against the
