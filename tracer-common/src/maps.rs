@@ -156,6 +156,18 @@ pub struct TargetInfo {
     pub _reserved: u32,
 }
 
+/// A CPU's `UNTRACED` note: the thread last found untraced there, by pid
+/// and tgid (`bpf_get_current_pid_tgid`), its cgroup under the cgroup
+/// filter (else 0), and the `TARGETS_EPOCH` of the finding (as the thread
+/// caches hold it: never 0, so an unused note matches no thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UntracedNote {
+    pub pid_tgid: u64,
+    pub cgroup: u64,
+    pub epoch: u64,
+}
+
 /// Indices of the `PHASE` array (u64 values: BPF has 64-bit atomics only).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use faultscope_common::{
 use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
     helpers::{
-        current_phase, field, pagefault_disabled, pid_tgid, record_set, traced_thread, FnContext, ReadFailed,
-        UNTIMED,
+        current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
+        tgid_of, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
     },
     maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
 };
@@ -105,8 +105,6 @@ fn on_page_fault<C: StackIdContext>(
     addr: impl Fn() -> Result<u64, ReadFailed>,
     ip: impl FnOnce() -> u64,
 ) -> Result<u32, ReadFailed> {
-    let conf = Conf::load();
-    let code = code()?;
     // A kernel-mode fault counts only on a user address (read first: most
     // kernel-mode faults of untraced tasks stop here), and only if the
     // kernel handles it: not one raised with page faults disabled, such as
@@ -114,13 +112,21 @@ fn on_page_fault<C: StackIdContext>(
     if origin == Origin::Kernel && (!user_address(addr()?) || pagefault_disabled()) {
         return Ok(0);
     }
+    // A thread noted untraced on this CPU stops here, before any field read.
+    let id = current_id();
+    let epoch = targets_epoch();
+    if noted_untraced(id, epoch) {
+        return Ok(0);
+    }
+    let tgid = tgid_of(id);
+    let conf = Conf::load();
+    let code = code()?;
     // Only the classes the report takes from here: all of them without the
     // fault path probed, first_touch alone with it (a page not present).
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses)).with_origin(origin);
     if conf.get(Config::Exceptions) == 0 {
         if set.classes() != 0 {
-            let (_, tgid) = pid_tgid();
-            if traced_thread(tgid).is_some() {
+            if traced_thread_not_noted(id, epoch).is_some() {
                 let phase = counted(ctx, &conf, tgid, set, origin, ip);
                 // No fault path, no VMA: the mapping by the address's
                 // granule, named by user space from the maps snapshots.
@@ -136,8 +142,7 @@ fn on_page_fault<C: StackIdContext>(
     // record left by one no longer traced is never used: only a traced
     // fault's entry opens a fault), and counts first_touch.
     let addr = addr()?;
-    let (_, tgid) = pid_tgid();
-    if let Some(s) = traced_thread(tgid) {
+    if let Some(s) = traced_thread_not_noted(id, epoch) {
         unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
         // first_touch: a page not present.
         if set.classes() != 0 {
@@ -179,8 +184,7 @@ kprobe_and_fentry!(
 
 #[inline(always)]
 fn try_mem_abort<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
-    let (_, tgid) = pid_tgid();
-    let Some(s) = traced_thread(tgid) else {
+    let Some(s) = traced_thread(current_id()) else {
         return Ok(0);
     };
     let far = ctx.arg(0)?;

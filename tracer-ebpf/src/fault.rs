@@ -20,8 +20,8 @@ use faultscope_common::{
 use crate::{
     attrib::{attribute, count_mapping, fault_site, vma_start},
     helpers::{
-        current_phase, drop_count, pid_tgid, read_failed, record_set, thread_state_if_any, traced_thread,
-        FnContext, ReadFailed, UNTIMED,
+        current_id, current_phase, drop_count, read_failed, record_set, tgid_of, thread_state_if_any,
+        traced_thread, FnContext, ReadFailed, UNTIMED,
     },
     maps::Conf,
 };
@@ -39,10 +39,11 @@ kprobe_and_fentry!(
 
 #[inline(always)]
 fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
-    let (_, tgid) = pid_tgid();
-    let Some(s) = traced_thread(tgid) else {
+    let id = current_id();
+    let Some(s) = traced_thread(id) else {
         return Ok(0);
     };
+    let tgid = tgid_of(id);
     let flags = ctx.arg(2)? as u32;
     let regs = ctx.arg(3)?;
     let origin = Origin::of(flags, regs);
@@ -100,6 +101,7 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
 
 #[inline(always)]
 fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
+    let id = current_id();
     let Some(s) = thread_state_if_any() else {
         return Ok(0);
     };
@@ -109,7 +111,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         return Ok(0);
     };
     let set = st.opaque(set);
-    let (_, tgid) = pid_tgid();
+    let tgid = tgid_of(id);
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();

@@ -20,7 +20,7 @@ use faultscope_common::{
     class::ClassSet,
     maps::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
-        ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
+        UntracedNote, ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
     pending::{self, PendingStat, Slot},
     ThreadFault,
@@ -29,7 +29,7 @@ use faultscope_common::{
 use crate::maps::{
     cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, PENDING_STATS,
     PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, TASK_PAGEFAULT_DISABLED_OFF,
-    THREADS, ZERO,
+    THREADS, UNTRACED, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -141,8 +141,20 @@ pub fn field<T>(ctx: &TracePointContext, off: usize) -> Result<T, ReadFailed> {
 
 #[inline(always)]
 pub fn pid_tgid() -> (u32, u32) {
-    let v = bpf_get_current_pid_tgid();
-    (v as u32, (v >> 32) as u32)
+    let v = current_id();
+    (v as u32, tgid_of(v))
+}
+
+/// The current thread's id as `bpf_get_current_pid_tgid` gives it: its pid
+/// in the low half, its process's (tgid) in the high one.
+#[inline(always)]
+pub fn current_id() -> u64 {
+    bpf_get_current_pid_tgid()
+}
+
+#[inline(always)]
+pub fn tgid_of(id: u64) -> u32 {
+    (id >> 32) as u32
 }
 
 /// The current thread's own fault count, read from its `task_struct`
@@ -257,7 +269,10 @@ pub fn adopt_by_comm(tgid: u32) -> Option<TargetInfo> {
 fn join(tgid: u32, aux: u32) -> Option<TargetInfo> {
     let info = TargetInfo { flags: 0, _reserved: 0 };
     match TARGETS.insert(&tgid, &info, BPF_NOEXIST) {
-        Ok(()) => send(LifeKind::Adopt, tgid, tgid, aux, current_phase()),
+        Ok(()) => {
+            targets_changed();
+            send(LifeKind::Adopt, tgid, tgid, aux, current_phase())
+        }
         // Another CPU inserted it first (and told), or the map is full.
         Err(_) => {
             if unsafe { TARGETS.get(&tgid) }.is_none() {
@@ -428,26 +443,106 @@ pub fn thread_state() -> Option<*mut ThreadFault> {
     s
 }
 
+/// `TARGETS_EPOCH` as the caches hold it: never 0, which a new thread
+/// state and an unused `UNTRACED` note hold.
+#[inline(always)]
+pub fn targets_epoch() -> u32 {
+    (TARGETS_EPOCH.get(0).copied().unwrap_or(0) as u32).wrapping_add(1).max(1)
+}
+
+/// The epoch for a decision about to be taken from `TARGETS` and `CGROUPS`.
+/// An arm64 CPU may take a later load before an earlier one: read as an
+/// atomic (`LDADDAL`, acquire), no lookup after it can see the traced set
+/// older than this epoch. x86 keeps loads in order.
+#[inline(always)]
+fn targets_epoch_acquire() -> u32 {
+    #[cfg(bpf_target_arch = "aarch64")]
+    if let Some(p) = TARGETS_EPOCH.get_ptr_mut(0) {
+        let mut v: u64 = 0;
+        unsafe {
+            core::arch::asm!("{v} = atomic_fetch_add((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v)
+        };
+        return (v as u32).wrapping_add(1).max(1);
+    }
+    targets_epoch()
+}
+
+/// What identifies the current thread's `UNTRACED` note: its pid and tgid
+/// (a new thread never shares both with a noted one while its note can
+/// last), and, under the cgroup filter, its cgroup (a process moved into a
+/// filtered cgroup is adopted at its next fault).
+#[inline(always)]
+fn untraced_key(id: u64, epoch: u32) -> UntracedNote {
+    let cgroup = if cfg(&CGROUP_FILTER) != 0 { unsafe { bpf_get_current_cgroup_id() } } else { 0 };
+    UntracedNote { pid_tgid: id, cgroup, epoch: epoch as u64 }
+}
+
+/// Whether this CPU's note says the current thread is not traced, at
+/// `epoch` (the current one): then an opening program stops, without a
+/// storage or `TARGETS` lookup.
+#[inline(always)]
+pub fn noted_untraced(id: u64, epoch: u32) -> bool {
+    match UNTRACED.get_ptr(0) {
+        Some(n) => unsafe { *n == untraced_key(id, epoch) },
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn note_untraced(id: u64, epoch: u32) {
+    if let Some(n) = UNTRACED.get_ptr_mut(0) {
+        unsafe { *n = untraced_key(id, epoch) };
+    }
+}
+
+/// Moves `TARGETS_EPOCH` from a program that changed the traced set (an
+/// insert, or a rewrite that starts a process's counting): no cache may
+/// hold a decision taken before.
+#[inline(always)]
+pub fn targets_changed() {
+    if let Some(p) = TARGETS_EPOCH.get_ptr_mut(0) {
+        atomic_add(p, 1);
+    }
+}
+
 /// The current thread's state, if its process is counted now. A thread
 /// found traced at the current `TARGETS_EPOCH` is not looked up again: a
 /// traced thread's fault reads one array entry and its own storage, no
-/// hash. (Read before the lookup: a removal after it moves the epoch.)
+/// hash. A thread found untraced is noted in this CPU's `UNTRACED`: the
+/// opening programs of its later faults here stop at the note.
 #[inline(always)]
-pub fn traced_thread(tgid: u32) -> Option<*mut ThreadFault> {
-    let epoch = (TARGETS_EPOCH.get(0).copied().unwrap_or(0) as u32).wrapping_add(1).max(1);
+pub fn traced_thread(id: u64) -> Option<*mut ThreadFault> {
+    let epoch = targets_epoch();
+    if noted_untraced(id, epoch) {
+        return None;
+    }
+    traced_thread_not_noted(id, epoch)
+}
+
+/// [`traced_thread`] for a thread its caller found not noted untraced at
+/// `epoch` (the current one).
+#[inline(always)]
+pub fn traced_thread_not_noted(id: u64, epoch: u32) -> Option<*mut ThreadFault> {
     if let Some(s) = THREADS.current(false) {
         if unsafe { (*s).traced } == epoch {
             return Some(s);
         }
     }
-    counted_target(tgid)?;
+    // Read before the lookup: a change after it moves the epoch.
+    let epoch = targets_epoch_acquire();
+    if counted_target(tgid_of(id)).is_none() {
+        note_untraced(id, epoch);
+        return None;
+    }
     let s = thread_state()?;
     unsafe { (*s).traced = epoch };
     Some(s)
 }
 
 /// The current thread's fault state, if it has one (it took a traced user
-/// fault before).
+/// fault before). Not through the `UNTRACED` note: in the return and the
+/// marks it costs a traced thread more than it saves an untraced one, whose
+/// storage miss is cheap next to a `TARGETS` lookup (docs/cost.md).
 #[inline(always)]
 pub fn thread_state_if_any() -> Option<*mut ThreadFault> {
     THREADS.current(false)

@@ -18,7 +18,7 @@ use faultscope_common::maps::{
 use crate::{
     helpers::{
         adopt, adopt_by_cgroup, adopt_by_comm, atomic_add, bump_phase, current_flt, current_phase,
-        drop_count, field, pid_tgid, read_failed, send, ReadFailed, BPF_ANY, BPF_NOEXIST,
+        drop_count, field, pid_tgid, read_failed, send, targets_changed, ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
         cfg, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
@@ -55,8 +55,9 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     let follow = t.flags & TARGET_FOLLOW_CHILDREN != 0;
     if follow {
         let info = TargetInfo { flags: t.flags & !TARGET_PENDING_EXEC, _reserved: 0 };
-        if TARGETS.insert(&child, &info, BPF_ANY).is_err() {
-            drop_count(Drop::TargetsFull);
+        match TARGETS.insert(&child, &info, BPF_ANY) {
+            Ok(()) => targets_changed(),
+            Err(_) => drop_count(Drop::TargetsFull),
         }
     }
     if CHILDREN.insert(&child, &tgid, BPF_ANY).is_err() {
@@ -107,6 +108,9 @@ fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
     };
     let started = unsafe { (*t).flags } & TARGET_PENDING_EXEC != 0;
     unsafe { (*t).flags &= !TARGET_PENDING_EXEC };
+    if started {
+        targets_changed();
+    }
     // A traced process that runs another program: with `EXEC_PHASE`, the
     // new program's faults are a phase of their own.
     let phase = if !started && cfg(&EXEC_PHASE) != 0 { bump_phase() } else { current_phase() };

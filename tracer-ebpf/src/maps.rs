@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseCounter, Stat, TargetInfo},
+    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseCounter, Stat, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     ThreadFault,
 };
@@ -23,12 +23,20 @@ use faultscope_common::{
 #[map]
 pub static TARGETS: HashMap<u32, TargetInfo> = HashMap::with_max_entries(4096, 0);
 
-/// Bumped by user space whenever it removes a process from `TARGETS` or
-/// rewrites an entry: a thread's cached "traced" (`ThreadFault::traced`)
-/// holds while this has not moved, so a fault of a traced thread skips the
-/// `TARGETS` lookup.
+/// Moved whenever the traced set may have changed: by user space on every
+/// insert, removal and rewrite of `TARGETS` and insert into `CGROUPS`, and
+/// by the programs that insert (fork, adoption) or start a process's
+/// counting (exec). A thread's cached "traced" (`ThreadFault::traced`) and
+/// a CPU's `UNTRACED` note hold while it has not moved.
 #[map]
 pub static TARGETS_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Per CPU, the last thread found untraced there and the epoch it was found
+/// at. A task-storage lookup costs about 120 instructions even when it
+/// misses; this note lets every later program of an untraced thread's
+/// faults on this CPU stop after a per-CPU read. One entry per CPU.
+#[map]
+pub static UNTRACED: PerCpuArray<UntracedNote> = PerCpuArray::with_max_entries(1, 0);
 
 /// A task-local storage map (BPF_MAP_TYPE_TASK_STORAGE, 5.11+): one value
 /// per task, kept in the task itself, freed with it. aya-ebpf 0.2.1 has the

@@ -9,7 +9,7 @@ use std::mem::size_of;
 
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{ClassSetKey, FltCount, TargetInfo},
+    maps::{ClassSetKey, FltCount, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     Stat,
 };
@@ -118,6 +118,7 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("PENDING_MAPPINGS", PENDING_SLOTS as u64, 4, size_of::<PendingMapping>(), true, cpus),
         map("FLUSHES", 1, 4, 8, true, cpus),
         map("TARGETS_EPOCH", 1, 4, 8, false, cpus),
+        map("UNTRACED", 1, 4, size_of::<UntracedNote>(), true, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
     ]
 }

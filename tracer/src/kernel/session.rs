@@ -443,8 +443,9 @@ impl Session {
         self.bump_targets_epoch()
     }
 
-    /// Moves `TARGETS_EPOCH`: every thread's cached "traced" is stale, so
-    /// each one looks its process up again at its next fault.
+    /// Moves `TARGETS_EPOCH`: every thread's cached "traced" and every
+    /// CPU's `UNTRACED` note is stale, so each thread looks its process up
+    /// again at its next fault.
     fn bump_targets_epoch(&mut self) -> Result<()> {
         let m = self.bpf.map_mut("TARGETS_EPOCH").ok_or_else(|| anyhow!("no TARGETS_EPOCH map"))?;
         let mut a: aya::maps::Array<_, u64> = aya::maps::Array::try_from(m)?;
@@ -458,7 +459,9 @@ impl Session {
     pub fn add_cgroup(&mut self, id: u64, index: u32) -> Result<()> {
         let m = self.bpf.map_mut("CGROUPS").context("no CGROUPS map")?;
         let mut cg: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(m)?;
-        cg.insert(id, index, 0).with_context(|| format!("adding cgroup {id} to the filter"))
+        cg.insert(id, index, 0).with_context(|| format!("adding cgroup {id} to the filter"))?;
+        // Its processes were untraced until now: no CPU's note may say so.
+        self.bump_targets_epoch()
     }
 
     /// Takes cgroup `id` out of the filter (its directory was removed).

@@ -127,28 +127,14 @@ fn bench_thp_settings_come_back_after_sigkill() {
 }
 
 /// A cgroup (v1 pids controller) allowing `max` tasks, removed with it.
-struct PidsCgroup(PathBuf);
-
-impl PidsCgroup {
-    fn new(max: u32) -> Option<PidsCgroup> {
-        let root = Path::new("/sys/fs/cgroup/pids");
-        let root = if root.join("cgroup.procs").exists() { root } else { Path::new("/sys/fs/cgroup") };
-        let d = root.join(format!("faultscope-test-{}", std::process::id()));
-        std::fs::create_dir(&d).ok()?;
-        std::fs::write(d.join("pids.max"), max.to_string()).ok()?;
-        Some(PidsCgroup(d))
-    }
-}
-
-impl Drop for PidsCgroup {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            sleep(Duration::from_millis(100));
-        }
-    }
+fn pids_cgroup(max: u32) -> Option<Rmdir> {
+    let root = Path::new("/sys/fs/cgroup/pids");
+    let root = if root.join("cgroup.procs").exists() { root } else { Path::new("/sys/fs/cgroup") };
+    let d = root.join(format!("faultscope-test-{}", std::process::id()));
+    std::fs::create_dir(&d).ok()?;
+    let cg = Rmdir(d);
+    std::fs::write(cg.0.join("pids.max"), max.to_string()).ok()?;
+    Some(cg)
 }
 
 #[test]
@@ -156,7 +142,7 @@ fn bench_that_cannot_start_a_thread_says_so() {
     let _t = host_test();
     // bench, its forked child (waited for) and one writer: the second
     // writer thread cannot be started.
-    let Some(cg) = PidsCgroup::new(2) else {
+    let Some(cg) = pids_cgroup(2) else {
         eprintln!("no pids cgroup to limit threads with: skipped");
         return;
     };

@@ -357,3 +357,25 @@ mod record;
 mod serve;
 mod targets;
 mod verify_diff;
+
+/// A cgroup of this test run under the cgroup2 root, removed when the guard
+/// drops.
+fn test_cgroup(suffix: &str) -> (PathBuf, Rmdir) {
+    let cg = serve::cgroup2_root().join(format!("faultscope-test-{}{suffix}", std::process::id()));
+    std::fs::create_dir(&cg).unwrap();
+    (cg.clone(), Rmdir(cg))
+}
+
+/// A directory removed when dropped (a cgroup: empty once its processes
+/// are reaped, so tried for 5 s).
+struct Rmdir(PathBuf);
+impl Drop for Rmdir {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -255,21 +255,7 @@ pub(super) fn cgroup2_root() -> PathBuf {
 fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
     let _t = host_test();
     let port = 9873;
-    let cg = cgroup2_root().join(format!("faultscope-test-{}", std::process::id()));
-    std::fs::create_dir(&cg).unwrap();
-    struct Rmdir(PathBuf);
-    impl Drop for Rmdir {
-        fn drop(&mut self) {
-            // Empty once its processes are reaped.
-            for _ in 0..50 {
-                if std::fs::remove_dir(&self.0).is_ok() {
-                    return;
-                }
-                sleep(Duration::from_millis(100));
-            }
-        }
-    }
-    let _rm = Rmdir(cg.clone());
+    let (cg, _rm) = test_cgroup("");
     let served =
         Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
     wait_serving(port);
@@ -298,6 +284,54 @@ fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
         "{counted} counted; inside: touched {touch}, whole {whole}\n{text}"
     );
     assert!(text.contains("comm=\"python3\""), "{text}");
+    served.stop();
+}
+
+/// `serve --cgroup`: a running process moved into the cgroup (no fork, no
+/// exec) is adopted by the kernel at its next fault, even though its faults
+/// just before, outside, were found untraced on the same CPU: counted from
+/// the move, bounded by the pages it touched after it (its own getrusage)
+/// and not the ones before.
+#[test]
+fn serve_cgroup_adopts_a_running_process_moved_into_it() {
+    let _t = host_test();
+    let port = 9881;
+    let (cg, _rm) = test_cgroup("-moved");
+    // A tick of 5 s: the process lives far less after its move, so only the
+    // kernel's filter can see it.
+    let served =
+        Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "5"]);
+    wait_serving(port);
+    let script = "import resource,sys\nb=bytearray(4096*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(\"ready\",flush=True)\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
+c=bytearray(3072*4096)\nfor j in range(0,len(c),4096): c[j]=1\nr1=resource.getrusage(0).ru_minflt\n\
+print(r1-r0,r1,flush=True)\n";
+    let mut py = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    std::fs::write(cg.join("cgroup.procs"), py.id().to_string()).unwrap();
+    std::io::Write::write_all(py.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let v: Vec<u64> = line.split_whitespace().map(|w| w.parse().unwrap()).collect();
+    assert!(py.wait().unwrap().success());
+    let (touch, whole) = (v[0], v[1]);
+    assert!(touch >= 3072 && whole >= touch + 4096, "{v:?}");
+    // Published at the next tick.
+    sleep(Duration::from_millis(5500));
+    let text = scrape(port);
+    let counted = faults_with(&text, "");
+    assert!(
+        counted >= touch && counted <= touch + TOLERANCE,
+        "{counted} counted; after the move it touched {touch}, in its whole life {whole}\n{text}"
+    );
     served.stop();
 }
 
