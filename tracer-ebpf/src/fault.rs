@@ -101,7 +101,6 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
 
 #[inline(always)]
 fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
-    let id = current_id();
     let Some(s) = thread_state_if_any() else {
         return Ok(0);
     };
@@ -111,7 +110,9 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         return Ok(0);
     };
     let set = st.opaque(set);
-    let tgid = tgid_of(id);
+    // Read past the clock and the storage miss: an untraced thread's
+    // return does not pay it, nor a traced fault's latency.
+    let tgid = tgid_of(current_id());
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
