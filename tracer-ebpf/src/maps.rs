@@ -33,8 +33,8 @@ pub static TARGETS_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Per CPU, the last thread found untraced there and the epoch it was found
 /// at. A task-storage lookup costs about 120 instructions even when it
-/// misses; this note lets every later program of an untraced thread's
-/// faults on this CPU stop after a per-CPU read. One entry per CPU.
+/// misses; this note lets the opening programs of an untraced thread's
+/// later faults on this CPU stop after a per-CPU read. One entry per CPU.
 #[map]
 pub static UNTRACED: PerCpuArray<UntracedNote> = PerCpuArray::with_max_entries(1, 0);
 

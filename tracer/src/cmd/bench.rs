@@ -26,6 +26,7 @@ use super::{
     record::{self, ProbeOpts, Recorder},
 };
 use crate::{
+    attrib::mapping::{self, MappingName},
     collect::accounting::{KernelCount, Start},
     error::Refusal,
     kernel::{self, classes::ReportClass},
@@ -193,6 +194,32 @@ impl HeldKnobs {
     }
 }
 
+/// Maps every page of this process's own executable (`/proc/self/exe`'s
+/// read-only mappings: code and constants) with `MADV_POPULATE_READ` (5.14+;
+/// elsewhere nothing happens). A process that traces itself switches a
+/// phase and then writes the phase's tracefs marker: a first run of the
+/// code between the two would fault on a page of its text after the switch
+/// and before the marker, counted in the new phase by faultscope and in the
+/// old one by a tracefs trace. Writable mappings are left alone: their pages
+/// mapped for reading would take a copy fault at their first write instead
+/// of the fault they take.
+fn populate_own_image() {
+    let (Ok(exe), Ok(maps)) =
+        (std::fs::read_link("/proc/self/exe"), mapping::snapshot_pid(std::process::id()))
+    else {
+        return;
+    };
+    let own = |m: &mapping::Mapping| {
+        !m.perms.write
+            && matches!(&m.name, MappingName::File { path, deleted: false } if exe.as_os_str() == path.as_str())
+    };
+    for m in maps.iter().filter(|m| own(m)) {
+        // SAFETY: a range of this process's own mappings; the advice only
+        // faults its pages in.
+        unsafe { libc::madvise(m.start as *mut libc::c_void, m.size() as usize, libc::MADV_POPULATE_READ) };
+    }
+}
+
 /// A bench run: the tracer (unless --no-trace), the memory, and each
 /// step's numbers (the sysfs knobs are held by the caller: `HeldKnobs`).
 struct Run<'a> {
@@ -228,7 +255,7 @@ impl<'a> Run<'a> {
             )?;
             r.self_traced = true;
             // Before it is traced: these faults are no step's.
-            memory::populate_own_image();
+            populate_own_image();
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
             // Its own reading of the counts is left out of its report (the
             // `report` phase), so the whole run is not checked against the

@@ -358,21 +358,29 @@ mod serve;
 mod targets;
 mod verify_diff;
 
+/// The cgroup v2 mount (`/sys/fs/cgroup` itself, or `unified` in the hybrid
+/// layout).
+fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let m = mounts.lines().find(|l| l.split(' ').nth(2) == Some("cgroup2")).expect("no cgroup2 mount");
+    PathBuf::from(m.split(' ').nth(1).unwrap())
+}
+
 /// A cgroup of this test run under the cgroup2 root, removed when the guard
 /// drops.
 fn test_cgroup(suffix: &str) -> (PathBuf, Rmdir) {
-    let cg = serve::cgroup2_root().join(format!("faultscope-test-{}{suffix}", std::process::id()));
+    let cg = cgroup2_root().join(format!("faultscope-test-{}{suffix}", std::process::id()));
     std::fs::create_dir(&cg).unwrap();
     (cg.clone(), Rmdir(cg))
 }
 
 /// A directory removed when dropped (a cgroup: empty once its processes
-/// are reaped, so tried for 5 s).
+/// are reaped, so tried for 5 s; one the test removed itself is done).
 struct Rmdir(PathBuf);
 impl Drop for Rmdir {
     fn drop(&mut self) {
         for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
                 return;
             }
             sleep(Duration::from_millis(100));

@@ -547,13 +547,12 @@ fn threads_that_exit_during_the_run_are_in_the_kernel_check() {
 /// until --duration although no target is left.
 #[test]
 fn record_comm_and_cgroup_trace_what_starts_later() {
-    use super::serve::{cgroup2_root, short_python, short_python_in};
+    use super::serve::{short_python, short_python_in};
     let _t = host_test();
     let d = tmp();
     let exe = d.path().join("fs-reccomm");
     std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
-    let cg = cgroup2_root().join(format!("faultscope-rec-{}", std::process::id()));
-    std::fs::create_dir(&cg).unwrap();
+    let (cg, rm) = test_cgroup("-rec");
     let json = d.path().join("r.json");
     let rec = Command::new(BIN)
         .args(["record", "--comm", "fs-reccomm", "--cgroup", cg.to_str().unwrap(), "-d", "6", "-j"])
@@ -574,7 +573,7 @@ fn record_comm_and_cgroup_trace_what_starts_later() {
     let in_cgroup = short_python_in(&cg);
     let outside = touch_outside();
     let out = rec.wait_with_output().unwrap();
-    let _ = std::fs::remove_dir(&cg);
+    drop(rm);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("duration reached"), "{stderr}");

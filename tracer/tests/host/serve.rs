@@ -243,14 +243,6 @@ os.close(r)\nprint(pid,flush=True)\nsys.stdin.readline()\nos.close(w)\nos.waitpi
     served.stop();
 }
 
-/// The cgroup v2 mount (`/sys/fs/cgroup` itself, or `unified` in the hybrid
-/// layout).
-pub(super) fn cgroup2_root() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let m = mounts.lines().find(|l| l.split(' ').nth(2) == Some("cgroup2")).expect("no cgroup2 mount");
-    PathBuf::from(m.split(' ').nth(1).unwrap())
-}
-
 #[test]
 fn serve_cgroup_counts_a_short_process_inside_it_and_none_outside() {
     let _t = host_test();
@@ -517,20 +509,7 @@ fn serve_comm_counts_a_process_shorter_than_a_tick_from_its_exec() {
 fn serve_follows_a_cgroup_created_again() {
     let _t = host_test();
     let port = 9877;
-    let cg = cgroup2_root().join(format!("faultscope-recreate-{}", std::process::id()));
-    std::fs::create_dir(&cg).unwrap();
-    struct Rmdir(PathBuf);
-    impl Drop for Rmdir {
-        fn drop(&mut self) {
-            for _ in 0..50 {
-                if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
-                    return;
-                }
-                sleep(Duration::from_millis(100));
-            }
-        }
-    }
-    let _rm = Rmdir(cg.clone());
+    let (cg, _rm) = test_cgroup("-recreate");
     let served =
         Served::start(&["--cgroup", cg.to_str().unwrap(), "--port", &port.to_string(), "--tick", "0.2"]);
     wait_serving(port);
