@@ -276,7 +276,11 @@ impl ThreadFault {
             return None;
         }
         let seen = self.seen;
-        self.seen &= SEEN_EXC;
+        // A retry enters again without a new exception: it keeps the
+        // record. A completed fault's record serves no later fault (each
+        // raises its own; get_user_pages ignores it), and a thread with
+        // nothing open leaves no state behind when switched out.
+        self.seen &= if ret & VM_FAULT_RETRY != 0 { SEEN_EXC } else { 0 };
         let mut set =
             ClassSet::default().with(KernelClass::Faults).with_origin(Origin::from_u32(self.origin));
         let write = self.flags & FAULT_FLAG_WRITE != 0;
@@ -449,6 +453,18 @@ mod tests {
         assert_eq!(t.present_with(t.seen), None);
         let s = t.on_return(0).unwrap();
         assert!(!s.has(KernelClass::Spurious), "unknown presence is not spurious");
+    }
+
+    #[test]
+    fn a_retry_keeps_the_exception_record_and_a_completed_fault_clears_it() {
+        let mut t = ThreadFault::default();
+        t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
+        t.on_entry(0, A, W, Origin::User);
+        assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
+        assert_eq!(t.seen, SEEN_EXC, "the retry's record stays");
+        t.on_entry(0, A, W, Origin::User);
+        assert!(t.on_return(0).unwrap().has(KernelClass::Spurious), "the retry used its exception");
+        assert_eq!(t.seen, 0, "nothing open after a completed fault");
     }
 
     #[test]

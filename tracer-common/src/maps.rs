@@ -168,6 +168,19 @@ pub struct UntracedNote {
     pub epoch: u64,
 }
 
+/// A CPU's `OPEN` slot: the fault state of the thread that last opened a
+/// fault there (`owner`, its `bpf_get_current_pid_tgid`; 0: none). While
+/// the owner runs on that CPU its programs find the state with a per-CPU
+/// read instead of a task-storage lookup (about 120 instructions on 6.12);
+/// when it is switched out the state moves to its task storage (`THREADS`)
+/// if a fault or an exception record is open, and the slot is freed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenFault {
+    pub owner: u64,
+    pub fault: crate::ThreadFault,
+}
+
 /// Indices of the `PHASE` array (u64 values: BPF has 64-bit atomics only).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,8 @@ use faultscope_common::{
 use crate::{
     attrib::attribute,
     helpers::{
-        counted_target, current_phase, pid_tgid, record, thread_state_if_any, FnContext, ReadFailed, UNTIMED,
+        counted_target, current_id, current_phase, pid_tgid, record, thread_state_if_any, FnContext,
+        ReadFailed, UNTIMED,
     },
     maps::Conf,
 };
@@ -27,7 +28,7 @@ use crate::{
 /// `own_ns`.
 #[inline(always)]
 fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_ns: u64) {
-    let state = thread_state_if_any();
+    let state = thread_state_if_any(current_id());
     let (start, ip, syscall, origin) = match state {
         Some(s) if unsafe { (*s).in_fault() } => unsafe {
             ((*s).vma_start, (*s).ip, (*s).syscall, Origin::from_u32((*s).origin))

@@ -91,7 +91,7 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
     match ctx.ret::<u64>() {
         Ok(ret) => try_fault_return(&ctx, ret).unwrap_or(0),
         Err(_) => {
-            if thread_state_if_any().is_some() {
+            if thread_state_if_any(current_id()).is_some() {
                 read_failed();
             }
             0
@@ -101,7 +101,8 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
 
 #[inline(always)]
 fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
-    let Some(s) = thread_state_if_any() else {
+    let id = current_id();
+    let Some(s) = thread_state_if_any(id) else {
         return Ok(0);
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -110,9 +111,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         return Ok(0);
     };
     let set = st.opaque(set);
-    // Read past the clock and the storage miss: an untraced thread's
-    // return does not pay it, nor a traced fault's latency.
-    let tgid = tgid_of(current_id());
+    let tgid = tgid_of(id);
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
@@ -137,12 +136,12 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 // ---- marks inside a fault -----------------------------------------------------
 
 /// Marks the current thread's fault, if it is in a traced fault, and adds
-/// this program's own time (from its storage lookup on) to the fault's
+/// this program's own time (from its state lookup on) to the fault's
 /// `own_ns`. The clock is read only once the thread is found in a traced
 /// fault: an untraced task's call costs the lookup alone.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
-    if let Some(s) = thread_state_if_any() {
+    if let Some(s) = thread_state_if_any(current_id()) {
         let st = unsafe { &mut *s };
         if st.in_fault() {
             let from = unsafe { bpf_ktime_get_ns() };

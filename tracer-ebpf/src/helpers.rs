@@ -18,6 +18,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::ClassSet,
+    fault::{SEEN_EXC, SEEN_IN_FAULT},
     maps::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
         UntracedNote, ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
@@ -27,9 +28,9 @@ use faultscope_common::{
 };
 
 use crate::maps::{
-    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, PENDING_STATS,
-    PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF, TASK_PAGEFAULT_DISABLED_OFF,
-    THREADS, UNTRACED, ZERO,
+    cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, OPEN,
+    PENDING_STATS, PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF,
+    TASK_PAGEFAULT_DISABLED_OFF, THREADS, UNTRACED, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -433,16 +434,6 @@ pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64, own_ns: u64
     record(tgid, phase, set.0, ns, own_ns);
 }
 
-/// The current thread's fault state, created on first use.
-#[inline(always)]
-pub fn thread_state() -> Option<*mut ThreadFault> {
-    let s = THREADS.current(true);
-    if s.is_none() {
-        drop_count(Drop::ThreadsFull);
-    }
-    s
-}
-
 /// `TARGETS_EPOCH` as the caches hold it: never 0, which a new thread
 /// state and an unused `UNTRACED` note hold.
 #[inline(always)]
@@ -505,11 +496,12 @@ pub fn targets_changed() {
     }
 }
 
-/// The current thread's state, if its process is counted now. A thread
-/// found traced at the current `TARGETS_EPOCH` is not looked up again: a
-/// traced thread's fault reads one array entry and its own storage, no
-/// hash. A thread found untraced is noted in this CPU's `UNTRACED`: the
-/// opening programs of its later faults here stop at the note.
+/// The current thread's state, if its process is counted now, in this
+/// CPU's `OPEN` slot (claimed for it). A thread found traced at the
+/// current `TARGETS_EPOCH` is not looked up again: a traced thread's fault
+/// reads its slot, no hash and no storage. A thread found untraced is noted
+/// in this CPU's `UNTRACED`: the opening programs of its later faults here
+/// stop at the note.
 #[inline(always)]
 pub fn traced_thread(id: u64) -> Option<*mut ThreadFault> {
     let epoch = targets_epoch();
@@ -523,10 +515,21 @@ pub fn traced_thread(id: u64) -> Option<*mut ThreadFault> {
 /// `epoch` (the current one).
 #[inline(always)]
 pub fn traced_thread_not_noted(id: u64, epoch: u32) -> Option<*mut ThreadFault> {
-    if let Some(s) = THREADS.current(false) {
-        if unsafe { (*s).traced } == epoch {
-            return Some(s);
-        }
+    // Raw pointers, null for none: the verifier refuses the spill of an
+    // `Option`'s undefined payload that the compiler may emit.
+    let held = held_state(id).unwrap_or(core::ptr::null_mut());
+    if !held.is_null() && unsafe { (*held).traced } == epoch {
+        return Some(held);
+    }
+    // Not held: the thread ran elsewhere since, and what it left open is
+    // in its storage.
+    let stored = if held.is_null() {
+        THREADS.current(false).unwrap_or(core::ptr::null_mut())
+    } else {
+        core::ptr::null_mut()
+    };
+    if !stored.is_null() && unsafe { (*stored).traced } == epoch {
+        return claim(id, stored);
     }
     // Read before the lookup: a change after it moves the epoch.
     let epoch = targets_epoch_acquire();
@@ -534,16 +537,76 @@ pub fn traced_thread_not_noted(id: u64, epoch: u32) -> Option<*mut ThreadFault> 
         note_untraced(id, epoch);
         return None;
     }
-    let s = thread_state()?;
+    let s = if held.is_null() { claim(id, stored)? } else { held };
     unsafe { (*s).traced = epoch };
     Some(s)
 }
 
-/// The current thread's fault state, if it has one (it took a traced user
-/// fault before). Not through the `UNTRACED` note: in the return and the
-/// marks it costs a traced thread more than it saves an untraced one, whose
-/// storage miss is cheap next to a `TARGETS` lookup (docs/cost.md).
+/// The current thread's state in this CPU's `OPEN` slot, if it holds it.
 #[inline(always)]
-pub fn thread_state_if_any() -> Option<*mut ThreadFault> {
+fn held_state(id: u64) -> Option<*mut ThreadFault> {
+    let o = OPEN.get_ptr_mut(0)?;
+    // SAFETY: this CPU's entry; programs on one CPU do not interleave on it
+    // (a fault's programs run with the thread on the CPU).
+    unsafe { ((*o).owner == id).then(|| core::ptr::addr_of_mut!((*o).fault)) }
+}
+
+/// Makes the current thread (`id`) the owner of this CPU's `OPEN` slot,
+/// with the state it left in its storage (`stored`, then marked empty
+/// there: the slot holds it now) or, if null, a new one. The slot is free:
+/// its last owner's state left with it at the switch (`spill`).
+#[inline(always)]
+fn claim(id: u64, stored: *mut ThreadFault) -> Option<*mut ThreadFault> {
+    let o = OPEN.get_ptr_mut(0)?;
+    unsafe {
+        if stored.is_null() {
+            (*o).fault = ThreadFault::default();
+        } else {
+            (*o).fault = *stored;
+            (*stored).seen = 0;
+        }
+        (*o).owner = id;
+        Some(core::ptr::addr_of_mut!((*o).fault))
+    }
+}
+
+/// The current thread's fault state, if it has one: in this CPU's slot,
+/// else in its storage (a fault that slept, switched out, and resumed
+/// here or on another CPU). A thread this CPU noted untraced has none
+/// that counts, and skips the storage lookup (about 120 instructions).
+#[inline(always)]
+pub fn thread_state_if_any(id: u64) -> Option<*mut ThreadFault> {
+    if let Some(s) = held_state(id) {
+        return Some(s);
+    }
+    if noted_untraced(id, targets_epoch()) {
+        return None;
+    }
     THREADS.current(false)
+}
+
+/// At a context switch (`current` is the thread switched out): a thread
+/// that holds this CPU's `OPEN` slot with a fault or an exception record
+/// open takes its state to its storage; the slot is freed either way, so
+/// that the next thread here finds it free.
+#[inline(always)]
+pub fn spill() {
+    let Some(o) = OPEN.get_ptr_mut(0) else {
+        return;
+    };
+    let id = current_id();
+    unsafe {
+        // The idle task's id is 0, which is also "no owner".
+        if (*o).owner != id || id == 0 {
+            return;
+        }
+        (*o).owner = 0;
+        if (*o).fault.seen & (SEEN_IN_FAULT | SEEN_EXC) == 0 {
+            return;
+        }
+        match THREADS.current(true) {
+            Some(s) => *s = (*o).fault,
+            None => drop_count(Drop::ThreadsFull),
+        }
+    }
 }

@@ -1,13 +1,15 @@
 //! faultscope-ebpf (package `faultscope-ebpf`, object `faultscope-ebpf`):
 //! faultscope's eBPF programs, one small program per concern.
 //!
-//! Data flow: probes -> per-thread state (`THREADS`) -> per-CPU aggregates
+//! Data flow: probes -> per-thread state (this CPU's `OPEN` slot, or
+//! `THREADS` for a fault that slept) -> per-CPU aggregates
 //! (`STATS`, keyed by process, phase and class). Nothing is sent to user space
 //! per fault; only process lifecycle events go through the `EVENTS` ring.
 //!
 //! Every program filters on the traced set (`TARGETS`, keyed by tgid) first,
-//! or, inside a fault, on the thread state that only traced user faults
-//! create, so untraced processes pay one hash lookup.
+//! or, inside a fault, on the thread state that only traced faults create;
+//! a thread found untraced is noted per CPU (`UNTRACED`), and the opening
+//! programs of its later faults there stop at the note.
 //!
 //! Each program is `fn x(ctx) -> u32 { try_x(&ctx).unwrap_or(0) }`, a
 //! program on a kernel function declared with its fentry twin by
@@ -48,6 +50,7 @@ mod fault;
 mod helpers;
 mod lifecycle;
 mod maps;
+mod switch;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -13,7 +13,10 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseCounter, Stat, TargetInfo, UntracedNote},
+    maps::{
+        ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, PhaseCounter, Stat, TargetInfo,
+        UntracedNote,
+    },
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     ThreadFault,
 };
@@ -85,9 +88,16 @@ impl<T> TaskStorage<T> {
     }
 }
 
-/// Per-thread fault state, in the task itself: one helper call finds it,
-/// with no hashing and no table to fill (a thread that dies in the middle
-/// of a fault takes its state with it).
+/// Per CPU, the fault state of the thread running there that opened a
+/// fault (see `OpenFault`): the fault path's programs read it with no
+/// helper call. One entry per CPU.
+#[map]
+pub static OPEN: PerCpuArray<OpenFault> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-thread fault state, in the task itself, for a thread switched out
+/// with a fault or an exception record open in `OPEN` (a fault that
+/// sleeps: the page lock, I/O, userfaultfd, an mmap_lock retry). No table
+/// to fill; a thread that dies takes its state with it.
 #[btf_map]
 pub static THREADS: TaskStorage<ThreadFault> = TaskStorage::new();
 

@@ -28,3 +28,8 @@ origins_cases
 # forked and gone at three quarters, recorded with --interval (the kernel's
 # per-CPU pending counts flushed and read under them).
 storm_cases
+# Faults that sleep: a userfaultfd region written by two threads, each
+# fault held 2 ms by a handler thread, while a third thread takes
+# first-touch faults of its own (the fault state leaves the CPU with the
+# sleeping thread and comes back on whichever CPU it wakes).
+userfault_cases

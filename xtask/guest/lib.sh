@@ -158,6 +158,18 @@ origins_cases() {
 	RECORD_ARGS=
 }
 
+# userfault_cases: the workload's --userfault (faults held 2 ms each by a
+# handler thread) under each backend of $USERFAULT_BACKENDS, as
+# userfault4k@BACKEND.
+userfault_cases() {
+	for b in ${USERFAULT_BACKENDS:-kprobe fentry}; do
+		RECORD_ARGS="--backend $b"
+		run_case userfault4k@$b 4K --userfault 2 --size ${USERFAULT_SIZE:-256K} --thp never \
+			--regions-out /tmp/userfault4k@$b.ranges
+	done
+	RECORD_ARGS=
+}
+
 # storm_cases: the workload's --threads storm recorded with --interval
 # under each backend of $STORM_BACKENDS, as storm4k@BACKEND.
 storm_cases() {

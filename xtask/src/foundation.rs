@@ -355,6 +355,11 @@ pub fn run_origins(kernel: &str) -> Result<()> {
         print!("{}", r.table);
         failures.extend(r.failures);
     }
+    for case in crate::userfault::USERFAULT_CASES {
+        let r = crate::userfault::check_userfault_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
     println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !failures.is_empty() {
         bail!("origins guest test failed:\n  {}", failures.join("\n  "));
@@ -464,6 +469,11 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     }
     for case in crate::storm::STORM_CASES {
         let r = crate::storm::check_storm_case(&run, case)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
+    for case in crate::userfault::USERFAULT_CASES {
+        let r = crate::userfault::check_userfault_case(&run, case)?;
         print!("{}", r.table);
         failures.extend(r.failures);
     }

@@ -17,6 +17,7 @@ mod overhead;
 mod redis;
 mod setup;
 mod storm;
+mod userfault;
 mod util;
 mod vm;
 

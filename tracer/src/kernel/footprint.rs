@@ -9,7 +9,7 @@ use std::mem::size_of;
 
 use faultscope_common::{
     attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
-    maps::{ClassSetKey, FltCount, TargetInfo, UntracedNote},
+    maps::{ClassSetKey, FltCount, OpenFault, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     Stat,
 };
@@ -119,6 +119,7 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("FLUSHES", 1, 4, 8, true, cpus),
         map("TARGETS_EPOCH", 1, 4, 8, false, cpus),
         map("UNTRACED", 1, 4, size_of::<UntracedNote>(), true, cpus),
+        map("OPEN", 1, 4, size_of::<OpenFault>(), true, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
     ]
 }

@@ -64,6 +64,9 @@ pub struct ProbeSpec {
     /// Not attached when this other program is: it would only repeat what
     /// that one tells, at a cost on every fault.
     pub redundant_with: Option<Program>,
+    /// Attached only when this other program is, which cannot be right
+    /// without it; where it fails to attach, the run refuses to start.
+    pub only_with: Option<Program>,
 }
 
 /// Every probe. The order is the order of attachment: the per-thread state is
@@ -78,6 +81,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: true,
         measures: "forks of traced processes (clone_flags tell processes from threads); follows children",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::ProcessExec,
@@ -87,6 +91,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: true,
         measures: "exec of traced processes (a started command counts from its exec)",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::ProcessExit,
@@ -96,6 +101,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: true,
         measures: "exit of traced processes (ends the run when all are gone)",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::PageFaultUser,
@@ -105,6 +111,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::PageFaultKernel,
@@ -114,6 +121,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "kernel-mode faults on user addresses (copy_to_user in a system call): their error code; in tracepoint-only mode, the kernel-origin faults",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::MemAbort,
@@ -123,6 +131,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "ESR of each abort: permission fault = present page (spurious rule)",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::FaultEntry,
@@ -132,6 +141,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "start of each fault of a traced task, with its origin (user; kernel: regs set, no FAULT_FLAG_USER; gup: regs NULL)",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::FaultReturn,
@@ -141,6 +151,17 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "end of each fault: latency, vm_fault_t, classification",
         redundant_with: None,
+        only_with: None,
+    },
+    ProbeSpec {
+        program: Program::SchedSwitch,
+        hook: Hook::Tracepoint("sched", "sched_switch"),
+        arch: Arch::Any,
+        min_kernel: "2.6.28",
+        required: false,
+        measures: "a thread switched out in the middle of a fault (it sleeps: I/O, the page lock, userfaultfd) takes the fault's state from its CPU's slot to its task storage",
+        redundant_with: None,
+        only_with: Some(Program::FaultEntry),
     },
     ProbeSpec {
         program: Program::WpPage,
@@ -150,6 +171,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "write-protect faults on PTEs",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::HugePmdWp,
@@ -159,6 +181,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "write-protect faults on PMD-mapped THPs",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::NewAnonRmap,
@@ -168,6 +191,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "a new anon folio mapped: inside do_wp_page, a COW copy",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::DirtyShared,
@@ -178,6 +202,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures:
             "a shared mapping's page dirtied: inside do_wp_page, write-notify (wp_page_shared), not COW",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::AccessFlags,
@@ -191,6 +216,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
         redundant_with: Some(Program::PageFaultUser),
+        only_with: None,
     },
     ProbeSpec {
         program: Program::AccessFlagsCont,
@@ -200,6 +226,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "the same for contpte blocks",
         redundant_with: Some(Program::PageFaultUser),
+        only_with: None,
     },
     ProbeSpec {
         program: Program::HugeAccessed,
@@ -209,6 +236,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "the same for PMD-mapped THPs",
         redundant_with: Some(Program::PageFaultUser),
+        only_with: None,
     },
     ProbeSpec {
         program: Program::ContpteTryUnfold,
@@ -218,6 +246,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "__contpte_try_unfold calls (6.12's unfold path)",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::ContpteConvert,
@@ -227,6 +256,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "contpte blocks rewritten: folded (PTE_CONT in the new PTE) or unfolded",
         redundant_with: None,
+        only_with: None,
     },
     ProbeSpec {
         program: Program::ContpteTryFold,
@@ -236,6 +266,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "contpte fold attempts",
         redundant_with: None,
+        only_with: None,
     },
 ];
 

@@ -305,10 +305,18 @@ impl Session {
         let mut status = Vec::new();
         for r in resolved {
             let spec = r.spec;
-            let redundant = spec
-                .redundant_with
-                .filter(|other| status.iter().any(|s: &ProbeStatus| s.program == *other && s.attached));
+            let attached = |p: Program| status.iter().any(|s: &ProbeStatus| s.program == p && s.attached);
+            let redundant = spec.redundant_with.filter(|other| attached(*other));
+            let unneeded = spec.only_with.filter(|other| !attached(*other));
             let st = match &r.resolution {
+                _ if unneeded.is_some() => ProbeStatus::not_attached(
+                    spec.program,
+                    hook_name(spec.hook),
+                    format!(
+                        "not needed: {} is not attached",
+                        unneeded.map(Program::name).unwrap_or_default()
+                    ),
+                ),
                 _ if redundant.is_some() => ProbeStatus::not_attached(
                     spec.program,
                     hook_name(spec.hook),
@@ -361,6 +369,14 @@ impl Session {
                     }
                 }
             };
+            if let (Some(other), false) = (spec.only_with, st.attached || unneeded.is_some()) {
+                return Err(anyhow!(
+                    "probe {} ({}) is not available, and {other} cannot be right without it: {}",
+                    spec.program,
+                    st.target,
+                    st.reason.as_deref().unwrap_or("?")
+                ));
+            }
             if spec.required && !st.attached {
                 return Err(anyhow!(
                     "required probe {} ({}) is not available: {}",

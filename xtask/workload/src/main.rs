@@ -26,6 +26,8 @@ use faultscope::{
     units::parse_size,
 };
 
+mod userfault;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Thp {
     /// MADV_NOHUGEPAGE: 4K pages whatever the system setting.
@@ -124,6 +126,14 @@ pub struct WorkloadOpts {
     /// `--regions-out` gets the two ranges.
     #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit", "origins"])]
     pub threads: Option<usize>,
+    /// Faults that sleep: a userfaultfd region of --size written by two
+    /// threads, one byte per page, each fault held this many milliseconds
+    /// by a handler thread before it fills the page; meanwhile a third
+    /// thread takes first-touch faults of a region of its own, pass after
+    /// pass. `--regions-out` gets the ranges (`held`, `busy`); `--out` the
+    /// pages and the busy passes.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit", "origins", "threads"])]
+    pub userfault: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -468,6 +478,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     }
     if let Some(n) = o.threads {
         return run_threads(o, n);
+    }
+    if let Some(hold_ms) = o.userfault {
+        return userfault::run(o, hold_ms);
     }
     let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for, 1e-3)?;
     if repeat_for.is_some() && o.child == Child::Alive {
