@@ -128,6 +128,9 @@ pub const SEEN_ACCESS: u32 = 1 << 5;
 /// (`wp_page_shared` after `do_wp_page`, or `do_shared_fault` on a page not
 /// yet mapped). `wp_page_shared` is inline; this is its probeable tail.
 pub const SEEN_DIRTY_SHARED: u32 = 1 << 6;
+/// The fault in progress is timed (`--latency`): its entry read the clock,
+/// and its marks and return read it too.
+pub const SEEN_TIMED: u32 = 1 << 7;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -192,18 +195,26 @@ impl ThreadFault {
 
     /// `handle_mm_fault` entered for a fault of this thread. Returns true
     /// when the thread's previous fault never returned (its kretprobe was
-    /// missed): that one was not classified.
+    /// missed): that one was not classified. `start_ns`: the clock at
+    /// entry, for a fault that is timed.
     #[inline(always)]
-    pub fn on_entry(&mut self, now_ns: u64, addr: u64, flags: u32, origin: Origin) -> bool {
+    pub fn on_entry(&mut self, start_ns: Option<u64>, addr: u64, flags: u32, origin: Origin) -> bool {
         let lost = self.seen & SEEN_IN_FAULT != 0;
-        self.start_ns = now_ns;
+        self.start_ns = start_ns.unwrap_or(0);
         self.fault_addr = addr;
         self.flags = flags;
         self.origin = origin as u32;
         self.own_ns = 0;
         // Keep the exception record; forget the marks of the previous fault.
-        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
+        let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
+        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
         lost
+    }
+
+    /// Whether the fault in progress is timed.
+    #[inline(always)]
+    pub fn timed(&self) -> bool {
+        self.seen & (SEEN_IN_FAULT | SEEN_TIMED) == SEEN_IN_FAULT | SEEN_TIMED
     }
 
     /// Whether a fault of this thread is in progress.
@@ -226,7 +237,7 @@ impl ThreadFault {
     /// `to_ns` (its own clock reads): not the fault's time.
     #[inline(always)]
     pub fn own_time(&mut self, from_ns: u64, to_ns: u64) {
-        if self.seen & SEEN_IN_FAULT != 0 {
+        if self.timed() {
             self.own_ns += to_ns.saturating_sub(from_ns);
         }
     }
@@ -354,7 +365,7 @@ mod tests {
         if let Some((arch, code)) = exc {
             t.on_exception(arch, A + 0x10, code);
         }
-        assert!(!t.on_entry(1_000, A + 0x20, flags, Origin::of(flags, 1)), "no fault left open");
+        assert!(!t.on_entry(Some(1_000), A + 0x20, flags, Origin::of(flags, 1)), "no fault left open");
         for m in marks {
             t.mark(*m);
         }
@@ -449,7 +460,7 @@ mod tests {
     fn exception_of_another_page_is_not_used() {
         let mut t = ThreadFault::default();
         t.on_exception(ExcArch::X86, A + 0x5000, 3);
-        t.on_entry(0, A, W, Origin::User);
+        t.on_entry(Some(0), A, W, Origin::User);
         assert_eq!(t.present_with(t.seen), None);
         let s = t.on_return(0).unwrap();
         assert!(!s.has(KernelClass::Spurious), "unknown presence is not spurious");
@@ -459,21 +470,39 @@ mod tests {
     fn a_retry_keeps_the_exception_record_and_a_completed_fault_clears_it() {
         let mut t = ThreadFault::default();
         t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
-        t.on_entry(0, A, W, Origin::User);
+        t.on_entry(Some(0), A, W, Origin::User);
         assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
         assert_eq!(t.seen, SEEN_EXC, "the retry's record stays");
-        t.on_entry(0, A, W, Origin::User);
+        t.on_entry(Some(0), A, W, Origin::User);
         assert!(t.on_return(0).unwrap().has(KernelClass::Spurious), "the retry used its exception");
         assert_eq!(t.seen, 0, "nothing open after a completed fault");
     }
 
     #[test]
+    fn an_untimed_fault_is_classified_alike_and_takes_no_own_time() {
+        let mut t = ThreadFault::default();
+        t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
+        t.on_entry(None, A, W, Origin::User);
+        assert!(!t.timed());
+        t.mark(SEEN_WP);
+        t.own_time(10, 20);
+        assert_eq!(t.own_ns, 0);
+        assert!(t.on_return(0).unwrap().has(KernelClass::Reuse));
+        t.on_entry(Some(5), A, W, Origin::User);
+        assert!(t.timed());
+        t.own_time(10, 20);
+        assert_eq!((t.start_ns, t.own_ns), (5, 10));
+        t.on_return(0);
+        assert!(!t.timed(), "nothing timed once it returned");
+    }
+
+    #[test]
     fn a_missed_return_is_seen_at_the_next_entry() {
         let mut t = ThreadFault::default();
-        assert!(!t.on_entry(0, A, W, Origin::User));
-        assert!(t.on_entry(1, A, W, Origin::User), "the first fault never returned");
+        assert!(!t.on_entry(Some(0), A, W, Origin::User));
+        assert!(t.on_entry(Some(1), A, W, Origin::User), "the first fault never returned");
         assert!(t.on_return(0).is_some());
-        assert!(!t.on_entry(2, A, W, Origin::User));
+        assert!(!t.on_entry(Some(2), A, W, Origin::User));
     }
 
     #[test]
@@ -483,9 +512,9 @@ mod tests {
         t.mark(SEEN_WP);
         assert_eq!(t.on_return(0), None);
         // A retry enters again: each call is one fault, as kprobe_profile counts.
-        t.on_entry(0, A, W, Origin::User);
+        t.on_entry(Some(0), A, W, Origin::User);
         assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
-        t.on_entry(0, A, W, Origin::User);
+        t.on_entry(Some(0), A, W, Origin::User);
         t.mark(SEEN_WP);
         assert!(t.on_return(0).unwrap().has(KernelClass::Reuse));
         assert_eq!(t.on_return(0), None, "a return without an entry");
@@ -507,7 +536,7 @@ mod tests {
     fn the_set_carries_the_origin() {
         let mut t = ThreadFault::default();
         for o in Origin::ALL {
-            t.on_entry(0, A, FAULT_FLAG_WRITE, o);
+            t.on_entry(Some(0), A, FAULT_FLAG_WRITE, o);
             t.mark(SEEN_WP);
             let s = t.on_return(0).unwrap();
             assert_eq!(s.origin(), o);
@@ -520,12 +549,12 @@ mod tests {
         let mut t = ThreadFault::default();
         // A user fault on A left a PROT|WRITE record; GUP then faults on A.
         t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER);
-        t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Gup);
+        t.on_entry(Some(0), A, FAULT_FLAG_WRITE, Origin::Gup);
         assert_eq!(t.present_with(t.seen), None);
         assert!(!t.on_return(0).unwrap().has(KernelClass::Spurious));
         // A kernel-mode fault has its own exception (page_fault_kernel).
         t.on_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE);
-        t.on_entry(0, A, FAULT_FLAG_WRITE, Origin::Kernel);
+        t.on_entry(Some(0), A, FAULT_FLAG_WRITE, Origin::Kernel);
         assert!(t.on_return(0).unwrap().has(KernelClass::Spurious));
     }
 
@@ -557,7 +586,7 @@ mod candidate_tests {
         {
             for ret in [0, VM_FAULT_RETRY, VM_FAULT_SIGSEGV, VM_FAULT_MAJOR] {
                 t.on_exception(ExcArch::X86, 0, X86_PF_PROT | X86_PF_WRITE);
-                t.on_entry(0, 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER, Origin::User);
+                t.on_entry(Some(0), 0, FAULT_FLAG_WRITE | FAULT_FLAG_USER, Origin::User);
                 t.mark(marks);
                 let set = t.on_return(ret).unwrap();
                 for c in KernelClass::ALL {

@@ -178,6 +178,9 @@ pub struct UntracedNote {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenFault {
     pub owner: u64,
+    /// Faults opened on this CPU until the next timed one, under
+    /// `Config::LatencyEvery` N > 1 (the CPU's, whoever owns the slot).
+    pub countdown: u64,
     pub fault: crate::ThreadFault,
 }
 
@@ -300,10 +303,13 @@ pub enum Config {
     /// The `ClassSet` bits of the classes whose kernel stacks are counted
     /// (the contpte classes: which kernel path unfolded a block).
     KernelStackClasses = 5,
+    /// Which faults are timed (`--latency`): 0 none, 1 every fault, N one
+    /// in N on each CPU.
+    LatencyEvery = 6,
 }
 
 impl Config {
-    pub const COUNT: usize = 6;
+    pub const COUNT: usize = 7;
     pub const ALL: [Config; Config::COUNT] = [
         Config::TpClasses,
         Config::Exceptions,
@@ -311,6 +317,7 @@ impl Config {
         Config::SiteClasses,
         Config::UserStackClasses,
         Config::KernelStackClasses,
+        Config::LatencyEvery,
     ];
 
     /// The array index.

@@ -21,7 +21,7 @@ use crate::{
     attrib::{attribute, count_mapping, fault_site, vma_start},
     helpers::{
         current_id, current_phase, drop_count, read_failed, record_set, tgid_of, thread_state_if_any,
-        traced_thread, FnContext, ReadFailed, UNTIMED,
+        timed_fault, traced_thread, FnContext, ReadFailed, UNTIMED,
     },
     maps::Conf,
 };
@@ -69,10 +69,12 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
             }
         }
     }
-    st.on_entry(unsafe { bpf_ktime_get_ns() }, addr, flags, origin);
     st.vma_start = start;
     st.ip = ip;
     st.syscall = syscall;
+    // The clock last: the fault's time starts where this program's ends.
+    let timed = timed_fault(conf.get(Config::LatencyEvery));
+    st.on_entry(if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None }, addr, flags, origin);
     Ok(0)
 }
 
@@ -105,8 +107,8 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     let Some(s) = thread_state_if_any(id) else {
         return Ok(0);
     };
-    let now = unsafe { bpf_ktime_get_ns() };
     let st = unsafe { &mut *s };
+    let ns = if st.timed() { unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns) } else { UNTIMED };
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
@@ -115,7 +117,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
     let phase = current_phase();
-    record_set(tgid, phase, set, now.saturating_sub(st.start_ns), st.own_ns);
+    record_set(tgid, phase, set, ns, st.own_ns);
     // No kernel stacks here (they are for the contpte classes): no caller.
     let conf = Conf::load();
     attribute(
@@ -137,16 +139,19 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 
 /// Marks the current thread's fault, if it is in a traced fault, and adds
 /// this program's own time (from its state lookup on) to the fault's
-/// `own_ns`. The clock is read only once the thread is found in a traced
-/// fault: an untraced task's call costs the lookup alone.
+/// `own_ns`. The clock is read only once the thread is found in a timed
+/// fault: an untraced task's call costs the lookup alone, an untimed
+/// fault's the mark.
 #[inline(always)]
 fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
     if let Some(s) = thread_state_if_any(current_id()) {
         let st = unsafe { &mut *s };
-        if st.in_fault() {
+        if st.timed() {
             let from = unsafe { bpf_ktime_get_ns() };
             st.mark(bit);
             st.own_time(from, unsafe { bpf_ktime_get_ns() });
+        } else {
+            st.mark(bit);
         }
     }
     Ok(0)

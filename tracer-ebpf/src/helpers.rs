@@ -570,6 +570,28 @@ fn claim(id: u64, stored: *mut ThreadFault) -> Option<*mut ThreadFault> {
     }
 }
 
+/// Whether the fault opening now is timed, under `Config::LatencyEvery`
+/// (`every`): 0 none, 1 all, N one in N of the faults opened on this CPU
+/// (a countdown in its slot: no division, no shared counter).
+#[inline(always)]
+pub fn timed_fault(every: u32) -> bool {
+    if every <= 1 {
+        return every == 1;
+    }
+    let Some(o) = OPEN.get_ptr_mut(0) else {
+        return false;
+    };
+    unsafe {
+        if (*o).countdown == 0 {
+            (*o).countdown = every as u64 - 1;
+            true
+        } else {
+            (*o).countdown -= 1;
+            false
+        }
+    }
+}
+
 /// The current thread's fault state, if it has one: in this CPU's slot,
 /// else in its storage (a fault that slept, switched out, and resumed
 /// here or on another CPU). A thread this CPU noted untraced has none

@@ -165,6 +165,23 @@ const VARIANTS: &[Variant] = &[
     Variant { name: "floor-tp", kind: Kind::Bpftrace(&BT_FLOOR_TP) },
     Variant { name: "faultscope-kprobe", kind: Kind::Faultscope(&["--backend", "kprobe"]) },
     Variant { name: "faultscope-fentry", kind: Kind::Faultscope(&["--backend", "fentry"]) },
+    // The latency tiers: one fault in 16 timed, and none (counts only).
+    Variant {
+        name: "faultscope-fentry-sampled",
+        kind: Kind::Faultscope(&["--backend", "fentry", "--latency", "sample=16"]),
+    },
+    Variant {
+        name: "faultscope-fentry-counts",
+        kind: Kind::Faultscope(&["--backend", "fentry", "--latency", "off"]),
+    },
+    Variant {
+        name: "faultscope-kprobe-sampled",
+        kind: Kind::Faultscope(&["--backend", "kprobe", "--latency", "sample=16"]),
+    },
+    Variant {
+        name: "faultscope-kprobe-counts",
+        kind: Kind::Faultscope(&["--backend", "kprobe", "--latency", "off"]),
+    },
     // Whatever the kernel allows (on this host: the tracepoint).
     Variant { name: "faultscope", kind: Kind::Faultscope(&[]) },
     // What attribution costs: none at all, and every written page's site

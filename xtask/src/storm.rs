@@ -12,7 +12,10 @@
 use std::fmt::Write as _;
 
 use anyhow::{bail, Context as _, Result};
-use faultscope::{kernel::classes::ReportClass, report::schema::Mode};
+use faultscope::{
+    kernel::{classes::ReportClass, latency::LatencyTier},
+    report::schema::{ClassValue, Mode},
+};
 
 use crate::{
     check::{self, Checklist, Oracle},
@@ -83,6 +86,33 @@ pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
             got.is_some_and(|g| (*pages..=pages + TOLERANCE).contains(&g)),
             format!("phase {name}: wp_faults {got:?} for the {pages} pages written in it (+{TOLERANCE})"),
         );
+    }
+    // The latency tier: counts of every fault (the oracle above), and
+    // either no latency at all or one timed fault in N on each CPU: each
+    // CPU times the first of every N faults it opens, so the timed ones
+    // are between faults/N and that plus one per CPU.
+    let timed = |m: ReportClass| match p.classes.get(&m) {
+        Some(ClassValue::Measured(x)) => {
+            x.latency.as_ref().map(|l| l.buckets.iter().map(|b| b[2]).sum::<u64>())
+        }
+        _ => None,
+    };
+    match fs.latency {
+        Some(LatencyTier::Off) => {
+            let any = ReportClass::ALL.into_iter().filter(|m| timed(*m).is_some()).collect::<Vec<_>>();
+            cl.expect(any.is_empty(), format!("--latency off: no class timed ({any:?})"));
+        }
+        Some(LatencyTier::Sample { every }) => {
+            let faults = p.count(ReportClass::Faults).unwrap_or(0);
+            let cpus = fs.kernel_memory.as_ref().map_or(1, |k| k.cpus);
+            let (lo, hi) = (faults / every as u64, faults.div_ceil(every as u64) + cpus);
+            let got = timed(ReportClass::Faults);
+            cl.expect(
+                got.is_some_and(|n| (lo..=hi).contains(&n)),
+                format!("--latency sample={every}: {got:?} of {faults} faults timed, {lo} to {hi}"),
+            );
+        }
+        t => cl.expect(false, format!("latency tier {t:?}: the case asks for off or sample=N")),
     }
     // The intervals and the phases add up to the run, class by class.
     let intervals = fs.intervals.as_deref().unwrap_or_default();

@@ -129,6 +129,7 @@ impl Recorder {
             timeline: &self.timeline,
             namer: None,
             now_ns: kernel::monotonic_ns(),
+            latency: self.latency,
         })
     }
 

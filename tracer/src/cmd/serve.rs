@@ -108,6 +108,13 @@ pub struct ServeOpts {
     /// How probes on kernel functions attach (see `record --backend`).
     #[arg(long, value_enum, default_value_t = crate::kernel::probes::BackendChoice::Auto)]
     pub backend: crate::kernel::probes::BackendChoice,
+    /// Which faults are timed (see `record --latency`). A daemon runs on
+    /// every fault of the processes it serves for as long as they live:
+    /// by default one in 16 is timed, which keeps the latency histograms'
+    /// shape at a fraction of the timing's cost (docs/cost.md); the counts
+    /// stay exact. `faultscope_latency_sample_every` says which.
+    #[arg(long, value_name = "all|sample=N|off", value_parser = crate::kernel::latency::parse, default_value = "sample=16")]
+    pub latency: crate::kernel::latency::LatencyTier,
 }
 
 /// The shortest tick: each reads every map and /proc (a shorter one would
@@ -274,7 +281,12 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let probe = super::record::ProbeOpts { backend: o.backend, prog_stats: false, quiet: false };
+    let probe = super::record::ProbeOpts {
+        backend: o.backend,
+        prog_stats: false,
+        latency: Some(o.latency),
+        quiet: false,
+    };
     let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &filters)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());
@@ -288,6 +300,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         kernel: kernel::release(),
         arch: std::env::consts::ARCH.to_string(),
         backend: rec.session.fault_path_backend().to_string(),
+        latency: rec.latency,
     };
     let mut metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
     for comm in o.select.comm.iter().chain(rec.comms.values()) {

@@ -31,6 +31,7 @@ use crate::{
         self,
         classes::{self, Availability, ReportClass},
         footprint::{self, Sizes},
+        latency::{self, LatencyTier},
         probes::{self, BackendChoice},
         session::{self, Session},
     },
@@ -52,6 +53,12 @@ pub struct ProbeOpts {
     /// program run.
     #[arg(long)]
     pub prog_stats: bool,
+    /// Which faults are timed: all; sample=N, one fault in N of those on
+    /// each CPU (the latency figures are of that sample, the counts stay
+    /// exact); off, counts only. Default: all (serve: sample=16). A timed
+    /// fault costs clock reads and histogram updates on its path.
+    #[arg(long, value_name = "all|sample=N|off", value_parser = latency::parse)]
+    pub latency: Option<LatencyTier>,
     /// Leave out the start-up lines saying what is measured here (a bench
     /// series says them at its first run only). Not a flag.
     #[arg(skip)]
@@ -92,6 +99,9 @@ pub struct Recorder {
     /// The kernel's own count of each traced process's faults, bracketed
     /// (the kernel check of the report).
     pub accounting: BTreeMap<u32, KernelCount>,
+    /// Which faults are timed, where the fault path is probed (in
+    /// tracepoint mode none is).
+    pub latency: Option<LatencyTier>,
     /// The maps' sizes (their kernel memory goes in the report).
     pub(crate) sizes: Sizes,
     /// Whether the programs read a thread's own fault count (the offsets
@@ -167,9 +177,11 @@ impl Recorder {
             mappings_availability(fault_probe, tracepoint, &session.vma_offset, no_mappings),
         );
         // Before any target is added: no fault is counted before this.
+        let latency = fault_probe.then(|| probe.latency.unwrap_or(LatencyTier::All));
         let mut config = vec![
             (Config::TpClasses, classes::error_code_classes(&avail)),
             (Config::Exceptions, session.attached(Program::FaultReturn) as u32),
+            (Config::LatencyEvery, latency.map_or(0, LatencyTier::every)),
         ];
         config.extend(attrib.config(&avail));
         session.configure(&config)?;
@@ -211,6 +223,7 @@ impl Recorder {
             kinds: None,
             adopted: Vec::new(),
             accounting: BTreeMap::new(),
+            latency,
             sizes,
             flt_offsets,
         })

@@ -8,6 +8,7 @@ pub mod btf;
 pub mod classes;
 pub mod drops;
 pub mod footprint;
+pub mod latency;
 pub mod probes;
 pub mod session;
 

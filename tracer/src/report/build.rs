@@ -23,6 +23,7 @@ use crate::{
     },
     kernel::{
         classes::{Availability, ReportClass},
+        latency::LatencyTier,
         session,
     },
 };
@@ -49,6 +50,8 @@ pub struct Context<'a> {
     pub namer: Option<&'a Namer<'a>>,
     /// The time names are resolved at for the whole run (monotonic ns).
     pub now_ns: u64,
+    /// Which faults are timed (none known in tracepoint mode).
+    pub latency: Option<LatencyTier>,
 }
 
 /// The mode in one word: kprobes when the fault path is probed, else the
@@ -349,6 +352,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
         kernel: ctx.kernel.clone(),
         arch: ctx.arch.into(),
         mode: mode(ctx.availability),
+        latency: ctx.latency,
         duration_ns: ctx.duration_ns,
         probes: ctx
             .probes
@@ -503,6 +507,7 @@ mod tests {
             timeline: &timeline,
             namer: None,
             now_ns: 0,
+            latency: Some(LatencyTier::All),
         };
         let r = build(&snap(), &ctx);
         let j = serde_json::to_value(&r).unwrap();
@@ -567,6 +572,7 @@ mod tests {
             timeline: &timeline,
             namer: None,
             now_ns: 0,
+            latency: Some(LatencyTier::All),
         };
         let mut snap = Snapshot::default();
         let mut a = Accounted::default();

@@ -54,7 +54,10 @@ use prometheus_client::{
 
 use crate::{
     collect::{collector::Snapshot, phases::PhaseKind},
-    kernel::classes::{self, Availability, ReportClass},
+    kernel::{
+        classes::{self, Availability, ReportClass},
+        latency::LatencyTier,
+    },
 };
 
 type Labels = Vec<(&'static str, String)>;
@@ -90,6 +93,8 @@ pub struct BuildInfo {
     /// How the fault path's first program is attached, in the kernel's
     /// words: fentry, kprobe, tp_btf, tracepoint or none.
     pub backend: String,
+    /// Which faults are timed (none known in tracepoint mode).
+    pub latency: Option<LatencyTier>,
 }
 
 /// A histogram kept as the kernel's buckets.
@@ -246,6 +251,15 @@ impl Metrics {
             "faultscope's version, the kernel, the architecture and the fault backend",
             build,
         );
+        if let Some(tier) = info.latency {
+            let every = Gauge::<i64>::default();
+            every.set(tier.every().into());
+            registry.register(
+                "faultscope_latency_sample_every",
+                "Which faults faultscope_fault_duration_seconds is of (serve --latency): 1 every fault, N one in N on each CPU (each stands for N), 0 none; the fault counts are of every fault",
+                every,
+            );
+        }
         let mut classes = Vec::new();
         for (m, a) in avail {
             match a {
@@ -548,6 +562,7 @@ mod tests {
             kernel: "6.12.0".into(),
             arch: "x86_64".into(),
             backend: "tracepoint".into(),
+            latency: None,
         };
         Metrics::new(&info, &avail(), LabelOpts::default())
     }
@@ -609,9 +624,16 @@ mod tests {
         assert!(!t.contains("faultscope_class_faults_total{class=\"reuse\""));
         // pid only when asked for.
         assert!(!t.contains("pid=\""));
-        let info =
-            BuildInfo { version: "v".into(), kernel: "k".into(), arch: "a".into(), backend: "b".into() };
+        let info = BuildInfo {
+            version: "v".into(),
+            kernel: "k".into(),
+            arch: "a".into(),
+            backend: "b".into(),
+            latency: Some(LatencyTier::Sample { every: 16 }),
+        };
         let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false });
+        assert!(m.encode().lines().any(|l| l == "faultscope_latency_sample_every 16"), "{}", m.encode());
+        assert!(!t.contains("faultscope_latency_sample_every"), "not stated without a fault path");
         m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400]))]), kind, redis);
         assert!(m.encode().contains(
             "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"

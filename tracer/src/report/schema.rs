@@ -9,8 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use crate::collect::phases::PhaseKind;
-use crate::kernel::classes::ReportClass;
 pub use crate::kernel::drops::{DropReason, Drops};
+use crate::kernel::{classes::ReportClass, latency::LatencyTier};
 
 pub const SCHEMA: &str = "faultscope/1";
 
@@ -23,6 +23,14 @@ pub struct Report {
     pub kernel: String,
     pub arch: String,
     pub mode: Mode,
+    /// Which faults were timed (`--latency`), where the fault path is
+    /// probed: every one, one in `every` of those on each CPU, or none. A
+    /// latency is the time from `handle_mm_fault`'s entry to its return,
+    /// less faultscope's programs nested in it (`raw` keeps them in); its
+    /// buckets count the timed faults. Absent in tracepoint mode, which
+    /// times none, and in reports older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<LatencyTier>,
     pub duration_ns: u64,
     /// Every probe of the table: attached or why not.
     pub probes: Vec<ProbeStatus>,

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::schema::{sum_classes, CheckResult, ClassValue, Classes, KernelCheck, Mode, Report};
 use crate::{
+    kernel::latency::LatencyTier,
     term::safe,
     units::{count, ns as fmt_ns},
 };
@@ -163,7 +164,21 @@ pub fn to_text(r: &Report) -> String {
         out,
         "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
     );
+    if let Some(l) = latency_line(r.latency) {
+        let _ = writeln!(out, "{l}");
+    }
     out
+}
+
+/// What P50, P99 and MAX are of, unless every fault was timed.
+fn latency_line(tier: Option<LatencyTier>) -> Option<String> {
+    match tier? {
+        LatencyTier::All => None,
+        LatencyTier::Sample { every } => Some(format!(
+            "P50, P99, MAX: of one fault in {every} on each CPU (--latency sample={every}); the counts are of every fault"
+        )),
+        LatencyTier::Off => Some("P50, P99, MAX: no fault was timed (--latency off); the counts are of every fault".into()),
+    }
 }
 
 /// What to do about the drops that an option can avoid.
@@ -292,6 +307,18 @@ mod tests {
         assert!(!t.contains("COMM sh"), "{t}");
         let all = t.split("ALL (3 processes) whole run").nth(1).unwrap();
         assert!(all.lines().any(|l| l.split_whitespace().take(2).eq(["faults", "4,007"])), "{t}");
+    }
+
+    #[test]
+    fn a_sampled_or_untimed_run_says_what_the_latency_is_of() {
+        let mut r = report("x86_64");
+        r.mode = Mode::Kprobe;
+        r.latency = Some(LatencyTier::Sample { every: 16 });
+        assert!(to_text(&r).contains("P50, P99, MAX: of one fault in 16 on each CPU"), "{}", to_text(&r));
+        r.latency = Some(LatencyTier::Off);
+        assert!(to_text(&r).contains("no fault was timed (--latency off)"));
+        r.latency = Some(LatencyTier::All);
+        assert!(!to_text(&r).contains("P50, P99, MAX:"));
     }
 
     #[test]
