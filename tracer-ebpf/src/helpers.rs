@@ -607,6 +607,20 @@ pub fn thread_state_if_any(id: u64) -> Option<*mut ThreadFault> {
     THREADS.current(false)
 }
 
+/// Frees this CPU's `OPEN` slot if thread `id` holds it: at the thread's
+/// exit, so that a later task given the same pid and tgid does not find
+/// it (tracepoint mode has no `sched_switch` to free it).
+#[inline(always)]
+pub fn release_slot(id: u64) {
+    if let Some(o) = OPEN.get_ptr_mut(0) {
+        unsafe {
+            if (*o).owner == id {
+                (*o).owner = 0;
+            }
+        }
+    }
+}
+
 /// At a context switch (`current` is the thread switched out): a thread
 /// that holds this CPU's `OPEN` slot with a fault or an exception record
 /// open takes its state to its storage; the slot is freed either way, so

@@ -17,8 +17,9 @@ use faultscope_common::maps::{
 
 use crate::{
     helpers::{
-        adopt, adopt_by_cgroup, adopt_by_comm, atomic_add, bump_phase, current_flt, current_phase,
-        drop_count, field, pid_tgid, read_failed, send, targets_changed, ReadFailed, BPF_ANY, BPF_NOEXIST,
+        adopt, adopt_by_cgroup, adopt_by_comm, atomic_add, bump_phase, current_flt, current_id,
+        current_phase, drop_count, field, pid_tgid, read_failed, release_slot, send, targets_changed,
+        ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
         cfg, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
@@ -176,6 +177,8 @@ fn count_exited(tgid: u32) {
 }
 
 fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+    // The slot is keyed by pid_tgid, which a later task may be given.
+    release_slot(current_id());
     let (tid, tgid) = pid_tgid();
     let info = unsafe { TARGETS.get(&tgid) }.copied();
     // Every thread of a counted process, and one that exits just after its
@@ -194,6 +197,8 @@ fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     }
     child_gone(LifeKind::ChildExit, tgid);
     if target && TARGETS.remove(&tgid).is_ok() {
+        // No thread may keep "traced" for this tgid past its exit.
+        targets_changed();
         send(LifeKind::Exit, tgid, tid, 0, current_phase());
     }
     Ok(0)

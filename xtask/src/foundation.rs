@@ -8,7 +8,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{CheckResult, Mode, PhaseKind, Report},
+    report::schema::{CheckResult, Mode, PhaseKind, Process, Report},
 };
 use serde_json::Value;
 
@@ -40,13 +40,6 @@ pub fn check_case(
     anon_vma_name: Option<bool>,
 ) -> Result<CaseResult> {
     let mut fails = Vec::new();
-    let rc = run.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        bail!(
-            "{case}: faultscope exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
-    }
     let (fs, wl, pid) = case_outputs(run, case)?;
     let pages = wl["pages"].as_u64().context("workload pages")?;
     let p = check::process(&fs, pid).with_context(|| case.to_string())?;
@@ -214,13 +207,6 @@ pub const SLACK: u64 = 16;
 /// exact and equal (the workload's faults against its `min_flt` +
 /// `maj_flt`, read by the kernel at its exec and exit).
 pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
-    let rc = run.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        bail!(
-            "{case}: faultscope exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
-    }
     let mut fails = Vec::new();
     let (fs, wl, pid) = case_outputs(run, case)?;
     let n = wl["origins"]["pages_per_origin"].as_u64().context("workload origins.pages_per_origin")?;
@@ -422,13 +408,92 @@ pub fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> 
 }
 
 /// A case's faultscope report, the workload's own JSON (`faultscope
-/// workload --out`, not a report) and the workload's pid.
+/// workload --out`, not a report) and the workload's pid, once faultscope
+/// ran it and exited with 0 (else its output is the error).
 pub fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
+    let rc = run.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        bail!(
+            "{case}: faultscope exited with {rc:?}:\n{}",
+            run.section(&format!("{case}.out")).unwrap_or("")
+        );
+    }
     let fs = check::report(run, &format!("{case}.fs.json"))?;
     let wl: Value =
         serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
     let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
     Ok((fs, wl, pid))
+}
+
+/// A case's whole process against the oracle, as its table's start under
+/// `heading`: every class and origin, the run clean, and the mode kprobe.
+/// Returns the oracle (for the ranges), the table and the failures.
+pub fn against_oracle(
+    run: &vm::GuestRun,
+    case: &str,
+    fs: &Report,
+    pid: u32,
+    heading: &str,
+) -> Result<(Oracle, String, Vec<String>)> {
+    let p = check::process(fs, pid).with_context(|| case.to_string())?;
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let cmp = oracle
+        .compare(case, &p.classes, pid, "ALL")
+        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
+    let mut table = format!("{heading}\n{}", cmp.table("class"));
+    let mut fails = cmp.failures;
+    fails.extend(run_is_clean(run, case, fs));
+    check::Checklist::new(case, &mut table, &mut fails)
+        .expect(fs.mode == Mode::Kprobe, format!("mode {}", check::mode_name(fs)));
+    Ok((oracle, table, fails))
+}
+
+/// A region of a workload's `--out` (`role`, `start`, `pages`) with the
+/// counts of faultscope's mapping row that starts at it.
+pub struct RegionRow<'a> {
+    pub role: &'a str,
+    pub region: &'a Value,
+    pub pages: u64,
+    counts: &'a std::collections::BTreeMap<ReportClass, u64>,
+}
+
+impl RegionRow<'_> {
+    /// The row's count of `m` (0 when it counted none).
+    pub fn get(&self, m: ReportClass) -> u64 {
+        self.counts.get(&m).copied().unwrap_or(0)
+    }
+}
+
+/// The regions of `wl` with their mapping rows, each of `classes` checked
+/// against the oracle in the region's range; a region without a row fails
+/// and is left out.
+pub fn region_rows<'a>(
+    cl: &mut check::Checklist<'_>,
+    p: &'a Process,
+    oracle: &Oracle,
+    wl: &'a Value,
+    classes: &[ReportClass],
+) -> Result<Vec<RegionRow<'a>>> {
+    let mut rows = Vec::new();
+    for r in wl["regions"].as_array().context("workload regions")? {
+        let role = r["role"].as_str().unwrap_or("?");
+        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
+        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
+            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
+            continue;
+        };
+        let row = RegionRow { role, region: r, pages, counts: &row.counts };
+        let own = oracle.range(p.pid, "ALL", role);
+        for &m in classes {
+            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
+            cl.expect(
+                o == Some(row.get(m)),
+                format!("{role}: {m} {} = oracle in its range {o:?}", row.get(m)),
+            );
+        }
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.

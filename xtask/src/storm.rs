@@ -9,17 +9,15 @@
 //! the page arithmetic of each phase, and the intervals and phases adding
 //! up to the run.
 
-use std::fmt::Write as _;
-
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::{classes::ReportClass, latency::LatencyTier},
-    report::schema::{ClassValue, Mode},
+    report::schema::ClassValue,
 };
 
 use crate::{
-    check::{self, Checklist, Oracle},
-    foundation::{case_outputs, run_is_clean, CaseResult, TOLERANCE},
+    check::{self, Checklist},
+    foundation::{against_oracle, case_outputs, region_rows, CaseResult, TOLERANCE},
     vm,
 };
 
@@ -31,47 +29,18 @@ const SEGMENT_PHASES: [&str; 3] =
     ["fork#1 child-alive", "fork#1 after-child-exit", "fork#2 after-child-exit"];
 
 pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
-    let rc = run.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        bail!(
-            "{case}: faultscope exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
-    }
-    let (mut table, mut fails) = (String::new(), Vec::new());
     let (fs, wl, pid) = case_outputs(run, case)?;
     let p = check::process(&fs, pid).with_context(|| case.to_string())?;
     let threads = wl["threads"].as_u64().unwrap_or(0);
-    let _ = writeln!(table, "{case} (pid {pid}, {threads} threads, {} pages)", wl["pages"]);
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
-    let cmp = oracle
-        .compare(case, &p.classes, pid, "ALL")
-        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
-    table.push_str(&cmp.table("class"));
-    fails.extend(cmp.failures);
-    fails.extend(run_is_clean(run, case, &fs));
+    let heading = format!("{case} (pid {pid}, {threads} threads, {} pages)", wl["pages"]);
+    let (oracle, mut table, mut fails) = against_oracle(run, case, &fs, pid, &heading)?;
     let mut cl = Checklist::new(case, &mut table, &mut fails);
-    cl.expect(fs.mode == Mode::Kprobe, format!("mode {}", check::mode_name(&fs)));
     // Each mapping: faultscope's row against the oracle in its range, and
     // one write-protect fault per page.
-    let regions = wl["regions"].as_array().context("workload regions")?;
-    for r in regions {
-        let role = r["role"].as_str().unwrap_or("?");
-        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
-        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
-            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
-            continue;
-        };
-        let got = |m: ReportClass| row.counts.get(&m).copied().unwrap_or(0);
-        let own = oracle.range(pid, "ALL", role);
-        for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy] {
-            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
-            cl.expect(o == Some(got(m)), format!("{role}: {m} {} = oracle in its range {o:?}", got(m)));
-        }
-        cl.expect(
-            got(ReportClass::WpFaults) == pages,
-            format!("{role}: wp_faults {} = its pages {pages}", got(ReportClass::WpFaults)),
-        );
+    let classes = [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy];
+    for r in region_rows(&mut cl, p, &oracle, &wl, &classes)? {
+        let (wp, pages) = (r.get(ReportClass::WpFaults), r.pages);
+        cl.expect(wp == pages, format!("{}: wp_faults {wp} = its pages {pages}", r.role));
     }
     // Each segment of writes in the phase the workload's marks put it in.
     let segments: Vec<u64> =
