@@ -28,8 +28,8 @@ pub static TARGETS: HashMap<u32, TargetInfo> = HashMap::with_max_entries(4096, 0
 
 /// Moved whenever the traced set may have changed: by user space on every
 /// insert, removal and rewrite of `TARGETS` and insert into `CGROUPS`, and
-/// by the programs that insert (fork, adoption) or start a process's
-/// counting (exec). A thread's cached "traced" (`ThreadFault::traced`) and
+/// by the programs that insert (fork, adoption), start a process's
+/// counting (exec) or remove an exited process. A thread's cached "traced" (`ThreadFault::traced`) and
 /// a CPU's `UNTRACED` note hold while it has not moved.
 #[map]
 pub static TARGETS_EPOCH: Array<u64> = Array::with_max_entries(1, 0);

@@ -16,14 +16,23 @@ pub enum DropReason {
     ProcErrors,
     /// serve's `accept` failed (no descriptor left).
     AcceptErrors,
+    /// Runs of faultscope's programs the kernel skipped, as it counts them
+    /// (`bpf_prog_info.recursion_misses`): a kprobe or tracepoint program
+    /// while the CPU's BPF guard (`bpf_prog_active`) was held, by another
+    /// program or by a BPF map system call of any process preempted on that
+    /// CPU; an fentry, fexit or BTF tracepoint program while a run of the
+    /// same program was preempted on that CPU. The kernel decides; a
+    /// preemptible kernel (every 7.x) makes it possible.
+    SkippedRuns,
 }
 
 impl DropReason {
     pub fn all() -> impl Iterator<Item = DropReason> {
-        Drop::ALL
-            .into_iter()
-            .map(DropReason::Kernel)
-            .chain([DropReason::ProcErrors, DropReason::AcceptErrors])
+        Drop::ALL.into_iter().map(DropReason::Kernel).chain([
+            DropReason::ProcErrors,
+            DropReason::AcceptErrors,
+            DropReason::SkippedRuns,
+        ])
     }
 
     /// The key in the report's `drops` object and the metric's label.
@@ -32,6 +41,7 @@ impl DropReason {
             DropReason::Kernel(d) => d.key(),
             DropReason::ProcErrors => "proc_errors",
             DropReason::AcceptErrors => "accept_errors",
+            DropReason::SkippedRuns => "program_runs_skipped",
         }
     }
 
@@ -40,6 +50,9 @@ impl DropReason {
             DropReason::Kernel(d) => d.describe(),
             DropReason::ProcErrors => "/proc reads that failed (the process was not taken for exited)",
             DropReason::AcceptErrors => "connections not accepted (no descriptor left)",
+            DropReason::SkippedRuns => {
+                "program runs the kernel skipped (its BPF recursion guard was held on that CPU: see the man page's OVERHEAD)"
+            }
         }
     }
 
@@ -54,13 +67,14 @@ impl DropReason {
     /// (the counts are in `STATS`); `targets_map_full` and
     /// `events_ring_full` cost a process or an event, which leaves that
     /// process without a check rather than with a wrong one; `/proc` and
-    /// `accept` errors are user space's.
+    /// `accept` errors are user space's. A skipped run may have been a
+    /// fault's.
     pub fn loses_counts(self) -> bool {
         matches!(
             self,
             DropReason::Kernel(
                 Drop::StatsFull | Drop::ThreadsFull | Drop::LostReturn | Drop::ReadFailed | Drop::ExitedFull
-            )
+            ) | DropReason::SkippedRuns
         )
     }
 }

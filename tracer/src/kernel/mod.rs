@@ -10,6 +10,7 @@ pub mod drops;
 pub mod footprint;
 pub mod latency;
 pub mod probes;
+pub mod prog_info;
 pub mod session;
 
 use std::{

@@ -3,7 +3,7 @@
 //! leaves nothing attached behind it.
 
 use super::drops::{DropReason, Drops};
-use std::{path::Path, time::Instant};
+use std::{os::fd::AsFd as _, path::Path, time::Instant};
 
 use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
@@ -407,13 +407,7 @@ impl Session {
             return Ok(None);
         }
         let mut out = Vec::new();
-        for st in self.status.iter().filter(|s| s.attached) {
-            let Some(kind) = st.kind else { continue };
-            let name = match kind {
-                "fentry" | "fexit" | "tp_btf" => st.program.fentry_name().unwrap_or(st.program.name()),
-                _ => st.program.name(),
-            };
-            let prog = self.bpf.program(name).ok_or_else(|| anyhow!("no program {name}"))?;
+        for (st, kind, name, prog) in self.attached_programs()? {
             let info = prog.info().with_context(|| format!("reading {name}'s info"))?;
             let runs = info.run_count();
             let run_time_ns = info.run_time().as_nanos() as u64;
@@ -428,6 +422,42 @@ impl Session {
             });
         }
         Ok(Some(out))
+    }
+
+    /// Each attached program, with its attach kind and its name in the
+    /// object.
+    fn attached_programs(
+        &self,
+    ) -> Result<Vec<(&ProbeStatus, &'static str, &'static str, &aya::programs::Program)>> {
+        let mut out = Vec::new();
+        for st in self.status.iter().filter(|s| s.attached) {
+            let Some(kind) = st.kind else { continue };
+            let name = match kind {
+                "fentry" | "fexit" | "tp_btf" => st.program.fentry_name().unwrap_or(st.program.name()),
+                _ => st.program.name(),
+            };
+            let prog = self.bpf.program(name).ok_or_else(|| anyhow!("no program {name}"))?;
+            out.push((st, kind, name, prog));
+        }
+        Ok(out)
+    }
+
+    /// Runs of the attached programs that the kernel skipped, summed
+    /// (`bpf_prog_info.recursion_misses`); `None` where the kernel does not
+    /// count them (before 5.12; kprobe and tracepoint programs from 6.7).
+    /// See [`DropReason::SkippedRuns`] for when the kernel skips one.
+    pub fn skipped_runs(&self) -> Result<Option<u64>> {
+        let mut total = None;
+        for (_, _, name, prog) in self.attached_programs()? {
+            let fd = prog.fd().with_context(|| format!("{name}'s descriptor"))?;
+            let n = kernel::prog_info::recursion_misses(fd.as_fd())
+                .with_context(|| format!("reading {name}'s info"))?;
+            total = match (total, n) {
+                (t, None) => t,
+                (t, Some(n)) => Some(t.unwrap_or(0) + n),
+            };
+        }
+        Ok(total)
     }
 
     /// How the fault path is probed: the attach kind of the
@@ -552,6 +582,9 @@ impl Session {
         let mut out = Drops::default();
         for d in Drop::ALL {
             out.set(DropReason::Kernel(d), arr.get(&d.index(), 0)?.iter().sum());
+        }
+        if let Some(n) = self.skipped_runs()? {
+            out.set(DropReason::SkippedRuns, n);
         }
         Ok(out)
     }

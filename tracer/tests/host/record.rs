@@ -452,6 +452,9 @@ fn follow_children_reports_grow_linearly() {
         let most = r.processes.iter().map(|p| p.phases.len()).filter(|&l| l < phases).max().unwrap();
         assert!(most <= 4, "a child carries {most} phases");
         assert_eq!(r.drops.total(), 0, "{:?}", r.drops);
+        // The kernel's own count of skipped program runs was read (5.12+).
+        let skipped = r.drops.0.get(&faultscope::report::schema::DropReason::SkippedRuns);
+        assert_eq!(skipped, Some(&0), "{:?}", r.drops);
     }
     assert!(
         j400 <= j100 * 9 / 2 + (64 << 10),

@@ -22,17 +22,24 @@ fn sample(text: &str, prefix: &str) -> u64 {
 fn serve_pid_counts_match_getrusage_and_sigterm_ends_it() {
     let _t = host_test();
     let port = 9871;
-    // Waits for a line on stdin, touches 2048 new pages, prints its minflt
-    // for that, and waits for the next line to exit.
-    let script = "import sys,resource\nsys.stdin.readline()\nr0=resource.getrusage(0).ru_minflt\n\
-b=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+    // Says it is ready, waits for a line on stdin, touches 2048 new pages,
+    // prints its minflt for that, and waits for the next line to exit. Run
+    // by its own path (a `python3` found on PATH may be a shell script that
+    // execs it) and traced only once ready: its start-up is over before the
+    // count the test takes as its start.
+    let script = "import sys,resource\nprint(\"ready\",flush=True)\nsys.stdin.readline()\n\
+r0=resource.getrusage(0).ru_minflt\nb=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
 print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
-    let mut wl = Command::new("python3")
+    let mut wl = Command::new("/usr/bin/python3")
         .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut out = std::io::BufReader::new(wl.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
     let pid = wl.id().to_string();
     let served = Served::start(&["-p", &pid, "--port", &port.to_string(), "--tick", "0.2"]);
     // Attaching takes seconds on a loaded machine.
@@ -42,8 +49,8 @@ print(resource.getrusage(0).ru_minflt-r0,flush=True)\nsys.stdin.readline()\n";
     use std::io::{BufRead, Write};
     let mut stdin = wl.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(wl.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
     let minflt: u64 = line.trim().parse().unwrap();
     sleep(Duration::from_millis(1000));
     let text = scrape(port);
