@@ -22,7 +22,9 @@ pub enum DropReason {
     /// program or by a BPF map system call of any process preempted on that
     /// CPU; an fentry, fexit or BTF tracepoint program while a run of the
     /// same program was preempted on that CPU. The kernel decides; a
-    /// preemptible kernel (every 7.x) makes it possible.
+    /// preemptible kernel (every 7.x) makes it possible. Not summed: the
+    /// kernel-mode exception programs, whose skipped runs are faultscope's
+    /// own nested faults (see `Session::skipped_runs`).
     SkippedRuns,
 }
 

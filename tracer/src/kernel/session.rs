@@ -445,10 +445,17 @@ impl Session {
     /// Runs of the attached programs that the kernel skipped, summed
     /// (`bpf_prog_info.recursion_misses`); `None` where the kernel does not
     /// count them (before 5.12; kprobe and tracepoint programs from 6.7).
-    /// See [`DropReason::SkippedRuns`] for when the kernel skips one.
+    /// See [`DropReason::SkippedRuns`] for when the kernel skips one. The
+    /// kernel-mode exception programs are left out: faultscope's own stack
+    /// walks and probe reads fault inside its programs, with page faults
+    /// disabled, and the kernel skips those nested runs, which would count
+    /// nothing.
     pub fn skipped_runs(&self) -> Result<Option<u64>> {
         let mut total = None;
-        for (_, _, name, prog) in self.attached_programs()? {
+        let nested = [Program::PageFaultKernel, Program::MemAbort];
+        for (_, _, name, prog) in
+            self.attached_programs()?.into_iter().filter(|p| !nested.contains(&p.0.program))
+        {
             let fd = prog.fd().with_context(|| format!("{name}'s descriptor"))?;
             let n = kernel::prog_info::recursion_misses(fd.as_fd())
                 .with_context(|| format!("reading {name}'s info"))?;
