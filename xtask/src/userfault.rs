@@ -30,7 +30,10 @@ pub fn check_userfault_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult
         // retry completes; the kernel may add one more retried call first
         // (a fault under the per-VMA lock retried under mmap_lock), so
         // each page completes once and is retried once or twice. A busy
-        // page: one first touch per pass.
+        // page: one first touch per pass, completed once; the kernel may
+        // retry a fault under mmap_lock that the per-VMA lock could not
+        // finish (the VMA's first, which prepares its anon_vma; one that
+        // met a held lock), at most once a pass here.
         let (faults, retry) = (r.get(ReportClass::Faults), r.get(ReportClass::Retry));
         if role == "held" {
             held_pages = pages;
@@ -45,10 +48,11 @@ pub fn check_userfault_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult
                 format!("{role}: retry {retry}, each page once or twice ({pages} to {})", 2 * pages),
             );
         } else {
-            let want = pages * r.region["passes"].as_u64().unwrap_or(0);
+            let passes = r.region["passes"].as_u64().unwrap_or(0);
+            let want = pages * passes;
             cl.expect(
-                faults == want && retry == 0,
-                format!("{role}: faults {faults} = {want}, retry {retry} = 0"),
+                faults.checked_sub(retry) == Some(want) && retry <= passes,
+                format!("{role}: faults {faults} less retry {retry} = {want}, retry at most one a pass ({passes})"),
             );
         }
     }
