@@ -188,6 +188,16 @@ impl Row {
         self.faultscope == self.oracle
     }
 
+    /// The failure line of a row that does not agree, prefixed with `what`.
+    fn failure(&self, what: &str) -> String {
+        format!(
+            "{what}: {}: faultscope {} != oracle {}",
+            self.name(),
+            self.faultscope_cell(),
+            self.oracle_cell()
+        )
+    }
+
     pub fn faultscope_cell(&self) -> String {
         self.faultscope.map_or_else(|| "n/m".into(), |v| v.to_string())
     }
@@ -216,29 +226,22 @@ impl Comparison {
         if skipped == 0 {
             return self;
         }
-        let mut excused = Vec::new();
-        for r in &self.rows {
-            if let (Some(f), Some(o)) = (r.faultscope, r.oracle) {
-                if f < o && o - f <= skipped {
-                    excused.push(r.name());
-                }
-            }
-        }
-        self.failures.retain(|f| !excused.iter().any(|n| f.starts_with(&format!("{what}: {n}: "))));
-        self.unknown.extend(excused.iter().map(|n| {
-            format!("{n}: short by no more than the {skipped} program runs the kernel skipped (program_runs_skipped)")
+        let short =
+            |r: &Row| matches!((r.faultscope, r.oracle), (Some(f), Some(o)) if f < o && o - f <= skipped);
+        self.failures =
+            self.rows.iter().filter(|r| !r.agrees() && !short(r)).map(|r| r.failure(what)).collect();
+        self.unknown.extend(self.rows.iter().filter(|r| short(r)).map(|r| {
+            format!(
+                "{}: short by no more than the {skipped} program runs the kernel skipped (program_runs_skipped)",
+                r.name()
+            )
         }));
         self
     }
 
     fn push(&mut self, what: &str, row: Row) {
         if !row.agrees() {
-            self.failures.push(format!(
-                "{what}: {}: faultscope {} != oracle {}",
-                row.name(),
-                row.faultscope_cell(),
-                row.oracle_cell()
-            ));
+            self.failures.push(row.failure(what));
         }
         self.rows.push(row);
     }
