@@ -10,6 +10,13 @@
 //!   <- handle_mm_fault return       (classify, account, clear)
 //! ```
 //!
+//! In exit-only mode (x86 with fexit) there is no entry program: the
+//! exception opens the fault ([`ThreadFault::open_at_exception`]), the
+//! fexit reads the call's arguments and closes it
+//! ([`ThreadFault::at_return`]); a call no exception opened
+//! (get_user_pages) is opened by its first mark or its return, untimed, and
+//! a retried call by the return that retried it.
+//!
 //! Every fault the kernel accounts to the task (`mm_account_fault()`: the
 //! task's `min_flt`/`maj_flt`) goes through `handle_mm_fault` with the task
 //! as `current`, whatever its origin: a user-mode fault, a fault the kernel
@@ -131,6 +138,9 @@ pub const SEEN_DIRTY_SHARED: u32 = 1 << 6;
 /// The fault in progress is timed (`--latency`): its entry read the clock,
 /// and its marks and return read it too.
 pub const SEEN_TIMED: u32 = 1 << 7;
+/// Exit-only mode: the fault in progress was opened by its exception
+/// (`start_ns` is the exception's time, `fault_addr` its address).
+pub const SEEN_FROM_EXC: u32 = 1 << 8;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -191,6 +201,66 @@ impl ThreadFault {
         self.exc_addr = addr;
         self.exc_code = code;
         self.seen |= SEEN_EXC;
+    }
+
+    /// Exit-only mode (x86 with fexit: the exception opens a fault, the
+    /// return closes it, no entry program): the CPU raised a page-fault
+    /// exception, which opens the fault `handle_mm_fault` is about to
+    /// handle, timed from `start_ns` when given. Whatever an earlier
+    /// exception left open (one the kernel never handed to
+    /// `handle_mm_fault`: a SIGSEGV, a fixup) is forgotten.
+    #[inline(always)]
+    pub fn open_at_exception(&mut self, arch: ExcArch, addr: u64, code: u64, start_ns: Option<u64>) {
+        self.on_exception(arch, addr, code);
+        self.start_ns = start_ns.unwrap_or(0);
+        self.fault_addr = addr;
+        self.own_ns = 0;
+        let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
+        self.seen = SEEN_EXC | SEEN_FROM_EXC | SEEN_IN_FAULT | timed;
+    }
+
+    /// Exit-only mode: a call of `handle_mm_fault` that no exception opened
+    /// (get_user_pages) reached a mark or its return first: opened there,
+    /// untimed, keeping the exception record.
+    #[inline(always)]
+    pub fn open_untimed(&mut self) {
+        self.start_ns = 0;
+        self.fault_addr = 0;
+        self.own_ns = 0;
+        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT;
+    }
+
+    /// Exit-only mode: `handle_mm_fault(.., addr, flags, ..)` of `origin`
+    /// returns. Opens the call untimed if nothing did; it stays timed only
+    /// if what opened it was this call's: the exception of this page (not
+    /// for get_user_pages, which raises none) or this page's retry.
+    /// Returns whether it is timed.
+    #[inline(always)]
+    pub fn at_return(&mut self, addr: u64, flags: u32, origin: Origin) -> bool {
+        if self.seen & SEEN_IN_FAULT == 0 {
+            self.open_untimed();
+        }
+        let ours = (self.fault_addr & PAGE_MASK) == (addr & PAGE_MASK)
+            && !(origin as u32 == Origin::Gup as u32 && self.seen & SEEN_FROM_EXC != 0);
+        if !ours {
+            self.seen &= !SEEN_TIMED;
+        }
+        self.fault_addr = addr;
+        self.flags = flags;
+        self.origin = origin as u32;
+        self.timed()
+    }
+
+    /// Exit-only mode, after [`Self::on_return`] of a call that returned
+    /// `VM_FAULT_RETRY`: the kernel calls again for the same address, with
+    /// no new exception. That call opens here, timed from `start_ns` (this
+    /// return) when given.
+    #[inline(always)]
+    pub fn reopen_for_retry(&mut self, start_ns: Option<u64>) {
+        self.start_ns = start_ns.unwrap_or(0);
+        self.own_ns = 0;
+        let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
+        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
     }
 
     /// `handle_mm_fault` entered for a fault of this thread. Returns true
@@ -518,6 +588,53 @@ mod tests {
         t.mark(SEEN_WP);
         assert!(t.on_return(0).unwrap().has(KernelClass::Reuse));
         assert_eq!(t.on_return(0), None, "a return without an entry");
+    }
+
+    /// Exit-only mode: the exception opens, the marks mark, the return
+    /// closes; a call no exception opened is counted untimed.
+    #[test]
+    fn exit_only_exception_opens_and_return_closes() {
+        let mut t = ThreadFault::default();
+        let wp = X86_PF_PROT | X86_PF_WRITE | X86_PF_USER;
+        t.open_at_exception(ExcArch::X86, A + 0x10, wp, Some(1_000));
+        t.mark(SEEN_WP);
+        assert!(t.at_return(A + 0x20, W, Origin::User), "timed from its exception");
+        let s = t.on_return(0).unwrap();
+        assert!(s.has(KernelClass::Reuse) && s.has(KernelClass::WpFaults) && !s.has(KernelClass::Spurious));
+        assert_eq!(t.seen, 0, "a completed fault leaves nothing open");
+        // get_user_pages: no exception; do_wp_page opens it, untimed.
+        t.open_untimed();
+        t.mark(SEEN_WP);
+        t.mark(SEEN_NEW_ANON);
+        assert!(!t.at_return(A, W, Origin::Gup));
+        assert!(t.on_return(0).unwrap().has(KernelClass::Copy));
+        // A return with nothing open: counted, untimed.
+        assert!(!t.at_return(A, R, Origin::Gup));
+        assert!(t.on_return(0).unwrap().has(KernelClass::Faults));
+    }
+
+    #[test]
+    fn exit_only_timing_is_only_from_this_calls_opening() {
+        let mut t = ThreadFault::default();
+        // An exception the kernel never handled (a SIGSEGV), then a GUP
+        // fault of the same page: not timed from that exception.
+        t.open_at_exception(ExcArch::X86, A, X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        assert!(!t.at_return(A, W, Origin::Gup));
+        t.on_return(0);
+        // An exception of another page: not this call's either.
+        t.open_at_exception(ExcArch::X86, A + 0x5000, X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        assert!(!t.at_return(A, W, Origin::User));
+        t.on_return(0);
+        // A retry: the retried call is timed from the return that retried it
+        // and keeps the exception record (present rule).
+        t.open_at_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        assert!(t.at_return(A, W, Origin::User));
+        assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
+        t.reopen_for_retry(Some(5_000));
+        assert!(t.at_return(A, W | FAULT_FLAG_TRIED, Origin::User));
+        assert_eq!(t.start_ns, 5_000);
+        let s = t.on_return(0).unwrap();
+        assert!(s.has(KernelClass::Spurious), "present write that reached nothing, by the kept record");
     }
 
     #[test]

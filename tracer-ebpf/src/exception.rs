@@ -3,9 +3,11 @@
 //!
 //! On x86 the tracepoint is the whole of the tracepoint-only mode; with
 //! kprobes it also leaves the exception record in the thread state, so that
-//! the kretprobe can tell a write to a present page (the spurious rule).
+//! the kretprobe can tell a write to a present page (the spurious rule); in
+//! exit-only mode (fexit) it opens the fault.
 
 use aya_ebpf::{
+    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, tracepoint},
     programs::{tracing::StackIdContext, BtfTracePointContext, TracePointContext},
     EbpfContext,
@@ -21,9 +23,9 @@ use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
     helpers::{
         current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
-        tgid_of, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
+        tgid_of, timed_fault, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
     },
-    maps::{cfg, Conf, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
+    maps::{cfg, Conf, EXIT_ONLY, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
 };
 
 /// A u64 tracepoint field at `off` (from the kernel's format file), read
@@ -140,13 +142,21 @@ fn on_page_fault<C: StackIdContext>(
     // The kprobes (or fentry) count the fault; this leaves its error code
     // for the fault's return (an untraced thread never gets a state, and a
     // record left by one no longer traced is never used: only a traced
-    // fault's entry opens a fault), and counts first_touch.
+    // fault's entry opens a fault), and counts first_touch. In exit-only
+    // mode it opens the fault: the clock last, so that the fault's time
+    // starts where this program's ends.
     let addr = addr()?;
     if let Some(s) = traced_thread_not_noted(id, epoch) {
-        unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
         // first_touch: a page not present.
         if set.classes() != 0 {
             counted(ctx, &conf, tgid, set, origin, ip);
+        }
+        if cfg(&EXIT_ONLY) != 0 {
+            let timed = timed_fault(conf.get(Config::LatencyEvery));
+            let start = if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None };
+            unsafe { (*s).open_at_exception(ExcArch::X86, addr, code, start) };
+        } else {
+            unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
         }
     }
     Ok(0)

@@ -13,17 +13,17 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::KernelClass,
-    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP},
+    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_RETRY},
     maps::{Config, Drop},
 };
 
 use crate::{
     attrib::{attribute, count_mapping, fault_site, vma_start},
     helpers::{
-        current_id, current_phase, drop_count, read_failed, record_set, tgid_of, thread_state_if_any,
-        timed_fault, traced_thread, FnContext, ReadFailed, UNTIMED,
+        current_id, current_phase, drop_count, fault_state, read_failed, record_set, tgid_of,
+        thread_state_if_any, timed_fault, traced_thread, FnContext, ReadFailed, UNTIMED,
     },
-    maps::Conf,
+    maps::{cfg, Conf, EXIT_ONLY},
 };
 
 // ---- handle_mm_fault ----------------------------------------------------------
@@ -87,10 +87,12 @@ pub fn fault_return(ctx: RetProbeContext) -> u32 {
     try_fault_return(&ctx, ret).unwrap_or(0)
 }
 
-/// fexit sees the return value without a kretprobe's trampoline.
+/// fexit sees the return value without a kretprobe's trampoline, and the
+/// arguments: in exit-only mode it is the whole of the fault's own work.
 #[fexit]
 pub fn fault_return_fe(ctx: FExitContext) -> u32 {
     match ctx.ret::<u64>() {
+        Ok(ret) if cfg(&EXIT_ONLY) != 0 => try_fault_close(&ctx, ret).unwrap_or(0),
         Ok(ret) => try_fault_return(&ctx, ret).unwrap_or(0),
         Err(_) => {
             if thread_state_if_any(current_id()).is_some() {
@@ -99,6 +101,50 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
             0
         }
     }
+}
+
+/// Exit-only mode: `handle_mm_fault(vma, address, flags, regs)` returns
+/// `ret`. The exception opened the fault (or its first mark did, or
+/// nothing: get_user_pages); this reads what an entry program would have
+/// (origin, mapping, site), classifies, and accounts it. A retried call
+/// opens here, for the call the kernel makes next.
+#[inline(always)]
+fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
+    let id = current_id();
+    let Some(s) = fault_state(id, true) else {
+        return Ok(0);
+    };
+    let st = unsafe { &mut *s };
+    let arg = |n| FnContext::arg(ctx, n);
+    let (addr, flags, regs) = (arg(1)?, arg(2)? as u32, arg(3)?);
+    let origin = Origin::of(flags, regs);
+    let ns = if st.at_return(addr, flags, origin) {
+        unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns)
+    } else {
+        UNTIMED
+    };
+    let own_ns = st.own_ns;
+    let Some(set) = st.on_return(ret as u32) else {
+        return Ok(0);
+    };
+    let set = st.opaque(set);
+    let tgid = tgid_of(id);
+    let phase = current_phase();
+    record_set(tgid, phase, set, ns, own_ns);
+    let conf = Conf::load();
+    // The VMA is read at the return: the call holds its lock until then,
+    // except a retry's or a completed-unlocked one, whose VMA is still
+    // memory the kernel frees only after an RCU grace period (the read is
+    // a checked load either way).
+    let start = vma_start(ctx, &conf, arg(0)?)?;
+    let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
+    attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, Some(start), ip, syscall, 0);
+    if ret as u32 & VM_FAULT_RETRY != 0 {
+        // The clock last: the retried call's time starts where this ends.
+        let timed = timed_fault(conf.get(Config::LatencyEvery));
+        st.reopen_for_retry(if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None });
+    }
+    Ok(0)
 }
 
 #[inline(always)]
@@ -141,16 +187,22 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 /// this program's own time (from its state lookup on) to the fault's
 /// `own_ns`. The clock is read only once the thread is found in a timed
 /// fault: an untraced task's call costs the lookup alone, an untimed
-/// fault's the mark.
+/// fault's the mark. In exit-only mode a mark of a function that runs only
+/// inside a fault (`opens`) opens a traced thread's fault if none is open
+/// (get_user_pages raises no exception).
 #[inline(always)]
-fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
-    if let Some(s) = thread_state_if_any(current_id()) {
+fn try_mark(bit: u32, opens: bool) -> Result<u32, ReadFailed> {
+    let open = opens && cfg(&EXIT_ONLY) != 0;
+    if let Some(s) = fault_state(current_id(), open) {
         let st = unsafe { &mut *s };
         if st.timed() {
             let from = unsafe { bpf_ktime_get_ns() };
             st.mark(bit);
             st.own_time(from, unsafe { bpf_ktime_get_ns() });
         } else {
+            if open && !st.in_fault() {
+                st.open_untimed();
+            }
             st.mark(bit);
         }
     }
@@ -159,32 +211,32 @@ fn try_mark(bit: u32) -> Result<u32, ReadFailed> {
 
 kprobe_and_fentry!(
     /// `do_wp_page`: a write-protect fault on a present PTE.
-    wp_page, wp_page_fe, |_ctx| try_mark(SEEN_WP).unwrap_or(0)
+    wp_page, wp_page_fe, |_ctx| try_mark(SEEN_WP, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
-    huge_pmd_wp, huge_pmd_wp_fe, |_ctx| try_mark(SEEN_HUGE_WP).unwrap_or(0)
+    huge_pmd_wp, huge_pmd_wp_fe, |_ctx| try_mark(SEEN_HUGE_WP, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
     /// `do_wp_page` fault that is a COW copy.
-    new_anon_rmap, new_anon_rmap_fe, |_ctx| try_mark(SEEN_NEW_ANON).unwrap_or(0)
+    new_anon_rmap, new_anon_rmap_fe, |_ctx| try_mark(SEEN_NEW_ANON, false).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
     /// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
-    dirty_shared, dirty_shared_fe, |_ctx| try_mark(SEEN_DIRTY_SHARED).unwrap_or(0)
+    dirty_shared, dirty_shared_fe, |_ctx| try_mark(SEEN_DIRTY_SHARED, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
     /// present-entry tail of `handle_pte_fault`.
-    access_flags, access_flags_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
+    access_flags, access_flags_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
-    access_flags_cont, access_flags_cont_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
+    access_flags_cont, access_flags_cont_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
-    huge_accessed, huge_accessed_fe, |_ctx| try_mark(SEEN_ACCESS).unwrap_or(0)
+    huge_accessed, huge_accessed_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
 );

@@ -132,6 +132,12 @@ impl FnContext for FExitContext {
     fn arg(&self, n: usize) -> Result<u64, ReadFailed> {
         Ok(FExitContext::arg(self, n))
     }
+
+    /// As from fentry: fexit's arguments are BTF-typed too.
+    #[inline(always)]
+    fn read_at(&self, ptr: u64, off: u64) -> Result<u64, ReadFailed> {
+        Ok(unsafe { core::ptr::read_volatile((ptr as *const u8).wrapping_add(off as usize) as *const u64) })
+    }
 }
 
 /// A tracepoint field at `off`, or a counted failure.
@@ -598,13 +604,30 @@ pub fn timed_fault(every: u32) -> bool {
 /// that counts, and skips the storage lookup (about 120 instructions).
 #[inline(always)]
 pub fn thread_state_if_any(id: u64) -> Option<*mut ThreadFault> {
+    fault_state(id, false)
+}
+
+/// [`thread_state_if_any`]; with `open`, for a traced thread with no
+/// fault open, its state to open one in (exit-only mode: a call no
+/// exception opened). An untraced thread stops at its note either way.
+#[inline(always)]
+pub fn fault_state(id: u64, open: bool) -> Option<*mut ThreadFault> {
+    let epoch = targets_epoch();
     if let Some(s) = held_state(id) {
-        return Some(s);
+        if !open || unsafe { (*s).in_fault() } {
+            return Some(s);
+        }
+        return traced_thread_not_noted(id, epoch);
     }
-    if noted_untraced(id, targets_epoch()) {
+    if noted_untraced(id, epoch) {
         return None;
     }
-    THREADS.current(false)
+    let stored = THREADS.current(false);
+    match stored {
+        Some(s) if !open || unsafe { (*s).in_fault() } => Some(s),
+        _ if open => traced_thread_not_noted(id, epoch),
+        _ => None,
+    }
 }
 
 /// Frees this CPU's `OPEN` slot if thread `id` holds it: at the thread's

@@ -221,6 +221,13 @@ pub static CGROUP_FILTER: u32 = 0;
 #[no_mangle]
 pub static COMM_FILTER: u32 = 0;
 
+/// Non-zero: exit-only mode (x86 with fexit on `handle_mm_fault`): the
+/// exception tracepoints open each fault, the fexit reads the call's
+/// arguments and closes it, and no entry program runs (one program less
+/// on every fault). A load-time constant.
+#[no_mangle]
+pub static EXIT_ONLY: u32 = 0;
+
 /// Non-zero: an exec in a traced process starts a phase (serve: the new
 /// program's faults are its own phase kind's, not the old program's).
 #[no_mangle]

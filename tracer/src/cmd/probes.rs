@@ -50,6 +50,15 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
                     safe(twin_refused.as_deref().unwrap_or(""))
                 )
             }
+            probes::Resolution::Attach { symbol, .. }
+                if r.spec.folded_into.is_some() && probes::exit_only(&resolved) =>
+            {
+                format!(
+                    "folded into {} (exit-only mode: its fexit reads {} at the return, the exceptions open each fault)",
+                    r.spec.folded_into.map(|p| p.name()).unwrap_or_default(),
+                    safe(symbol)
+                )
+            }
             probes::Resolution::Attach { symbol, backend, why, .. } => {
                 format!("{} {} ({})", backend.attach_kind(r.spec.hook), safe(symbol), safe(why))
             }
@@ -137,6 +146,10 @@ fn mode_line(resolved: &[probes::Resolved], refused: &dyn Fn(&str) -> Option<Str
     let fault_path = match find(Program::FaultEntry) {
         Some(Resolution::Attach { backend: Backend::Fentry, fallback, .. }) => {
             match (Program::FaultEntry.fentry_name().and_then(refused), fallback) {
+                (None, _) if probes::exit_only(resolved) => Ok(
+                    "fentry mode: the fault path by fentry/fexit (BPF trampolines), exit-only: the exception opens each fault, the fexit closes it"
+                        .to_string(),
+                ),
                 (None, _) => Ok("fentry mode: the fault path by fentry/fexit (BPF trampolines)".to_string()),
                 (Some(_), Ok(())) => {
                     Ok("kprobe mode: the fault path by kprobes (the kernel refused fentry at load)"

@@ -25,6 +25,21 @@ pub enum LatencyTier {
     Off,
 }
 
+/// Where a timed fault's time starts; it ends at `handle_mm_fault`'s
+/// return.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LatencyWindow {
+    /// At the page-fault exception (x86 with fexit, exit-only mode): the
+    /// time the faulting access waits in the kernel, less the exception's
+    /// own entry. A retried call is timed from the return that retried it;
+    /// get_user_pages raises no exception, so its faults are counted and
+    /// not timed.
+    Exception,
+    /// At `handle_mm_fault`'s entry (kprobes; fentry on arm64): every call.
+    Entry,
+}
+
 impl LatencyTier {
     /// `Config::LatencyEvery` for the kernel side: 0 none, 1 all, N.
     pub fn every(self) -> u32 {

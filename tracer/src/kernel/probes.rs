@@ -67,11 +67,16 @@ pub struct ProbeSpec {
     /// Attached only when this other program is, which cannot be right
     /// without it; where it fails to attach, the run refuses to start.
     pub only_with: Option<Program>,
+    /// Not attached in exit-only mode ([`exit_only`]) where this other
+    /// program attached as fexit: that one reads this one's arguments at
+    /// the return, and the exception opens the fault.
+    pub folded_into: Option<Program>,
 }
 
 /// Every probe. The order is the order of attachment: the per-thread state is
-/// created by the exception probes and `handle_mm_fault` entry, so marks and
-/// returns attach after them.
+/// created by the exception probes and `handle_mm_fault` entry, so marks
+/// attach after them; the return attaches before the entry, which is not
+/// needed where the return is an fexit in exit-only mode.
 pub const PROBES: &[ProbeSpec] = &[
     ProbeSpec {
         program: Program::TaskNewtask,
@@ -82,6 +87,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "forks of traced processes (clone_flags tell processes from threads); follows children",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::ProcessExec,
@@ -92,6 +98,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "exec of traced processes (a started command counts from its exec)",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::ProcessExit,
@@ -102,6 +109,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "exit of traced processes (ends the run when all are gone)",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::PageFaultUser,
@@ -112,6 +120,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "user faults by error code; PROT bit for the spurious rule; the tracepoint-only mode",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::PageFaultKernel,
@@ -122,6 +131,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "kernel-mode faults on user addresses (copy_to_user in a system call): their error code; in tracepoint-only mode, the kernel-origin faults",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::MemAbort,
@@ -132,16 +142,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "ESR of each abort: permission fault = present page (spurious rule)",
         redundant_with: None,
         only_with: None,
-    },
-    ProbeSpec {
-        program: Program::FaultEntry,
-        hook: Hook::Kprobe(&["handle_mm_fault"]),
-        arch: Arch::Any,
-        min_kernel: "4.9",
-        required: false,
-        measures: "start of each fault of a traced task, with its origin (user; kernel: regs set, no FAULT_FLAG_USER; gup: regs NULL)",
-        redundant_with: None,
-        only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::FaultReturn,
@@ -152,6 +153,18 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "end of each fault: latency, vm_fault_t, classification",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
+    },
+    ProbeSpec {
+        program: Program::FaultEntry,
+        hook: Hook::Kprobe(&["handle_mm_fault"]),
+        arch: Arch::Any,
+        min_kernel: "4.9",
+        required: false,
+        measures: "start of each fault of a traced task, with its origin (user; kernel: regs set, no FAULT_FLAG_USER; gup: regs NULL)",
+        redundant_with: None,
+        only_with: None,
+        folded_into: Some(Program::FaultReturn),
     },
     ProbeSpec {
         program: Program::SchedSwitch,
@@ -161,7 +174,8 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         measures: "a thread switched out in the middle of a fault (it sleeps: I/O, the page lock, userfaultfd) takes the fault's state from its CPU's slot to its task storage",
         redundant_with: None,
-        only_with: Some(Program::FaultEntry),
+        only_with: Some(Program::FaultReturn),
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::WpPage,
@@ -172,6 +186,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "write-protect faults on PTEs",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::HugePmdWp,
@@ -182,6 +197,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "write-protect faults on PMD-mapped THPs",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::NewAnonRmap,
@@ -192,6 +208,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "a new anon folio mapped: inside do_wp_page, a COW copy",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::DirtyShared,
@@ -203,6 +220,7 @@ pub const PROBES: &[ProbeSpec] = &[
             "a shared mapping's page dirtied: inside do_wp_page, write-notify (wp_page_shared), not COW",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::AccessFlags,
@@ -217,6 +235,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "present-entry tail of a fault (spurious rule where no exception record exists)",
         redundant_with: Some(Program::PageFaultUser),
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::AccessFlagsCont,
@@ -227,6 +246,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "the same for contpte blocks",
         redundant_with: Some(Program::PageFaultUser),
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::HugeAccessed,
@@ -237,6 +257,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "the same for PMD-mapped THPs",
         redundant_with: Some(Program::PageFaultUser),
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::ContpteTryUnfold,
@@ -247,6 +268,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "__contpte_try_unfold calls (6.12's unfold path)",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::ContpteConvert,
@@ -257,6 +279,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "contpte blocks rewritten: folded (PTE_CONT in the new PTE) or unfolded",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
     ProbeSpec {
         program: Program::ContpteTryFold,
@@ -267,6 +290,7 @@ pub const PROBES: &[ProbeSpec] = &[
         measures: "contpte fold attempts",
         redundant_with: None,
         only_with: None,
+        folded_into: None,
     },
 ];
 
@@ -328,6 +352,26 @@ pub enum Resolution {
 pub struct Resolved {
     pub spec: &'static ProbeSpec,
     pub resolution: Resolution,
+}
+
+/// Whether the run will be in exit-only mode: the return resolves to an
+/// fexit and x86's exception tracepoints are attachable, so that the
+/// exceptions open each fault, the fexit (which sees the arguments) closes
+/// it, and no program runs at `handle_mm_fault`'s entry (one probe less on
+/// every fault). get_user_pages raises no exception: its faults are counted
+/// and classified alike, untimed. Decided before the object is loaded (a
+/// load-time constant); where the attach then falls short of it, the entry
+/// is attached after all and the programs run as without it.
+pub fn exit_only(resolved: &[Resolved]) -> bool {
+    let resolves = |p: Program, fexit: bool| {
+        resolved.iter().any(|r| {
+            r.spec.program == p
+                && matches!(r.resolution, Resolution::Attach { backend, .. } if !fexit || backend == Backend::Fentry)
+        })
+    };
+    resolves(Program::FaultReturn, true)
+        && resolves(Program::PageFaultUser, false)
+        && resolves(Program::PageFaultKernel, false)
 }
 
 /// Facts about the kernel that resolution depends on, gathered once so that
@@ -558,6 +602,37 @@ mod tests {
         let r = resolve(&f);
         let e = r.iter().find(|r| r.spec.program == Program::FaultEntry).unwrap();
         assert!(matches!(&e.resolution, Resolution::Unavailable(r) if r.contains("blacklist")));
+    }
+
+    /// Exit-only mode needs the return as fexit and both x86 exception
+    /// tracepoints; a kretprobe, or no exception tracepoint (arm64), keeps
+    /// the entry program. The return attaches before the entry, which
+    /// looks at how it attached.
+    #[test]
+    fn exit_only_needs_the_fexit_and_the_exception_tracepoints() {
+        let spec = |p: Program| PROBES.iter().find(|s| s.program == p).unwrap();
+        let with = |ret: Backend, tps: bool| {
+            let mut v = vec![Resolved {
+                spec: spec(Program::FaultReturn),
+                resolution: attach("handle_mm_fault", ret),
+            }];
+            for p in [Program::PageFaultUser, Program::PageFaultKernel] {
+                let resolution = if tps {
+                    attach("exceptions:page_fault", Backend::Fentry)
+                } else {
+                    Resolution::Unavailable("x86-64 only".into())
+                };
+                v.push(Resolved { spec: spec(p), resolution });
+            }
+            exit_only(&v)
+        };
+        assert!(with(Backend::Fentry, true));
+        assert!(!with(Backend::Kprobe, true));
+        assert!(!with(Backend::Fentry, false));
+        let at = |p: Program| PROBES.iter().position(|s| s.program == p).unwrap();
+        assert!(at(Program::FaultReturn) < at(Program::FaultEntry));
+        assert!(at(Program::PageFaultKernel) < at(Program::FaultEntry));
+        assert_eq!(spec(Program::FaultEntry).folded_into, Some(Program::FaultReturn));
     }
 
     /// The backend choice per probe: fentry where BTF describes the very

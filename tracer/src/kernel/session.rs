@@ -23,7 +23,8 @@ use crate::kernel::{
     self,
     btf::KernelBtf,
     footprint::Sizes,
-    probes::{Backend, BackendChoice, Hook, Resolution, Resolved},
+    latency::LatencyWindow,
+    probes::{self, Backend, BackendChoice, Hook, Resolution, Resolved},
 };
 
 /// The eBPF object built by build.rs for this target's architecture.
@@ -56,6 +57,21 @@ impl ProbeStatus {
             kind: None,
             backend_reason: None,
         }
+    }
+}
+
+/// Whether these probes are exit-only mode's: the fault entry folded
+/// into the return's fexit (attached, with no attachment of its own).
+pub fn exit_only_in(status: &[ProbeStatus]) -> bool {
+    status.iter().any(|s| s.program == Program::FaultEntry && s.attached && s.kind.is_none())
+}
+
+/// Where a timed fault's time starts with these probes.
+pub fn latency_window(status: &[ProbeStatus]) -> LatencyWindow {
+    if exit_only_in(status) {
+        LatencyWindow::Exception
+    } else {
+        LatencyWindow::Entry
     }
 }
 
@@ -212,6 +228,7 @@ fn loader(
     vma_offset: Option<u32>,
     btf: &KernelBtf,
     aya_btf: Option<&aya::Btf>,
+    exit_only: bool,
 ) -> Result<Ebpf> {
     let (mut offsets, warnings) = tracepoint_offsets(tracefs);
     for w in warnings {
@@ -260,6 +277,8 @@ fn loader(
     let filter = (sizes.comms > 0) as u32;
     l.override_global("COMM_FILTER", &filter, true);
     l.map_max_entries("COMMS", sizes.comms.max(1));
+    let exit_only = exit_only as u32;
+    l.override_global("EXIT_ONLY", &exit_only, true);
     let exec_phase = sizes.exec_phase as u32;
     l.override_global("EXEC_PHASE", &exec_phase, true);
     if EBPF_OBJECT.is_empty() {
@@ -300,7 +319,8 @@ impl Session {
             None
         };
         let vma_offset = vma_start_offset(btf);
-        let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied(), btf, aya_btf)?;
+        let exit_only = aya_btf.is_some() && probes::exit_only(resolved);
+        let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied(), btf, aya_btf, exit_only)?;
         let logger = aya_log::EbpfLogger::init(&mut bpf).ok();
         let mut status = Vec::new();
         for r in resolved {
@@ -308,7 +328,27 @@ impl Session {
             let attached = |p: Program| status.iter().any(|s: &ProbeStatus| s.program == p && s.attached);
             let redundant = spec.redundant_with.filter(|other| attached(*other));
             let unneeded = spec.only_with.filter(|other| !attached(*other));
+            let exception_opens = attached(Program::PageFaultUser) && attached(Program::PageFaultKernel);
+            let folded = spec.folded_into.filter(|other| {
+                exit_only
+                    && exception_opens
+                    && status.iter().any(|s| s.program == *other && s.kind == Some("fexit"))
+            });
             let st = match &r.resolution {
+                _ if folded.is_some() => ProbeStatus {
+                    program: spec.program,
+                    target: match &r.resolution {
+                        Resolution::Attach { symbol, .. } => symbol.clone(),
+                        _ => hook_name(spec.hook),
+                    },
+                    attached: true,
+                    reason: Some(format!(
+                        "folded into {}: its fexit reads the arguments at the return, and the exception opens the fault (exit-only mode)",
+                        folded.map(Program::name).unwrap_or_default()
+                    )),
+                    kind: None,
+                    backend_reason: None,
+                },
                 _ if unneeded.is_some() => ProbeStatus::not_attached(
                     spec.program,
                     hook_name(spec.hook),
@@ -468,11 +508,20 @@ impl Session {
     }
 
     /// How the fault path is probed: the attach kind of the
-    /// `handle_mm_fault` entry, else the x86 tracepoint, else none.
+    /// `handle_mm_fault` entry ("fentry" where exit-only mode folded it into
+    /// the fexit), else the x86 tracepoint, else none.
     pub fn fault_path_backend(&self) -> &'static str {
         let kind =
             |p: Program| self.status.iter().find(|s| s.program == p && s.attached).and_then(|s| s.kind);
-        kind(Program::FaultEntry).or(kind(Program::PageFaultUser)).unwrap_or("none")
+        let folded = self.exit_only().then_some("fentry");
+        kind(Program::FaultEntry).or(folded).or(kind(Program::PageFaultUser)).unwrap_or("none")
+    }
+
+    /// Whether the run is in exit-only mode ([`probes::exit_only`]): the
+    /// fault entry folded into the return's fexit, the exception opening
+    /// each fault.
+    pub fn exit_only(&self) -> bool {
+        exit_only_in(&self.status)
     }
 
     pub fn attached(&self, program: Program) -> bool {
@@ -761,6 +810,7 @@ pub fn load_all(
         Some(0),
         btf,
         aya_btf,
+        aya_btf.is_some() && probes::exit_only(resolved),
     )?;
     let mut out = Vec::new();
     for r in resolved {

@@ -353,6 +353,10 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
         arch: ctx.arch.into(),
         mode: mode(ctx.availability),
         latency: ctx.latency,
+        latency_window: ctx
+            .latency
+            .filter(|t| *t != LatencyTier::Off)
+            .map(|_| crate::kernel::session::latency_window(ctx.probes)),
         duration_ns: ctx.duration_ns,
         probes: ctx
             .probes

@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::collect::phases::PhaseKind;
 pub use crate::kernel::drops::{DropReason, Drops};
-use crate::kernel::{classes::ReportClass, latency::LatencyTier};
+use crate::kernel::{
+    classes::ReportClass,
+    latency::{LatencyTier, LatencyWindow},
+};
 
 pub const SCHEMA: &str = "faultscope/1";
 
@@ -25,12 +28,18 @@ pub struct Report {
     pub mode: Mode,
     /// Which faults were timed (`--latency`), where the fault path is
     /// probed: every one, one in `every` of those on each CPU, or none. A
-    /// latency is the time from `handle_mm_fault`'s entry to its return,
-    /// less faultscope's programs nested in it (`raw` keeps them in); its
+    /// latency is the time from `latency_window`'s start to
+    /// `handle_mm_fault`'s return, less faultscope's programs nested in it
+    /// (`raw` keeps them in); its
     /// buckets count the timed faults. Absent in tracepoint mode, which
     /// times none, and in reports older than it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<LatencyTier>,
+    /// Where a timed fault's time starts (`exception` or `entry`, see
+    /// `LatencyWindow`); absent when no fault is timed, and in reports
+    /// older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_window: Option<LatencyWindow>,
     pub duration_ns: u64,
     /// Every probe of the table: attached or why not.
     pub probes: Vec<ProbeStatus>,

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::schema::{sum_classes, CheckResult, ClassValue, Classes, KernelCheck, Mode, Report};
 use crate::{
-    kernel::latency::LatencyTier,
+    kernel::latency::{LatencyTier, LatencyWindow},
     term::safe,
     units::{count, ns as fmt_ns},
 };
@@ -164,18 +164,25 @@ pub fn to_text(r: &Report) -> String {
         out,
         "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
     );
-    if let Some(l) = latency_line(r.latency) {
+    if let Some(l) = latency_line(r.latency, r.latency_window) {
         let _ = writeln!(out, "{l}");
     }
     out
 }
 
 /// What P50, P99 and MAX are of, unless every fault was timed.
-fn latency_line(tier: Option<LatencyTier>) -> Option<String> {
+fn latency_line(tier: Option<LatencyTier>, window: Option<LatencyWindow>) -> Option<String> {
+    let from = match window {
+        Some(LatencyWindow::Exception) => {
+            "; timed from the page-fault exception to handle_mm_fault's return, get_user_pages faults (no exception) not timed"
+        }
+        _ => "",
+    };
     match tier? {
-        LatencyTier::All => None,
+        LatencyTier::All if from.is_empty() => None,
+        LatencyTier::All => Some(format!("P50, P99, MAX: of every fault{from}")),
         LatencyTier::Sample { every } => Some(format!(
-            "P50, P99, MAX: of one fault in {every} on each CPU (--latency sample={every}); the counts are of every fault"
+            "P50, P99, MAX: of one fault in {every} on each CPU (--latency sample={every}){from}; the counts are of every fault"
         )),
         LatencyTier::Off => Some("P50, P99, MAX: no fault was timed (--latency off); the counts are of every fault".into()),
     }
