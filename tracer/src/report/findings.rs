@@ -83,7 +83,7 @@ impl SpanCtx<'_> {
 
 /// The rules over each span (phase or step), in the order their findings
 /// are listed.
-const SPAN_RULES: [fn(&SpanCtx) -> Option<Draft>; 8] = [
+const SPAN_RULES: [fn(&SpanCtx) -> Option<Draft>; 9] = [
     large_folio_reuse_per_page,
     large_folio_reuse_whole,
     large_folio_copy_after_exit,
@@ -92,6 +92,7 @@ const SPAN_RULES: [fn(&SpanCtx) -> Option<Draft>; 8] = [
     shared_write_notify,
     copy_by_the_kernel,
     copy_while_child_alive,
+    wp_while_child_alive,
 ];
 
 pub fn findings(r: &Report) -> Vec<Finding> {
@@ -275,6 +276,26 @@ fn copy_while_child_alive(cx: &SpanCtx) -> Option<Draft> {
             where_(&cx.s.attribution, ReportClass::Copy, copy)
         ),
         numbers([("copy", copy.into())]),
+    )
+}
+
+/// Where copies cannot be told from reuses (tracepoint mode: the error
+/// code says a write hit a present page, not what the kernel did), the
+/// write-protect faults while a forked child shared the memory, hedged.
+fn wp_while_child_alive(cx: &SpanCtx) -> Option<Draft> {
+    let wp = cx.n(ReportClass::WpFaults);
+    (cx.c(ReportClass::Copy).is_none() && wp >= COPY_NOTABLE && cx.s.child_alive).then_some(())?;
+    let child = match cx.s.name.split_whitespace().next() {
+        Some(f) if f.starts_with("fork#") => format!("the child of {f}"),
+        _ => "a forked child".to_string(),
+    };
+    draft(
+        "wp-while-child-alive",
+        format!(
+            "{wp} write-protect faults while {child} was alive{}: COW copies or reuses (and any spurious write faults); telling them apart needs kprobes or fentry",
+            where_(&cx.s.attribution, ReportClass::WpFaults, wp)
+        ),
+        numbers([("wp_faults", wp.into())]),
     )
 }
 
@@ -552,6 +573,39 @@ mod tests {
         // A few copies (the process's own stack and heap) are not a finding.
         r.processes[0].phases[1].classes = classes(&[(ReportClass::Copy, 3)]);
         assert!(!rules(&r).contains(&"copy-while-child-alive".into()));
+    }
+
+    /// Tracepoint mode: the write-protect faults while the child lived,
+    /// hedged, where copies are not measurable; never beside a measured
+    /// copy count, nor for a handful.
+    #[test]
+    fn write_protect_faults_while_child_alive_hedged_in_tracepoint_mode() {
+        let mut r = report("4K", "exit", &[]);
+        let tp = |wp: u64| {
+            let mut c = classes(&[(ReportClass::WpFaults, wp)]);
+            c.insert(ReportClass::Copy, not_measurable("needs fault_entry"));
+            c
+        };
+        r.processes[0].phases[0].classes = tp(0);
+        r.processes[0].phases[1].classes = tp(128_033);
+        let f = findings(&r);
+        let hedged: Vec<_> = f.iter().filter(|f| f.rule == "wp-while-child-alive").collect();
+        assert_eq!(hedged.len(), 1, "{f:?}");
+        assert!(
+            hedged[0].text.starts_with("128033 write-protect faults while a forked child was alive")
+                && hedged[0].text.contains("telling them apart needs kprobes or fentry"),
+            "{}",
+            hedged[0].text
+        );
+        // The phase of the fork itself names it.
+        r.processes[0].phases.remove(0);
+        let f = findings(&r);
+        assert!(f.iter().any(|f| f.text.contains("while the child of fork#1 was alive")), "{f:?}");
+        r.processes[0].phases[0].classes = tp(3);
+        assert!(!rules(&r).contains(&"wp-while-child-alive".into()));
+        r.processes[0].phases[0].classes =
+            classes(&[(ReportClass::WpFaults, 128_033), (ReportClass::Copy, 128_000)]);
+        assert!(!rules(&r).contains(&"wp-while-child-alive".into()));
     }
 
     #[test]

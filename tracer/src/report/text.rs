@@ -109,17 +109,22 @@ pub fn to_text(r: &Report) -> String {
     for p in &r.processes {
         let t0 = p.phases.first().map(|p| p.start_ns).unwrap_or(0);
         let comm = if p.comm.is_empty() { "?".to_string() } else { safe(&p.comm) };
-        let active: Vec<_> = p.phases.iter().filter(|ph| any_count(&ph.classes)).collect();
-        if active.len() > 1 {
-            for ph in active {
+        // Every phase, once the process has more than one: a phase with
+        // faults gets its table, one without a line saying so.
+        if p.phases.len() > 1 {
+            for ph in &p.phases {
                 let end = ph.end_ns.map(|e| format!("{:.3}s", (e - t0) as f64 / 1e9)).unwrap_or("now".into());
-                let _ = writeln!(
-                    out,
+                let title = format!(
                     "PID {} ({comm}) phase {} [{:.3}s .. {end}]",
                     p.pid,
                     safe(&ph.name),
                     (ph.start_ns - t0) as f64 / 1e9
                 );
+                if !any_count(&ph.classes) {
+                    let _ = writeln!(out, "{title}: no faults");
+                    continue;
+                }
+                let _ = writeln!(out, "{title}");
                 header(&mut out);
                 class_rows(&mut out, &ph.classes, false, &r.arch);
                 super::attribution::to_text(&mut out, &ph.attribution);
@@ -314,6 +319,35 @@ mod tests {
         assert!(!t.contains("COMM sh"), "{t}");
         let all = t.split("ALL (3 processes) whole run").nth(1).unwrap();
         assert!(all.lines().any(|l| l.split_whitespace().take(2).eq(["faults", "4,007"])), "{t}");
+    }
+
+    /// Every phase of a process with more than one is listed: the one with
+    /// faults with its table (even when it is the only one with faults),
+    /// the others as a line.
+    #[test]
+    fn every_phase_listed_once_there_is_more_than_one() {
+        use crate::collect::phases::PhaseKind;
+        use crate::report::schema::testing::phase;
+        let cow = classes(&[(ReportClass::Faults, 128_033), (ReportClass::WpFaults, 128_000)]);
+        let mut p = process(
+            9,
+            vec![
+                phase("before-fork", PhaseKind::BeforeFork, Classes::new()),
+                phase("fork#1 child-alive", PhaseKind::ChildAlive, cow.clone()),
+                phase("mark:after", PhaseKind::Mark, classes(&[(ReportClass::Faults, 0)])),
+            ],
+        );
+        p.classes = cow;
+        let r = Report { mode: Mode::Tracepoint, processes: vec![p], ..Report::default() };
+        let t = to_text(&r);
+        assert!(t.contains("PID 9 (test) phase before-fork [0.000s .. now]: no faults"), "{t}");
+        assert!(t.contains("PID 9 (test) phase mark:after [0.000s .. now]: no faults"), "{t}");
+        let alive = t.split("phase fork#1 child-alive").nth(1).unwrap();
+        assert!(alive.lines().any(|l| l.split_whitespace().take(2).eq(["wp_faults", "128,000"])), "{t}");
+        // One phase: the whole run says it all.
+        let mut one = r.clone();
+        one.processes[0].phases.truncate(1);
+        assert!(!to_text(&one).contains(" phase "), "{}", to_text(&one));
     }
 
     #[test]

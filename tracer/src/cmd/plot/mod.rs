@@ -76,7 +76,9 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
     };
     let mut out = Series::default();
     let mut prev = 0.0f64;
+    let mut bounds = Vec::with_capacity(iv.len());
     for i in iv {
+        bounds.push((prev, i.t_s));
         let dt = i.t_s - prev;
         let mut sums: BTreeMap<ReportClass, u64> = BTreeMap::new();
         let mut p99: BTreeMap<ReportClass, u64> = BTreeMap::new();
@@ -100,8 +102,25 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
         }
         prev = i.t_s;
     }
-    // Classes that never counted anything are left out of the picture.
+    // Classes that never counted anything are left out of the picture; the
+    // others have a rate in every interval, 0 where they counted nothing,
+    // so that no line is drawn across an interval without faults.
     out.rates.retain(|_, v| v.iter().any(|(_, _, r)| *r > 0.0));
+    for v in out.rates.values_mut() {
+        let mut have = v.drain(..).peekable();
+        let full: Vec<Step> = bounds
+            .iter()
+            .map(|&(a, b)| match have.peek() {
+                Some(&(x, y, r)) if (x, y) == (a, b) => {
+                    have.next();
+                    (a, b, r)
+                }
+                _ => (a, b, 0.0),
+            })
+            .collect();
+        drop(have);
+        *v = full;
+    }
     out.end_s = prev.max(r.duration_ns as f64 / 1e9);
     // The phases of the run, once each (every process carries the ones it
     // lived through), on the run's time axis: the first phase starts at
@@ -686,6 +705,27 @@ mod tests {
         assert_eq!(compact(1_500_000.0), "1.5M");
         let none = Report { intervals: None, ..synthetic() };
         assert!(series(&none).is_err());
+    }
+
+    /// An interval in which nothing faulted is a rate of 0, drawn as such,
+    /// not a line from the interval before to the one after.
+    #[test]
+    fn intervals_without_faults_are_zero() {
+        let mut r = synthetic();
+        let iv = r.intervals.as_mut().unwrap();
+        iv[3].processes.clear();
+        if let Some(p) = iv[5].processes.first_mut() {
+            p.counts.remove(&ReportClass::Copy);
+        }
+        let n = iv.len();
+        let s = series(&r).unwrap();
+        let faults = &s.rates[&ReportClass::Faults];
+        assert_eq!(faults.len(), n, "a rate in every interval");
+        assert_eq!(faults[3].2, 0.0);
+        assert!(faults.windows(2).all(|w| w[0].1 == w[1].0), "no gap between steps: {faults:?}");
+        let copy = &s.rates[&ReportClass::Copy];
+        assert_eq!((copy.len(), copy[3].2, copy[5].2), (n, 0.0, 0.0));
+        assert_eq!(copy[2], (1.0, 1.5, 800.0), "the others kept");
     }
 
     #[test]
