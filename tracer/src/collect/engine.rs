@@ -349,7 +349,7 @@ impl Recorder {
             let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
             match e.kind {
                 k if k == LifeKind::Fork as u32 => {
-                    self.timeline.fork(e.phase, e.ts_ns, e.pid);
+                    self.timeline.fork(e.phase, e.ts_ns, e.tgid, e.pid);
                     if let Some(k) = self.kinds.as_mut() {
                         k.fork(e.tgid, e.phase, e.pid);
                     }

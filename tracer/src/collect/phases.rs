@@ -84,8 +84,9 @@ impl Lifetime {
 
 #[derive(Clone, Debug)]
 struct Child {
-    /// None: forked before attach.
-    fork_no: Option<u32>,
+    /// The fork's label (`fork#N`, see [`Timeline::fork`]); None: forked
+    /// before attach.
+    fork_no: Option<String>,
     forked_ns: u64,
 }
 
@@ -99,7 +100,11 @@ fn before_attach(pid: u32) -> String {
 pub struct Timeline {
     phases: Vec<Phase>,
     alive: BTreeMap<u32, Child>,
-    forks: u32,
+    /// Forks so far, per forking process.
+    forks: BTreeMap<u32, u32>,
+    /// The first process that forked: its forks are `fork#N`, another's
+    /// `fork#N of pid P`.
+    first_parent: Option<u32>,
 }
 
 impl Timeline {
@@ -115,7 +120,8 @@ impl Timeline {
                 children_alive: 0,
             }],
             alive: BTreeMap::new(),
-            forks: 0,
+            forks: BTreeMap::new(),
+            first_parent: None,
         }
     }
 
@@ -162,16 +168,21 @@ impl Timeline {
         });
     }
 
-    /// A traced process forked `child`; phase `id` starts.
-    pub fn fork(&mut self, id: PhaseId, ts: u64, child: u32) {
-        self.forks += 1;
-        let n = self.forks;
+    /// Traced process `parent` forked `child`; phase `id` starts. Forks are
+    /// numbered per process (`fork#1` is its first); those of a process
+    /// other than the first one that forked also name it (`fork#1 of pid
+    /// P`), since the phases are one sequence for every traced process.
+    pub fn fork(&mut self, id: PhaseId, ts: u64, parent: u32, child: u32) {
+        let n = self.forks.entry(parent).or_insert(0);
+        *n += 1;
+        let first = *self.first_parent.get_or_insert(parent);
+        let label = if parent == first { format!("fork#{n}") } else { format!("fork#{n} of pid {parent}") };
         // A reused pid is a new child: the old entry is replaced.
-        self.alive.insert(child, Child { fork_no: Some(n), forked_ns: ts });
+        self.alive.insert(child, Child { fork_no: Some(label.clone()), forked_ns: ts });
         let name = if self.alive.len() == 1 {
-            format!("fork#{n} child-alive")
+            format!("{label} child-alive")
         } else {
-            format!("fork#{n} child-alive ({} children)", self.alive.len())
+            format!("{label} child-alive ({} children)", self.alive.len())
         };
         self.push(id, ts, PhaseKind::ChildAlive, name);
     }
@@ -186,14 +197,15 @@ impl Timeline {
         };
         let gone = if exec { "exec" } else { "exit" };
         let did = if exec { "exec'd" } else { "exited" };
+        let forked = c.fork_no.is_some();
         let mut name = match (c.fork_no, self.alive.len()) {
-            (Some(n), 0) => format!("fork#{n} after-child-{gone}"),
+            (Some(f), 0) => format!("{f} after-child-{gone}"),
             (None, 0) => format!("after-child-{gone} ({})", before_attach(child)),
-            (Some(n), k) => format!("fork#{n} child {did}, {k} still alive"),
+            (Some(f), k) => format!("{f} child {did}, {k} still alive"),
             (None, k) => format!("child {did} ({}), {k} still alive", before_attach(child)),
         };
         // When it forked is known only for our own forks.
-        if exec && c.fork_no.is_some() && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
+        if exec && forked && ts.saturating_sub(c.forked_ns) < EXEC_AT_ONCE_NS {
             name.push_str(" (child exec'd at once, as from system())");
         }
         self.push(id, ts, gone_kind(exec, self.alive.len()), name);
@@ -396,6 +408,32 @@ mod tests {
         assert_eq!(k.kind(40, 299), PhaseKind::AfterChildExit);
     }
 
+    /// Forks are numbered per process; another process's forks name it.
+    #[test]
+    fn forks_are_numbered_per_process() {
+        let mut t = Timeline::new(0, 0);
+        // The gcc driver (10) forks cc1 (11), which forks nothing; then
+        // collect2 (12, the driver's second child) forks ld (13).
+        t.fork(1, 10, 10, 11);
+        t.child_gone(2, 20, 11, false);
+        t.fork(3, 30, 10, 12);
+        t.fork(4, 40, 12, 13);
+        t.child_gone(5, 50, 13, false);
+        t.child_gone(6, 60, 12, false);
+        assert_eq!(
+            names(&t),
+            [
+                "before-fork",
+                "fork#1 child-alive",
+                "fork#1 after-child-exit",
+                "fork#2 child-alive",
+                "fork#1 of pid 12 child-alive (2 children)",
+                "fork#1 of pid 12 child exited, 1 still alive",
+                "fork#2 after-child-exit",
+            ]
+        );
+    }
+
     #[test]
     fn an_exec_starts_a_fresh_kind() {
         let mut k = ProcessKinds::default();
@@ -414,7 +452,7 @@ mod tests {
         assert_eq!(k.kind(10, 4), PhaseKind::ChildAlive);
         assert_eq!(k.kind(10, 5), PhaseKind::AfterChildExit);
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 10, 11);
+        t.fork(1, 10, 5, 11);
         t.exec(2, 20, 10);
         assert_eq!(t.current().id, 2);
         assert_eq!(t.current().name, "exec (pid 10)");
@@ -423,7 +461,7 @@ mod tests {
     #[test]
     fn fork_then_exit() {
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 100, 50);
+        t.fork(1, 100, 5, 50);
         t.child_gone(2, 200_000_000, 50, false);
         t.end(300_000_000);
         assert_eq!(names(&t), ["before-fork", "fork#1 child-alive", "fork#1 after-child-exit"]);
@@ -435,11 +473,11 @@ mod tests {
     #[test]
     fn child_that_execs_at_once() {
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 1_000, 60);
+        t.fork(1, 1_000, 5, 60);
         t.child_gone(2, 1_000 + 2_000_000, 60, true);
         assert_eq!(names(&t)[2], "fork#1 after-child-exec (child exec'd at once, as from system())");
         // A late exec is not "at once".
-        t.fork(3, 10_000_000_000, 61);
+        t.fork(3, 10_000_000_000, 5, 61);
         t.child_gone(4, 11_000_000_000, 61, true);
         assert_eq!(names(&t)[4], "fork#2 after-child-exec");
     }
@@ -447,8 +485,8 @@ mod tests {
     #[test]
     fn overlapping_children() {
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 10, 70);
-        t.fork(2, 20, 71);
+        t.fork(1, 10, 5, 70);
+        t.fork(2, 20, 5, 71);
         t.child_gone(3, 30, 70, false);
         t.child_gone(4, 40, 71, false);
         assert_eq!(
@@ -467,9 +505,9 @@ mod tests {
     #[test]
     fn pid_reuse_is_a_new_child() {
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 10, 80);
+        t.fork(1, 10, 5, 80);
         t.child_gone(2, 20, 80, false);
-        t.fork(3, 30, 80);
+        t.fork(3, 30, 5, 80);
         t.child_gone(4, 40, 80, false);
         assert_eq!(names(&t)[3], "fork#2 child-alive");
         assert_eq!(names(&t)[4], "fork#2 after-child-exit");
@@ -494,7 +532,7 @@ mod tests {
         t.child_gone(1, 10, 42, true);
         assert_eq!(names(&t)[1], "child exec'd (pid 42, forked before attach), 1 still alive");
         assert_eq!(t.current().kind, PhaseKind::ChildAlive);
-        t.fork(2, 20, 43);
+        t.fork(2, 20, 5, 43);
         assert_eq!(names(&t)[2], "fork#1 child-alive (2 children)");
         t.child_gone(3, 30, 43, false);
         assert_eq!(names(&t)[3], "fork#1 child exited, 1 still alive");
@@ -509,9 +547,9 @@ mod tests {
     #[test]
     fn a_process_overlaps_the_phases_it_lived_in() {
         let mut t = Timeline::new(0, 0);
-        t.fork(1, 100, 50);
+        t.fork(1, 100, 5, 50);
         t.child_gone(2, 200, 50, false);
-        t.fork(3, 300, 51);
+        t.fork(3, 300, 5, 51);
         t.end(400);
         let child = |start, end| Lifetime { start_ns: start, end_ns: end };
         let of = |l: Lifetime| -> Vec<PhaseId> {
@@ -532,7 +570,7 @@ mod tests {
     fn marks_and_ids() {
         let mut t = Timeline::new(7, 0);
         t.mark(8, 5, "populate");
-        t.fork(9, 6, 1);
+        t.fork(9, 6, 5, 1);
         t.mark(10, 7, "write");
         assert_eq!(names(&t), ["before-fork", "mark:populate", "fork#1 child-alive", "mark:write"]);
         assert_eq!(t.phases()[3].children_alive, 1);
