@@ -296,7 +296,7 @@ pub fn to_text(out: &mut String, a: &Attribution) {
             .map(|r| (format!("{} ({})", safe(&r.mapping), crate::units::size_or_unknown(r.size)), &r.counts))
             .collect();
         if let Some(o) = &a.mappings_other {
-            rows.push((format!("other ({} mappings)", o.entries), &o.counts));
+            rows.push((format!("other ({} mappings)", crate::units::count(o.entries)), &o.counts));
         }
         let width = rows.iter().map(|(n, _)| n.chars().count()).max().unwrap_or(0).max(10);
         let _ = write!(out, "  {:<w$}", "BY MAPPING", w = width + 2);
@@ -307,7 +307,7 @@ pub fn to_text(out: &mut String, a: &Attribution) {
         for (name, counts) in rows {
             let _ = write!(out, "    {name:<width$}");
             for m in &classes {
-                let _ = write!(out, " {:>11}", counts.get(m).copied().unwrap_or(0));
+                let _ = write!(out, " {:>11}", crate::units::count(counts.get(m).copied().unwrap_or(0)));
             }
             out.push('\n');
         }
@@ -316,10 +316,22 @@ pub fn to_text(out: &mut String, a: &Attribution) {
         let _ = writeln!(out, "  {:<22} {:>10}  SITE", "TOP SITES", "COUNT");
         for s in &a.sites {
             let via = s.syscall.as_deref().map(|c| format!(", in {c}")).unwrap_or_default();
-            let _ = writeln!(out, "    {:<20} {:>10}  {}{via}", s.class.name(), s.count, safe(&s.site));
+            let _ = writeln!(
+                out,
+                "    {:<20} {:>10}  {}{via}",
+                s.class.name(),
+                crate::units::count(s.count),
+                safe(&s.site)
+            );
         }
         for f in &a.sites_other {
-            let _ = writeln!(out, "    {:<20} {:>10}  other ({} sites)", f.class.name(), f.count, f.entries);
+            let _ = writeln!(
+                out,
+                "    {:<20} {:>10}  other ({} sites)",
+                f.class.name(),
+                crate::units::count(f.count),
+                crate::units::count(f.entries)
+            );
         }
     }
 }

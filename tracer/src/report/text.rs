@@ -29,36 +29,36 @@ fn origin_cells(v: &super::schema::Measured) -> [String; 3] {
 
 /// The kernel check in one line.
 pub fn check_line(k: &KernelCheck) -> String {
+    use crate::units::count as n;
+    let signed = |v: i64| if v < 0 { format!("-{}", n(v.unsigned_abs())) } else { n(v as u64) };
+    let range =
+        |lo: i64, hi: i64| if lo == hi { signed(lo) } else { format!("{}..{}", signed(lo), signed(hi)) };
     let kernel = match (k.kernel_low, k.kernel_high) {
-        (Some(lo), Some(hi)) if lo == hi => format!("{lo}"),
-        (Some(lo), Some(hi)) => format!("{lo}..{hi}"),
+        (Some(lo), Some(hi)) => range(lo as i64, hi as i64),
         _ => "unknown".into(),
     };
     let how = k.bracket.as_deref().map(|b| format!(" ({b})")).unwrap_or_default();
+    let faultscope = n(k.faultscope);
     match k.result {
-        CheckResult::Equal => format!(
-            "kernel check: equal: {} faults = the kernel's min_flt+maj_flt {kernel}{how}",
-            k.faultscope
-        ),
+        CheckResult::Equal => {
+            format!("kernel check: equal: {faultscope} faults = the kernel's min_flt+maj_flt {kernel}{how}")
+        }
         CheckResult::WithinBracket => format!(
-            "kernel check: within the bracket: {} faults, the kernel's min_flt+maj_flt {kernel}{how}",
-            k.faultscope
+            "kernel check: within the bracket: {faultscope} faults, the kernel's min_flt+maj_flt {kernel}{how}"
         ),
         CheckResult::Differs => format!(
-            "kernel check: DIFFERS by {:+}: {} faults, the kernel's min_flt+maj_flt {kernel}{how}: {}",
-            k.difference,
-            k.faultscope,
+            "kernel check: DIFFERS by {}{}: {faultscope} faults, the kernel's min_flt+maj_flt {kernel}{how}: {}",
+            if k.difference < 0 { "" } else { "+" },
+            signed(k.difference),
             k.reason.as_deref().unwrap_or("")
         ),
         CheckResult::Derived => {
             let gup = match k.gup_derived {
-                Some((lo, hi)) if lo == hi => format!("{lo}"),
-                Some((lo, hi)) => format!("{lo}..{hi}"),
+                Some((lo, hi)) => range(lo, hi),
                 None => "?".into(),
             };
             format!(
-                "kernel check: derived: {} exceptions, the kernel's min_flt+maj_flt {kernel}: {gup} faults without an exception (get_user_pages){how}",
-                k.faultscope
+                "kernel check: derived: {faultscope} exceptions, the kernel's min_flt+maj_flt {kernel}: {gup} faults without an exception (get_user_pages){how}"
             )
         }
         CheckResult::NotChecked => {
@@ -348,6 +348,35 @@ mod tests {
         let mut one = r.clone();
         one.processes[0].phases.truncate(1);
         assert!(!to_text(&one).contains(" phase "), "{}", to_text(&one));
+    }
+
+    /// The kernel check's numbers have separators, a negative derived
+    /// count its sign.
+    #[test]
+    fn kernel_check_numbers_have_separators() {
+        let mut k = KernelCheck {
+            result: CheckResult::Derived,
+            faultscope: 4_173,
+            kernel_low: Some(2_062),
+            kernel_high: Some(2_062),
+            gup_derived: Some((-2_111, -2_111)),
+            minflt: None,
+            majflt: None,
+            counted: "exceptions".into(),
+            difference: 0,
+            bracket: None,
+            reason: None,
+        };
+        let l = check_line(&k);
+        assert!(
+            l.contains("derived: 4,173 exceptions, the kernel's min_flt+maj_flt 2,062: -2,111 faults"),
+            "{l}"
+        );
+        k.result = CheckResult::Differs;
+        k.difference = -1_234;
+        assert!(check_line(&k).contains("DIFFERS by -1,234: 4,173 faults"), "{}", check_line(&k));
+        k.difference = 12;
+        assert!(check_line(&k).contains("DIFFERS by +12:"), "{}", check_line(&k));
     }
 
     #[test]
