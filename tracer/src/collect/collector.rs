@@ -381,6 +381,8 @@ pub struct Latency {
     pub p99_ns: u64,
     pub max_ns: u64,
     pub mean_ns: u64,
+    /// The timed faults' time, summed.
+    pub sum_ns: u64,
 }
 
 /// The latency of a timed class, faultscope's nested programs' own time
@@ -395,6 +397,7 @@ pub fn latency(s: &Stat) -> Option<Latency> {
         p99_ns: percentile(&s.hist, 0.99, s.max_ns),
         max_ns: s.max_ns,
         mean_ns: s.sum_ns / n,
+        sum_ns: s.sum_ns,
     })
 }
 
@@ -410,6 +413,7 @@ pub fn raw_latency(s: &Stat) -> Option<(Latency, u64)> {
         p99_ns: percentile(&s.raw_hist, 0.99, s.raw_max_ns),
         max_ns: s.raw_max_ns,
         mean_ns: (s.sum_ns + s.own_ns) / n,
+        sum_ns: s.sum_ns + s.own_ns,
     };
     Some((l, s.own_ns / n))
 }

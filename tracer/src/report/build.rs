@@ -100,6 +100,7 @@ fn class_value(
                     p99_ns: l.p99_ns,
                     max_ns: l.max_ns,
                     mean_ns: l.mean_ns,
+                    sum_ns: l.sum_ns,
                     buckets,
                     raw: raw.map(|(r, own_mean_ns)| RawLatency {
                         p50_ns: r.p50_ns,
@@ -400,6 +401,25 @@ fn info(n: &Namer<'_>) -> AttributionInfo {
     }
 }
 
+/// `f` of each timed class of `pid` that timed faults in `delta`.
+fn timed_in(
+    delta: &Snapshot,
+    ctx: &Context<'_>,
+    pid: u32,
+    f: impl Fn(&faultscope_common::maps::Stat) -> u64,
+) -> BTreeMap<ReportClass, u64> {
+    ctx.availability
+        .iter()
+        .filter_map(|(m, a)| match a {
+            Availability::Measured { class, timed: true, .. } => {
+                let s = delta.get(pid, *class)?;
+                (s.timed() > 0).then(|| (*m, f(&s)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// One interval of the time series: what each process did in it (the
 /// measured classes), in the phase that was current at its end.
 pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval {
@@ -408,17 +428,8 @@ pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval
         .into_iter()
         .map(|pid| IntervalProcess {
             pid,
-            p99_ns: ctx
-                .availability
-                .iter()
-                .filter_map(|(m, a)| match a {
-                    Availability::Measured { class, timed: true, .. } => {
-                        let s = delta.get(pid, *class)?;
-                        (s.timed() > 0).then(|| (*m, crate::collect::collector::percentile(&s.hist, 0.99, 0)))
-                    }
-                    _ => None,
-                })
-                .collect(),
+            p99_ns: timed_in(delta, ctx, pid, |s| crate::collect::collector::percentile(&s.hist, 0.99, 0)),
+            sum_ns: timed_in(delta, ctx, pid, |s| s.sum_ns),
             counts: ctx
                 .availability
                 .iter()

@@ -438,6 +438,11 @@ pub struct Latency {
     pub p99_ns: u64,
     pub max_ns: u64,
     pub mean_ns: u64,
+    /// The time in faults: the timed faults' latencies summed (with
+    /// `--latency sample=N`, of the sampled faults only; N times it
+    /// estimates all). 0 in reports older than it.
+    #[serde(default)]
+    pub sum_ns: u64,
     /// The kernel's own log-linear buckets, so that a reader can draw the
     /// distribution (`plot --latency`): `[lo_ns, hi_ns, count]` of each
     /// bucket that counted something, ascending, the values `[lo, hi)`.
@@ -532,6 +537,11 @@ pub struct IntervalProcess {
     /// faults in it (from the kernel's histogram of the interval).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub p99_ns: BTreeMap<ReportClass, u64>,
+    /// The time in faults in the interval of the timed classes that had
+    /// faults in it: their timed faults' latencies summed (see
+    /// `Latency::sum_ns`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sum_ns: BTreeMap<ReportClass, u64>,
 }
 
 /// `bench`: the workload's parameters and its own view of each step.
@@ -919,6 +929,7 @@ mod tests {
                 p99_ns: 2,
                 max_ns: 3,
                 mean_ns: 2,
+                sum_ns: 4,
                 buckets: vec![[1, 2, 1], [2, 3, 1]],
                 raw: Some(RawLatency { p50_ns: 2, p99_ns: 3, max_ns: 4, mean_ns: 3, own_mean_ns: 1 }),
             });

@@ -127,12 +127,14 @@ pub fn to_text(r: &Report) -> String {
                 let _ = writeln!(out, "{title}");
                 header(&mut out);
                 class_rows(&mut out, &ph.classes, false, &r.arch);
+                time_line(&mut out, &ph.classes, r.latency);
                 super::attribution::to_text(&mut out, &ph.attribution);
             }
         }
         let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
         header(&mut out);
         class_rows(&mut out, &p.classes, true, &r.arch);
+        time_line(&mut out, &p.classes, r.latency);
         if let Some(k) = &p.kernel_check {
             let _ = writeln!(out, "  {}", safe(&check_line(k)));
         }
@@ -176,6 +178,30 @@ pub fn to_text(r: &Report) -> String {
 }
 
 /// What P50, P99 and MAX are of, unless every fault was timed.
+/// The time the span's faults spent in the kernel (the latency owner's
+/// question: how long did the process stall in faults), where they were
+/// timed.
+fn time_line(out: &mut String, classes: &Classes, tier: Option<LatencyTier>) {
+    let Some(ClassValue::Measured(m)) = classes.get(&crate::kernel::classes::ReportClass::Faults) else {
+        return;
+    };
+    let Some(l) = m.latency.as_ref().filter(|l| l.sum_ns > 0) else { return };
+    let timed: u64 = l.buckets.iter().map(|b| b[2]).sum();
+    let all = match tier {
+        Some(LatencyTier::Sample { every }) => format!(
+            " of {} timed faults (one in {every}); about {} for all {}",
+            crate::units::count(timed),
+            fmt_ns(l.sum_ns.saturating_mul(every as u64)),
+            crate::units::count(m.count)
+        ),
+        _ if timed < m.count => {
+            format!(" of {} timed faults of {}", crate::units::count(timed), crate::units::count(m.count))
+        }
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "  time in faults: {}{all}", fmt_ns(l.sum_ns));
+}
+
 fn latency_line(tier: Option<LatencyTier>, window: Option<LatencyWindow>) -> Option<String> {
     let from = match window {
         Some(LatencyWindow::Exception) => {
@@ -348,6 +374,42 @@ mod tests {
         let mut one = r.clone();
         one.processes[0].phases.truncate(1);
         assert!(!to_text(&one).contains(" phase "), "{}", to_text(&one));
+    }
+
+    /// Where faults are timed, each table says how long they took in all.
+    #[test]
+    fn time_in_faults_under_each_table() {
+        let mut r = report("x86_64");
+        r.mode = Mode::Kprobe;
+        r.latency = Some(LatencyTier::All);
+        let lat = |sum_ns: u64, timed: u64| super::super::schema::Latency {
+            sum_ns,
+            mean_ns: sum_ns / timed,
+            buckets: vec![[1_024, 2_048, timed]],
+            ..Default::default()
+        };
+        if let Some(ClassValue::Measured(m)) = r.processes[0].classes.get_mut(&ReportClass::Faults) {
+            m.latency = Some(lat(5_000_000, 1_500));
+        }
+        if let Some(ClassValue::Measured(m)) = r.processes[1].classes.get_mut(&ReportClass::Faults) {
+            m.latency = Some(lat(2_000_000, 100));
+        }
+        let t = to_text(&r);
+        assert!(t.contains("  time in faults: 5.00ms\n"), "{t}");
+        assert!(t.contains("  time in faults: 2.00ms of 100 timed faults of 2,500\n"), "{t}");
+        r.latency = Some(LatencyTier::Sample { every: 16 });
+        let t = to_text(&r);
+        assert!(
+            t.contains(
+                "time in faults: 5.00ms of 1,500 timed faults (one in 16); about 80.0ms for all 1,500"
+            ),
+            "{t}"
+        );
+        assert!(
+            !t.contains("PID 3 (sh) whole run\n  CLASS")
+                || !t.split("PID 3").nth(1).unwrap().contains("time in faults"),
+            "{t}"
+        );
     }
 
     /// The kernel check's numbers have separators, a negative derived

@@ -314,6 +314,7 @@ mod tests {
             p99_ns: 1,
             max_ns: 1,
             mean_ns: 1,
+            sum_ns: count,
             buckets: buckets.to_vec(),
             raw: None,
         });

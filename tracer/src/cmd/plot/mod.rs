@@ -661,6 +661,7 @@ mod tests {
                         .into(),
                         p99_ns: [(ReportClass::Faults, 20_000 + i * 1000), (ReportClass::Copy, 40_000)]
                             .into(),
+                        sum_ns: Default::default(),
                     }],
                 }
             })
