@@ -3,7 +3,7 @@
 //! declared in `cmd::cli`).
 
 use clap::FromArgMatches;
-use faultscope::term::{safe, say};
+use faultscope::term::{error as say, safe};
 use faultscope::{
     cmd::{
         self, bench,

@@ -21,9 +21,25 @@ pub fn stdout_gone() -> bool {
     unsafe { libc::poll(&mut fd, 1, 0) == 1 && fd.revents & (libc::POLLERR | libc::POLLHUP) != 0 }
 }
 
-/// A line on stderr, best effort: a closed stderr is no reason to lose a
-/// run (`eprintln!` would panic).
+/// `record --quiet`: the informational lines are left out.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// From now on [`say`] says nothing (errors still go out: [`error`]).
+pub fn quiet() {
+    QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// An informational line on stderr, best effort: a closed stderr is no
+/// reason to lose a run (`eprintln!` would panic). Nothing under
+/// `--quiet`.
 pub fn say(line: &str) {
+    if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        error(line);
+    }
+}
+
+/// A line on stderr that `--quiet` keeps: an error.
+pub fn error(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 

@@ -67,6 +67,16 @@ pub struct RecordOpts {
     /// the run.
     #[arg(short = 'j', long)]
     pub json: Option<PathBuf>,
+    /// Write the text report (the tables and the findings) to this file,
+    /// as --json writes its file. Without it the text goes to standard
+    /// output, or to standard error when a started command shares
+    /// standard output (as `perf stat` does) or the JSON has it.
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// Print only errors and what --json and --output ask for: no tables,
+    /// no start-up or end lines.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     /// On --duration, Ctrl-C, SIGTERM or SIGHUP, leave the command running
     /// (by default it gets the same signal, SIGTERM for --duration, and
     /// faultscope waits up to 5 s for it to exit).
@@ -233,12 +243,16 @@ impl Recording {
         }
         // Fail on an unwritable report path now, not after the run; an
         // existing report stays as it is until the new one is complete.
-        if let Some(p) = &o.json {
+        for p in [&o.json, &o.output].into_iter().flatten() {
             crate::output::check(p)?;
         }
         o.attrib.check_writable()?;
+        if o.quiet {
+            crate::term::quiet();
+        }
         let outs: Vec<(&str, &std::path::Path)> = [
             ("--json", o.json.as_deref()),
+            ("--output", o.output.as_deref()),
             ("--folded", o.attrib.folded.as_deref()),
             ("--flamegraph", o.attrib.flamegraph.as_deref()),
         ]
@@ -247,7 +261,8 @@ impl Recording {
         .collect();
         crate::output::check_distinct(&outs)?;
         let mut sock = marks::Socket::bind(std::process::id())?;
-        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &o.probe, &filters)?;
+        let probe = ProbeOpts { quiet: o.quiet || o.probe.quiet, ..o.probe.clone() };
+        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &probe, &filters)?;
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
@@ -346,7 +361,9 @@ impl Recording {
         let delta = snap.since(&self.last);
         let cols = live::columns(&self.rec.avail);
         let counts = self.rec.counts(&delta)?;
-        let shown = if self.live_view {
+        let shown = if self.opts.quiet {
+            Ok(())
+        } else if self.live_view {
             let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
             let every = self.interval.map_or(1.0, |d| d.as_secs_f64());
             crate::term::out(&live::frame(&counts, &cols, &phase, elapsed, every, &footer))
@@ -426,12 +443,20 @@ impl Recording {
         crate::term::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
         let found = findings::attach(&mut report);
         let tables = format!("{}{found}", text::to_text(&report));
-        if self.opts.json.as_deref().is_some_and(crate::output::is_stdout) {
-            // The JSON has standard output.
-            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), tables.as_bytes());
-        } else if !self.stdout_closed {
+        let shared =
+            self.opts.json.as_deref().is_some_and(crate::output::is_stdout) || self.spawned.is_some();
+        match &self.opts.output {
+            Some(p) => crate::output::write(p, tables.as_bytes())?,
+            None if self.opts.quiet => {}
+            // The JSON or the command has standard output.
+            None if shared => {
+                let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), tables.as_bytes());
+            }
             // A reader gone now (EPIPE) costs only these tables.
-            let _ = crate::term::out(&tables);
+            None if !self.stdout_closed => {
+                let _ = crate::term::out(&tables);
+            }
+            None => {}
         }
         if let Some(p) = &self.opts.json {
             report.end = Some(why.to_string());

@@ -189,13 +189,14 @@ fn the_readmes_first_run_prints_what_the_readme_shows() {
     eprintln!("$ faultscope {}\n{stderr}{stdout}", argv.join(" "));
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
 
-    let (want, got) = (structure(&pasted), structure(&stdout));
+    // The command has standard output: the tables are on standard error.
+    let (want, got) = (structure(&pasted), structure(&stderr));
     assert!(want.len() > 3, "the README's output has no table: {want:?}");
     assert_eq!(got, want, "the run's rows and columns are not the README's");
 
     // The README's own figures are within the arithmetic it states, and
     // so are this run's.
-    for (what, text) in [("README", &*pasted), ("this run", &*stdout)] {
+    for (what, text) in [("README", &*pasted), ("this run", &*stderr)] {
         let (faults, kernel) = faults_row(text);
         if thp_always() && what == "this run" {
             eprintln!(

@@ -81,7 +81,8 @@ fn record_command_counts_write_protect_faults() {
     assert_eq!(report.end.as_deref(), Some("all targets exited"));
     assert_eq!(report.command_exit_status, Some(0));
     check_fork_write(&report, &wl, false);
-    let text = String::from_utf8_lossy(&out.stdout);
+    // The command has standard output: the tables go to standard error.
+    let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("wp_faults"), "{text}");
 }
 
@@ -496,7 +497,7 @@ fn a_readers_faults_are_the_kernels_and_match_its_own_count() {
     assert_eq!(total, faults.count().unwrap() + gup.max(0) as u64 - (-gup).max(0) as u64);
     // dd makes no get_user_pages call after its exec.
     assert!(gup.abs() <= 4, "derived GUP faults {gup}");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains("kernel check: "), "{text}");
 }
 
@@ -719,4 +720,39 @@ fn a_threaded_storm_across_phases_loses_nothing() {
     let minflt = wl["minflt_total"].as_u64().unwrap();
     let faults = count(p, ReportClass::Faults);
     assert!(faults.abs_diff(minflt) <= TOLERANCE, "faults {faults} vs getrusage {minflt}");
+}
+
+/// Output like perf's: with a command, the tables go to standard error
+/// (the command has standard output); `-o FILE` takes them instead;
+/// `--quiet` prints nothing but errors; -o and --json may not be the same
+/// file.
+#[test]
+fn the_tables_leave_the_commands_standard_output_alone() {
+    let _t = host_test();
+    let d = tmp();
+    let (txt, fs) = (d.path().join("report.txt"), d.path().join("fs.json"));
+    let out = faultscope(&["record", "--", "sh", "-c", "echo from-the-command"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from-the-command\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(") whole run"));
+    let out = faultscope(&[
+        "record",
+        "-q",
+        "-o",
+        txt.to_str().unwrap(),
+        "--json",
+        fs.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "head -c 4M /dev/zero > /dev/null",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+    let text = std::fs::read_to_string(&txt).unwrap();
+    let r = read_report(&fs);
+    assert!(text.contains(") whole run") && !r.processes.is_empty(), "{text}");
+    let same =
+        faultscope(&["record", "-o", fs.to_str().unwrap(), "--json", fs.to_str().unwrap(), "--", "true"]);
+    assert_refused(&same, "--output");
 }
