@@ -10,12 +10,37 @@ use crate::{
     units::{count, ns as fmt_ns},
 };
 
-fn header(out: &mut String) {
-    let _ = writeln!(
-        out,
-        "  {:<22} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
-        "CLASS", "COUNT", "USER", "KERNEL", "GUP", "P50", "P99", "MAX"
-    );
+/// The columns that can have a value in a report: GUP where the fault path
+/// is probed (the exception tracepoints see no get_user_pages fault), the
+/// latencies where faults were timed.
+#[derive(Clone, Copy)]
+struct Columns {
+    gup: bool,
+    latency: bool,
+}
+
+impl Columns {
+    fn of(r: &Report) -> Columns {
+        let probed = r.mode != Mode::Tracepoint;
+        Columns { gup: probed, latency: probed && r.latency != Some(LatencyTier::Off) }
+    }
+}
+
+/// One row: the class, its count and origins, and the columns `c` keeps.
+fn row(c: Columns, cells: [&str; 8]) -> String {
+    let [class, n, u, k, g, p50, p99, max] = cells;
+    let mut l = format!("  {class:<22} {n:>10} {u:>8} {k:>8}");
+    if c.gup {
+        let _ = write!(l, " {g:>8}");
+    }
+    if c.latency {
+        let _ = write!(l, " {p50:>9} {p99:>9} {max:>9}");
+    }
+    l
+}
+
+fn header(out: &mut String, c: Columns) {
+    let _ = writeln!(out, "{}", row(c, ["CLASS", "COUNT", "USER", "KERNEL", "GUP", "P50", "P99", "MAX"]));
 }
 
 /// The origin columns of a class: `-` where an origin is not measured.
@@ -69,7 +94,7 @@ pub fn check_line(k: &KernelCheck) -> String {
 
 /// The rows of `classes`: with `all`, every class that exists on `arch`
 /// (`n/m` where not measurable), else those that counted something.
-fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str) {
+fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str, c: Columns) {
     for (m, v) in classes {
         if !m.exists_on(arch) {
             continue;
@@ -89,12 +114,8 @@ fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str) {
                     None => ("-".into(), "-".into(), "-".into()),
                 };
                 let [u, k, g] = origin_cells(x);
-                let _ = writeln!(
-                    out,
-                    "  {:<22} {:>10} {u:>8} {k:>8} {g:>8} {p50:>9} {p99:>9} {max:>9}",
-                    m.name(),
-                    count(x.count)
-                );
+                let _ =
+                    writeln!(out, "{}", row(c, [m.name(), &count(x.count), &u, &k, &g, &p50, &p99, &max]));
             }
         }
     }
@@ -106,6 +127,7 @@ fn any_count(c: &Classes) -> bool {
 
 pub fn to_text(r: &Report) -> String {
     let mut out = String::new();
+    let cols = Columns::of(r);
     for p in &r.processes {
         let t0 = p.phases.first().map(|p| p.start_ns).unwrap_or(0);
         let comm = if p.comm.is_empty() { "?".to_string() } else { safe(&p.comm) };
@@ -125,15 +147,15 @@ pub fn to_text(r: &Report) -> String {
                     continue;
                 }
                 let _ = writeln!(out, "{title}");
-                header(&mut out);
-                class_rows(&mut out, &ph.classes, false, &r.arch);
+                header(&mut out, cols);
+                class_rows(&mut out, &ph.classes, false, &r.arch, cols);
                 time_line(&mut out, &ph.classes, r.latency);
                 super::attribution::to_text(&mut out, &ph.attribution);
             }
         }
         let _ = writeln!(out, "PID {} ({comm}) whole run", p.pid);
-        header(&mut out);
-        class_rows(&mut out, &p.classes, true, &r.arch);
+        header(&mut out, cols);
+        class_rows(&mut out, &p.classes, true, &r.arch, cols);
         time_line(&mut out, &p.classes, r.latency);
         if let Some(k) = &p.kernel_check {
             let _ = writeln!(out, "  {}", safe(&check_line(k)));
@@ -169,7 +191,12 @@ pub fn to_text(r: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
+        "{}",
+        if cols.gup {
+            "USER, KERNEL, GUP: who asked for the faults (user mode, the kernel in a system call, get_user_pages); - = not measurable"
+        } else {
+            "USER, KERNEL: who asked for the faults (user mode, the kernel in a system call); - = not measurable"
+        }
     );
     if let Some(l) = latency_line(r.latency, r.latency_window) {
         let _ = writeln!(out, "{l}");
@@ -270,8 +297,8 @@ fn totals(out: &mut String, r: &Report) {
     }
     let mut table = |title: String, classes: Vec<&Classes>| {
         let _ = writeln!(out, "{title} whole run (latency per process above)");
-        header(out);
-        class_rows(out, &sum_classes(classes), false, &r.arch);
+        header(out, Columns::of(r));
+        class_rows(out, &sum_classes(classes), false, &r.arch, Columns::of(r));
     };
     if by_comm.len() > 1 {
         for (comm, cs) in by_comm.iter().filter(|(_, cs)| cs.len() > 1) {
@@ -374,6 +401,30 @@ mod tests {
         let mut one = r.clone();
         one.processes[0].phases.truncate(1);
         assert!(!to_text(&one).contains(" phase "), "{}", to_text(&one));
+    }
+
+    /// Columns that can never have a value here are not printed: in
+    /// tracepoint mode neither GUP nor the latencies, under --latency off
+    /// not the latencies.
+    #[test]
+    fn columns_that_cannot_have_a_value_are_left_out() {
+        let mut r = report("x86_64");
+        let t = to_text(&r);
+        let header = t.lines().find(|l| l.trim_start().starts_with("CLASS")).unwrap();
+        assert_eq!(
+            header.split_whitespace().collect::<Vec<_>>(),
+            ["CLASS", "COUNT", "USER", "KERNEL"],
+            "{t}"
+        );
+        let table = |l: &&str| l.trim_start().starts_with("CLASS") || l.trim_start().starts_with("faults ");
+        assert!(t.lines().filter(table).all(|l| l.chars().count() <= 80), "{t}");
+        r.mode = Mode::Kprobe;
+        r.latency = Some(LatencyTier::All);
+        let t = to_text(&r);
+        assert!(t.contains(" GUP ") && t.contains(" P99 "), "{t}");
+        r.latency = Some(LatencyTier::Off);
+        let t = to_text(&r);
+        assert!(t.contains("KERNEL      GUP\n") && !t.contains(" P99 "), "{t}");
     }
 
     /// Where faults are timed, each table says how long they took in all.
