@@ -1,7 +1,10 @@
 //! Reads the kernel's per-CPU aggregates into one snapshot: per (process,
 //! phase, class), the sum over CPUs. Snapshots subtract, for interval tables.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use anyhow::{anyhow, Result};
 
@@ -105,12 +108,23 @@ struct Aggregates {
 /// torn (flushes are rare: a slot taken over by a new phase or set).
 const READ_TRIES: u32 = 200;
 
+/// Time after which an interval's read takes the try it has, torn or not:
+/// under a storm that keeps flushing (tracepoint mode's per-mapping counts
+/// take a slot over every 16 faults of a sequential write) no try is
+/// clean, and retrying would hold the collector past its next interval. A
+/// torn read moves counts between two neighbouring intervals, never out of
+/// the run.
+pub const INTERVAL_READ_WITHIN: Duration = Duration::from_millis(20);
+/// The same for the run's last read, whose counts are the report's.
+pub const FINAL_READ_WITHIN: Duration = Duration::from_secs(5);
+
 impl Aggregates {
     /// `STATS` and `MAPPINGS` with the pending slots added, read between two
     /// equal, even readings of every CPU's `FLUSHES` (see
     /// `faultscope_common::pending`), so that each count is seen once.
-    fn read(bpf: &Ebpf) -> Result<Aggregates> {
+    fn read(bpf: &Ebpf, within: Duration) -> Result<Aggregates> {
         let mut tries = 0;
+        let started = std::time::Instant::now();
         loop {
             tries += 1;
             let before: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
@@ -135,7 +149,7 @@ impl Aggregates {
             }
             let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
             let clean = !in_flush && before == after;
-            if clean || tries >= READ_TRIES {
+            if clean || tries >= READ_TRIES || started.elapsed() >= within {
                 return Ok(Aggregates { sets, mappings, pending, torn: !clean });
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
@@ -220,8 +234,9 @@ pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId),
 }
 
 impl Snapshot {
-    pub fn read(bpf: &Ebpf) -> Result<Snapshot> {
-        let Aggregates { sets, mappings, pending, torn } = Aggregates::read(bpf)?;
+    /// Reads every map; `within`: see [`INTERVAL_READ_WITHIN`].
+    pub fn read(bpf: &Ebpf, within: Duration) -> Result<Snapshot> {
+        let Aggregates { sets, mappings, pending, torn } = Aggregates::read(bpf, within)?;
         Ok(Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),

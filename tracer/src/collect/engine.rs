@@ -22,7 +22,7 @@ use crate::{
         accounting::{self, Bracket, End, KernelCount, Start},
         attribution::{attributable_here, mappings_availability, AttribOpts, Attribution},
         children,
-        collector::Snapshot,
+        collector::{self, Snapshot},
         phases::{Lifetime, ProcessKinds, Timeline},
         target,
     },
@@ -68,6 +68,8 @@ pub struct ProbeOpts {
 /// A tracing session with its phase timeline and the processes it knows.
 pub struct Recorder {
     pub session: Session,
+    /// Whether a torn read was said (once a run).
+    torn_said: std::cell::Cell<bool>,
     pub avail: Vec<(ReportClass, Availability)>,
     pub timeline: Timeline,
     pub comms: BTreeMap<u32, String>,
@@ -226,6 +228,7 @@ impl Recorder {
             latency,
             sizes,
             flt_offsets,
+            torn_said: std::cell::Cell::new(false),
         })
     }
 
@@ -449,12 +452,17 @@ impl Recorder {
         Ok(out)
     }
 
+    /// An interval's read of the counts.
     pub fn snapshot(&self) -> Result<Snapshot> {
-        let snap = Snapshot::read(&self.session.bpf)?;
-        if snap.torn {
-            eprintln!(
-                "faultscope: the kernel kept flushing its per-CPU counts during every try of a read: \
-                 this read may count some events twice or not at all (the run's last read is exact)"
+        self.snapshot_within(collector::INTERVAL_READ_WITHIN)
+    }
+
+    fn snapshot_within(&self, within: std::time::Duration) -> Result<Snapshot> {
+        let snap = Snapshot::read(&self.session.bpf, within)?;
+        if snap.torn && !self.torn_said.replace(true) {
+            say(
+                "faultscope: the kernel kept flushing its per-CPU counts through a read: an interval's counts may \
+                 include some of its neighbour's (each fault is still counted once in the run; the last read is exact)",
             );
         }
         Ok(snap)
@@ -467,7 +475,7 @@ impl Recorder {
         self.drain_events()?;
         let live: Vec<u32> = self.live.iter().copied().collect();
         let before: Vec<_> = live.iter().map(|&p| accounting::process_flt(p)).collect();
-        let snap = self.snapshot()?;
+        let snap = self.snapshot_within(collector::FINAL_READ_WITHIN)?;
         for (pid, lo) in live.into_iter().zip(before) {
             if let (Some(lo), Some(hi), Some(k)) =
                 (lo, accounting::process_flt(pid), self.accounting.get_mut(&pid))
