@@ -112,8 +112,8 @@ const READ_TRIES: u32 = 200;
 /// under a storm that keeps flushing (tracepoint mode's per-mapping counts
 /// take a slot over every 16 faults of a sequential write) no try is
 /// clean, and retrying would hold the collector past its next interval. A
-/// torn read moves counts between two neighbouring intervals, never out of
-/// the run.
+/// torn read may move a flushed slot's counts into the neighbouring
+/// interval; the run's totals come from its last read.
 pub const INTERVAL_READ_WITHIN: Duration = Duration::from_millis(20);
 /// The same for the run's last read, whose counts are the report's.
 pub const FINAL_READ_WITHIN: Duration = Duration::from_secs(5);
