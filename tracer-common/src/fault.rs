@@ -206,16 +206,16 @@ impl ThreadFault {
     /// Exit-only mode (x86 with fexit: the exception opens a fault, the
     /// return closes it, no entry program): the CPU raised a page-fault
     /// exception, which opens the fault `handle_mm_fault` is about to
-    /// handle, timed from `start_ns` when given. Whatever an earlier
+    /// handle, timed from `start_ns` when `timed`. Whatever an earlier
     /// exception left open (one the kernel never handed to
     /// `handle_mm_fault`: a SIGSEGV, a fixup) is forgotten.
     #[inline(always)]
-    pub fn open_at_exception(&mut self, arch: ExcArch, addr: u64, code: u64, start_ns: Option<u64>) {
+    pub fn open_at_exception(&mut self, arch: ExcArch, addr: u64, code: u64, timed: bool, start_ns: u64) {
         self.on_exception(arch, addr, code);
-        self.start_ns = start_ns.unwrap_or(0);
+        self.start_ns = start_ns;
         self.fault_addr = addr;
         self.own_ns = 0;
-        let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
+        let timed = if timed { SEEN_TIMED } else { 0 };
         self.seen = SEEN_EXC | SEEN_FROM_EXC | SEEN_IN_FAULT | timed;
     }
 
@@ -254,12 +254,13 @@ impl ThreadFault {
     /// Exit-only mode, after [`Self::on_return`] of a call that returned
     /// `VM_FAULT_RETRY`: the kernel calls again for the same address, with
     /// no new exception. That call opens here, timed from `start_ns` (this
-    /// return) when given.
+    /// return) when `timed`. (Plain arguments, not an `Option`: a `None`'s
+    /// undefined payload spilled to the stack fails older verifiers.)
     #[inline(always)]
-    pub fn reopen_for_retry(&mut self, start_ns: Option<u64>) {
-        self.start_ns = start_ns.unwrap_or(0);
+    pub fn reopen_for_retry(&mut self, timed: bool, start_ns: u64) {
+        self.start_ns = start_ns;
         self.own_ns = 0;
-        let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
+        let timed = if timed { SEEN_TIMED } else { 0 };
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
     }
 
@@ -596,7 +597,7 @@ mod tests {
     fn exit_only_exception_opens_and_return_closes() {
         let mut t = ThreadFault::default();
         let wp = X86_PF_PROT | X86_PF_WRITE | X86_PF_USER;
-        t.open_at_exception(ExcArch::X86, A + 0x10, wp, Some(1_000));
+        t.open_at_exception(ExcArch::X86, A + 0x10, wp, true, 1_000);
         t.mark(SEEN_WP);
         assert!(t.at_return(A + 0x20, W, Origin::User), "timed from its exception");
         let s = t.on_return(0).unwrap();
@@ -618,19 +619,19 @@ mod tests {
         let mut t = ThreadFault::default();
         // An exception the kernel never handled (a SIGSEGV), then a GUP
         // fault of the same page: not timed from that exception.
-        t.open_at_exception(ExcArch::X86, A, X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        t.open_at_exception(ExcArch::X86, A, X86_PF_WRITE | X86_PF_USER, true, 1_000);
         assert!(!t.at_return(A, W, Origin::Gup));
         t.on_return(0);
         // An exception of another page: not this call's either.
-        t.open_at_exception(ExcArch::X86, A + 0x5000, X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        t.open_at_exception(ExcArch::X86, A + 0x5000, X86_PF_WRITE | X86_PF_USER, true, 1_000);
         assert!(!t.at_return(A, W, Origin::User));
         t.on_return(0);
         // A retry: the retried call is timed from the return that retried it
         // and keeps the exception record (present rule).
-        t.open_at_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER, Some(1_000));
+        t.open_at_exception(ExcArch::X86, A, X86_PF_PROT | X86_PF_WRITE | X86_PF_USER, true, 1_000);
         assert!(t.at_return(A, W, Origin::User));
         assert!(t.on_return(VM_FAULT_RETRY).unwrap().has(KernelClass::Retry));
-        t.reopen_for_retry(Some(5_000));
+        t.reopen_for_retry(true, 5_000);
         assert!(t.at_return(A, W | FAULT_FLAG_TRIED, Origin::User));
         assert_eq!(t.start_ns, 5_000);
         let s = t.on_return(0).unwrap();

@@ -153,8 +153,8 @@ fn on_page_fault<C: StackIdContext>(
         }
         if cfg(&EXIT_ONLY) != 0 {
             let timed = timed_fault(conf.get(Config::LatencyEvery));
-            let start = if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None };
-            unsafe { (*s).open_at_exception(ExcArch::X86, addr, code, start) };
+            let start = if timed { unsafe { bpf_ktime_get_ns() } } else { 0 };
+            unsafe { (*s).open_at_exception(ExcArch::X86, addr, code, timed, start) };
         } else {
             unsafe { (*s).on_exception(ExcArch::X86, addr, code) };
         }

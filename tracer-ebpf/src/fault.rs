@@ -142,7 +142,7 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     if ret as u32 & VM_FAULT_RETRY != 0 {
         // The clock last: the retried call's time starts where this ends.
         let timed = timed_fault(conf.get(Config::LatencyEvery));
-        st.reopen_for_retry(if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None });
+        st.reopen_for_retry(timed, if timed { unsafe { bpf_ktime_get_ns() } } else { 0 });
     }
     Ok(0)
 }
