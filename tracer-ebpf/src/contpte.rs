@@ -29,11 +29,10 @@ use crate::{
 #[inline(always)]
 fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_ns: u64) {
     let state = thread_state_if_any(current_id());
-    let (start, ip, syscall, origin) = match state {
-        Some(s) if unsafe { (*s).in_fault() } => unsafe {
-            ((*s).vma_start, (*s).ip, (*s).syscall, Origin::from_u32((*s).origin))
-        },
-        _ => (addr_key(addr), 0, 0, Origin::Kernel),
+    let (start, ip, syscall, origin) = if !state.is_null() && unsafe { (*state).in_fault() } {
+        unsafe { ((*state).vma_start, (*state).ip, (*state).syscall, Origin::from_u32((*state).origin)) }
+    } else {
+        (addr_key(addr), 0, 0, Origin::Kernel)
     };
     let phase = current_phase();
     let set = set.with_origin(origin);
@@ -51,8 +50,8 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_n
         syscall,
         ctx.entry_caller(&conf),
     );
-    if let Some(s) = state {
-        unsafe { (*s).own_time(from_ns, bpf_ktime_get_ns()) };
+    if !state.is_null() {
+        unsafe { (*state).own_time(from_ns, bpf_ktime_get_ns()) };
     }
 }
 

@@ -95,7 +95,7 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
         Ok(ret) if cfg(&EXIT_ONLY) != 0 => try_fault_close(&ctx, ret).unwrap_or(0),
         Ok(ret) => try_fault_return(&ctx, ret).unwrap_or(0),
         Err(_) => {
-            if thread_state_if_any(current_id()).is_some() {
+            if !thread_state_if_any(current_id()).is_null() {
                 read_failed();
             }
             0
@@ -111,9 +111,10 @@ pub fn fault_return_fe(ctx: FExitContext) -> u32 {
 #[inline(always)]
 fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     let id = current_id();
-    let Some(s) = fault_state(id, true) else {
+    let s = fault_state(id, true);
+    if s.is_null() {
         return Ok(0);
-    };
+    }
     let st = unsafe { &mut *s };
     let arg = |n| FnContext::arg(ctx, n);
     let (addr, flags, regs) = (arg(1)?, arg(2)? as u32, arg(3)?);
@@ -150,9 +151,10 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
 #[inline(always)]
 fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> {
     let id = current_id();
-    let Some(s) = thread_state_if_any(id) else {
+    let s = thread_state_if_any(id);
+    if s.is_null() {
         return Ok(0);
-    };
+    }
     let st = unsafe { &mut *s };
     let ns = if st.timed() { unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns) } else { UNTIMED };
     let Some(set) = st.on_return(ret as u32) else {
@@ -193,7 +195,8 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 #[inline(always)]
 fn try_mark(bit: u32, opens: bool) -> Result<u32, ReadFailed> {
     let open = opens && cfg(&EXIT_ONLY) != 0;
-    if let Some(s) = fault_state(current_id(), open) {
+    let s = fault_state(current_id(), open);
+    if !s.is_null() {
         let st = unsafe { &mut *s };
         if st.timed() {
             let from = unsafe { bpf_ktime_get_ns() };

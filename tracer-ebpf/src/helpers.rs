@@ -523,7 +523,7 @@ pub fn traced_thread(id: u64) -> Option<*mut ThreadFault> {
 pub fn traced_thread_not_noted(id: u64, epoch: u32) -> Option<*mut ThreadFault> {
     // Raw pointers, null for none: the verifier refuses the spill of an
     // `Option`'s undefined payload that the compiler may emit.
-    let held = held_state(id).unwrap_or(core::ptr::null_mut());
+    let held = held_state(id);
     if !held.is_null() && unsafe { (*held).traced } == epoch {
         return Some(held);
     }
@@ -548,13 +548,18 @@ pub fn traced_thread_not_noted(id: u64, epoch: u32) -> Option<*mut ThreadFault> 
     Some(s)
 }
 
-/// The current thread's state in this CPU's `OPEN` slot, if it holds it.
+/// The current thread's state in this CPU's `OPEN` slot if it holds it,
+/// else null. A raw pointer, not an `Option`: the compiler may read a
+/// `None`'s undefined payload back from the stack before it chooses null,
+/// which older verifiers (6.1) refuse.
 #[inline(always)]
-fn held_state(id: u64) -> Option<*mut ThreadFault> {
-    let o = OPEN.get_ptr_mut(0)?;
-    // SAFETY: this CPU's entry; programs on one CPU do not interleave on it
-    // (a fault's programs run with the thread on the CPU).
-    unsafe { ((*o).owner == id).then(|| core::ptr::addr_of_mut!((*o).fault)) }
+fn held_state(id: u64) -> *mut ThreadFault {
+    match OPEN.get_ptr_mut(0) {
+        // SAFETY: this CPU's entry; programs on one CPU do not interleave
+        // on it (a fault's programs run with the thread on the CPU).
+        Some(o) if unsafe { (*o).owner == id } => unsafe { core::ptr::addr_of_mut!((*o).fault) },
+        _ => core::ptr::null_mut(),
+    }
 }
 
 /// Makes the current thread (`id`) the owner of this CPU's `OPEN` slot,
@@ -598,12 +603,14 @@ pub fn timed_fault(every: u32) -> bool {
     }
 }
 
-/// The current thread's fault state, if it has one: in this CPU's slot,
-/// else in its storage (a fault that slept, switched out, and resumed
-/// here or on another CPU). A thread this CPU noted untraced has none
-/// that counts, and skips the storage lookup (about 120 instructions).
+/// The current thread's fault state, if it has one (else null): in this
+/// CPU's slot, else in its storage (a fault that slept, switched out, and
+/// resumed here or on another CPU). A thread this CPU noted untraced has
+/// none that counts, and skips the storage lookup (about 120
+/// instructions). Raw pointers, null for none, as in
+/// [`traced_thread_not_noted`].
 #[inline(always)]
-pub fn thread_state_if_any(id: u64) -> Option<*mut ThreadFault> {
+pub fn thread_state_if_any(id: u64) -> *mut ThreadFault {
     fault_state(id, false)
 }
 
@@ -611,23 +618,24 @@ pub fn thread_state_if_any(id: u64) -> Option<*mut ThreadFault> {
 /// fault open, its state to open one in (exit-only mode: a call no
 /// exception opened). An untraced thread stops at its note either way.
 #[inline(always)]
-pub fn fault_state(id: u64, open: bool) -> Option<*mut ThreadFault> {
+pub fn fault_state(id: u64, open: bool) -> *mut ThreadFault {
+    let null = core::ptr::null_mut();
     let epoch = targets_epoch();
-    if let Some(s) = held_state(id) {
-        if !open || unsafe { (*s).in_fault() } {
-            return Some(s);
+    let held = held_state(id);
+    if !held.is_null() {
+        if !open || unsafe { (*held).in_fault() } {
+            return held;
         }
-        return traced_thread_not_noted(id, epoch);
+        return traced_thread_not_noted(id, epoch).unwrap_or(null);
     }
     if noted_untraced(id, epoch) {
-        return None;
+        return null;
     }
-    let stored = THREADS.current(false);
-    match stored {
-        Some(s) if !open || unsafe { (*s).in_fault() } => Some(s),
-        _ if open => traced_thread_not_noted(id, epoch),
-        _ => None,
+    let stored = THREADS.current(false).unwrap_or(null);
+    if !open || (!stored.is_null() && unsafe { (*stored).in_fault() }) {
+        return stored;
     }
+    traced_thread_not_noted(id, epoch).unwrap_or(null)
 }
 
 /// Frees this CPU's `OPEN` slot if thread `id` holds it: at the thread's
