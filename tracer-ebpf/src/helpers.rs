@@ -620,14 +620,15 @@ pub fn thread_state_if_any(id: u64) -> *mut ThreadFault {
 #[inline(always)]
 pub fn fault_state(id: u64, open: bool) -> *mut ThreadFault {
     let null = core::ptr::null_mut();
-    let epoch = targets_epoch();
     let held = held_state(id);
     if !held.is_null() {
         if !open || unsafe { (*held).in_fault() } {
             return held;
         }
-        return traced_thread_not_noted(id, epoch).unwrap_or(null);
+        return traced_thread_not_noted(id, targets_epoch()).unwrap_or(null);
     }
+    // Read only past the slot: a traced fault's marks and return stop there.
+    let epoch = targets_epoch();
     if noted_untraced(id, epoch) {
         return null;
     }

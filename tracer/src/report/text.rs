@@ -54,8 +54,7 @@ fn origin_cells(v: &super::schema::Measured) -> [String; 3] {
 
 /// The kernel check in one line.
 pub fn check_line(k: &KernelCheck) -> String {
-    use crate::units::count as n;
-    let signed = |v: i64| if v < 0 { format!("-{}", n(v.unsigned_abs())) } else { n(v as u64) };
+    let signed = |v: i64| if v < 0 { format!("-{}", count(v.unsigned_abs())) } else { count(v as u64) };
     let range =
         |lo: i64, hi: i64| if lo == hi { signed(lo) } else { format!("{}..{}", signed(lo), signed(hi)) };
     let kernel = match (k.kernel_low, k.kernel_high) {
@@ -63,7 +62,7 @@ pub fn check_line(k: &KernelCheck) -> String {
         _ => "unknown".into(),
     };
     let how = k.bracket.as_deref().map(|b| format!(" ({b})")).unwrap_or_default();
-    let faultscope = n(k.faultscope);
+    let faultscope = count(k.faultscope);
     match k.result {
         CheckResult::Equal => {
             format!("kernel check: equal: {faultscope} faults = the kernel's min_flt+maj_flt {kernel}{how}")
@@ -217,12 +216,12 @@ fn time_line(out: &mut String, classes: &Classes, tier: Option<LatencyTier>) {
     let all = match tier {
         Some(LatencyTier::Sample { every }) => format!(
             " of {} timed faults (one in {every}); about {} for all {}",
-            crate::units::count(timed),
+            count(timed),
             fmt_ns(l.sum_ns.saturating_mul(every as u64)),
-            crate::units::count(m.count)
+            count(m.count)
         ),
         _ if timed < m.count => {
-            format!(" of {} timed faults of {}", crate::units::count(timed), crate::units::count(m.count))
+            format!(" of {} timed faults of {}", count(timed), count(m.count))
         }
         _ => String::new(),
     };
