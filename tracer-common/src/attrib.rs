@@ -119,12 +119,72 @@ pub const PT_REGS_LR_AARCH64: u64 = 240;
 pub const PT_REGS_SYSCALL_X86_64: u64 = 120;
 pub const PT_REGS_SYSCALL_AARCH64: u64 = 280;
 
+/// Key of `VMAS`: a VMA of a process, by its start.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VmaKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub start: u64,
+}
+
+/// `VMAS`' bound: descriptions not yet read by user space (it takes them
+/// out every tick).
+pub const VMAS_ENTRIES: u32 = 16384;
+
+/// Bytes of a VMA's file name kept in `VmaInfo` (NUL-terminated).
+pub const VMA_NAME_LEN: usize = 64;
+
+/// Value of `VMAS`: what names a mapping without `/proc/PID/maps`, read
+/// from the VMA the first time a fault of the process counts in it, so
+/// that a process gone before user space could read its maps still has
+/// its mappings named.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmaInfo {
+    /// `bpf_ktime_get_ns` when it was read: the VMA existed then.
+    pub at: u64,
+    pub end: u64,
+    /// `vm_pgoff`: the file offset of `start`, in pages.
+    pub pgoff: u64,
+    pub flags: u64,
+    /// The file's inode number and its superblock's `s_dev` (the kernel's
+    /// encoding: major << 20 | minor); 0 for anonymous memory.
+    pub ino: u64,
+    pub dev: u32,
+    /// Non-zero: the VMA maps a file (`vm_file`).
+    pub file: u32,
+    /// The file's name (its dentry's, not a path), NUL-terminated.
+    pub name: [u8; VMA_NAME_LEN],
+}
+
+impl VmaInfo {
+    pub const ZERO: VmaInfo =
+        VmaInfo { at: 0, end: 0, pgoff: 0, flags: 0, ino: 0, dev: 0, file: 0, name: [0; VMA_NAME_LEN] };
+}
+
+/// Per CPU, the VMA the exception tracepoint last found for a fault (the
+/// tracepoint has no VMA; finding one takes the mmap lock): the next fault
+/// of the same process inside `[start, end)` takes its start from here
+/// while the address space's write sequence (`mm_lock_seq`, where the
+/// kernel has one) is `seq`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LastVma {
+    pub tgid: u32,
+    pub seq: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     unsafe impl aya::Pod for super::MappingKey {}
     unsafe impl aya::Pod for super::ClassCounts {}
     unsafe impl aya::Pod for super::SiteKey {}
     unsafe impl aya::Pod for super::StackKey {}
+    unsafe impl aya::Pod for super::VmaKey {}
+    unsafe impl aya::Pod for super::VmaInfo {}
 }
 
 #[cfg(test)]
@@ -148,3 +208,4 @@ mod tests {
         assert_eq!(syscall_key(63), 64);
     }
 }
+

@@ -95,6 +95,8 @@ pub const VM_FAULT_HWPOISON_LARGE: u32 = 0x0020;
 pub const VM_FAULT_SIGSEGV: u32 = 0x0040;
 pub const VM_FAULT_RETRY: u32 = 0x0400;
 pub const VM_FAULT_FALLBACK: u32 = 0x0800;
+/// The fault completed with the mmap lock (or the VMA's) already dropped.
+pub const VM_FAULT_COMPLETED: u32 = 0x4000;
 pub const VM_FAULT_ERROR: u32 = VM_FAULT_OOM
     | VM_FAULT_SIGBUS
     | VM_FAULT_SIGSEGV

@@ -23,6 +23,7 @@ use faultscope_common::{
 };
 
 use crate::{
+    vma::describe,
     helpers::{drop_add, drop_count, entry, pending_slot, FnContext, ReadFailed, BPF_NOEXIST},
     maps::{
         cfg, Conf, MAPPINGS, PENDING_MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS,
@@ -114,13 +115,21 @@ fn mapping_slot(key: &MappingKey) -> Option<*mut PendingMapping> {
 }
 
 /// One event in every class of `bits` (a `ClassSet`) for its mapping, in
-/// this CPU's pending slot. Not inlined: one subprogram for the fault and
-/// the contpte programs.
+/// this CPU's pending slot. A slot taken over for this key (`run` 0) is
+/// the first event of the mapping on this CPU in a while: the VMA at `vma`
+/// (a kernel pointer; 0: none to hand) is described then, so that a
+/// mapping costs one description, not one per fault. Not inlined: one
+/// subprogram for the fault and the contpte programs.
 #[inline(never)]
-pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32) {
+pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32, vma: u64) {
     let key = MappingKey { tgid, phase, start };
     match mapping_slot(&key) {
-        Some(v) => unsafe { (*v).add(bits) },
+        Some(v) => unsafe {
+            if vma != 0 && (*v).run == 0 {
+                describe(tgid, start, vma);
+            }
+            (*v).add(bits)
+        },
         None => drop_count(Drop::MappingsFull),
     }
 }
@@ -163,7 +172,8 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 }
 
 /// Attributes an event of the classes in `set` (among `candidates`): to its
-/// mapping (`start`, the VMA's; None where the program has no VMA), and,
+/// mapping (`mapping`: the VMA's start, and the VMA itself where it is
+/// still valid, else 0; None where the program has no VMA), and,
 /// for the classes switched on, to its site (`ip`, and `syscall`: see
 /// `SiteKey::syscall`) and stacks. `caller`: see `StackKey::kernel_caller`
 /// (0 where there is none).
@@ -176,13 +186,13 @@ pub fn attribute<C: StackIdContext>(
     phase: PhaseId,
     candidates: &[KernelClass],
     set: ClassSet,
-    start: Option<u64>,
+    mapping: Option<(u64, u64)>,
     ip: u64,
     syscall: u32,
     caller: u64,
 ) {
-    if let (true, Some(start)) = (conf.get(Config::Mappings) != 0, start) {
-        count_mapping(tgid, phase, start, set.classes());
+    if let (true, Some((start, vma))) = (conf.get(Config::Mappings) != 0, mapping) {
+        count_mapping(tgid, phase, start, set.classes(), vma);
     }
     let sites = set.0 & conf.get(Config::SiteClasses);
     if sites != 0 {

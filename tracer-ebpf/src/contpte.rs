@@ -45,7 +45,7 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_n
         phase,
         &KernelClass::CONTPTE,
         set,
-        Some(start),
+        Some((start, 0)),
         ip,
         syscall,
         ctx.entry_caller(&conf),

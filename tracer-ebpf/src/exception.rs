@@ -20,6 +20,7 @@ use faultscope_common::{
 };
 
 use crate::{
+    vma::vma_start_at,
     attrib::{attribute, count_mapping, regs_ip, task_site},
     helpers::{
         current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
@@ -130,10 +131,16 @@ fn on_page_fault<C: StackIdContext>(
         if set.classes() != 0 {
             if traced_thread_not_noted(id, epoch).is_some() {
                 let phase = counted(ctx, &conf, tgid, set, origin, ip);
-                // No fault path, no VMA: the mapping by the address's
-                // granule, named by user space from the maps snapshots.
+                // No fault path: the VMA the kernel finds at the address
+                // (a user-mode fault's only: the mmap lock stays held until
+                // interrupts are back on, which a kernel-mode fault may
+                // not turn on), else the address's granule, named by user
+                // space from the maps snapshots.
                 if conf.get(Config::Mappings) != 0 {
-                    count_mapping(tgid, phase, addr_key(addr()?), set.classes());
+                    let a = addr()?;
+                    let start = if origin == Origin::User { vma_start_at(tgid, a) } else { 0 };
+                    let key = if start != 0 { start } else { addr_key(a) };
+                    count_mapping(tgid, phase, key, set.classes(), 0);
                 }
             }
         }

@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::KernelClass,
-    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_RETRY},
+    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_COMPLETED, VM_FAULT_RETRY},
     maps::{Config, Drop},
 };
 
@@ -65,7 +65,7 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
             let phase = current_phase();
             record_set(tgid, phase, set, UNTIMED, 0);
             if conf.get(Config::Mappings) != 0 {
-                count_mapping(tgid, phase, st.vma_start, set.classes());
+                count_mapping(tgid, phase, st.vma_start, set.classes(), 0);
             }
         }
     }
@@ -137,9 +137,13 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     // except a retry's or a completed-unlocked one, whose VMA is still
     // memory the kernel frees only after an RCU grace period (the read is
     // a checked load either way).
-    let start = vma_start(ctx, &conf, arg(0)?)?;
+    let vma = arg(0)?;
+    let start = vma_start(ctx, &conf, vma)?;
     let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
-    attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, Some(start), ip, syscall, 0);
+    // Described only while the call still holds the VMA.
+    let held = ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0;
+    let mapping = Some((start, if held { vma } else { 0 }));
+    attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, mapping, ip, syscall, 0);
     if ret as u32 & VM_FAULT_RETRY != 0 {
         // The clock last: the retried call's time starts where this ends.
         let timed = timed_fault(conf.get(Config::LatencyEvery));
@@ -175,7 +179,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         phase,
         &KernelClass::FAULT_RETURN,
         set,
-        Some(st.vma_start),
+        Some((st.vma_start, 0)),
         st.ip,
         st.syscall,
         0,

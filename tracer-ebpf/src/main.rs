@@ -51,6 +51,7 @@ mod helpers;
 mod lifecycle;
 mod maps;
 mod switch;
+mod vma;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -9,10 +9,10 @@ use aya_ebpf::{
     bindings::{bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE},
     helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
     macros::{btf_map, map},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use faultscope_common::{
-    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
     maps::{
         ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, PhaseCounter, Stat, TargetInfo,
         UntracedNote,
@@ -160,6 +160,23 @@ pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT a
 #[map]
 pub static MAPPINGS: PerCpuHashMap<MappingKey, ClassCounts> = PerCpuHashMap::with_max_entries(4096, 0);
 
+/// What names each counted mapping without `/proc/PID/maps` (see
+/// `VmaInfo`): written the first time a mapping is counted on a CPU. LRU:
+/// never full; user space copies it every tick, so an entry evicted
+/// before it was read is all that can be lost. Bound: `VMAS_ENTRIES`.
+#[map]
+pub static VMAS: LruHashMap<VmaKey, VmaInfo> = LruHashMap::with_max_entries(VMAS_ENTRIES, 0);
+
+/// A `VmaInfo` to fill in place: it does not fit on the BPF stack beside
+/// the callers' frames. One entry per CPU.
+#[map]
+pub static VMA_SCRATCH: PerCpuArray<VmaInfo> = PerCpuArray::with_max_entries(1, 0);
+
+/// The exception tracepoint's per-CPU cache of the last VMA it found (see
+/// `LastVma`). One entry per CPU.
+#[map]
+pub static LAST_VMA: PerCpuArray<LastVma> = PerCpuArray::with_max_entries(1, 0);
+
 /// A zeroed `ClassCounts` to insert from.
 #[map]
 pub static ZERO_COUNTS: PerCpuArray<ClassCounts> = PerCpuArray::with_max_entries(1, 0);
@@ -209,6 +226,40 @@ pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
 /// kernels); per-mapping counting is off when BTF does not have it.
 #[no_mangle]
 pub static VMA_START_OFF: u32 = 0;
+
+/// Where a VMA's description is (`VmaInfo`), from BTF: the VMA's end, page
+/// offset, flags and file; the file's dentry (`f_path.dentry`) and inode;
+/// the inode's number and superblock; the superblock's `s_dev`; the
+/// dentry's name pointer (`d_name.name`). `VMA_DESCRIBED` is non-zero only
+/// when user space found them all.
+#[no_mangle]
+pub static VMA_DESCRIBED: u32 = 0;
+#[no_mangle]
+pub static VMA_END_OFF: u32 = 0;
+#[no_mangle]
+pub static VMA_PGOFF_OFF: u32 = 0;
+#[no_mangle]
+pub static VMA_FLAGS_OFF: u32 = 0;
+#[no_mangle]
+pub static VMA_FILE_OFF: u32 = 0;
+#[no_mangle]
+pub static FILE_DENTRY_OFF: u32 = 0;
+#[no_mangle]
+pub static FILE_INODE_OFF: u32 = 0;
+#[no_mangle]
+pub static INODE_INO_OFF: u32 = 0;
+#[no_mangle]
+pub static INODE_SB_OFF: u32 = 0;
+#[no_mangle]
+pub static SB_DEV_OFF: u32 = 0;
+#[no_mangle]
+pub static DENTRY_NAME_OFF: u32 = 0;
+/// `task_struct.mm` and `mm_struct.mm_lock_seq` (0: the kernel has no
+/// write sequence, and `LAST_VMA` holds until the process or range changes).
+#[no_mangle]
+pub static TASK_MM_OFF: u32 = 0;
+#[no_mangle]
+pub static MM_LOCK_SEQ_OFF: u32 = 0;
 
 /// Non-zero: a task of a cgroup in `CGROUPS` that is not traced joins the
 /// traced set at its first event (see `helpers::adopt`). A load-time

@@ -2,13 +2,16 @@
 //!
 //! The kernel side counts faults per VMA start address; this module turns
 //! such a start back into a name (`[heap]`, a file, `[anon:NAME]`, ...) from
-//! `/proc/PID/maps` snapshots. Snapshots are kept over time (attach, every
-//! phase change, end) because mappings come and go while a process runs, and
-//! the process may be gone by the time the report is written.
+//! `/proc/PID/maps` snapshots, and from the kernel's own descriptions of
+//! the VMAs it counted in (`VmaInfo`), which outlive a process that exits
+//! between two reads of its maps. Snapshots are kept over time (attach,
+//! every phase change, end) because mappings come and go while a process
+//! runs, and the process may be gone by the time the report is written.
 
 use std::{collections::BTreeMap, fmt, io};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use faultscope_common::attrib::VmaInfo;
 
 /// Escapes C0 controls, DEL and C1 controls as `\xNN`, so that a name taken
 /// from the traced process (a file name may hold `\n` or ESC) cannot break a
@@ -96,6 +99,10 @@ pub enum MappingName {
         path: String,
         deleted: bool,
     },
+    /// A file mapping known only from the kernel's VMA (its process was
+    /// gone before its maps were read, and no other process's maps had the
+    /// file): the file's own name, without its directory.
+    FileName(String),
 }
 
 impl MappingName {
@@ -148,6 +155,7 @@ impl fmt::Display for MappingName {
             MappingName::AnonNamed(n) => write!(f, "[anon:{}]", display_safe(n)),
             MappingName::AnonShmem(n) => write!(f, "[anon_shmem:{}]", display_safe(n)),
             MappingName::Pseudo(n) => f.write_str(&display_safe(n)),
+            MappingName::FileName(n) => write!(f, "…/{}", display_safe(n)),
             MappingName::File { path, deleted } => {
                 f.write_str(&display_safe(path))?;
                 if *deleted {
@@ -187,6 +195,60 @@ impl Mapping {
     /// symbolizer needs once the process is gone).
     pub fn file_offset(&self, addr: u64) -> Option<u64> {
         self.contains(addr).then(|| addr - self.start + self.offset)
+    }
+}
+
+/// `vm_flags` bits (include/linux/mm.h).
+const VM_READ: u64 = 0x1;
+const VM_WRITE: u64 = 0x2;
+const VM_EXEC: u64 = 0x4;
+const VM_SHARED: u64 = 0x8;
+const VM_GROWSDOWN: u64 = 0x100;
+
+/// A device number as `/proc/PID/maps` prints it, from the kernel's
+/// `dev_t` (major in the top 12 bits, minor in the low 20).
+pub fn dev_string(dev: u32) -> String {
+    format!("{:02x}:{:02x}", dev >> 20, dev & 0xf_ffff)
+}
+
+impl Mapping {
+    /// The mapping the kernel described at `start` (see `VmaInfo`). `path`:
+    /// the file's path where another source had it (a maps line of the
+    /// same device and inode); else the file's own name stands.
+    pub fn from_vma(start: u64, v: &VmaInfo, path: Option<String>) -> Mapping {
+        let name = if v.file == 0 && v.flags & VM_GROWSDOWN != 0 {
+            MappingName::Stack
+        } else if v.file == 0 {
+            MappingName::Anon { start, end: v.end }
+        } else if let Some(p) = path {
+            MappingName::File { path: p, deleted: false }
+        } else {
+            let n = v.name.iter().position(|&b| b == 0).unwrap_or(v.name.len());
+            MappingName::FileName(String::from_utf8_lossy(&v.name[..n]).into_owned())
+        };
+        Mapping {
+            start,
+            end: v.end.max(start + 1),
+            perms: Perms {
+                read: v.flags & VM_READ != 0,
+                write: v.flags & VM_WRITE != 0,
+                exec: v.flags & VM_EXEC != 0,
+                shared: v.flags & VM_SHARED != 0,
+            },
+            offset: v.pgoff * page_size(),
+            dev: dev_string(v.dev),
+            inode: v.ino,
+            name,
+        }
+    }
+}
+
+/// The page size (a VMA's `vm_pgoff` is in pages).
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as u64,
+        _ => 4096,
     }
 }
 
@@ -327,6 +389,11 @@ impl MapsHistory {
 
     pub fn snapshots(&self) -> &[MapsSnapshot] {
         &self.snapshots
+    }
+
+    /// The mappings of the snapshots labelled `label`, to rename in place.
+    pub fn mappings_mut<'a>(&'a mut self, label: &'a str) -> impl Iterator<Item = &'a mut Mapping> + 'a {
+        self.snapshots.iter_mut().filter(move |s| s.label == label).flat_map(|s| s.mappings.iter_mut())
     }
 
     /// Snapshots in order of preference for a query at `at`: the latest at

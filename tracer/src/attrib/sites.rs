@@ -166,6 +166,8 @@ impl SiteSymbolizer {
                     // Placeholder, filled in below.
                     SiteLocation::FileOffset { file_offset: off, build_id: None, reason: String::new() }
                 }
+                // Known by its name only: the offset in the file.
+                MappingName::FileName(_) => SiteLocation::NotFile { offset: ip - m.start + m.offset },
                 _ => SiteLocation::NotFile { offset: ip - m.start },
             };
             sites.push(Site { ip, mapping: Some(m.name.clone()), location });

@@ -4,13 +4,20 @@
 //! phase change and at the end, so a mapping unmapped mid-run keeps its
 //! name).
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+};
 
 use clap::Args;
-use faultscope_common::{maps::Config, KernelClass};
+use faultscope_common::{
+    attrib::{VmaInfo, VmaKey},
+    maps::Config,
+    KernelClass,
+};
 
 use crate::{
-    attrib::mapping::MapsHistory,
+    attrib::mapping::{dev_string, Mapping, MappingName, MapsHistory, MapsSnapshot},
     kernel::classes::{Availability, ReportClass},
 };
 
@@ -143,17 +150,95 @@ pub fn mappings_availability(
     vma_offset.as_ref().map(drop).map_err(Clone::clone)
 }
 
+/// The label of a snapshot of one mapping the kernel described.
+const KERNEL: &str = "kernel";
+
 /// The attribution of a run: what is counted, and the maps histories.
 pub struct Attribution {
     pub opts: AttribOpts,
     /// Per-mapping counts are measured, or why not.
     pub mappings: Result<(), String>,
     pub histories: BTreeMap<u32, MapsHistory>,
+    /// The path of each file (device, inode) any maps snapshot has shown:
+    /// what names a file the kernel described by its name alone.
+    paths: HashMap<(String, u64), String>,
+    /// The kernel descriptions already taken in: (tgid, start, end, inode).
+    described: HashSet<(u32, u64, u64, u64)>,
 }
 
 impl Attribution {
     pub fn new(opts: AttribOpts, mappings: Result<(), String>) -> Attribution {
-        Attribution { opts, mappings, histories: BTreeMap::new() }
+        let mut a =
+            Attribution { opts, mappings, histories: BTreeMap::new(), paths: HashMap::new(), described: HashSet::new() };
+        // faultscope's own files (the C library, the loader) are most
+        // processes' too.
+        if let Ok(own) = crate::attrib::mapping::snapshot_pid(std::process::id()) {
+            a.learn_paths(&own);
+        }
+        a
+    }
+
+    /// Takes in the kernel's descriptions of VMAs it counted in: each is a
+    /// snapshot of one mapping of its process, at the time the kernel read
+    /// it, so that a process gone before its maps were read still has its
+    /// mappings named (and an exec forgets them like any snapshot).
+    pub fn kernel_vmas(&mut self, vmas: Vec<(VmaKey, VmaInfo)>) {
+        for (k, v) in vmas {
+            if !self.described.insert((k.tgid, k.start, v.end, v.ino)) {
+                continue;
+            }
+            let path = (v.file != 0).then(|| self.paths.get(&(dev_string(v.dev), v.ino)).cloned()).flatten();
+            let mut m = Mapping::from_vma(k.start, &v, path);
+            let h = self.histories.entry(k.tgid).or_insert_with(|| MapsHistory::new(k.tgid));
+            // The name the process's own maps gave it, where they had it.
+            let named = h.snapshots().iter().rev().filter(|s| s.label != KERNEL).find_map(|s| {
+                s.mappings.iter().find(|x| x.start == m.start && x.inode == m.inode).map(|x| x.name.clone())
+            });
+            if let Some(n) = named {
+                m.name = n;
+            }
+            h.push(v.at, KERNEL, vec![m]);
+        }
+    }
+
+    /// Learns from `pid`'s latest maps snapshot: its mappings' names for
+    /// what the kernel described of `pid` at the same start (one name for
+    /// one mapping, whichever source a query finds first), and its files'
+    /// paths for every process's files described by name alone.
+    fn learn(&mut self, pid: u32) {
+        let Some(s) = self.histories.get(&pid).and_then(|h| h.snapshots().iter().max_by_key(|s| s.seq)) else {
+            return;
+        };
+        let names: HashMap<(u64, u64), MappingName> =
+            s.mappings.iter().map(|m| ((m.start, m.inode), m.name.clone())).collect();
+        let learned = self.learn_paths(&s.mappings.clone());
+        if let Some(h) = self.histories.get_mut(&pid) {
+            for m in h.mappings_mut(KERNEL) {
+                if let Some(n) = names.get(&(m.start, m.inode)) {
+                    m.name = n.clone();
+                }
+            }
+        }
+        if learned {
+            for h in self.histories.values_mut() {
+                for m in h.mappings_mut(KERNEL) {
+                    if let (MappingName::FileName(_), Some(p)) = (&m.name, self.paths.get(&(m.dev.clone(), m.inode))) {
+                        m.name = MappingName::File { path: p.clone(), deleted: false };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notes the paths of the files in `mappings`; true if one is new.
+    fn learn_paths(&mut self, mappings: &[Mapping]) -> bool {
+        let mut new = false;
+        for m in mappings {
+            if let (Some(p), true) = (m.name.path(), m.inode != 0) {
+                new |= self.paths.insert((m.dev.clone(), m.inode), p.to_string()).is_none();
+            }
+        }
+        new
     }
 
     /// The `CONFIG` entries for the kernel side.
@@ -183,16 +268,18 @@ impl Attribution {
         if !self.active() {
             return;
         }
-        let latest = self.histories.get(&parent).and_then(|h| {
-            h.snapshots()
-                .iter()
-                .rev()
-                .find(|s| s.at <= at)
-                .or(h.snapshots().last())
-                .map(|s| s.mappings.clone())
-        });
-        if let Some(m) = latest {
-            self.histories.entry(child).or_insert_with(|| MapsHistory::new(child)).push(at, "fork", m);
+        let Some(h) = self.histories.get(&parent) else {
+            return;
+        };
+        let full = |s: &&MapsSnapshot| s.label != KERNEL;
+        let latest = h.snapshots().iter().rev().filter(full).find(|s| s.at <= at).or(h.snapshots().iter().rfind(full));
+        // And what the kernel described before the fork.
+        let mut inherited: Vec<Mapping> = latest.map(|s| s.mappings.clone()).unwrap_or_default();
+        for s in h.snapshots().iter().filter(|s| s.label == KERNEL && s.at <= at) {
+            inherited.extend(s.mappings.iter().filter(|m| !inherited.iter().any(|x| x.start == m.start)).cloned().collect::<Vec<_>>());
+        }
+        if !inherited.is_empty() {
+            self.histories.entry(child).or_insert_with(|| MapsHistory::new(child)).push(at, "fork", inherited);
         }
     }
 
@@ -216,7 +303,9 @@ impl Attribution {
             return;
         }
         let h = self.histories.entry(pid).or_insert_with(|| MapsHistory::new(pid));
-        let _ = h.snapshot(at, label);
+        if h.snapshot(at, label).is_ok() {
+            self.learn(pid);
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use aya::{
     Ebpf, Pod,
 };
 use faultscope_common::{
-    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    attrib::{ClassCounts, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey},
     class::ClassSet,
     fault::Origin,
     hist,
@@ -174,6 +174,25 @@ fn per_cpu_sums<K: Pod + Ord, V: Pod>(
             merge(&mut sum, v);
         }
         out.insert(key, sum);
+    }
+    Ok(out)
+}
+
+/// Takes the VMA descriptions the kernel wrote since the last call out of
+/// `VMAS` (see `VmaInfo`): a description is read once, and the map holds
+/// only what is new.
+pub fn take_vmas(bpf: &mut Ebpf) -> Result<Vec<(VmaKey, VmaInfo)>> {
+    let Some(m) = bpf.map_mut("VMAS") else {
+        return Ok(Vec::new());
+    };
+    let mut map: aya::maps::HashMap<_, VmaKey, VmaInfo> = aya::maps::HashMap::try_from(m)?;
+    let keys: Vec<VmaKey> = map.keys().filter_map(|k| k.ok()).collect();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Ok(v) = map.get(&k, 0) {
+            out.push((k, v));
+        }
+        let _ = map.remove(&k);
     }
     Ok(out)
 }

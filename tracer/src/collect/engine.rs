@@ -194,7 +194,7 @@ impl Recorder {
             _ if probe.quiet => {}
             Err(why) => say(&format!("faultscope: per-mapping counts not measurable here: {why}")),
             Ok(()) if !fault_probe => say(&format!(
-                "faultscope: per-mapping counts by address in tracepoint mode: {} KiB granules named from the maps snapshots (rows exact: false)",
+                "faultscope: per-mapping counts in tracepoint mode: by the VMA the kernel finds at a user-mode fault's address, else (a kernel-mode fault, the mmap lock busy) by {} KiB address granules named from the maps snapshots (rows exact: false)",
                 faultscope_common::attrib::ADDR_GRANULE >> 10
             )),
             Ok(()) => {}
@@ -435,6 +435,10 @@ impl Recorder {
                 }
                 _ => {}
             }
+        }
+        if self.attrib.mappings.is_ok() {
+            let vmas = collector::take_vmas(&mut self.session.bpf)?;
+            self.attrib.kernel_vmas(vmas);
         }
         if phase_changed {
             let name = self.timeline.current().name.clone();

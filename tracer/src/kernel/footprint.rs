@@ -8,7 +8,7 @@
 use std::mem::size_of;
 
 use faultscope_common::{
-    attrib::{ClassCounts, MappingKey, SiteKey, StackKey},
+    attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
     maps::{ClassSetKey, FltCount, OpenFault, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     Stat,
@@ -88,17 +88,22 @@ pub struct Sizes {
 pub const ATTRIBUTION_ENTRIES: u32 = 4096;
 
 impl Sizes {
-    /// `MAPPINGS`, `SITES` and `STACK_COUNTS` entries.
-    pub fn attribution(&self) -> [(&'static str, u32); 3] {
+    /// `MAPPINGS`, `SITES`, `STACK_COUNTS` and `VMAS` entries.
+    pub fn attribution(&self) -> [(&'static str, u32); 4] {
         let n = |used: bool| if used { ATTRIBUTION_ENTRIES } else { 1 };
-        [("MAPPINGS", n(self.mappings)), ("SITES", n(self.sites)), ("STACK_COUNTS", n(self.stacks_counted))]
+        [
+            ("MAPPINGS", n(self.mappings)),
+            ("SITES", n(self.sites)),
+            ("STACK_COUNTS", n(self.stacks_counted)),
+            ("VMAS", if self.mappings { VMAS_ENTRIES } else { 1 }),
+        ]
     }
 }
 
 /// Every map of the object with its bound, for `s`, on `cpus` CPUs.
 pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
     let Sizes { stats, stacks, cgroups, comms, .. } = *s;
-    let [(_, mappings), (_, sites), (_, stack_counts)] = s.attribution().map(|(n, e)| (n, e as u64));
+    let [(_, mappings), (_, sites), (_, stack_counts), (_, vmas)] = s.attribution().map(|(n, e)| (n, e as u64));
     // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
     const TRACKED: u64 = 4096;
     const STACK_DEPTH: usize = 127;
@@ -121,6 +126,9 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("UNTRACED", 1, 4, size_of::<UntracedNote>(), true, cpus),
         map("OPEN", 1, 4, size_of::<OpenFault>(), true, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
+        map("VMAS", vmas, size_of::<VmaKey>(), size_of::<VmaInfo>(), false, cpus),
+        map("VMA_SCRATCH", 1, 4, size_of::<VmaInfo>(), true, cpus),
+        map("LAST_VMA", 1, 4, size_of::<LastVma>(), true, cpus),
     ]
 }
 

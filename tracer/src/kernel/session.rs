@@ -131,6 +131,42 @@ pub fn vma_start_offset(btf: &KernelBtf) -> Result<u32, String> {
         .map_err(|e| format!("vm_area_struct.vm_start not found in the kernel's BTF: {e}"))
 }
 
+/// The globals that let the programs describe a VMA (`VMA_DESCRIBED` and
+/// the offsets it stands for), from BTF: all of them, or why not. A member
+/// path `a.b` sums the offsets of `b` in the type of `a`.
+pub fn vma_description_offsets(btf: &KernelBtf) -> Result<Vec<(&'static str, u32)>, String> {
+    const MEMBERS: [(&str, &[(&str, &str)]); 10] = [
+        ("VMA_END_OFF", &[("vm_area_struct", "vm_end")]),
+        ("VMA_PGOFF_OFF", &[("vm_area_struct", "vm_pgoff")]),
+        ("VMA_FLAGS_OFF", &[("vm_area_struct", "vm_flags")]),
+        ("VMA_FILE_OFF", &[("vm_area_struct", "vm_file")]),
+        ("FILE_DENTRY_OFF", &[("file", "f_path"), ("path", "dentry")]),
+        ("FILE_INODE_OFF", &[("file", "f_inode")]),
+        ("INODE_INO_OFF", &[("inode", "i_ino")]),
+        ("INODE_SB_OFF", &[("inode", "i_sb")]),
+        ("SB_DEV_OFF", &[("super_block", "s_dev")]),
+        ("DENTRY_NAME_OFF", &[("dentry", "d_name"), ("qstr", "name")]),
+    ];
+    let mut out = vec![("VMA_DESCRIBED", 1)];
+    for (global, path) in MEMBERS {
+        let mut off = 0;
+        for (s, m) in path {
+            off += btf.member_offset(s, m).map_err(|e| format!("{s}.{m} not in the kernel's BTF: {e}"))?;
+        }
+        out.push((global, off));
+    }
+    Ok(out)
+}
+
+/// `task_struct.mm` and `mm_struct.mm_lock_seq`, where the kernel has a
+/// write sequence (per-VMA locks, 6.4+); none otherwise.
+fn mm_lock_seq_offsets(btf: &KernelBtf) -> Vec<(&'static str, u32)> {
+    match (btf.member_offset("task_struct", "mm"), btf.member_offset("mm_struct", "mm_lock_seq")) {
+        (Ok(mm), Ok(seq)) => vec![("TASK_MM_OFF", mm), ("MM_LOCK_SEQ_OFF", seq)],
+        _ => Vec::new(),
+    }
+}
+
 /// One attached program's cost, as the kernel accounts it (bpf_stats): the
 /// program's own run time, without what attaching costs around it (a
 /// kprobe's breakpoint, a kretprobe's return trampoline).
@@ -252,6 +288,16 @@ fn loader(
         Err(why) => eprintln!(
             "faultscope: warning: task_struct.pagefault_disabled not in the kernel's BTF ({why}): kernel-mode faults of nofault copies are counted"
         ),
+    }
+    if vma_offset.is_some() {
+        // Without them mappings are named from the maps snapshots alone.
+        match vma_description_offsets(btf) {
+            Ok(v) => offsets.extend(v),
+            Err(why) => eprintln!(
+                "faultscope: warning: {why}; a process that exits before its maps are read has its mappings unnamed"
+            ),
+        }
+        offsets.extend(mm_lock_seq_offsets(btf));
     }
     let mut l = EbpfLoader::new();
     // THREADS is task-local storage, which aya 0.14 creates but has no

@@ -796,9 +796,58 @@ fn intervals_keep_time_under_a_fault_storm() {
     }
     let pages = 256 << 20 >> 12;
     let p = &r.processes[0];
-    let alive = phase(p, "fork#1 child-alive").classes.get(&ReportClass::WpFaults).and_then(|v| v.count());
-    assert!(
-        alive.is_some_and(|n| (pages..=pages + TOLERANCE).contains(&n)),
-        "child-alive wp_faults {alive:?}, {pages} pages"
-    );
+    let alive = phase(p, "fork#1 child-alive");
+    let wp = alive.classes.get(&ReportClass::WpFaults).and_then(|v| v.count());
+    assert!(wp.is_some_and(|n| (pages..=pages + TOLERANCE).contains(&n)), "child-alive wp_faults {wp:?}, {pages} pages");
+    // Per-mapping counts on (the default): the mapping has its pages, none
+    // lost to a full map or left in another row.
+    let (row, n) = alive.attribution.top_mapping(ReportClass::WpFaults).expect("a mapping with the writes");
+    assert!((pages..=pages + TOLERANCE).contains(&n), "{n} in {row:?}, {pages} pages");
+    assert_eq!(row.size, 256 << 20, "{row:?}");
+    let full = faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::Drop::MappingsFull);
+    assert_eq!(r.drops.get(full), 0);
+}
+
+/// A process that maps a file, faults it and exits before faultscope's
+/// first look at its maps has its mappings named all the same (the kernel
+/// describes each VMA it counts in), run after run.
+#[test]
+fn mappings_of_a_process_gone_before_its_maps_are_read_are_named() {
+    let _t = host_test();
+    let d = tmp();
+    let file = d.path().join("data");
+    std::fs::write(&file, vec![7u8; 64 << 10]).unwrap();
+    let (mut faults, mut unnamed) = (0, 0);
+    for run in 0..20 {
+        let fs = d.path().join(format!("fs{run}.json"));
+        let out = faultscope(&[
+            "record",
+            "--max-mappings",
+            "1000",
+            "--json",
+            fs.to_str().unwrap(),
+            "--",
+            workload(),
+            "--map-file",
+            file.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r = read_report(&fs);
+        let p = &r.processes[0];
+        let total = p.classes.get(&ReportClass::Faults).and_then(|v| v.count()).unwrap_or(0);
+        let rows = &p.attribution.mappings;
+        let sum: u64 = rows.iter().filter_map(|m| m.counts.get(&ReportClass::Faults)).sum();
+        assert_eq!(sum, total, "run {run}: the rows hold every fault: {rows:#?}");
+        let lost: u64 = rows
+            .iter()
+            .filter(|m| m.mapping.starts_with("unresolved"))
+            .filter_map(|m| m.counts.get(&ReportClass::Faults))
+            .sum();
+        // The file itself, by its name at least.
+        assert!(rows.iter().any(|m| m.mapping.ends_with("/data")), "run {run}: {rows:#?}");
+        faults += total;
+        unnamed += lost;
+    }
+    assert!(faults > 0);
+    assert!(unnamed * 20 <= faults, "{unnamed} of {faults} faults in unnamed mappings over 20 runs");
 }

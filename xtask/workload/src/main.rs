@@ -134,6 +134,11 @@ pub struct WorkloadOpts {
     /// pages and the busy passes.
     #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit", "origins", "threads"])]
     pub userfault: Option<f64>,
+    /// A short life: map this file privately, read then write one byte per
+    /// page (first touch, then a COW copy of each page-cache page), unmap
+    /// it and exit at once, well before a tracer's next poll of its maps.
+    #[arg(long, conflicts_with_all = ["mappings", "shared", "clear_soft_dirty", "child_lifetime", "repeat_for", "leader_exit", "origins", "threads", "userfault"])]
+    pub map_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -469,6 +474,36 @@ fn leader_exit(o: WorkloadOpts, delay: f64) -> Result<()> {
     unreachable!("exit(2) returned")
 }
 
+/// `--map-file`.
+fn map_file(path: &std::path::Path) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        bail!("{} is empty", path.display());
+    }
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    // SAFETY: a fresh private mapping of an open file, unmapped below.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        bail!("mmap of {}: {}", path.display(), std::io::Error::last_os_error());
+    }
+    let base = p as *mut u8;
+    let mut sum = 0u8;
+    for off in (0..len).step_by(page) {
+        // SAFETY: inside the mapping.
+        unsafe {
+            sum = sum.wrapping_add(std::ptr::read_volatile(base.add(off)));
+            std::ptr::write_volatile(base.add(off), sum);
+        }
+    }
+    unsafe { libc::munmap(p, len) };
+    std::hint::black_box(sum);
+    Ok(())
+}
+
 fn run_here(o: &WorkloadOpts) -> Result<()> {
     if o.start_delay > 0.0 {
         std::thread::sleep(std::time::Duration::from_secs_f64(o.start_delay));
@@ -481,6 +516,9 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     }
     if let Some(hold_ms) = o.userfault {
         return userfault::run(o, hold_ms);
+    }
+    if let Some(path) = &o.map_file {
+        return map_file(path);
     }
     let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for, 1e-3)?;
     if repeat_for.is_some() && o.child == Child::Alive {
