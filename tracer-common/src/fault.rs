@@ -164,6 +164,9 @@ pub struct ThreadFault {
     pub origin: u32,
     /// The faulting VMA's start (attribution by mapping; 0 when off).
     pub vma_start: u64,
+    /// The faulting VMA itself (a kernel pointer; 0 when mappings are
+    /// off), valid until the call returns without dropping its lock.
+    pub vma: u64,
     /// The faulting user instruction (attribution by site; 0 when off);
     /// for a kernel or GUP fault, where user mode entered the kernel.
     pub ip: u64,

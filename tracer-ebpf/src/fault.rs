@@ -51,7 +51,8 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     let addr = ctx.arg(1)?;
     // Read at entry: at the return the VMA may be gone (a retry drops the
     // lock that held it).
-    let start = vma_start(ctx, &conf, ctx.arg(0)?)?;
+    let vma = ctx.arg(0)?;
+    let start = vma_start(ctx, &conf, vma)?;
     let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
     let st = unsafe { &mut *s };
     // The thread's previous fault never returned to us (a kretprobe out of
@@ -70,6 +71,7 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
         }
     }
     st.vma_start = start;
+    st.vma = if start != 0 { vma } else { 0 };
     st.ip = ip;
     st.syscall = syscall;
     // The clock last: the fault's time starts where this program's ends.
@@ -179,7 +181,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         phase,
         &KernelClass::FAULT_RETURN,
         set,
-        Some((st.vma_start, 0)),
+        Some((st.vma_start, if ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0 { st.vma } else { 0 })),
         st.ip,
         st.syscall,
         0,
