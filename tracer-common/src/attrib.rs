@@ -208,4 +208,3 @@ mod tests {
         assert_eq!(syscall_key(63), 64);
     }
 }
-

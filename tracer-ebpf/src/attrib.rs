@@ -23,11 +23,11 @@ use faultscope_common::{
 };
 
 use crate::{
-    vma::describe,
     helpers::{drop_add, drop_count, entry, pending_slot, FnContext, ReadFailed, BPF_NOEXIST},
     maps::{
         cfg, Conf, MAPPINGS, PENDING_MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS,
     },
+    vma::describe,
 };
 
 /// `BPF_F_USER_STACK`: the user stack of the current task.

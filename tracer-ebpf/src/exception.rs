@@ -20,13 +20,13 @@ use faultscope_common::{
 };
 
 use crate::{
-    vma::vma_start_at,
     attrib::{attribute, count_mapping, regs_ip, task_site},
     helpers::{
         current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
         tgid_of, timed_fault, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
     },
     maps::{cfg, Conf, EXIT_ONLY, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
+    vma::vma_start_at,
 };
 
 /// A u64 tracepoint field at `off` (from the kernel's format file), read

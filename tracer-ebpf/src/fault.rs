@@ -13,7 +13,10 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::KernelClass,
-    fault::{Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_COMPLETED, VM_FAULT_RETRY},
+    fault::{
+        Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_COMPLETED,
+        VM_FAULT_RETRY,
+    },
     maps::{Config, Drop},
 };
 
@@ -181,7 +184,10 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         phase,
         &KernelClass::FAULT_RETURN,
         set,
-        Some((st.vma_start, if ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0 { st.vma } else { 0 })),
+        Some((
+            st.vma_start,
+            if ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0 { st.vma } else { 0 },
+        )),
         st.ip,
         st.syscall,
         0,

@@ -20,6 +20,10 @@ RECORD_ARGS=
 emit mappings4k.ranges /tmp/mappings4k.ranges
 emit mappings4k.folded /tmp/mappings4k.folded
 svg_facts mappings4k /tmp/mappings4k.svg
+# Short lives: a process that maps a file (the workload's own binary),
+# faults it and exits before faultscope reads its maps, under each
+# backend: its mappings are named from the kernel's descriptions.
+short_cases
 # Every origin of a fault: copies and reuses made by read(2), by
 # /proc/self/mem (get_user_pages) and by user stores, under both backends.
 origins_cases

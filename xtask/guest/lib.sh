@@ -145,6 +145,20 @@ run_case() {
 	emit $name.kprobe_profile $T/kprobe_profile
 }
 
+# short_cases: `fs-workload --map-file` (map, fault, unmap, exit) recorded
+# $SHORT_RUNS times under each backend, as shortN@BACKEND.
+short_cases() {
+	for b in kprobe fentry; do
+		for i in $(seq 1 ${SHORT_RUNS:-5}); do
+			name=short$i@$b
+			/faultscope record --backend $b --max-mappings 1000 --json /tmp/$name.fs.json -- /fs-workload --map-file /fs-workload > /tmp/$name.out 2>&1
+			echo "@@FS-RC $name $?"
+			emit $name.out /tmp/$name.out
+			emit $name.fs.json /tmp/$name.fs.json
+		done
+	done
+}
+
 # origins_cases: the workload's --origins (a third of each half written by
 # read(2) from /dev/zero, by pwrite(2) to /proc/self/mem and by user
 # stores; the first half while a child is alive, the second after it is

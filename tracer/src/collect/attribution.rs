@@ -168,8 +168,13 @@ pub struct Attribution {
 
 impl Attribution {
     pub fn new(opts: AttribOpts, mappings: Result<(), String>) -> Attribution {
-        let mut a =
-            Attribution { opts, mappings, histories: BTreeMap::new(), paths: HashMap::new(), described: HashSet::new() };
+        let mut a = Attribution {
+            opts,
+            mappings,
+            histories: BTreeMap::new(),
+            paths: HashMap::new(),
+            described: HashSet::new(),
+        };
         // faultscope's own files (the C library, the loader) are most
         // processes' too.
         if let Ok(own) = crate::attrib::mapping::snapshot_pid(std::process::id()) {
@@ -206,7 +211,8 @@ impl Attribution {
     /// one mapping, whichever source a query finds first), and its files'
     /// paths for every process's files described by name alone.
     fn learn(&mut self, pid: u32) {
-        let Some(s) = self.histories.get(&pid).and_then(|h| h.snapshots().iter().max_by_key(|s| s.seq)) else {
+        let Some(s) = self.histories.get(&pid).and_then(|h| h.snapshots().iter().max_by_key(|s| s.seq))
+        else {
             return;
         };
         let names: HashMap<(u64, u64), MappingName> =
@@ -222,7 +228,9 @@ impl Attribution {
         if learned {
             for h in self.histories.values_mut() {
                 for m in h.mappings_mut(KERNEL) {
-                    if let (MappingName::FileName(_), Some(p)) = (&m.name, self.paths.get(&(m.dev.clone(), m.inode))) {
+                    if let (MappingName::FileName(_), Some(p)) =
+                        (&m.name, self.paths.get(&(m.dev.clone(), m.inode)))
+                    {
                         m.name = MappingName::File { path: p.clone(), deleted: false };
                     }
                 }
@@ -272,14 +280,24 @@ impl Attribution {
             return;
         };
         let full = |s: &&MapsSnapshot| s.label != KERNEL;
-        let latest = h.snapshots().iter().rev().filter(full).find(|s| s.at <= at).or(h.snapshots().iter().rfind(full));
+        let latest =
+            h.snapshots().iter().rev().filter(full).find(|s| s.at <= at).or(h.snapshots().iter().rfind(full));
         // And what the kernel described before the fork.
         let mut inherited: Vec<Mapping> = latest.map(|s| s.mappings.clone()).unwrap_or_default();
         for s in h.snapshots().iter().filter(|s| s.label == KERNEL && s.at <= at) {
-            inherited.extend(s.mappings.iter().filter(|m| !inherited.iter().any(|x| x.start == m.start)).cloned().collect::<Vec<_>>());
+            inherited.extend(
+                s.mappings
+                    .iter()
+                    .filter(|m| !inherited.iter().any(|x| x.start == m.start))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
         }
         if !inherited.is_empty() {
-            self.histories.entry(child).or_insert_with(|| MapsHistory::new(child)).push(at, "fork", inherited);
+            self.histories
+                .entry(child)
+                .or_insert_with(|| MapsHistory::new(child))
+                .push(at, "fork", inherited);
         }
     }
 

@@ -103,7 +103,8 @@ impl Sizes {
 /// Every map of the object with its bound, for `s`, on `cpus` CPUs.
 pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
     let Sizes { stats, stacks, cgroups, comms, .. } = *s;
-    let [(_, mappings), (_, sites), (_, stack_counts), (_, vmas)] = s.attribution().map(|(n, e)| (n, e as u64));
+    let [(_, mappings), (_, sites), (_, stack_counts), (_, vmas)] =
+        s.attribution().map(|(n, e)| (n, e as u64));
     // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
     const TRACKED: u64 = 4096;
     const STACK_DEPTH: usize = 127;

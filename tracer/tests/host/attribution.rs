@@ -20,8 +20,7 @@ fn attribution_is_measured_or_says_why_not() {
     assert!(info.mappings, "{info:?}");
     let class = match report.mode {
         Mode::Tracepoint => {
-            assert!(String::from_utf8_lossy(&out.stderr)
-                .contains("per-mapping counts in tracepoint mode"));
+            assert!(String::from_utf8_lossy(&out.stderr).contains("per-mapping counts in tracepoint mode"));
             // copy and spurious cannot be measured here, so no sites either.
             assert!(info.site_classes.is_empty(), "{:?}", info.site_classes);
             ReportClass::WpFaults

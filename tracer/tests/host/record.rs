@@ -798,7 +798,10 @@ fn intervals_keep_time_under_a_fault_storm() {
     let p = &r.processes[0];
     let alive = phase(p, "fork#1 child-alive");
     let wp = alive.classes.get(&ReportClass::WpFaults).and_then(|v| v.count());
-    assert!(wp.is_some_and(|n| (pages..=pages + TOLERANCE).contains(&n)), "child-alive wp_faults {wp:?}, {pages} pages");
+    assert!(
+        wp.is_some_and(|n| (pages..=pages + TOLERANCE).contains(&n)),
+        "child-alive wp_faults {wp:?}, {pages} pages"
+    );
     // Per-mapping counts on (the default): the mapping has its pages, none
     // lost to a full map or left in another row.
     let (row, n) = alive.attribution.top_mapping(ReportClass::WpFaults).expect("a mapping with the writes");

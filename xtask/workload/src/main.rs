@@ -485,7 +485,14 @@ fn map_file(path: &std::path::Path) -> Result<()> {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     // SAFETY: a fresh private mapping of an open file, unmapped below.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, f.as_raw_fd(), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         bail!("mmap of {}: {}", path.display(), std::io::Error::last_os_error());
