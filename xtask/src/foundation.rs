@@ -334,11 +334,6 @@ pub fn run_origins(kernel: &str) -> Result<()> {
     let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
     let (table, mut failures) = check_shipped(&run);
     print!("{table}");
-    for backend in ["kprobe", "fentry"] {
-        let r = check_short_cases(&run, backend)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
-    }
     for case in ORIGIN_CASES {
         let r = check_origins_case(&run, case)?;
         print!("{}", r.table);
@@ -594,6 +589,11 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let r = check_attach_case(&run, "attach4k")?;
     print!("{}", r.table);
     failures.extend(r.failures);
+    for backend in ["kprobe", "fentry"] {
+        let r = check_short_cases(&run, backend)?;
+        print!("{}", r.table);
+        failures.extend(r.failures);
+    }
     for case in ORIGIN_CASES {
         let r = check_origins_case(&run, case)?;
         print!("{}", r.table);
