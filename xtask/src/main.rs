@@ -20,6 +20,7 @@ mod storm;
 mod userfault;
 mod util;
 mod vm;
+mod walkthrough;
 
 use std::{
     path::PathBuf,

@@ -454,7 +454,51 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     } else {
         check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut cl)?;
     }
+    if name == "run2" {
+        for (file, block, text) in walkthroughs(&report) {
+            let checked = crate::walkthrough::check(file, block, &text);
+            cl.expect(
+                checked.is_ok(),
+                checked
+                    .err()
+                    .map_or(format!("docs/{file}: {block} as this run prints it"), |e| format!("{e:#}")),
+            );
+        }
+    }
     Ok(RunResult { table: t, failures: fails })
+}
+
+/// The walk-throughs this run makes (see `walkthrough`): (file, block,
+/// text). The BGSAVE one is the report's tables without attribution; the
+/// mappings one is the child-alive phase's section, attribution included,
+/// with the findings.
+fn walkthroughs(report: &faultscope::report::schema::Report) -> Vec<(&'static str, &'static str, String)> {
+    use faultscope::report::text::to_text;
+    let mut plain = report.clone();
+    for p in &mut plain.processes {
+        p.attribution = Default::default();
+        for ph in &mut p.phases {
+            ph.attribution = Default::default();
+        }
+    }
+    let full = to_text(report);
+    let mut section = String::new();
+    let mut inside = false;
+    for l in full.lines() {
+        if l.starts_with("PID ") {
+            inside = l.contains(" child-alive ");
+        } else if l.starts_with("Findings:") {
+            inside = true;
+        }
+        if inside {
+            section.push_str(l);
+            section.push('\n');
+        }
+    }
+    vec![
+        ("walkthrough-redis-bgsave.md", "redis-bgsave", to_text(&plain)),
+        ("walkthrough-mappings.md", "redis-child-alive", section),
+    ]
 }
 
 /// The faults the kernel took for redis-server (read(2) of a request into

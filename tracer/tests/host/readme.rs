@@ -5,6 +5,7 @@
 //! by read(2), plus dd's own start-up).
 
 use super::*;
+use faultscope::report::text::shape;
 
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
 const BEGIN: &str = "<!-- first-run:begin -->";
@@ -75,38 +76,6 @@ fn shell_words(s: &str) -> Vec<String> {
         words.push(word);
     }
     words
-}
-
-/// What of a text report does not depend on timing: each process's table
-/// heading (digits as `#`), the column header, and the first word (the
-/// class) of every row, in order; and whether the kernel check is there.
-fn structure(report: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in report.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if line.starts_with("PID ") {
-            out.push(digits_as_hash(line));
-        } else if first == "CLASS" {
-            out.push(line.split_whitespace().collect::<Vec<_>>().join(" "));
-        } else if line.starts_with("  ") && ReportClass::from_name(first).is_some() {
-            out.push(format!("row {first}"));
-        } else if line.trim_start().starts_with("kernel check:") {
-            out.push("kernel check".into());
-        }
-    }
-    out
-}
-
-fn digits_as_hash(line: &str) -> String {
-    let mut s = String::new();
-    for c in line.chars() {
-        if !c.is_ascii_digit() {
-            s.push(c);
-        } else if !s.ends_with('#') {
-            s.push('#');
-        }
-    }
-    s
 }
 
 /// The `faults` row of the last table (the whole run): its COUNT and
@@ -190,7 +159,7 @@ fn the_readmes_first_run_prints_what_the_readme_shows() {
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);
 
     // The command has standard output: the tables are on standard error.
-    let (want, got) = (structure(&pasted), structure(&stderr));
+    let (want, got) = (shape(&pasted), shape(&stderr));
     assert!(want.len() > 3, "the README's output has no table: {want:?}");
     assert_eq!(got, want, "the run's rows and columns are not the README's");
 
