@@ -38,9 +38,63 @@ pub fn say(line: &str) {
     }
 }
 
-/// A line on stderr that `--quiet` keeps: an error.
+/// A line on stderr that `--quiet` keeps: an error. On a terminal it is
+/// wrapped to the terminal's width.
 pub fn error(line: &str) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    let text = match stderr_width() {
+        Some(w) => wrap(line, w),
+        None => line.to_string(),
+    };
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// The width of the terminal stderr is, if it is one.
+fn stderr_width() -> Option<usize> {
+    // SAFETY: isatty and TIOCGWINSZ only read the descriptor's state into
+    // the winsize given.
+    unsafe {
+        if libc::isatty(2) != 1 {
+            return None;
+        }
+        let mut ws: libc::winsize = std::mem::zeroed();
+        (libc::ioctl(2, libc::TIOCGWINSZ, &mut ws) == 0 && ws.ws_col > 0).then_some(ws.ws_col as usize)
+    }
+}
+
+/// `line` broken at spaces into lines of at most `width` characters (a
+/// word longer than that keeps its own line), each continuation indented
+/// two more than the line. Lines that fit are left alone.
+pub fn wrap(line: &str, width: usize) -> String {
+    let mut out = String::new();
+    for l in line.split('\n') {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        if l.chars().count() <= width {
+            out.push_str(l);
+            continue;
+        }
+        let indent = l.len() - l.trim_start().len();
+        let cont = " ".repeat(indent + 2);
+        let mut cur = l[..indent].to_string();
+        let mut at_start = true;
+        for word in l[indent..].split(' ') {
+            let len = cur.chars().count();
+            if !at_start && len + 1 + word.chars().count() > width {
+                out.push_str(&cur);
+                out.push('\n');
+                cur = cont.clone();
+                at_start = true;
+            }
+            if !at_start {
+                cur.push(' ');
+            }
+            cur.push_str(word);
+            at_start = false;
+        }
+        out.push_str(&cur);
+    }
+    out
 }
 
 /// Escapes control characters (C0, DEL, C1) of a string that came from
@@ -66,6 +120,16 @@ pub fn safe_lines(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_wrap_at_the_width_and_short_ones_stay() {
+        assert_eq!(wrap("short line", 80), "short line");
+        let w = wrap("faultscope: not measurable here: reuse, copy, wp_shared", 24);
+        assert_eq!(w, "faultscope: not\n  measurable here:\n  reuse, copy, wp_shared");
+        assert!(w.lines().all(|l| l.chars().count() <= 24), "{w}");
+        // A word longer than the width keeps its line whole.
+        assert_eq!(wrap("a /very/long/path/name b", 8), "a\n  /very/long/path/name\n  b");
+    }
 
     #[test]
     fn control_characters_are_escaped() {

@@ -188,7 +188,7 @@ impl Recorder {
         config.extend(attrib.config(&avail));
         session.configure(&config)?;
         if !probe.quiet {
-            eprintln!("{}", classes::measured_line(&avail));
+            say(&classes::measured_line(&avail));
         }
         match &attrib.mappings {
             _ if probe.quiet => {}
@@ -299,9 +299,9 @@ impl Recorder {
             }
         }
         for (child, parent) in found.iter().filter(|(c, _)| alive.contains(c)) {
-            eprintln!(
+            say(&format!(
                 "faultscope: pid {child}, forked by {parent} before attach, still shares its memory; its exit or exec starts a phase"
-            );
+            ));
         }
         Ok(alive)
     }
@@ -537,7 +537,7 @@ fn write_marker(marker: Option<&fs::File>, line: &str) {
     if let Some(mut f) = marker {
         use std::io::Write as _;
         if let Err(e) = f.write_all(line.as_bytes()) {
-            eprintln!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end());
+            say(&format!("faultscope: could not write {:?} to tracefs trace_marker: {e}", line.trim_end()));
         }
     }
 }

@@ -130,7 +130,7 @@ pub static PROC_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 
 fn proc_error(pid: u32, e: &std::io::Error) {
     if PROC_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
-        eprintln!("faultscope: warning: reading /proc/{pid} failed ({e}); not taken for an exit (counted in drops.proc_errors)");
+        crate::term::say(&format!("faultscope: warning: reading /proc/{pid} failed ({e}); not taken for an exit (counted in drops.proc_errors)"));
     }
 }
 

@@ -268,34 +268,36 @@ fn loader(
 ) -> Result<Ebpf> {
     let (mut offsets, warnings) = tracepoint_offsets(tracefs);
     for w in warnings {
-        eprintln!("faultscope: {w}");
+        crate::term::say(&format!("faultscope: {w}"));
     }
     let exit = exit_detection(tracefs, btf);
     if let ExitDetection::Leader(why) = &exit {
-        eprintln!(
+        crate::term::say(&format!(
             "faultscope: warning: cannot tell the last thread of a process ({why}); a process counts as exited when its main thread exits"
-        );
+        ));
     }
     offsets.extend(exit.globals());
     match task_flt_offsets(btf) {
         Ok((min, maj)) => offsets.extend([("TASK_MIN_FLT_OFF", min), ("TASK_MAJ_FLT_OFF", maj)]),
-        Err(why) => eprintln!("faultscope: warning: {why}; the kernel's own fault count is not checked"),
+        Err(why) => crate::term::say(&format!(
+            "faultscope: warning: {why}; the kernel's own fault count is not checked"
+        )),
     }
     // Faults raised with page faults disabled are not the kernel's to
     // handle: left out (a kernel without the field in BTF counts them).
     match btf.member_offset("task_struct", "pagefault_disabled") {
         Ok(off) => offsets.push(("TASK_PAGEFAULT_DISABLED_OFF", off)),
-        Err(why) => eprintln!(
+        Err(why) => crate::term::say(&format!(
             "faultscope: warning: task_struct.pagefault_disabled not in the kernel's BTF ({why}): kernel-mode faults of nofault copies are counted"
-        ),
+        )),
     }
     if vma_offset.is_some() {
         // Without them mappings are named from the maps snapshots alone.
         match vma_description_offsets(btf) {
             Ok(v) => offsets.extend(v),
-            Err(why) => eprintln!(
+            Err(why) => crate::term::say(&format!(
                 "faultscope: warning: {why}; a process that exits before its maps are read has its mappings unnamed"
-            ),
+            )),
         }
         offsets.extend(mm_lock_seq_offsets(btf));
     }
