@@ -481,7 +481,8 @@ fn walkthroughs(report: &faultscope::report::schema::Report) -> Vec<(&'static st
             ph.attribution = Default::default();
         }
     }
-    let full = to_text(report);
+    let findings = faultscope::report::findings::to_text(&report.findings);
+    let full = to_text(report) + &findings;
     let mut section = String::new();
     let mut inside = false;
     for l in full.lines() {
@@ -496,7 +497,7 @@ fn walkthroughs(report: &faultscope::report::schema::Report) -> Vec<(&'static st
         }
     }
     vec![
-        ("walkthrough-redis-bgsave.md", "redis-bgsave", to_text(&plain)),
+        ("walkthrough-redis-bgsave.md", "redis-bgsave", to_text(&plain) + &findings),
         ("walkthrough-mappings.md", "redis-child-alive", section),
     ]
 }
