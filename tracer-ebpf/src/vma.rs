@@ -7,7 +7,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::{
     bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
-    generated::{bpf_find_vma, bpf_get_current_task, bpf_get_current_task_btf},
+    generated::{bpf_find_vma, bpf_get_current_task_btf},
 };
 use faultscope_common::attrib::{LastVma, VmaKey};
 
@@ -70,17 +70,20 @@ pub fn describe(tgid: u32, start: u64, vma: u64) {
 }
 
 /// The current address space's write sequence, 0 where the kernel has
-/// none (see `LastVma`).
+/// none (see `LastVma`). Plain loads through the task's BTF pointer (the
+/// verifier checks them against BTF and makes a faulting one read 0): no
+/// helper call on the tracepoint's every fault.
 #[inline(always)]
 fn mm_seq() -> u32 {
     if cfg(&MM_LOCK_SEQ_OFF) == 0 {
         return 0;
     }
-    let mm = read(unsafe { bpf_get_current_task() }, &TASK_MM_OFF);
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    let mm = unsafe { core::ptr::read_volatile(task.wrapping_add(cfg(&TASK_MM_OFF)) as *const u64) };
     if mm == 0 {
         return 0;
     }
-    read(mm, &MM_LOCK_SEQ_OFF) as u32
+    unsafe { core::ptr::read_volatile((mm as *const u8).wrapping_add(cfg(&MM_LOCK_SEQ_OFF)) as *const u32) }
 }
 
 /// What `bpf_find_vma`'s callback gives back.
