@@ -357,8 +357,10 @@ impl Recording {
     fn interval_table(&mut self, now: Instant) -> Result<std::io::Result<()>> {
         let snap = self.rec.snapshot()?;
         let elapsed = now.duration_since(self.started).as_secs_f64();
-        let phase = self.rec.timeline.current().name.clone();
         let delta = snap.since(&self.last);
+        let iv = build::interval(&delta, &self.rec.context()?, elapsed);
+        // An interval across a phase change shows each phase it holds.
+        let phase = if iv.phases.len() > 1 { iv.phases.join(" + ") } else { iv.phase.clone() };
         let cols = live::columns(&self.rec.avail);
         let counts = self.rec.counts(&delta)?;
         let shown = if self.opts.quiet {
@@ -376,7 +378,7 @@ impl Recording {
                 crate::term::out(&text)
             }
         };
-        self.series.push(build::interval(&delta, &self.rec.context()?, elapsed));
+        self.series.push(iv);
         self.last = snap;
         self.ticks += 1;
         Ok(shown)

@@ -442,7 +442,11 @@ pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval
                 .collect(),
         })
         .collect();
-    Interval { t_s: elapsed_s, phase: ctx.timeline.current().name.clone(), processes }
+    let ids: std::collections::BTreeSet<PhaseId> =
+        delta.pids().into_iter().flat_map(|pid| delta.phases_of(pid)).collect();
+    let phases =
+        ctx.timeline.phases().iter().filter(|p| ids.contains(&p.id)).map(|p| p.name.clone()).collect();
+    Interval { t_s: elapsed_s, phase: ctx.timeline.current().name.clone(), phases, processes }
 }
 
 /// Processes to show: those with counts, plus traced ones without any.

@@ -517,13 +517,18 @@ impl ClassValue {
     }
 }
 
-/// One interval of `record --interval`: what each process did in it, in the
-/// phase current at its end.
+/// One interval of `record --interval`: what each process did in it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Interval {
     pub t_s: f64,
+    /// The phase current at its end.
     pub phase: String,
+    /// Every phase the kernel put its faults in, in order: more than one
+    /// when a phase changed within it (the faults before the change are
+    /// the earlier phase's, whatever the interval's end).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<String>,
     pub processes: Vec<IntervalProcess>,
 }
 

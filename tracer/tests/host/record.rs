@@ -796,6 +796,22 @@ fn intervals_keep_time_under_a_fault_storm() {
     }
     let pages = 256 << 20 >> 12;
     let p = &r.processes[0];
+    // Each interval names the phases the kernel put its faults in, in the
+    // run's order, and every phase with faults is in one.
+    let order: Vec<&str> = p.phases.iter().map(|ph| ph.name.as_str()).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in iv {
+        let at: Vec<usize> = i.phases.iter().map(|n| order.iter().position(|o| o == n).unwrap()).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "interval at {:.3}s: {:?}", i.t_s, i.phases);
+        seen.extend(i.phases.iter().cloned());
+    }
+    for ph in p
+        .phases
+        .iter()
+        .filter(|ph| ph.classes.get(&ReportClass::Faults).and_then(|v| v.count()).unwrap_or(0) > 0)
+    {
+        assert!(seen.contains(&ph.name), "{} has faults but no interval holds it: {seen:?}", ph.name);
+    }
     let alive = phase(p, "fork#1 child-alive");
     let wp = alive.classes.get(&ReportClass::WpFaults).and_then(|v| v.count());
     assert!(

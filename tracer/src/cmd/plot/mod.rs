@@ -651,6 +651,7 @@ mod tests {
                 Interval {
                     t_s: t,
                     phase: "x".into(),
+                    phases: Vec::new(),
                     processes: vec![IntervalProcess {
                         pid: 7,
                         counts: [
