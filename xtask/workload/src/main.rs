@@ -324,22 +324,7 @@ impl Mappings {
         }
         drop(w);
         let f = fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?;
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: a private mapping of the file just written; checked.
-        let fbase = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                flen,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if fbase == libc::MAP_FAILED {
-            bail!("mmap of {}: {}", file.display(), std::io::Error::last_os_error());
-        }
-        let fbase = fbase.cast::<u8>();
+        let fbase = map_private(&f, flen, &file)?;
         // Read, not written: the page-cache pages are mapped read-only, so
         // each write after the fork copies (do_wp_page -> wp_page_copy).
         let mut sum = 0u8;
@@ -474,16 +459,12 @@ fn leader_exit(o: WorkloadOpts, delay: f64) -> Result<()> {
     unreachable!("exit(2) returned")
 }
 
-/// `--map-file`.
-fn map_file(path: &std::path::Path) -> Result<()> {
+/// `len` bytes of `f` (at `path`) mapped private and writable: a write is
+/// a COW copy of its page-cache page.
+fn map_private(f: &fs::File, len: usize, path: &std::path::Path) -> Result<*mut u8> {
     use std::os::fd::AsRawFd as _;
-    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = f.metadata()?.len() as usize;
-    if len == 0 {
-        bail!("{} is empty", path.display());
-    }
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    // SAFETY: a fresh private mapping of an open file, unmapped below.
+    // SAFETY: a fresh mapping of an open file; the caller unmaps it or
+    // keeps it for the process's life.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -497,7 +478,18 @@ fn map_file(path: &std::path::Path) -> Result<()> {
     if p == libc::MAP_FAILED {
         bail!("mmap of {}: {}", path.display(), std::io::Error::last_os_error());
     }
-    let base = p as *mut u8;
+    Ok(p.cast())
+}
+
+/// `--map-file`.
+fn map_file(path: &std::path::Path) -> Result<()> {
+    let f = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        bail!("{} is empty", path.display());
+    }
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let base = map_private(&f, len, path)?;
     let mut sum = 0u8;
     for off in (0..len).step_by(page) {
         // SAFETY: inside the mapping.
@@ -506,7 +498,7 @@ fn map_file(path: &std::path::Path) -> Result<()> {
             std::ptr::write_volatile(base.add(off), sum);
         }
     }
-    unsafe { libc::munmap(p, len) };
+    unsafe { libc::munmap(base.cast(), len) };
     std::hint::black_box(sum);
     Ok(())
 }
