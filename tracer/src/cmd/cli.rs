@@ -96,7 +96,7 @@ pub enum Cmd {
         /// The CDF of CLASS's fault latency (e.g. reuse, copy, first_touch)
         /// in a bench step of A and B, one panel per cell, from the
         /// kernel's buckets.
-        #[arg(long, value_name = "CLASS", value_parser = parse_class)]
+        #[arg(long, value_name = "CLASS", value_parser = ReportClass::parse)]
         latency: Option<ReportClass>,
         /// With --latency: the bench step (populate, fork, write).
         #[arg(long, value_name = "NAME", default_value = "write", requires = "latency")]
@@ -112,14 +112,6 @@ pub enum Cmd {
         /// standard output).
         dir: Option<PathBuf>,
     },
-}
-
-/// A report class by its name (`copy`, `first_touch`).
-fn parse_class(s: &str) -> Result<ReportClass, String> {
-    ReportClass::from_name(s).ok_or_else(|| {
-        let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
-        format!("{s:?} is not a class (known: {})", known.join(", "))
-    })
 }
 
 /// The whole command, with each subcommand's page appended to its help.
@@ -172,6 +164,7 @@ pub const PAGES: &[Page] = &[
             ("faultscope record -p 1234 -i 1 -c 30 -j run.json", "30 one-second intervals, then the report as JSON"),
             ("faultscope record --follow-children --stacks copy --flamegraph copy.svg -- redis-server", "a process and its forks, with the stacks of every COW copy"),
             ("faultscope record --mark-on-signal USR1 -p 1234", "start a new phase at each SIGUSR1 to faultscope"),
+            ("faultscope record --comm cc1 -i 1 --sort copy --top 10", "every cc1 of a build, the ten with most COW copies each second"),
         ],
         fields: COUNT_FIELDS,
         overhead: TRACE_OVERHEAD,

@@ -35,6 +35,7 @@ use crate::{
     error::Refusal,
     kernel::{
         self,
+        classes::{Availability, ReportClass},
         footprint::{self, Sizes},
     },
     report::{attribution::Namer, build, file, findings, live, provenance, schema::Report, text},
@@ -77,6 +78,14 @@ pub struct RecordOpts {
     /// no start-up or end lines.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// The live view's and each interval's processes by the count of this
+    /// class, most first (by default in pid order).
+    #[arg(long, value_name = "CLASS", value_parser = ReportClass::parse)]
+    pub sort: Option<ReportClass>,
+    /// Show only the first N processes of each interval (in --sort's
+    /// order); the others are summed on one row.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
     /// On --duration, Ctrl-C, SIGTERM or SIGHUP, leave the command running
     /// (by default it gets the same signal, SIGTERM for --duration, and
     /// faultscope waits up to 5 s for it to exit).
@@ -232,6 +241,9 @@ impl Recording {
         if o.count == Some(0) {
             return Err(Refusal::new("--count 0: give at least 1 interval").into());
         }
+        if o.top == Some(0) {
+            return Err(Refusal::new("--top 0: give at least 1 process").into());
+        }
         footprint::stats_entries(o.max_stats, DEFAULT_STATS, footprint::cpus())?;
         kernel::require_root()?;
         let mut comms = BTreeMap::new();
@@ -263,6 +275,11 @@ impl Recording {
         let mut sock = marks::Socket::bind(std::process::id())?;
         let probe = ProbeOpts { quiet: o.quiet || o.probe.quiet, ..o.probe.clone() };
         let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &probe, &filters)?;
+        if let Some(m) = o.sort {
+            if let Some((_, Availability::NotMeasurable(why))) = rec.avail.iter().find(|(c, _)| *c == m) {
+                return Err(Refusal::new(format!("--sort {m}: not measurable here ({why})")).into());
+            }
+        }
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
             rec.add(pid, follow, comm)?;
@@ -354,6 +371,11 @@ impl Recording {
     /// the time series. The outer error is the run's; the inner one says
     /// that stdout is gone (EPIPE: `record --interval 1 | head`), which
     /// ends the run like a signal.
+    /// The live view's order of processes (`--sort`, `--top`).
+    fn order(&self) -> live::Order {
+        live::Order { sort: self.opts.sort, top: self.opts.top }
+    }
+
     fn interval_table(&mut self, now: Instant) -> Result<std::io::Result<()>> {
         let snap = self.rec.snapshot()?;
         let elapsed = now.duration_since(self.started).as_secs_f64();
@@ -368,10 +390,10 @@ impl Recording {
         } else if self.live_view {
             let footer = live::footer(self.opts.json.as_deref(), self.opts.interval.is_some());
             let every = self.interval.map_or(1.0, |d| d.as_secs_f64());
-            crate::term::out(&live::frame(&counts, &cols, &phase, elapsed, every, &footer))
+            crate::term::out(&live::frame(&counts, &cols, self.order(), &phase, elapsed, every, &footer))
         } else {
             let mut text = if self.ticks == 0 { live::line_header(&cols) } else { String::new() };
-            text.push_str(&live::lines(&counts, &cols, &live::time_of_day(), &phase));
+            text.push_str(&live::lines(&counts, &cols, self.order(), &live::time_of_day(), &phase));
             if text.is_empty() && crate::term::stdout_gone() {
                 Err(std::io::ErrorKind::BrokenPipe.into())
             } else {

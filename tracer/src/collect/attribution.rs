@@ -84,10 +84,7 @@ fn parse_classes(s: &str) -> Result<ClassList, String> {
     }
     let mut v = Vec::new();
     for name in s.split(',') {
-        let m = ReportClass::from_name(name.trim()).ok_or_else(|| {
-            let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
-            format!("{name:?} is not a class (known: {})", known.join(", "))
-        })?;
+        let m = ReportClass::parse(name.trim())?;
         v.push(m);
     }
     v.sort();

@@ -68,6 +68,15 @@ impl ReportClass {
         ReportClass::ALL.iter().copied().find(|m| m.name() == name)
     }
 
+    /// A class by its name, or an error that lists the names (a command
+    /// line's value parser).
+    pub fn parse(name: &str) -> Result<ReportClass, String> {
+        ReportClass::from_name(name).ok_or_else(|| {
+            let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
+            format!("{name:?} is not a class (known: {})", known.join(", "))
+        })
+    }
+
     /// The columns of the compact tables (live view, bench summary).
     pub fn summary() -> impl Iterator<Item = ReportClass> {
         ReportClass::ALL.into_iter().filter(|m| m.spec().columns.summary)

@@ -53,15 +53,79 @@ fn cell(n: u64) -> String {
     }
 }
 
-fn cells(out: &mut String, p: &super::schema::Process, cols: &[Column]) {
-    for (_, m) in cols {
-        let c = p.count(*m).map(cell).unwrap_or_else(|| "n/m".into());
-        let _ = write!(out, " {c:>7}");
-    }
+/// Which processes an interval shows, in which order: by the count of
+/// `sort` (most first; ties by pid), the first `top` of them, the others
+/// summed on one `(N others)` row. Without `sort`, by pid.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Order {
+    pub sort: Option<ReportClass>,
+    pub top: Option<usize>,
 }
 
-fn any_count(p: &super::schema::Process, cols: &[Column]) -> bool {
-    cols.iter().any(|(_, m)| p.count(*m).is_some_and(|n| n > 0))
+/// A row: a process (`pid`), or the sum of those past `top` (no pid).
+struct Row {
+    pid: Option<u32>,
+    comm: String,
+    /// Per column; None: not measurable.
+    counts: Vec<Option<u64>>,
+}
+
+/// The rows of the processes that faulted in `delta`, in `order`.
+fn rows(delta: &Report, cols: &[Column], order: Order) -> Vec<Row> {
+    let mut rows: Vec<Row> = delta
+        .processes
+        .iter()
+        .map(|p| Row {
+            pid: Some(p.pid),
+            comm: p.comm.clone(),
+            counts: cols.iter().map(|(_, m)| p.count(*m)).collect(),
+        })
+        .filter(|r| r.counts.iter().any(|c| c.is_some_and(|n| n > 0)))
+        .collect();
+    if let Some(m) = order.sort {
+        let key = |r: &Row| p_count(delta, r.pid, m);
+        rows.sort_by(|a, b| key(b).cmp(&key(a)).then(a.pid.cmp(&b.pid)));
+    }
+    if let Some(top) = order.top {
+        if rows.len() > top {
+            let rest = rows.split_off(top);
+            let mut sum: Vec<Option<u64>> = vec![Some(0); cols.len()];
+            for r in &rest {
+                for (s, c) in sum.iter_mut().zip(&r.counts) {
+                    *s = match (*s, c) {
+                        (Some(a), Some(b)) => Some(a + b),
+                        _ => None,
+                    };
+                }
+            }
+            rows.push(Row { pid: None, comm: format!("({} others)", rest.len()), counts: sum });
+        }
+    }
+    rows
+}
+
+/// The count of class `m` of process `pid` in `delta` (0 where none).
+fn p_count(delta: &Report, pid: Option<u32>, m: ReportClass) -> u64 {
+    pid.and_then(|pid| delta.processes.iter().find(|p| p.pid == pid)).and_then(|p| p.count(m)).unwrap_or(0)
+}
+
+impl Row {
+    /// PID and COMM.
+    fn lead(&self) -> String {
+        let pid = self.pid.map_or(String::new(), |p| p.to_string());
+        let comm = if self.pid.is_some() { comm15(&self.comm) } else { self.comm.clone() };
+        format!("{pid:>7} {comm:<15}")
+    }
+
+    /// The counts, a space before each.
+    fn cells(&self) -> String {
+        let mut out = String::new();
+        for c in &self.counts {
+            let c = c.map(cell).unwrap_or_else(|| "n/m".into());
+            let _ = write!(out, " {c:>7}");
+        }
+        out
+    }
 }
 
 pub fn enabled() -> bool {
@@ -90,6 +154,7 @@ pub fn footer(json: Option<&Path>, interval: bool) -> String {
 pub fn frame(
     delta: &Report,
     cols: &[Column],
+    order: Order,
     phase: &str,
     elapsed_s: f64,
     interval_s: f64,
@@ -106,10 +171,8 @@ pub fn frame(
         let _ = write!(out, " {h:>7}");
     }
     out.push('\n');
-    for p in delta.processes.iter().filter(|p| any_count(p, cols)) {
-        let _ = write!(out, "{:>7} {:<15}", p.pid, comm15(&p.comm));
-        cells(&mut out, p, cols);
-        out.push('\n');
+    for r in rows(delta, cols, order) {
+        let _ = writeln!(out, "{}{}", r.lead(), r.cells());
     }
     out.push_str(footer);
     out
@@ -127,13 +190,11 @@ pub fn line_header(cols: &[Column]) -> String {
 
 /// One interval: a line per process that faulted in it, at `time`
 /// (`HH:MM:SS`).
-pub fn lines(delta: &Report, cols: &[Column], time: &str, phase: &str) -> String {
+pub fn lines(delta: &Report, cols: &[Column], order: Order, time: &str, phase: &str) -> String {
     let mut out = String::new();
     let phase: String = safe(phase).chars().take(26).collect();
-    for p in delta.processes.iter().filter(|p| any_count(p, cols)) {
-        let _ = write!(out, "{time:<8} {:>7} {:<15} {phase:<26}", p.pid, comm15(&p.comm));
-        cells(&mut out, p, cols);
-        out.push('\n');
+    for r in rows(delta, cols, order) {
+        let _ = writeln!(out, "{time:<8} {} {phase:<26}{}", r.lead(), r.cells());
     }
     out
 }
@@ -169,7 +230,7 @@ mod tests {
         assert!(footer(None, true).contains("--json FILE"));
         // A path is text from elsewhere: no raw control characters.
         assert!(!footer(Some(Path::new("a\x1b[2Jb.json")), true).contains('\x1b'));
-        let frame = frame(&Report::default(), &[], "before-fork", 1.0, 1.0, &f);
+        let frame = frame(&Report::default(), &[], Order::default(), "before-fork", 1.0, 1.0, &f);
         assert!(frame.ends_with(&f));
     }
 
@@ -204,12 +265,40 @@ mod tests {
             (ReportClass::Copy, 3),
         ]);
         let r = Report { processes: vec![p], ..Report::default() };
-        let f = frame(&r, &cols, "before-fork", 3.0, 1.0, "");
+        let f = frame(&r, &cols, Order::default(), "before-fork", 3.0, 1.0, "");
         for l in f.lines().skip(1) {
             assert!(l.chars().count() <= 80, "{} columns: {l}", l.chars().count());
         }
         assert!(f.contains("   12.3M"), "{f}");
-        let l = lines(&r, &cols, "12:00:01", "before-fork");
+        let l = lines(&r, &cols, Order::default(), "12:00:01", "before-fork");
         assert!(l.starts_with("12:00:01      42 a-very-long-com before-fork  "), "{l}");
+    }
+
+    /// Sorted by a class, most first, the first N shown and the rest one
+    /// summed row; without a sort, pid order.
+    #[test]
+    fn rows_sort_by_a_class_and_sum_past_the_top() {
+        use super::super::schema::testing::{classes, process};
+        let proc = |pid, faults, copy| {
+            let mut p = process(pid, Vec::new());
+            p.comm = format!("p{pid}");
+            p.classes = classes(&[(ReportClass::Faults, faults), (ReportClass::Copy, copy)]);
+            p
+        };
+        let r = Report {
+            processes: vec![proc(1, 10, 5), proc(2, 30, 0), proc(3, 20, 9), proc(4, 0, 0)],
+            ..Report::default()
+        };
+        let cols = [("FAULTS", ReportClass::Faults), ("COPY", ReportClass::Copy)];
+        let pids = |o| rows(&r, &cols, o).iter().map(|r| r.pid).collect::<Vec<_>>();
+        // A process without faults is no row.
+        assert_eq!(pids(Order::default()), [Some(1), Some(2), Some(3)]);
+        assert_eq!(pids(Order { sort: Some(ReportClass::Copy), top: None }), [Some(3), Some(1), Some(2)]);
+        let top = rows(&r, &cols, Order { sort: Some(ReportClass::Faults), top: Some(1) });
+        assert_eq!(top.iter().map(|r| r.pid).collect::<Vec<_>>(), [Some(2), None]);
+        assert_eq!((top[1].comm.as_str(), top[1].counts.clone()), ("(2 others)", vec![Some(30), Some(14)]));
+        let l = lines(&r, &cols, Order { sort: Some(ReportClass::Faults), top: Some(1) }, "12:00:01", "x");
+        assert_eq!(l.lines().count(), 2, "{l}");
+        assert!(l.lines().nth(1).unwrap().contains("(2 others)"), "{l}");
     }
 }
