@@ -321,6 +321,10 @@ pub fn snapshot_pid(pid: u32) -> Result<Vec<Mapping>> {
     parse_maps(&String::from_utf8_lossy(&bytes)).with_context(|| path.clone())
 }
 
+/// The label of a snapshot of one VMA the kernel described (see
+/// `Mapping::from_vma`).
+pub const KERNEL: &str = "kernel";
+
 /// The mappings of a process at one moment.
 #[derive(Clone, Debug)]
 pub struct MapsSnapshot {
@@ -410,7 +414,7 @@ impl MapsHistory {
     /// mapping that contains `vma_start` is taken, in the same order, with
     /// `exact: false`.
     pub fn resolve(&self, vma_start: u64, at: u64) -> Option<Resolved<'_>> {
-        self.by_preference(at)
+        self.by_source(at)
             .find_map(|s| s.by_start(vma_start).map(|m| Resolved { mapping: m, snapshot: s, exact: true }))
             .or_else(|| self.containing(vma_start, at).map(|r| Resolved { exact: false, ..r }))
     }
@@ -418,8 +422,17 @@ impl MapsHistory {
     /// The mapping that contains `addr` at time `at` (for instruction
     /// pointers), in the order `resolve` uses. `exact` is true.
     pub fn containing(&self, addr: u64, at: u64) -> Option<Resolved<'_>> {
-        self.by_preference(at)
+        self.by_source(at)
             .find_map(|s| s.containing(addr).map(|m| Resolved { mapping: m, snapshot: s, exact: true }))
+    }
+
+    /// The maps snapshots in `by_preference` order, then the kernel's
+    /// descriptions (`KERNEL`) in that order: a description is one VMA as
+    /// it was at its first fault (a heap or stack grows after it), so it
+    /// names only what no snapshot has.
+    fn by_source(&self, at: u64) -> impl Iterator<Item = &MapsSnapshot> {
+        let maps = self.by_preference(at).filter(|s| s.label != KERNEL);
+        maps.chain(self.by_preference(at).filter(|s| s.label == KERNEL))
     }
 }
 
@@ -468,6 +481,45 @@ mod tests {
 7ffd1c7fc000-7ffd1c7fe000 r-xp 00000000 00:00 0                          [vdso]
 ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
 7fe671b90000-7fe671b91000 rw-p 00000000 00:00 0";
+
+    /// A kernel description is one VMA at its first fault: a snapshot
+    /// that has the same start names it (a heap grown since), at any time;
+    /// the description names only what no snapshot has.
+    #[test]
+    fn snapshots_name_before_kernel_descriptions() {
+        let heap = |end: u64| Mapping {
+            start: 0x1000,
+            end,
+            perms: Perms::default(),
+            offset: 0,
+            dev: "00:00".into(),
+            inode: 0,
+            name: MappingName::Heap,
+        };
+        let mut h = MapsHistory::new(1);
+        h.push(10, KERNEL, vec![heap(0x2000)]);
+        h.push(30, "phase 2", vec![heap(0x9000)]);
+        assert_eq!(h.resolve(0x1000, 20).unwrap().mapping.end, 0x9000);
+        let v = VmaInfo {
+            at: 5,
+            end: 0x5000,
+            pgoff: 0,
+            flags: 0x3,
+            ino: 7,
+            dev: 0x80_0001,
+            file: 1,
+            name: [0; 64],
+        };
+        let mut named = v;
+        named.name[..4].copy_from_slice(b"data");
+        h.push(5, KERNEL, vec![Mapping::from_vma(0x4000, &named, None)]);
+        let r = h.resolve(0x4000, 40).unwrap();
+        assert_eq!(
+            (r.mapping.name.to_string(), r.mapping.dev.as_str(), r.exact),
+            ("…/data".into(), "08:01", true)
+        );
+        assert_eq!(dev_string(v.dev), "08:01");
+    }
 
     #[test]
     fn parses_every_kind_of_name() {

@@ -17,7 +17,7 @@ use faultscope_common::{
 };
 
 use crate::{
-    attrib::mapping::{dev_string, Mapping, MappingName, MapsHistory, MapsSnapshot},
+    attrib::mapping::{dev_string, Mapping, MappingName, MapsHistory, MapsSnapshot, KERNEL},
     kernel::classes::{Availability, ReportClass},
 };
 
@@ -146,9 +146,6 @@ pub fn mappings_availability(
     }
     vma_offset.as_ref().map(drop).map_err(Clone::clone)
 }
-
-/// The label of a snapshot of one mapping the kernel described.
-const KERNEL: &str = "kernel";
 
 /// The attribution of a run: what is counted, and the maps histories.
 pub struct Attribution {

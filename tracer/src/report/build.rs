@@ -342,7 +342,10 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
                         end_ns: ph.end_ns,
                         children_alive: ph.children_alive as u64,
                         classes: classes(snap, tgid, Some(ph.id), ctx),
-                        attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.start_ns),
+                        // Named as of the phase's end: the maps snapshot
+                        // of a phase is taken once its event is read, after
+                        // its start, and a mapping may grow (brk) before it.
+                        attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.end_ns.unwrap_or(ctx.now_ns)),
                     }
                 })
                 .collect(),
