@@ -149,7 +149,7 @@ run_case() {
 # $SHORT_RUNS times under each backend, as shortN@BACKEND.
 short_cases() {
 	for b in kprobe fentry; do
-		for i in $(seq 1 ${SHORT_RUNS:-5}); do
+		for i in $(seq 1 ${SHORT_RUNS:-3}); do
 			name=short$i@$b
 			/faultscope record --backend $b --max-mappings 1000 --json /tmp/$name.fs.json -- /fs-workload --map-file /fs-workload > /tmp/$name.out 2>&1
 			echo "@@FS-RC $name $?"
