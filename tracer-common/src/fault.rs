@@ -97,6 +97,14 @@ pub const VM_FAULT_RETRY: u32 = 0x0400;
 pub const VM_FAULT_FALLBACK: u32 = 0x0800;
 /// The fault completed with the mmap lock (or the VMA's) already dropped.
 pub const VM_FAULT_COMPLETED: u32 = 0x4000;
+
+/// Whether a `handle_mm_fault` that returned `ret` still holds its VMA's
+/// lock (no retry, not completed unlocked): only then is its `vma` valid
+/// at the return.
+#[inline(always)]
+pub const fn vma_kept(ret: u32) -> bool {
+    ret & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0
+}
 pub const VM_FAULT_ERROR: u32 = VM_FAULT_OOM
     | VM_FAULT_SIGBUS
     | VM_FAULT_SIGSEGV

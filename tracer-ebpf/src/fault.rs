@@ -14,7 +14,7 @@ use aya_ebpf::{
 use faultscope_common::{
     class::KernelClass,
     fault::{
-        Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_COMPLETED,
+        vma_kept, Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
         VM_FAULT_RETRY,
     },
     maps::{Config, Drop},
@@ -146,8 +146,7 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     let start = vma_start(ctx, &conf, vma)?;
     let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
     // Described only while the call still holds the VMA.
-    let held = ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0;
-    let mapping = Some((start, if held { vma } else { 0 }));
+    let mapping = Some((start, if vma_kept(ret as u32) { vma } else { 0 }));
     attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, mapping, ip, syscall, 0);
     if ret as u32 & VM_FAULT_RETRY != 0 {
         // The clock last: the retried call's time starts where this ends.
@@ -184,10 +183,7 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         phase,
         &KernelClass::FAULT_RETURN,
         set,
-        Some((
-            st.vma_start,
-            if ret as u32 & (VM_FAULT_RETRY | VM_FAULT_COMPLETED) == 0 { st.vma } else { 0 },
-        )),
+        Some((st.vma_start, if vma_kept(ret as u32) { st.vma } else { 0 })),
         st.ip,
         st.syscall,
         0,

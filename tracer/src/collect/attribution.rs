@@ -172,7 +172,7 @@ impl Attribution {
         // faultscope's own files (the C library, the loader) are most
         // processes' too.
         if let Ok(own) = crate::attrib::mapping::snapshot_pid(std::process::id()) {
-            a.learn_paths(&own);
+            learn_paths(&mut a.paths, &own);
         }
         a
     }
@@ -205,14 +205,14 @@ impl Attribution {
     /// one mapping, whichever source a query finds first), and its files'
     /// paths for every process's files described by name alone.
     fn learn(&mut self, pid: u32) {
-        let Some(s) = self.histories.get(&pid).and_then(|h| h.snapshots().iter().max_by_key(|s| s.seq))
-        else {
+        let Attribution { histories, paths, .. } = self;
+        let Some(s) = histories.get(&pid).and_then(|h| h.snapshots().iter().max_by_key(|s| s.seq)) else {
             return;
         };
         let names: HashMap<(u64, u64), MappingName> =
             s.mappings.iter().map(|m| ((m.start, m.inode), m.name.clone())).collect();
-        let learned = self.learn_paths(&s.mappings.clone());
-        if let Some(h) = self.histories.get_mut(&pid) {
+        let learned = learn_paths(paths, &s.mappings);
+        if let Some(h) = histories.get_mut(&pid) {
             for m in h.mappings_mut(KERNEL) {
                 if let Some(n) = names.get(&(m.start, m.inode)) {
                     m.name = n.clone();
@@ -220,27 +220,16 @@ impl Attribution {
             }
         }
         if learned {
-            for h in self.histories.values_mut() {
+            for h in histories.values_mut() {
                 for m in h.mappings_mut(KERNEL) {
                     if let (MappingName::FileName(_), Some(p)) =
-                        (&m.name, self.paths.get(&(m.dev.clone(), m.inode)))
+                        (&m.name, paths.get(&(m.dev.clone(), m.inode)))
                     {
                         m.name = MappingName::File { path: p.clone(), deleted: false };
                     }
                 }
             }
         }
-    }
-
-    /// Notes the paths of the files in `mappings`; true if one is new.
-    fn learn_paths(&mut self, mappings: &[Mapping]) -> bool {
-        let mut new = false;
-        for m in mappings {
-            if let (Some(p), true) = (m.name.path(), m.inode != 0) {
-                new |= self.paths.insert((m.dev.clone(), m.inode), p.to_string()).is_none();
-            }
-        }
-        new
     }
 
     /// The `CONFIG` entries for the kernel side.
@@ -276,17 +265,16 @@ impl Attribution {
         let full = |s: &&MapsSnapshot| s.label != KERNEL;
         let latest =
             h.snapshots().iter().rev().filter(full).find(|s| s.at <= at).or(h.snapshots().iter().rfind(full));
-        // And what the kernel described before the fork.
-        let mut inherited: Vec<Mapping> = latest.map(|s| s.mappings.clone()).unwrap_or_default();
-        for s in h.snapshots().iter().filter(|s| s.label == KERNEL && s.at <= at) {
-            inherited.extend(
-                s.mappings
-                    .iter()
-                    .filter(|m| !inherited.iter().any(|x| x.start == m.start))
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            );
+        // And what the kernel described before the fork, where the
+        // snapshot has nothing at that start.
+        let mut by_start: BTreeMap<u64, &Mapping> =
+            latest.iter().flat_map(|s| s.mappings.iter()).map(|m| (m.start, m)).collect();
+        for m in
+            h.snapshots().iter().filter(|s| s.label == KERNEL && s.at <= at).flat_map(|s| s.mappings.iter())
+        {
+            by_start.entry(m.start).or_insert(m);
         }
+        let inherited: Vec<Mapping> = by_start.into_values().cloned().collect();
         if !inherited.is_empty() {
             self.histories
                 .entry(child)
@@ -319,6 +307,18 @@ impl Attribution {
             self.learn(pid);
         }
     }
+}
+
+/// Notes in `paths` the paths of the files in `mappings`; true if one is
+/// new.
+fn learn_paths(paths: &mut HashMap<(String, u64), String>, mappings: &[Mapping]) -> bool {
+    let mut new = false;
+    for m in mappings {
+        if let (Some(p), true) = (m.name.path(), m.inode != 0) {
+            new |= paths.insert((m.dev.clone(), m.inode), p.to_string()).is_none();
+        }
+    }
+    new
 }
 
 #[cfg(test)]

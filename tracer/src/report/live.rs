@@ -68,6 +68,8 @@ struct Row {
     comm: String,
     /// Per column; None: not measurable.
     counts: Vec<Option<u64>>,
+    /// The count of `Order::sort`'s class (0 without one).
+    key: u64,
 }
 
 /// The rows of the processes that faulted in `delta`, in `order`.
@@ -79,12 +81,12 @@ fn rows(delta: &Report, cols: &[Column], order: Order) -> Vec<Row> {
             pid: Some(p.pid),
             comm: p.comm.clone(),
             counts: cols.iter().map(|(_, m)| p.count(*m)).collect(),
+            key: order.sort.and_then(|m| p.count(m)).unwrap_or(0),
         })
         .filter(|r| r.counts.iter().any(|c| c.is_some_and(|n| n > 0)))
         .collect();
-    if let Some(m) = order.sort {
-        let key = |r: &Row| p_count(delta, r.pid, m);
-        rows.sort_by(|a, b| key(b).cmp(&key(a)).then(a.pid.cmp(&b.pid)));
+    if order.sort.is_some() {
+        rows.sort_by(|a, b| b.key.cmp(&a.key).then(a.pid.cmp(&b.pid)));
     }
     if let Some(top) = order.top {
         if rows.len() > top {
@@ -98,15 +100,10 @@ fn rows(delta: &Report, cols: &[Column], order: Order) -> Vec<Row> {
                     };
                 }
             }
-            rows.push(Row { pid: None, comm: format!("({} others)", rest.len()), counts: sum });
+            rows.push(Row { pid: None, comm: format!("({} others)", rest.len()), counts: sum, key: 0 });
         }
     }
     rows
-}
-
-/// The count of class `m` of process `pid` in `delta` (0 where none).
-fn p_count(delta: &Report, pid: Option<u32>, m: ReportClass) -> u64 {
-    pid.and_then(|pid| delta.processes.iter().find(|p| p.pid == pid)).and_then(|p| p.count(m)).unwrap_or(0)
 }
 
 impl Row {
