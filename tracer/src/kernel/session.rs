@@ -709,35 +709,17 @@ impl Session {
     }
 
     /// Starts a new phase (a mark) and returns its id. Only user space
-    /// writes the marks counter, so a plain write is race-free; but the
-    /// kernel may move the lifecycle counter between the write and the
-    /// read of the id (a fork on another CPU), and the mark's id is then
-    /// not known: was the fork's bump before the write or after? So the
-    /// lifecycle counter is read before the write and after it, and the
-    /// mark taken again until no bump came between: its id is then exact
-    /// (at most `MARK_TRIES`; the last try's id stands). `then` runs right
-    /// after the switch, before anything else can touch memory: it is
-    /// where the tracefs marker goes, so that a trace split on markers
-    /// splits exactly where the kernel switched phase.
+    /// writes the marks counter, so a plain write is race-free.
+    /// `then` runs right after the switch, before anything else can touch
+    /// memory: it is where the tracefs marker goes, so that a trace split on
+    /// markers splits exactly where the kernel switched phase.
     pub fn mark(&mut self, then: impl FnOnce()) -> Result<PhaseId> {
-        const MARK_TRIES: usize = 8;
-        let mut then = Some(then);
-        let mut id = 0;
-        for _ in 0..MARK_TRIES {
-            let (before, marks) = self.phase_counters()?;
-            let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
-            let mut a: Array<_, u64> = Array::try_from(m)?;
-            a.set(PhaseCounter::Marks.index(), marks.wrapping_add(1) as u64, 0)?;
-            if let Some(f) = then.take() {
-                f();
-            }
-            let (after, _) = self.phase_counters()?;
-            id = phase_id(after, marks.wrapping_add(1));
-            if after == before {
-                break;
-            }
-        }
-        Ok(id)
+        let (_, marks) = self.phase_counters()?;
+        let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
+        let mut a: Array<_, u64> = Array::try_from(m)?;
+        a.set(PhaseCounter::Marks.index(), marks.wrapping_add(1) as u64, 0)?;
+        then();
+        self.current_phase()
     }
 
     pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {
