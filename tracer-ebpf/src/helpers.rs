@@ -30,7 +30,7 @@ use faultscope_common::{
 use crate::maps::{
     cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, OPEN,
     PENDING_STATS, PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF,
-    TASK_PAGEFAULT_DISABLED_OFF, THREADS, UNTRACED, ZERO,
+    TASK_PAGEFAULT_DISABLED_OFF, THREADS, TRACE_ALL, UNTRACED, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -295,6 +295,9 @@ fn join(tgid: u32, aux: u32) -> Option<TargetInfo> {
 /// (adopting it first under the cgroup filter).
 #[inline(always)]
 pub fn counted_target(tgid: u32) -> Option<TargetInfo> {
+    if cfg(&TRACE_ALL) != 0 {
+        return Some(TargetInfo { flags: 0, _reserved: 0 });
+    }
     let Some(t) = (unsafe { TARGETS.get(&tgid) }) else {
         return adopt(tgid);
     };

@@ -23,7 +23,7 @@ use crate::{
     },
     maps::{
         cfg, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
-        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
+        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF, TRACE_ALL,
     },
 };
 
@@ -180,19 +180,25 @@ fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     // The slot is keyed by pid_tgid, which a later task may be given.
     release_slot(current_id());
     let (tid, tgid) = pid_tgid();
-    let info = unsafe { TARGETS.get(&tgid) }.copied();
+    let all = cfg(&TRACE_ALL) != 0;
+    let info = if all { None } else { unsafe { TARGETS.get(&tgid) }.copied() };
     // Every thread of a counted process, and one that exits just after its
     // group's last (whose exit took the process out of TARGETS) while user
     // space has not taken the entry yet.
-    let counted = info.is_some_and(|t| t.flags & TARGET_PENDING_EXEC == 0);
+    let counted = all || info.is_some_and(|t| t.flags & TARGET_PENDING_EXEC == 0);
     if counted || unsafe { EXITED.get(&tgid) }.is_some() {
         count_exited(tgid);
     }
-    let target = info.is_some();
+    let target = all || info.is_some();
     if !target && unsafe { CHILDREN.get(&tgid) }.is_none() {
         return Ok(0);
     }
     if !group_dead(&ctx, tid, tgid)? {
+        return Ok(0);
+    }
+    if all {
+        // Nothing to remove: every process is counted.
+        send(LifeKind::Exit, tgid, tid, 0, current_phase());
         return Ok(0);
     }
     child_gone(LifeKind::ChildExit, tgid);

@@ -267,6 +267,13 @@ pub static MM_LOCK_SEQ_OFF: u32 = 0;
 #[no_mangle]
 pub static CGROUP_FILTER: u32 = 0;
 
+/// Non-zero: every process on the host is counted (`-a`), with no
+/// `TARGETS` lookup; no lifecycle phase starts (a fork anywhere would start
+/// one for every process), and each process's exit is told to user space
+/// with its threads' final counts (`EXITED`). A load-time constant.
+#[no_mangle]
+pub static TRACE_ALL: u32 = 0;
+
 /// Non-zero: a program whose comm is in `COMMS` joins the traced set at its
 /// exec (see `lifecycle::process_exec`).
 #[no_mangle]

@@ -165,6 +165,7 @@ pub const PAGES: &[Page] = &[
             ("faultscope record --follow-children --stacks copy --flamegraph copy.svg -- redis-server", "a process and its forks, with the stacks of every COW copy"),
             ("faultscope record --mark-on-signal USR1 -p 1234", "start a new phase at each SIGUSR1 to faultscope"),
             ("faultscope record --comm cc1 -i 1 --sort copy --top 10", "every cc1 of a build, the ten with most COW copies each second"),
+            ("faultscope record -a -d 10 --top 20", "every process on the host for 10 seconds: the 20 that faulted most, the others summed on one row"),
         ],
         fields: COUNT_FIELDS,
         overhead: TRACE_OVERHEAD,

@@ -76,9 +76,11 @@ pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
         println!("{:<18} measures: {} (kernel >= {})", "", r.spec.measures, r.spec.min_kernel);
     }
     let cpus = kernel::footprint::cpus();
-    for (what, default) in
-        [("record and bench", crate::cmd::record::DEFAULT_STATS), ("serve", crate::cmd::serve::DEFAULT_STATS)]
-    {
+    for (what, default) in [
+        ("record and bench", crate::cmd::record::DEFAULT_STATS),
+        ("serve", crate::cmd::serve::DEFAULT_STATS),
+        ("record -a and serve -a", crate::cmd::record::SYSTEM_WIDE_STATS),
+    ] {
         let stats = kernel::footprint::stats_entries(None, default, cpus)?;
         let m = kernel::footprint::maps(&kernel::footprint::Sizes { stats, ..Default::default() }, cpus);
         println!(

@@ -29,7 +29,7 @@ use crate::{
     collect::{
         attribution::AttribOpts,
         collector::{stack_frames, Snapshot},
-        select::{SelectOpts, Selection},
+        select::{Bound, SelectOpts, Selection, DEFAULT_BOUND},
         target,
     },
     error::Refusal,
@@ -131,6 +131,10 @@ impl RecordOpts {
 
 /// record's and bench's most stats entries by default.
 pub const DEFAULT_STATS: u32 = 2048;
+/// The same for `-a` (record and serve): the processes alive at once, a
+/// few class sets each, and those exited in the last half second (their
+/// entries then leave the map).
+pub const SYSTEM_WIDE_STATS: u32 = 16384;
 
 impl Recorder {
     pub fn context(&self) -> Result<build::Context<'_>> {
@@ -149,12 +153,14 @@ impl Recorder {
             namer: None,
             now_ns: kernel::monotonic_ns(),
             latency: self.latency,
+            bound: self.bound,
         })
     }
 
-    /// The counts in `snap` (an interval, the live view), without names.
+    /// The counts in `snap` (an interval, the live view), without names,
+    /// every process listed (the live view bounds its own rows).
     pub fn counts(&self, snap: &Snapshot) -> Result<Report> {
-        Ok(build::build(snap, &self.context()?))
+        Ok(build::build(snap, &build::Context { bound: None, ..self.context()? }))
     }
 
     /// The report of `snap` with its attribution named.
@@ -228,7 +234,10 @@ impl Recording {
     /// Also returns the mark socket, bound before anything is attached (a
     /// run that cannot listen is refused before it starts a command) and
     /// named once the run is attached.
-    pub fn start(o: RecordOpts) -> Result<(Recording, marks::Socket)> {
+    pub fn start(mut o: RecordOpts) -> Result<(Recording, marks::Socket)> {
+        if o.select.all {
+            system_wide_only(&o.pids, &o.select, !o.command.is_empty(), o.follow_children, &mut o.attrib)?;
+        }
         if o.pids.is_empty() && o.command.is_empty() && o.select.is_empty() {
             return Err(Refusal::new(
                 "nothing to trace: give -p PID, --comm NAME, --cgroup PATH or -- COMMAND",
@@ -244,7 +253,8 @@ impl Recording {
         if o.top == Some(0) {
             return Err(Refusal::new("--top 0: give at least 1 process").into());
         }
-        footprint::stats_entries(o.max_stats, DEFAULT_STATS, footprint::cpus())?;
+        let default_stats = if o.select.all { SYSTEM_WIDE_STATS } else { DEFAULT_STATS };
+        footprint::stats_entries(o.max_stats, default_stats, footprint::cpus())?;
         kernel::require_root()?;
         let mut comms = BTreeMap::new();
         for &pid in &o.pids {
@@ -274,11 +284,17 @@ impl Recording {
         crate::output::check_distinct(&outs)?;
         let mut sock = marks::Socket::bind(std::process::id())?;
         let probe = ProbeOpts { quiet: o.quiet || o.probe.quiet, ..o.probe.clone() };
-        let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, o.attrib.clone(), &probe, &filters)?;
+        let mut rec = Recorder::start(o.max_stats, default_stats, o.attrib.clone(), &probe, &filters)?;
         if let Some(m) = o.sort {
             if let Some((_, Availability::NotMeasurable(why))) = rec.avail.iter().find(|(c, _)| *c == m) {
                 return Err(Refusal::new(format!("--sort {m}: not measurable here ({why})")).into());
             }
+        }
+        if o.select.all {
+            rec.bound = Some(Bound {
+                sort: o.sort.unwrap_or(DEFAULT_BOUND.sort),
+                top: o.top.unwrap_or(DEFAULT_BOUND.top),
+            });
         }
         let follow = if o.follow_children { TARGET_FOLLOW_CHILDREN } else { 0 };
         for (pid, comm) in comms {
@@ -345,6 +361,7 @@ impl Recording {
         }
         self.rec.live.retain(|&p| !target::is_gone(p));
         self.sel.tick(&mut self.rec)?;
+        self.rec.fold_exited()?;
         let now = Instant::now();
         if let (Some(t), Some(d)) = (self.next_tick, self.interval) {
             if now >= t {
@@ -373,11 +390,15 @@ impl Recording {
     /// ends the run like a signal.
     /// The live view's order of processes (`--sort`, `--top`).
     fn order(&self) -> live::Order {
-        live::Order { sort: self.opts.sort, top: self.opts.top }
+        match self.rec.bound {
+            Some(b) => live::Order { sort: Some(b.sort), top: Some(b.top) },
+            None => live::Order { sort: self.opts.sort, top: self.opts.top },
+        }
     }
 
     fn interval_table(&mut self, now: Instant) -> Result<std::io::Result<()>> {
         let snap = self.rec.snapshot()?;
+        self.rec.name_processes(&snap);
         let elapsed = now.duration_since(self.started).as_secs_f64();
         let delta = snap.since(&self.last);
         let iv = build::interval(&delta, &self.rec.context()?, elapsed);
@@ -462,6 +483,7 @@ impl Recording {
         self.end_command(why);
         self.rec.trace_mark("detach");
         let snap = self.rec.final_snapshot()?;
+        self.rec.name_processes(&snap);
         let mut report = self.rec.finish(&snap)?;
         report.provenance = Some(provenance::here(self.opts.target(), self.rec.anchor));
         crate::term::say(&format!("faultscope: {why} after {:.2}s", self.started.elapsed().as_secs_f64()));
@@ -582,6 +604,38 @@ pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
             crate::output::write(p, f.to_svg("faultscope: stacks by class")?.as_bytes())?;
         }
     }
+    Ok(())
+}
+
+/// What `-a` cannot be given with, refused; and what it turns off
+/// (attribution needs each process's maps), said.
+pub fn system_wide_only(
+    pids: &[u32],
+    select: &SelectOpts,
+    command: bool,
+    follow_children: bool,
+    attrib: &mut AttribOpts,
+) -> Result<(), Refusal> {
+    let clash = if !pids.is_empty() {
+        Some("-p")
+    } else if !select.comm.is_empty() || !select.cgroup.is_empty() {
+        Some("--comm or --cgroup")
+    } else if command {
+        Some("command")
+    } else if follow_children {
+        Some("--follow-children")
+    } else if !attrib.stacks.0.is_empty() || attrib.folded.is_some() || attrib.flamegraph.is_some() {
+        Some("--stacks, --folded or --flamegraph")
+    } else {
+        None
+    };
+    if let Some(what) = clash {
+        return Err(Refusal::new(format!(
+            "-a traces every process; it takes no {what} (without -a, -p, --comm and --cgroup choose the processes)"
+        )));
+    }
+    attrib.no_mappings = true;
+    attrib.sites.0.clear();
     Ok(())
 }
 

@@ -176,9 +176,11 @@ impl Serve {
             .comms
             .keys()
             .copied()
-            .filter(|p| !self.rec.live.contains(p) || target::is_gone(*p))
+            .filter(|p| (self.rec.system_wide.is_none() && !self.rec.live.contains(p)) || target::is_gone(*p))
             .collect();
         let snap = self.rec.snapshot()?;
+        // Under -a: every process is counted, and named once it faults.
+        self.rec.name_processes(&snap);
         // The events of every phase change made before the read: a fault
         // counted in a phase has seen its change, whose event the kernel
         // sends just after it.
@@ -220,10 +222,7 @@ impl Serve {
         }
         self.metrics.forget(stale);
         for pid in &gone {
-            self.rec.live.remove(pid);
-            self.rec.comms.remove(pid);
-            self.rec.lifetimes.remove(pid);
-            self.rec.accounting.remove(pid);
+            self.rec.forget(*pid);
             self.sel.forget(*pid);
             if let Some(k) = self.rec.kinds.as_mut() {
                 k.forget(*pid);
@@ -256,7 +255,10 @@ fn held_back(
 
 pub async fn run(o: ServeOpts) -> Result<i32> {
     if o.pids.is_empty() && o.select.is_empty() {
-        return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME or --cgroup PATH").into());
+        return Err(Refusal::new("nothing to trace: give -p PID, --comm NAME, --cgroup PATH or -a").into());
+    }
+    if o.select.all {
+        super::record::system_wide_only(&o.pids, &o.select, false, false, &mut AttribOpts::default())?;
     }
     if !(o.tick.is_finite() && (MIN_TICK_S..=3600.0).contains(&o.tick)) {
         return Err(Refusal::new(format!("--tick {}: give seconds from {MIN_TICK_S} to 3600", o.tick)).into());
@@ -287,7 +289,8 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         latency: Some(o.latency),
         quiet: false,
     };
-    let mut rec = Recorder::start(o.max_stats, DEFAULT_STATS, attrib, &probe, &filters)?;
+    let default_stats = if o.select.all { super::record::SYSTEM_WIDE_STATS } else { DEFAULT_STATS };
+    let mut rec = Recorder::start(o.max_stats, default_stats, attrib, &probe, &filters)?;
     rec.fork_comms = Some(Vec::new());
     rec.kinds = Some(Default::default());
     for (pid, comm) in comms {

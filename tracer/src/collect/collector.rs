@@ -178,6 +178,48 @@ fn per_cpu_sums<K: Pod + Ord, V: Pod>(
     Ok(out)
 }
 
+/// Moves the `STATS` entries of `gone` (processes that have exited) into
+/// `into` and deletes them from the kernel's map, so that a run over every
+/// process keeps the map to the processes alive. A process some CPU still
+/// holds counts of in a pending slot, or any CPU is flushing a slot while
+/// they are looked for, is left for a later call: once neither holds, no
+/// flush can write its entries again (it faults no more). Returns the
+/// processes folded.
+pub fn fold(
+    bpf: &mut Ebpf,
+    gone: &BTreeSet<u32>,
+    into: &mut BTreeMap<ClassSetKey, Stat>,
+) -> Result<BTreeSet<u32>> {
+    if gone.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    if per_cpu_at::<u64>(bpf, "FLUSHES", 0)?.iter().any(|g| g % 2 == 1) {
+        return Ok(BTreeSet::new());
+    }
+    let mut ready = gone.clone();
+    for i in 0..PENDING_SLOTS {
+        for p in per_cpu_at::<PendingStat>(bpf, "PENDING_STATS", i)? {
+            if p.stat.count > 0 {
+                ready.remove(&p.key.tgid);
+            }
+        }
+    }
+    let m = bpf.map_mut("STATS").ok_or_else(|| anyhow!("no STATS map"))?;
+    let mut map: PerCpuHashMap<_, ClassSetKey, Stat> = PerCpuHashMap::try_from(m)?;
+    let keys: Vec<ClassSetKey> =
+        map.keys().filter_map(|k| k.ok()).filter(|k| ready.contains(&k.tgid)).collect();
+    for k in keys {
+        if let Ok(values) = map.get(&k, 0) {
+            let sum = into.entry(k).or_insert(Stat::ZERO);
+            for v in values.iter() {
+                sum.merge(v);
+            }
+            let _ = map.remove(&k);
+        }
+    }
+    Ok(ready)
+}
+
 /// Takes the VMA descriptions the kernel wrote since the last call out of
 /// `VMAS` (see `VmaInfo`): a description is read once, and the map holds
 /// only what is new.
@@ -253,15 +295,20 @@ pub fn accounted(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId),
 }
 
 impl Snapshot {
-    /// Reads every map; `within`: see [`INTERVAL_READ_WITHIN`].
-    pub fn read(bpf: &Ebpf, within: Duration) -> Result<Snapshot> {
-        let Aggregates { sets, mappings, pending, torn } = Aggregates::read(bpf, within)?;
+    /// Reads every map; `within`: see [`INTERVAL_READ_WITHIN`]. `folded`:
+    /// counts taken out of `STATS` earlier (see [`fold`]), added back.
+    pub fn read(bpf: &Ebpf, within: Duration, folded: &BTreeMap<ClassSetKey, Stat>) -> Result<Snapshot> {
+        let Aggregates { mut sets, mappings, pending, torn } = Aggregates::read(bpf, within)?;
+        let stat_sets = sets.keys().copied().collect();
+        for (k, v) in folded {
+            sets.entry(*k).or_insert(Stat::ZERO).merge(v);
+        }
         Ok(Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),
             kinds: per_kind(&sets),
             accounted: accounted(&sets),
-            stat_sets: sets.into_keys().collect(),
+            stat_sets,
             mappings,
             sites: per_cpu_sums(bpf, "SITES", 0u64, |a, b| *a += *b)?,
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,

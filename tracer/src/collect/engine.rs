@@ -110,6 +110,10 @@ pub struct Recorder {
     /// of `task_struct.min_flt` and `maj_flt` in BTF), or why not: without
     /// them the count an exec or exit event carries is no count.
     flt_offsets: Result<(), String>,
+    /// `-a`: every process is counted, none is added.
+    pub system_wide: Option<SystemWide>,
+    /// `-a`: which processes the report lists.
+    pub bound: Option<super::select::Bound>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -124,7 +128,27 @@ pub struct Filters {
     pub comms: Vec<[u8; 16]>,
     /// An exec in a traced process starts a phase.
     pub exec_phase: bool,
+    /// Every process on the host (`-a`).
+    pub all: bool,
 }
+
+/// What a run over every process (`-a`) keeps beside the kernel's maps.
+#[derive(Default)]
+pub struct SystemWide {
+    /// Processes running at attach: counted from then on, so their kernel
+    /// check has no start (a pid leaves the set at its exit, and a process
+    /// given it later is new).
+    preexisting: BTreeSet<u32>,
+    /// Processes that exited and still have entries in `STATS`.
+    exited: BTreeSet<u32>,
+    /// The exited processes' counts, taken out of `STATS` (see
+    /// `collector::fold`) so that the map holds only those alive.
+    folded: BTreeMap<faultscope_common::maps::ClassSetKey, faultscope_common::Stat>,
+    next_fold: Option<Instant>,
+}
+
+/// How often exited processes' counts leave the kernel's map under `-a`.
+const FOLD_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
@@ -156,6 +180,7 @@ impl Recorder {
             cgroups: filters.cgroups.len() as u32,
             comms: filters.comms.len() as u32,
             exec_phase: filters.exec_phase,
+            system_wide: filters.all,
             mappings: !attrib.no_mappings,
             sites: !attrib.sites.0.is_empty(),
             stacks_counted: !attrib.stacks.0.is_empty(),
@@ -174,10 +199,12 @@ impl Recorder {
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
         let no_mappings = attrib.no_mappings;
         let tracepoint = session.attached(Program::PageFaultUser);
-        let attrib = Attribution::new(
-            attrib,
-            mappings_availability(fault_probe, tracepoint, &session.vma_offset, no_mappings),
-        );
+        let mappings = if filters.all {
+            Err("off under -a (a mapping is named from its process's maps)".to_string())
+        } else {
+            mappings_availability(fault_probe, tracepoint, &session.vma_offset, no_mappings)
+        };
+        let attrib = Attribution::new(attrib, mappings);
         // Before any target is added: no fault is counted before this.
         let latency = fault_probe.then(|| probe.latency.unwrap_or(LatencyTier::All));
         let mut config = vec![
@@ -192,6 +219,9 @@ impl Recorder {
         }
         match &attrib.mappings {
             _ if probe.quiet => {}
+            _ if filters.all => say(
+                "faultscope: every process (-a), from now: no fork or exec phases (marks only); per-mapping counts, sites and stacks off",
+            ),
             Err(why) => say(&format!("faultscope: per-mapping counts not measurable here: {why}")),
             Ok(()) if !fault_probe => say(&format!(
                 "faultscope: per-mapping counts in tracepoint mode: by the VMA the kernel finds at a user-mode fault's address, else (a kernel-mode fault, the mmap lock busy) by {} KiB address granules named from the maps snapshots (rows exact: false)",
@@ -229,7 +259,40 @@ impl Recorder {
             sizes,
             flt_offsets,
             torn_said: std::cell::Cell::new(false),
+            system_wide: filters
+                .all
+                .then(|| SystemWide { preexisting: target::running(), ..Default::default() }),
+            bound: None,
         })
+    }
+
+    /// Under `-a`, each process of `snap` without a name is named from
+    /// `/proc` (one that exited is named by its exit event).
+    pub fn name_processes(&mut self, snap: &Snapshot) {
+        if self.system_wide.is_none() {
+            return;
+        }
+        for pid in snap.pids() {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.comms.entry(pid) {
+                if let Some(c) = target::comm_of(pid) {
+                    e.insert(c);
+                }
+            }
+        }
+    }
+
+    /// Under `-a`, every `FOLD_EVERY`: the counts of the processes that
+    /// exited move out of the kernel's map (see `collector::fold`).
+    pub fn fold_exited(&mut self) -> Result<()> {
+        let Some(sw) = self.system_wide.as_mut() else { return Ok(()) };
+        let now = Instant::now();
+        if sw.next_fold.is_some_and(|t| now < t) {
+            return Ok(());
+        }
+        sw.next_fold = Some(now + FOLD_EVERY);
+        let folded = collector::fold(&mut self.session.bpf, &sw.exited, &mut sw.folded)?;
+        sw.exited.retain(|p| !folded.contains(p));
+        Ok(())
     }
 
     pub fn add(&mut self, pid: u32, flags: u32, comm: String) -> Result<()> {
@@ -252,6 +315,17 @@ impl Recorder {
             self.attrib.snapshot(pid, kernel::monotonic_ns(), "attach");
         }
         Ok(())
+    }
+
+    /// Forgets a process that is gone, its counts taken (serve).
+    pub fn forget(&mut self, pid: u32) {
+        self.live.remove(&pid);
+        self.comms.remove(&pid);
+        self.lifetimes.remove(&pid);
+        self.accounting.remove(&pid);
+        if let Some(sw) = self.system_wide.as_mut() {
+            sw.exited.remove(&pid);
+        }
     }
 
     /// Maps snapshots of every live traced process (at a phase change).
@@ -424,6 +498,17 @@ impl Recorder {
                 // The kernel took it out of the traced set at its exit (so
                 // that a new process with its pid is not counted as it).
                 k if k == LifeKind::Exit as u32 => {
+                    if let Some(sw) = self.system_wide.as_mut() {
+                        // Forked during the run: its count started at 0
+                        // there, and every fault of it was counted.
+                        if !sw.preexisting.remove(&e.tgid) {
+                            self.accounting.entry(e.tgid).or_insert_with(|| {
+                                KernelCount::new(Start::Exact(Default::default(), "its fork"))
+                            });
+                        }
+                        sw.exited.insert(e.tgid);
+                        self.comms.insert(e.tgid, comm.clone());
+                    }
                     let exited = self.session.take_exited(e.tgid);
                     if let Some(k) = self.accounting.get_mut(&e.tgid) {
                         at_exit(k, exited, &self.flt_offsets);
@@ -462,7 +547,9 @@ impl Recorder {
     }
 
     fn snapshot_within(&self, within: std::time::Duration) -> Result<Snapshot> {
-        let snap = Snapshot::read(&self.session.bpf, within)?;
+        let none = BTreeMap::new();
+        let folded = self.system_wide.as_ref().map_or(&none, |s| &s.folded);
+        let snap = Snapshot::read(&self.session.bpf, within, folded)?;
         if snap.torn && !self.torn_said.replace(true) {
             say(
                 "faultscope: the kernel kept flushing its per-CPU counts through a read: an interval's counts may \
@@ -477,6 +564,16 @@ impl Recorder {
     /// (the end of its kernel check).
     pub fn final_snapshot(&mut self) -> Result<Snapshot> {
         self.drain_events()?;
+        if let Some(sw) = &self.system_wide {
+            // Born during the run and still running: counted from its fork.
+            for pid in target::running() {
+                if !sw.preexisting.contains(&pid) && !self.accounting.contains_key(&pid) {
+                    self.accounting
+                        .insert(pid, KernelCount::new(Start::Exact(Default::default(), "its fork")));
+                    self.live.insert(pid);
+                }
+            }
+        }
         let live: Vec<u32> = self.live.iter().copied().collect();
         let before: Vec<_> = live.iter().map(|&p| accounting::process_flt(p)).collect();
         let snap = self.snapshot_within(collector::FINAL_READ_WITHIN)?;

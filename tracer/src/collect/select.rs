@@ -34,6 +34,12 @@ use crate::{
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct SelectOpts {
+    /// Trace every process on the host (as `perf stat -a`), from the
+    /// attach: one table of the processes that faulted most (--sort,
+    /// --top), the others summed; no fork or exec phases (marks only), no
+    /// per-mapping counts, sites or stacks.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
     /// Trace every process with this comm (at most 15 bytes, as the kernel
     /// keeps it): those running, and each program exec'd under it, from
     /// its exec (repeatable).
@@ -47,12 +53,12 @@ pub struct SelectOpts {
 
 impl SelectOpts {
     pub fn is_empty(&self) -> bool {
-        self.comm.is_empty() && self.cgroup.is_empty()
+        !self.all && self.comm.is_empty() && self.cgroup.is_empty()
     }
 
     /// The kernel's filters for these, or why one can never match.
     pub fn filters(&self) -> Result<Filters> {
-        let mut f = Filters::default();
+        let mut f = Filters { all: self.all, ..Filters::default() };
         for dir in &self.cgroup {
             f.cgroups.push(cgroup_id(dir)?);
         }
@@ -62,6 +68,17 @@ impl SelectOpts {
         Ok(f)
     }
 }
+
+/// Which processes a run over every process lists (the report, its
+/// intervals), and by what: the first `top` by `sort`, most first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub sort: crate::kernel::classes::ReportClass,
+    pub top: usize,
+}
+
+/// What `-a` lists without `--sort` and `--top`.
+pub const DEFAULT_BOUND: Bound = Bound { sort: crate::kernel::classes::ReportClass::Faults, top: 20 };
 
 /// How often running processes are looked for (a `/proc` scan).
 const SCAN_EVERY: Duration = Duration::from_secs(1);

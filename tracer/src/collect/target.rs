@@ -109,6 +109,13 @@ pub fn stat_of(pid: u32) -> Option<Stat> {
     Stat::parse(&fs::read(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// The processes in `/proc` now (tgids).
+pub fn running() -> std::collections::BTreeSet<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// Whether the process is gone: none of its threads can run user code any
 /// more (each is a zombie, dead, or exiting). A zombie main thread is not
 /// enough: after `pthread_exit` in `main` the other threads run on. Only a

@@ -77,6 +77,8 @@ pub struct Sizes {
     pub comms: u32,
     /// An exec in a traced process starts a phase (serve).
     pub exec_phase: bool,
+    /// Every process on the host is counted (`-a`).
+    pub system_wide: bool,
     /// Which attribution maps are used (the others get one entry: a per-CPU
     /// map preallocates every entry on every CPU).
     pub mappings: bool,

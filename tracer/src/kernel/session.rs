@@ -329,6 +329,8 @@ fn loader(
     l.override_global("EXIT_ONLY", &exit_only, true);
     let exec_phase = sizes.exec_phase as u32;
     l.override_global("EXEC_PHASE", &exec_phase, true);
+    let all = sizes.system_wide as u32;
+    l.override_global("TRACE_ALL", &all, true);
     if EBPF_OBJECT.is_empty() {
         anyhow::bail!("this faultscope was built without its eBPF object (the `ebpf` feature)");
     }

@@ -9,9 +9,9 @@ use faultscope_common::{hist, KernelClass, Origin, PhaseId, Stat};
 use super::{
     attribution::{attribution, Namer},
     schema::{
-        Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Interval, IntervalProcess,
-        KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins, Phase, ProbeStatus, Process,
-        RawLatency, Report, SCHEMA,
+        sum_classes, Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Interval,
+        IntervalOthers, IntervalProcess, KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins,
+        OtherProcesses, Phase, ProbeStatus, Process, RawLatency, Report, SystemWide, SCHEMA,
     },
 };
 use crate::{
@@ -20,6 +20,7 @@ use crate::{
         attribution::attributable_here,
         collector::{latency, raw_latency, Snapshot},
         phases::{Lifetime, Timeline},
+        select::Bound,
     },
     kernel::{
         classes::{Availability, ReportClass},
@@ -52,6 +53,8 @@ pub struct Context<'a> {
     pub now_ns: u64,
     /// Which faults are timed (none known in tracepoint mode).
     pub latency: Option<LatencyTier>,
+    /// `-a`: the processes listed, the first `top` by `sort`.
+    pub bound: Option<Bound>,
 }
 
 /// The mode in one word: kprobes when the fault path is probed, else the
@@ -321,7 +324,11 @@ impl PhaseIndex {
 pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
     let index = PhaseIndex::new(ctx.timeline);
     let all = ctx.timeline.phases();
-    let processes = pids(snap, ctx)
+    let (listed, system_wide) = match ctx.bound {
+        Some(b) => bounded(snap, ctx, b),
+        None => (pids(snap, ctx), None),
+    };
+    let processes = listed
         .into_iter()
         .map(|tgid| Process {
             pid: tgid,
@@ -376,6 +383,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             .collect(),
         drops: ctx.drops.clone(),
         processes,
+        system_wide,
         availability: ctx
             .availability
             .iter()
@@ -426,7 +434,7 @@ fn timed_in(
 /// One interval of the time series: what each process did in it (the
 /// measured classes), in the phase that was current at its end.
 pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval {
-    let processes = delta
+    let mut processes: Vec<IntervalProcess> = delta
         .pids()
         .into_iter()
         .map(|pid| IntervalProcess {
@@ -445,11 +453,37 @@ pub fn interval(delta: &Snapshot, ctx: &Context<'_>, elapsed_s: f64) -> Interval
                 .collect(),
         })
         .collect();
+    let others = ctx.bound.map(|b| {
+        let key = |p: &IntervalProcess| p.counts.get(&b.sort).copied().unwrap_or(0);
+        processes.sort_by(|x, y| key(y).cmp(&key(x)).then(x.pid.cmp(&y.pid)));
+        let rest = processes.split_off(b.top.min(processes.len()));
+        let mut o = IntervalOthers { processes: rest.len() as u64, ..Default::default() };
+        for p in &rest {
+            for (m, n) in &p.counts {
+                *o.counts.entry(*m).or_insert(0) += n;
+            }
+        }
+        o
+    });
     let ids: std::collections::BTreeSet<PhaseId> =
         delta.pids().into_iter().flat_map(|pid| delta.phases_of(pid)).collect();
     let phases =
         ctx.timeline.phases().iter().filter(|p| ids.contains(&p.id)).map(|p| p.name.clone()).collect();
-    Interval { t_s: elapsed_s, phase: ctx.timeline.current().name.clone(), phases, processes }
+    Interval { t_s: elapsed_s, phase: ctx.timeline.current().name.clone(), phases, processes, others }
+}
+
+/// Under `-a`: the processes that faulted, the first `b.top` by `b.sort`
+/// (ties by pid) to list, and the others summed.
+fn bounded(snap: &Snapshot, ctx: &Context<'_>, b: Bound) -> (Vec<u32>, Option<SystemWide>) {
+    let key = |pid: u32| classes(snap, pid, None, ctx).get(&b.sort).and_then(ClassValue::count).unwrap_or(0);
+    let mut ranked: Vec<(u64, u32)> = snap.pids().into_iter().map(|p| (key(p), p)).collect();
+    ranked.sort_by(|x, y| y.0.cmp(&x.0).then(x.1.cmp(&y.1)));
+    let faulted = ranked.len() as u64;
+    let rest = ranked.split_off(b.top.min(ranked.len()));
+    let others: Vec<Classes> = rest.iter().map(|(_, p)| classes(snap, *p, None, ctx)).collect();
+    let other = OtherProcesses { processes: rest.len() as u64, classes: sum_classes(&others) };
+    let sw = SystemWide { sort: b.sort, top: b.top as u64, faulted, other };
+    (ranked.into_iter().map(|(_, p)| p).collect(), Some(sw))
 }
 
 /// Processes to show: those with counts, plus traced ones without any.
@@ -528,6 +562,7 @@ mod tests {
             duration_ns: 1,
             timeline: &timeline,
             namer: None,
+            bound: None,
             now_ns: 0,
             latency: Some(LatencyTier::All),
         };
@@ -562,6 +597,62 @@ mod tests {
         assert_eq!(back, r);
     }
 
+    /// `-a`: the first `top` by the sort class are listed (ties by pid),
+    /// the others summed, in the report and in each interval; a process
+    /// known by name but without faults is not a row.
+    #[test]
+    fn every_process_is_bounded_to_the_top_and_the_others_summed() {
+        let avail = vec![(
+            ReportClass::Faults,
+            Availability::Measured { class: KernelClass::TpFaults, timed: false, source: "t" },
+        )];
+        let mut stats = BTreeMap::new();
+        for (tgid, n) in [(7u32, 5u64), (8, 50), (9, 5), (10, 1)] {
+            let mut s = Stat::ZERO;
+            for _ in 0..n {
+                s.record(None);
+            }
+            stats.insert(
+                StatKey { tgid, phase: 0, class: KernelClass::TpFaults as u16, ..Default::default() },
+                s,
+            );
+        }
+        let snap = Snapshot { stats, ..Snapshot::default() };
+        let comms: BTreeMap<u32, String> = [(11, "idle".to_string())].into();
+        let (timeline, lifetimes, accounting) = (Timeline::new(0, 0), BTreeMap::new(), BTreeMap::new());
+        let ctx = Context {
+            kernel: "6.18".into(),
+            arch: "x86_64",
+            availability: &avail,
+            probes: &[],
+            comms: &comms,
+            lifetimes: &lifetimes,
+            accounting: &accounting,
+            kernel_exceptions: false,
+            drops: Drops::default(),
+            duration_ns: 1,
+            timeline: &timeline,
+            namer: None,
+            bound: Some(Bound { sort: ReportClass::Faults, top: 2 }),
+            now_ns: 0,
+            latency: None,
+        };
+        let r = build(&snap, &ctx);
+        let listed: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(listed, [8, 7]);
+        let sw = r.system_wide.as_ref().unwrap();
+        assert_eq!((sw.faulted, sw.other.processes), (4, 2));
+        assert_eq!(sw.other.classes[&ReportClass::Faults].count(), Some(6));
+        let iv = interval(&snap, &ctx, 1.0);
+        assert_eq!(iv.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [8, 7]);
+        let o = iv.others.unwrap();
+        assert_eq!((o.processes, o.counts[&ReportClass::Faults]), (2, 6));
+        let text = crate::report::text::to_text(&r);
+        assert!(text.contains("EVERY PROCESS: 4 faulted; the 2 with the most faults listed"), "{text}");
+        assert!(text.contains("(2 others)"), "{text}");
+        assert!(text.contains("ALL (4 processes) whole run"), "{text}");
+    }
+
     /// A tracepoint-mode context whose process 42 ran from its exec to its
     /// exit with the kernel's count `kernel`, and `drops`.
     fn tracepoint_check(exceptions: u64, kernel: u64, drops: Drops) -> KernelCheck {
@@ -593,6 +684,7 @@ mod tests {
             duration_ns: 1,
             timeline: &timeline,
             namer: None,
+            bound: None,
             now_ns: 0,
             latency: Some(LatencyTier::All),
         };

@@ -8,7 +8,7 @@
 
 use std::{fmt::Write as _, io::IsTerminal as _, path::Path};
 
-use super::schema::Report;
+use super::schema::{ClassValue, Report, SystemWide};
 use crate::{
     kernel::classes::{Availability, ReportClass},
     term::safe,
@@ -172,6 +172,36 @@ pub fn frame(
         let _ = writeln!(out, "{}{}", r.lead(), r.cells());
     }
     out.push_str(footer);
+    out
+}
+
+/// The compact columns of a report: those of the classes measured in it.
+pub fn report_columns(r: &Report) -> Vec<Column> {
+    COMPACT
+        .iter()
+        .copied()
+        .filter(|(_, m)| !r.availability.contains_key(m))
+        .take((WIDTH - LEAD) / CELL)
+        .collect()
+}
+
+/// The processes of a report over every process (`-a`), a row each in
+/// its order, then the others summed on one row.
+pub fn system_wide_table(r: &Report, sw: &SystemWide) -> String {
+    let cols = report_columns(r);
+    let mut out = format!("{:>7} {:<15}", "PID", "COMM");
+    for (h, _) in &cols {
+        let _ = write!(out, " {h:>7}");
+    }
+    out.push('\n');
+    let mut rows = rows(r, &cols, Order { sort: Some(sw.sort), top: None });
+    if sw.other.processes > 0 {
+        let counts = cols.iter().map(|(_, m)| sw.other.classes.get(m).and_then(ClassValue::count)).collect();
+        rows.push(Row { pid: None, comm: format!("({} others)", sw.other.processes), counts, key: 0 });
+    }
+    for r in rows {
+        let _ = writeln!(out, "{}{}", r.lead(), r.cells());
+    }
     out
 }
 

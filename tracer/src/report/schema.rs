@@ -46,6 +46,10 @@ pub struct Report {
     /// Things the kernel side could not record (never silently lost).
     pub drops: Drops,
     pub processes: Vec<Process>,
+    /// A run over every process (`-a`): `processes` are the first `top` by
+    /// `sort`; the others are summed in `other`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_wide: Option<SystemWide>,
     /// Why the run ended (record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<String>,
@@ -188,6 +192,27 @@ pub struct Process {
     /// faults over the run (`min_flt` + `maj_flt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_check: Option<KernelCheck>,
+}
+
+/// How a run over every process is bounded.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SystemWide {
+    /// The class the processes are ranked by (most first; ties by pid).
+    pub sort: ReportClass,
+    /// The most processes listed in `processes`.
+    pub top: u64,
+    /// The processes that faulted in the run, listed or not.
+    pub faulted: u64,
+    /// Those not listed, summed (counts, no latency).
+    pub other: OtherProcesses,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OtherProcesses {
+    pub processes: u64,
+    pub classes: Classes,
 }
 
 /// The kernel check of one process: the faults `mm_account_fault()`
@@ -530,6 +555,17 @@ pub struct Interval {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<String>,
     pub processes: Vec<IntervalProcess>,
+    /// Under `-a`: the processes past the report's `top` in this interval
+    /// (by its `sort`), summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub others: Option<IntervalOthers>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IntervalOthers {
+    pub processes: u64,
+    pub counts: BTreeMap<ReportClass, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

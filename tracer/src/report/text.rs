@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use super::schema::{sum_classes, CheckResult, ClassValue, Classes, KernelCheck, Mode, Report};
+use super::schema::{sum_classes, CheckResult, ClassValue, Classes, KernelCheck, Mode, Report, SystemWide};
 use crate::{
     kernel::latency::{LatencyTier, LatencyWindow},
     term::safe,
@@ -161,7 +161,10 @@ fn digits_as_hash(line: &str) -> String {
 pub fn to_text(r: &Report) -> String {
     let mut out = String::new();
     let cols = Columns::of(r);
-    for p in &r.processes {
+    if let Some(sw) = &r.system_wide {
+        system_wide(&mut out, r, sw);
+    }
+    for p in r.processes.iter().filter(|_| r.system_wide.is_none()) {
         let t0 = p.phases.first().map(|p| p.start_ns).unwrap_or(0);
         let comm = if p.comm.is_empty() { "?".to_string() } else { safe(&p.comm) };
         // Every phase, once the process has more than one: a phase with
@@ -319,8 +322,46 @@ fn spurious_note(out: &mut String, r: &Report) {
     let _ = writeln!(out, "spurious: on this machine only lost races, no stale-TLB faults: {why}");
 }
 
-/// With several processes: their sum, and each comm's that has several.
+/// A run over every process: one row per listed process, the others
+/// summed, and what the kernel check of those born in the run found.
+fn system_wide(out: &mut String, r: &Report, sw: &SystemWide) {
+    let _ = writeln!(
+        out,
+        "EVERY PROCESS: {} faulted; the {} with the most {} listed",
+        count(sw.faulted),
+        count(r.processes.len() as u64),
+        sw.sort
+    );
+    out.push_str(&super::live::system_wide_table(r, sw));
+    let checks: Vec<(u32, &KernelCheck)> =
+        r.processes.iter().filter_map(|p| Some((p.pid, p.kernel_check.as_ref()?))).collect();
+    let differ: Vec<String> = checks
+        .iter()
+        .filter(|(_, k)| k.result == CheckResult::Differs)
+        .map(|(pid, k)| format!("pid {pid}: {}", check_line(k)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  kernel check (listed processes born in the run): {} checked, {} differ",
+        checks.len(),
+        differ.len()
+    );
+    for d in differ {
+        let _ = writeln!(out, "    {}", safe(&d));
+    }
+}
+
+/// With several processes: their sum, and each comm's that has several
+/// (under `-a`: the sum of every process, listed or not).
 fn totals(out: &mut String, r: &Report) {
+    if let Some(sw) = &r.system_wide {
+        let all: Vec<&Classes> =
+            r.processes.iter().map(|p| &p.classes).chain(std::iter::once(&sw.other.classes)).collect();
+        let _ = writeln!(out, "ALL ({} processes) whole run", count(sw.faulted));
+        header(out, Columns::of(r));
+        class_rows(out, &sum_classes(all), false, &r.arch, Columns::of(r));
+        return;
+    }
     if r.processes.len() < 2 {
         return;
     }

@@ -9,6 +9,15 @@ fn bad_input_is_refused_with_one_line() {
     let _t = host_test();
     assert_refused(&faultscope(&["record", "-p", "4194303"]), "no process with pid 4194303");
     assert_refused(&faultscope(&["record"]), "nothing to trace");
+    for (args, what) in [
+        (&["record", "-a", "-p", "1"][..], "-p"),
+        (&["record", "-a", "--comm", "x"], "--comm or --cgroup"),
+        (&["record", "-a", "--", "true"], "command"),
+        (&["record", "-a", "--stacks", "copy"], "--stacks"),
+        (&["serve", "-a", "-p", "1"], "-p"),
+    ] {
+        assert_refused(&faultscope(args), &format!("-a traces every process; it takes no {what}"));
+    }
     assert_refused(&faultscope(&["record", "--", "/nonexistent/cmd"]), "command not found");
     assert_refused(
         &faultscope(&["record", "--json", "/nonexistent/dir/r.json", "-p", "1"]),

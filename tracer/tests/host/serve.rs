@@ -509,6 +509,27 @@ fn serve_comm_counts_a_process_shorter_than_a_tick_from_its_exec() {
     assert!(err.matches("(fs-shortlived)").count() >= 2, "{err}");
 }
 
+/// `serve -a`: every process, however short, is counted from its fork
+/// (its own getrusage at its end bounds it from below), under the comm
+/// it exits with; its entries leave the kernel's map once it is gone.
+#[test]
+fn serve_all_counts_every_process_from_its_fork() {
+    let _t = host_test();
+    let port = 9879;
+    let dir = tmp();
+    let exe = dir.path().join("fs-allhost");
+    std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
+    let served = Served::start(&["-a", "--port", &port.to_string(), "--tick", "1"]);
+    wait_serving(port);
+    let runs: Vec<(u64, u64)> = (0..3).map(|_| short_python(&exe)).collect();
+    sleep(Duration::from_millis(2500));
+    let text = scrape(port);
+    let counted = faults_with(&text, "comm=\"fs-allhost\"");
+    let whole: u64 = runs.iter().map(|r| r.1).sum();
+    assert!(counted >= whole && counted <= whole + 3 * TOLERANCE, "{counted} counted; runs {runs:?}\n{text}");
+    served.stop();
+}
+
 /// `serve --cgroup`: a cgroup removed and created again (a service
 /// restart) is a new id; serve says so and counts the processes of the new
 /// one.

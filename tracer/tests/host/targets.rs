@@ -210,3 +210,70 @@ fn a_kernel_thread_or_a_zombie_is_refused_by_pid() {
     assert_refused(&faultscope(&["serve", "-p", &pid.to_string(), "--port", "0"]), &want);
     z.wait().unwrap();
 }
+
+/// `record -a` during a parallel "build" (four workloads at once, each
+/// forking a child, beside a hundred short processes): each workload's
+/// count is its own getrusage (minflt + majflt, read by itself at its end),
+/// the table lists at most `--top` processes and sums the others, and the
+/// sum of the listed and the others is every fault counted.
+#[test]
+fn every_process_is_counted_and_the_table_bounded() {
+    let _t = host_test();
+    let d = tmp();
+    let json = d.path().join("r.json");
+    let rec = record_with(&["-a", "--top", "6", "--duration", "300"], &json);
+    wait_attached(&rec);
+    let mut jobs: Vec<(std::process::Child, PathBuf)> = (0..4)
+        .map(|i| {
+            let out = d.path().join(format!("wl{i}.json"));
+            let child = Command::new(workload())
+                .args(["--size", "16M", "--thp", "never", "--child", "exit", "--out"])
+                .arg(&out)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap();
+            (child, out)
+        })
+        .collect();
+    for _ in 0..100 {
+        assert!(Command::new("/bin/true").status().unwrap().success());
+    }
+    let wl: Vec<(u32, Value)> = jobs
+        .iter_mut()
+        .map(|(c, out)| {
+            assert!(c.wait().unwrap().success());
+            (c.id(), read_json(out))
+        })
+        .collect();
+    // The last exits reach the kernel's maps within a tick.
+    sleep(Duration::from_millis(500));
+    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    let out = rec.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report = read_report(&json);
+    assert_eq!(report.drops.nonzero().count(), 0, "{:?}", report.drops);
+    let sw = report.system_wide.as_ref().expect("a report over every process");
+    assert!(report.processes.len() <= 6, "{} listed", report.processes.len());
+    // The workloads, their children and the short processes faulted.
+    assert!(sw.faulted >= 4 + 4 + 100, "{sw:?}");
+    assert_eq!(sw.other.processes, sw.faulted - report.processes.len() as u64, "{sw:?}");
+    for (pid, w) in &wl {
+        let rusage = w["minflt_total"].as_u64().unwrap() + w["majflt_total"].as_u64().unwrap();
+        // 16 MiB written twice: each workload is among the most faulting.
+        let p = report.processes.iter().find(|p| p.pid == *pid).unwrap_or_else(|| {
+            panic!("workload {pid} ({rusage} faults) not listed: {:#?}", report.processes)
+        });
+        let n = count(p, ReportClass::Faults);
+        // After its getrusage it writes its report and exits.
+        assert!(n >= rusage && n <= rusage + TOLERANCE, "pid {pid}: faultscope {n}, getrusage {rusage}");
+        assert_eq!(p.comm, "fs-workload", "{p:#?}");
+        // Born in the run: checked against the kernel's own count too.
+        let k = p.kernel_check.as_ref().unwrap_or_else(|| panic!("pid {pid} not checked: {p:#?}"));
+        assert_ne!(k.result, faultscope::report::schema::CheckResult::Differs, "{k:#?}");
+    }
+    // The short processes are past the top: summed in the others, each
+    // with the faults of its exec at least.
+    let others = sw.other.classes[&ReportClass::Faults].count().unwrap();
+    assert!(others >= 100 * 10, "the short processes' faults are in the others: {others}");
+}

@@ -93,6 +93,10 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
                 }
             }
         }
+        // Under -a, the processes past the top are summed.
+        for (m, c) in i.others.iter().flat_map(|o| &o.counts) {
+            *sums.entry(*m).or_default() += c;
+        }
         for (m, c) in sums {
             let rate = if dt > 0.0 { c as f64 / dt } else { 0.0 };
             out.rates.entry(m).or_default().push((prev, i.t_s, rate));
@@ -652,6 +656,7 @@ mod tests {
                     t_s: t,
                     phase: "x".into(),
                     phases: Vec::new(),
+                    others: None,
                     processes: vec![IntervalProcess {
                         pid: 7,
                         counts: [
