@@ -184,34 +184,15 @@ pub struct OpenFault {
     pub fault: crate::ThreadFault,
 }
 
-/// Indices of the `PHASE` array (u64 values: BPF has 64-bit atomics only).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PhaseCounter {
-    /// The count of lifecycle changes (forks, child exits and execs of
-    /// traced processes), bumped by the kernel.
-    Lifecycle = 0,
-    /// The count of marks, written only by user space.
-    Marks = 1,
-}
-
-impl PhaseCounter {
-    pub const COUNT: usize = 2;
-    pub const ALL: [PhaseCounter; PhaseCounter::COUNT] = [PhaseCounter::Lifecycle, PhaseCounter::Marks];
-
-    /// The array index.
-    #[inline(always)]
-    pub const fn index(self) -> u32 {
-        self as u32
-    }
-}
-
-/// The phase a fault is accounted to: both counters only grow, so their sum
-/// names each phase of the run uniquely, and neither side ever has to
-/// read-modify-write the other's counter.
+/// The phase a fault is accounted to: the count of phase changes (forks,
+/// child exits and execs of traced processes, marks) when it was counted.
+/// Every change adds 1 atomically and takes the sum as its id, the kernel
+/// (`bump_phase`) and user space (a mark, through the `PHASE` array mapped
+/// into its memory) alike, so each change has its own id, ordered as the
+/// changes were, and each fault the id of the last change before it.
 #[inline(always)]
-pub const fn phase_id(lifecycle: u32, marks: u32) -> PhaseId {
-    lifecycle.wrapping_add(marks)
+pub const fn phase_id(changes: u64) -> PhaseId {
+    changes as PhaseId
 }
 
 /// Process lifecycle events, sent to user space through a ring buffer. These
@@ -445,9 +426,6 @@ mod tests {
         for (i, c) in Config::ALL.iter().enumerate() {
             assert_eq!(c.index() as usize, i);
         }
-        for (i, p) in PhaseCounter::ALL.iter().enumerate() {
-            assert_eq!(p.index() as usize, i);
-        }
     }
 
     #[test]
@@ -485,6 +463,6 @@ mod tests {
         let b = StatKey::new(1, 3, 0);
         assert_ne!(a, b);
         assert_eq!(a.phase, 65_539);
-        assert_eq!(phase_id(65_535, 1), 65_536);
+        assert_eq!(phase_id(65_536), 65_536);
     }
 }

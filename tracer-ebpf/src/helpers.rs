@@ -20,8 +20,8 @@ use faultscope_common::{
     class::ClassSet,
     fault::{SEEN_EXC, SEEN_IN_FAULT},
     maps::{
-        phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseCounter, PhaseId, TargetInfo,
-        UntracedNote, ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
+        phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseId, TargetInfo, UntracedNote,
+        ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
     pending::{self, PendingStat, Slot},
     ThreadFault,
@@ -307,27 +307,30 @@ pub fn counted_target(tgid: u32) -> Option<TargetInfo> {
     Some(*t)
 }
 
-#[inline(always)]
-fn phase_counter(c: PhaseCounter) -> u32 {
-    PHASE.get(c.index()).copied().unwrap_or(0) as u32
-}
-
 /// The current phase (see `phase_id`).
 #[inline(always)]
 pub fn current_phase() -> PhaseId {
-    phase_id(phase_counter(PhaseCounter::Lifecycle), phase_counter(PhaseCounter::Marks))
+    phase_id(PHASE.get(0).copied().unwrap_or(0))
 }
 
-/// Starts a new phase on a lifecycle change; returns its id.
+/// Starts a new phase on a lifecycle change; returns its id: the count
+/// this change made (an atomic fetch-and-add), never another change's.
 #[inline(always)]
 pub fn bump_phase() -> PhaseId {
-    if let Some(p) = PHASE.get_ptr_mut(PhaseCounter::Lifecycle.index()) {
-        // Two changes on two CPUs at once may read the same new value; the
-        // phase is then shared, never lost.
-        atomic_add(p, 1);
-        return current_phase();
+    match PHASE.get_ptr_mut(0) {
+        Some(p) => phase_id(fetch_add(p, 1) + 1),
+        None => 0,
     }
-    0
+}
+
+/// `*p += v`, atomically, returning the value before (BPF_FETCH, 5.12+).
+#[inline(always)]
+pub fn fetch_add(p: *mut u64, v: u64) -> u64 {
+    let mut v = v;
+    unsafe {
+        core::arch::asm!("{v} = atomic_fetch_add((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v)
+    };
+    v
 }
 
 /// `ns` for classes that are only counted.
@@ -458,11 +461,7 @@ pub fn targets_epoch() -> u32 {
 fn targets_epoch_acquire() -> u32 {
     #[cfg(bpf_target_arch = "aarch64")]
     if let Some(p) = TARGETS_EPOCH.get_ptr_mut(0) {
-        let mut v: u64 = 0;
-        unsafe {
-            core::arch::asm!("{v} = atomic_fetch_add((u64 *)({p} + 0), {v})", p = in(reg) p, v = inout(reg) v)
-        };
-        return (v as u32).wrapping_add(1).max(1);
+        return (fetch_add(p, 0) as u32).wrapping_add(1).max(1);
     }
     targets_epoch()
 }

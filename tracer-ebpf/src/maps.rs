@@ -6,17 +6,17 @@
 use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
-    bindings::{bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE},
+    bindings::{
+        bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC,
+        BPF_LOCAL_STORAGE_GET_F_CREATE,
+    },
     helpers::generated::{bpf_get_current_task_btf, bpf_task_storage_get},
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
 };
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
-    maps::{
-        ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, PhaseCounter, Stat, TargetInfo,
-        UntracedNote,
-    },
+    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, Stat, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, PENDING_SLOTS},
     ThreadFault,
 };
@@ -125,10 +125,11 @@ pub static FLUSHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static ZERO: PerCpuArray<Stat> = PerCpuArray::with_max_entries(1, 0);
 
-/// Phase counters (`PhaseCounter`): `Lifecycle` bumped here on forks and
-/// child exits/execs of traced processes, `Marks` written by user space.
+/// The count of phase changes (see `phase_id`): one u64, added to
+/// atomically by the programs that start a phase and by user space's marks
+/// (it maps the array into its memory: `BPF_F_MMAPABLE`).
 #[map]
-pub static PHASE: Array<u64> = Array::with_max_entries(PhaseCounter::COUNT as u32, 0);
+pub static PHASE: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Children of traced processes that still share their memory (forked, not
 /// yet exited or exec'd): child pid -> parent tgid.

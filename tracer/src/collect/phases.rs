@@ -152,20 +152,30 @@ impl Timeline {
         };
     }
 
+    /// Adds phase `id`, in the order of the ids: they only grow with time
+    /// in the kernel, but a lifecycle event is read from its ring after the
+    /// kernel switched, so a mark taken meanwhile may be here first. A phase
+    /// that comes late goes before the later ones, which keep their own
+    /// start; it ends where the next one starts.
     fn push(&mut self, id: PhaseId, ts: u64, kind: PhaseKind, name: String) {
-        if let Some(last) = self.phases.last_mut() {
-            if last.end_ns.is_none() {
-                last.end_ns = Some(ts);
+        let at = self.phases.partition_point(|p| p.id <= id || p.id.wrapping_sub(id) > PhaseId::MAX / 2);
+        let phase = Phase { id, name, kind, start_ns: ts, end_ns: None, children_alive: self.alive.len() };
+        if at == self.phases.len() {
+            if let Some(last) = self.phases.last_mut() {
+                if last.end_ns.is_none() {
+                    last.end_ns = Some(ts);
+                }
             }
+            self.phases.push(phase);
+            return;
         }
-        self.phases.push(Phase {
-            id,
-            name,
-            kind,
-            start_ns: ts,
-            end_ns: None,
-            children_alive: self.alive.len(),
-        });
+        let next = &self.phases[at];
+        let phase = Phase { start_ns: ts.min(next.start_ns), end_ns: Some(next.start_ns), ..phase };
+        if at > 0 {
+            let prev = &mut self.phases[at - 1];
+            prev.end_ns = Some(phase.start_ns.max(prev.start_ns));
+        }
+        self.phases.insert(at, phase);
     }
 
     /// Traced process `parent` forked `child`; phase `id` starts. Forks are
@@ -575,5 +585,23 @@ mod tests {
         assert_eq!(names(&t), ["before-fork", "mark:populate", "fork#1 child-alive", "mark:write"]);
         assert_eq!(t.phases()[3].children_alive, 1);
         assert_eq!(t.current().id, 10);
+    }
+
+    /// A fork's event is read from the ring after a mark that came after
+    /// the fork in the kernel (a higher id): the fork's phase goes before
+    /// the mark's, and neither is lost.
+    #[test]
+    fn a_lifecycle_event_read_after_a_later_mark_goes_before_it() {
+        let mut t = Timeline::new(0, 0);
+        t.mark(2, 70, "x");
+        t.fork(1, 60, 5, 50);
+        assert_eq!(names(&t), ["before-fork", "fork#1 child-alive", "mark:x"]);
+        let p = t.phases();
+        assert_eq!((p[0].end_ns, p[1].start_ns, p[1].end_ns, p[2].start_ns), (Some(60), 60, Some(70), 70));
+        assert_eq!(t.current().id, 2);
+        // What comes next goes after the mark, as ever.
+        t.child_gone(3, 80, 50, false);
+        assert_eq!(t.current().name, "fork#1 after-child-exit");
+        assert_eq!(t.phases()[2].end_ns, Some(80));
     }
 }

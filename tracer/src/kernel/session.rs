@@ -13,7 +13,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, Config, ConfigValues, Drop, FltCount, PhaseCounter, PhaseId, TargetInfo},
+    maps::{phase_id, Config, ConfigValues, Drop, FltCount, PhaseId, TargetInfo},
     Program,
 };
 use schemars::JsonSchema;
@@ -84,6 +84,60 @@ pub struct Session {
     /// Held while the kernel accounts each program's runs (bpf_stats);
     /// closing it ends the accounting.
     stats: Option<std::os::fd::OwnedFd>,
+    /// `PHASE` in this process's memory (mapped at the attach, so that a
+    /// mark makes no system call).
+    phase: PhaseCount,
+}
+
+/// The kernel's count of phase changes (the `PHASE` array, created
+/// `BPF_F_MMAPABLE`) mapped into this process: a mark adds to it with the
+/// same atomic read-modify-write the programs use.
+struct PhaseCount {
+    /// The mapping's address (a `usize`, so that the session stays `Send`).
+    addr: usize,
+    len: usize,
+}
+
+impl PhaseCount {
+    fn map(bpf: &Ebpf) -> Result<PhaseCount> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let Some(aya::maps::Map::Array(data)) = bpf.map("PHASE") else {
+            anyhow::bail!("no PHASE array");
+        };
+        // SAFETY: sysconf has no preconditions.
+        let len = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        // SAFETY: a shared mapping of the map's first page, which holds its
+        // one u64; unmapped on drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                data.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(anyhow!("mapping the kernel's phase count: {}", std::io::Error::last_os_error()));
+        }
+        Ok(PhaseCount { addr: p as usize, len })
+    }
+
+    /// Adds 1; the id of the phase this starts.
+    fn bump(&self) -> PhaseId {
+        // SAFETY: the mapping lives as long as `self`; the u64 is aligned
+        // (the map's value area starts the page).
+        let count = unsafe { std::sync::atomic::AtomicU64::from_ptr(self.addr as *mut u64) };
+        phase_id(count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+    }
+}
+
+impl std::ops::Drop for PhaseCount {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `map`, unmapped once.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
 }
 
 /// The tracepoint fields the programs read: (category, name, field, the
@@ -477,7 +531,8 @@ impl Session {
             }
             status.push(st);
         }
-        Ok(Session { bpf, status, vma_offset, _logger: logger, stats: None })
+        let phase = PhaseCount::map(&bpf)?;
+        Ok(Session { bpf, status, vma_offset, _logger: logger, stats: None, phase })
     }
 
     /// Turns on the kernel's accounting of program run time and count
@@ -695,33 +750,24 @@ impl Session {
         Ok(out)
     }
 
-    fn phase_counters(&self) -> Result<(u32, u32)> {
-        let m = self.bpf.map("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
-        let a: Array<_, u64> = Array::try_from(m)?;
-        Ok((
-            a.get(&PhaseCounter::Lifecycle.index(), 0)? as u32,
-            a.get(&PhaseCounter::Marks.index(), 0)? as u32,
-        ))
-    }
-
     /// The phase faults are accounted to now.
     pub fn current_phase(&self) -> Result<PhaseId> {
-        let (l, m) = self.phase_counters()?;
-        Ok(phase_id(l, m))
+        let m = self.bpf.map("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
+        let a: Array<_, u64> = Array::try_from(m)?;
+        Ok(phase_id(a.get(&0, 0)?))
     }
 
-    /// Starts a new phase (a mark) and returns its id. Only user space
-    /// writes the marks counter, so a plain write is race-free.
+    /// Starts a new phase (a mark) and returns its id: the count of phase
+    /// changes it made, added to atomically in the kernel's own memory (as
+    /// a fork's program adds to it), so that a fork on another CPU at the
+    /// same moment takes the id before or after, never the same.
     /// `then` runs right after the switch, before anything else can touch
     /// memory: it is where the tracefs marker goes, so that a trace split on
     /// markers splits exactly where the kernel switched phase.
     pub fn mark(&mut self, then: impl FnOnce()) -> Result<PhaseId> {
-        let (_, marks) = self.phase_counters()?;
-        let m = self.bpf.map_mut("PHASE").ok_or_else(|| anyhow!("no PHASE map"))?;
-        let mut a: Array<_, u64> = Array::try_from(m)?;
-        a.set(PhaseCounter::Marks.index(), marks.wrapping_add(1) as u64, 0)?;
+        let id = self.phase.bump();
         then();
-        self.current_phase()
+        Ok(id)
     }
 
     pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {

@@ -259,6 +259,49 @@ fn marks_from_the_command_line_and_signals() {
     assert_refused(&faultscope(&["mark", "x"]), "no faultscope record is running");
 }
 
+/// Marks taken while the traced process forks as fast as it can (a phase
+/// each fork and each child's exit): every mark is a phase of the report,
+/// the phases are in the order of their ids, and every fault is in one of
+/// them (the phases add up to the whole run).
+#[test]
+fn marks_are_never_lost_among_forks() {
+    let _t = host_test();
+    let d = tmp();
+    let fs = d.path().join("fs.json");
+    let script = "import os,time\nt=time.time()+2\nwhile time.time()<t:\n  b=bytearray(8*4096)\n  \
+for j in range(0,len(b),4096): b[j]=1\n  p=os.fork()\n  if p==0: os._exit(0)\n  os.waitpid(p,0)\n";
+    let tracer = Command::new(BIN)
+        .args(["record", "--mark-on-signal", "USR1", "--json", fs.to_str().unwrap(), "--"])
+        .args(["/usr/bin/python3", "-c", script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_attached(&tracer);
+    for _ in 0..40 {
+        unsafe { libc::kill(tracer.id() as i32, libc::SIGUSR1) };
+        sleep(Duration::from_millis(25));
+    }
+    let out = tracer.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let marked: Vec<&str> = stderr.lines().filter_map(|l| l.strip_prefix("faultscope: phase ")).collect();
+    assert!(marked.len() >= 10, "{stderr}");
+    let r = read_report(&fs);
+    let p = &r.processes[0];
+    let names: Vec<&str> = p.phases.iter().map(|x| x.name.as_str()).collect();
+    for m in &marked {
+        assert!(names.contains(m), "{m} lost: {names:?}");
+    }
+    assert!(
+        p.phases.windows(2).all(|w| w[0].id < w[1].id),
+        "{:?}",
+        p.phases.iter().map(|x| x.id).collect::<Vec<_>>()
+    );
+    let in_phases: u64 = p.phases.iter().map(|ph| phase_count(ph, ReportClass::Faults)).sum();
+    assert_eq!(in_phases, count(p, ReportClass::Faults), "faults outside every phase");
+}
+
 // ---- lifecycle hardening ----
 
 /// The faultscope these tests run: `FAULTSCOPE_HOST_TEST_BIN` (an older
