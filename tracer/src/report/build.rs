@@ -480,7 +480,12 @@ fn bounded(snap: &Snapshot, ctx: &Context<'_>, b: Bound) -> (Vec<u32>, Option<Sy
     ranked.sort_by(|x, y| y.0.cmp(&x.0).then(x.1.cmp(&y.1)));
     let faulted = ranked.len() as u64;
     let rest = ranked.split_off(b.top.min(ranked.len()));
-    let others: Vec<Classes> = rest.iter().map(|(_, p)| classes(snap, *p, None, ctx)).collect();
+    // No process past the top: every class still present, at 0 (no tgid
+    // is `u32::MAX`).
+    let others: Vec<Classes> = match rest.is_empty() {
+        true => vec![classes(snap, u32::MAX, None, ctx)],
+        false => rest.iter().map(|(_, p)| classes(snap, *p, None, ctx)).collect(),
+    };
     let other = OtherProcesses { processes: rest.len() as u64, classes: sum_classes(&others) };
     let sw = SystemWide { sort: b.sort, top: b.top as u64, faulted, other };
     (ranked.into_iter().map(|(_, p)| p).collect(), Some(sw))
@@ -647,6 +652,10 @@ mod tests {
         assert_eq!(iv.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [8, 7]);
         let o = iv.others.unwrap();
         assert_eq!((o.processes, o.counts[&ReportClass::Faults]), (2, 6));
+        // Nobody past the top: the others are zeros, every class present.
+        let all = build(&snap, &Context { bound: Some(Bound { sort: ReportClass::Faults, top: 9 }), ..ctx });
+        let sw = all.system_wide.unwrap();
+        assert_eq!((sw.other.processes, sw.other.classes[&ReportClass::Faults].count()), (0, Some(0)));
         let text = crate::report::text::to_text(&r);
         assert!(text.contains("EVERY PROCESS: 4 faulted; the 2 with the most faults listed"), "{text}");
         assert!(text.contains("(2 others)"), "{text}");
