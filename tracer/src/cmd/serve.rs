@@ -38,7 +38,7 @@
 
 use crate::kernel::drops::DropReason;
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     convert::Infallible,
     fmt::Write as _,
     io::Write as _,
@@ -70,6 +70,7 @@ use crate::{
     collect::{
         attribution::AttribOpts,
         collector::Snapshot,
+        container::{Container, Containers},
         select::{SelectOpts, Selection},
         target,
     },
@@ -97,6 +98,21 @@ pub struct ServeOpts {
     /// Add a cgroup label to the fault counters (one series per cgroup).
     #[arg(long)]
     pub label_cgroup: bool,
+    /// Add container_id, pod_uid, qos (cAdvisor's names) and service
+    /// labels to the fault counters and histograms, read from each
+    /// process's cgroup v2 path (Kubernetes' systemd and cgroupfs drivers,
+    /// Docker, Podman, systemd services); at most --max-containers distinct
+    /// places, the rest `other`.
+    #[arg(long)]
+    pub label_container: bool,
+    /// The most distinct containers, pods and services labelled.
+    #[arg(long, default_value_t = 256)]
+    pub max_containers: usize,
+    /// Have the kernel account each of faultscope's programs' runs and
+    /// run time (faultscope_program_runs_total, _run_seconds_total) for
+    /// this run: two clock reads per program run.
+    #[arg(long)]
+    pub prog_stats: bool,
     /// How often to read the kernel's counts and look for new targets.
     #[arg(long, default_value_t = 1.0)]
     pub tick: f64,
@@ -160,6 +176,8 @@ struct Serve {
     /// (process, phase) counts held back at the last tick: their phase was
     /// newer than the lifecycle events read.
     waiting: BTreeSet<(u32, PhaseId)>,
+    /// Each process's container, pod or service (`--label-container`).
+    containers: Option<Containers>,
 }
 
 impl Serve {
@@ -193,15 +211,28 @@ impl Serve {
         let rec = &self.rec;
         let kinds = rec.kinds.as_ref().expect("serve keeps each process's phase kinds");
         let cg = &self.sel.cgroup_of;
+        // Read once a process is named, while it is still there to read.
+        let places: BTreeMap<u32, Container> = match self.containers.as_mut() {
+            Some(cs) => rec.comms.keys().map(|&pid| (pid, cs.of(pid))).collect(),
+            None => BTreeMap::new(),
+        };
         self.metrics.update(
             &snap,
             |pid, ph| (!hold.contains(&(pid, ph))).then(|| kinds.kind(pid, ph)),
-            |pid| rec.comms.get(&pid).map(|c| ProcLabels { comm: c.clone(), cgroup: cg.get(&pid).cloned() }),
+            |pid| {
+                rec.comms.get(&pid).map(|c| ProcLabels {
+                    comm: c.clone(),
+                    cgroup: cg.get(&pid).cloned(),
+                    container: places.get(&pid).cloned(),
+                })
+            },
         );
         self.waiting = hold;
         let mut drops = self.rec.drops()?;
         drops.set(DropReason::AcceptErrors, self.accept_errors);
         self.metrics.update_drops(&drops);
+        let session = &self.rec.session;
+        self.metrics.update_own(&session.status, session.program_costs()?.as_deref(), &session.map_fill());
         // Folded in: the entries of exited processes, and of phases before
         // the previous one, leave the kernel and our state. Nothing can add
         // to them any more; a phase newer than the timeline knows is still
@@ -224,6 +255,9 @@ impl Serve {
         for pid in &gone {
             self.rec.forget(*pid);
             self.sel.forget(*pid);
+            if let Some(cs) = self.containers.as_mut() {
+                cs.forget(*pid);
+            }
             if let Some(k) = self.rec.kinds.as_mut() {
                 k.forget(*pid);
             }
@@ -285,7 +319,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     };
     let probe = super::record::ProbeOpts {
         backend: o.backend,
-        prog_stats: false,
+        prog_stats: o.prog_stats,
         latency: Some(o.latency),
         quiet: false,
     };
@@ -305,14 +339,20 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         backend: rec.session.fault_path_backend().to_string(),
         latency: rec.latency,
     };
-    let mut metrics = Metrics::new(&info, &rec.avail, LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup });
+    let mut metrics = Metrics::new(
+        &info,
+        &rec.avail,
+        LabelOpts { pid: o.label_pid, cgroup: o.label_cgroup, container: o.label_container },
+    );
     for comm in o.select.comm.iter().chain(rec.comms.values()) {
         metrics.declare(comm);
     }
     let prev_phase = rec.timeline.current().id;
     let tick = Duration::from_secs_f64(o.tick);
     let sel = Selection::new(o.select.clone(), &filters);
-    let mut s = Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new() };
+    let containers = o.label_container.then(|| Containers::new(o.max_containers));
+    let mut s =
+        Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new(), containers };
     s.tick()?;
     let listener = socket.listen(1024).map_err(cannot)?;
     let mut conns = Conns::default();

@@ -8,12 +8,12 @@ use std::{os::fd::AsFd as _, path::Path, time::Instant};
 use anyhow::{anyhow, Context as _, Result};
 use aya::maps::Array;
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, KProbe, TracePoint},
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, Config, ConfigValues, Drop, FltCount, PhaseId, TargetInfo},
+    maps::{phase_id, ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseId, Stat, TargetInfo},
     Program,
 };
 use schemars::JsonSchema;
@@ -240,6 +240,14 @@ pub struct ProgramCost {
     /// `run_time_ns / runs`; absent when it never ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_per_run: Option<f64>,
+}
+
+/// A hash map's bound and the entries it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapFill {
+    pub name: &'static str,
+    pub capacity: u64,
+    pub entries: u64,
 }
 
 /// How `sched_process_exit` tells that the last thread of a process exits
@@ -548,7 +556,7 @@ impl Session {
     /// Each attached program's runs and run time so far, from the kernel's
     /// accounting; `None` unless it was turned on.
     pub fn program_costs(&self) -> Result<Option<Vec<ProgramCost>>> {
-        if self.stats.is_none() {
+        if !self.program_stats_on() {
             return Ok(None);
         }
         let mut out = Vec::new();
@@ -567,6 +575,37 @@ impl Session {
             });
         }
         Ok(Some(out))
+    }
+
+    /// Whether the kernel accounts program runs now: turned on for this
+    /// run, or by `kernel.bpf_stats_enabled`.
+    pub fn program_stats_on(&self) -> bool {
+        self.stats.is_some()
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|v| v.trim() == "1")
+    }
+
+    /// The bound and the entries in use of the hash maps whose fill a long
+    /// run should watch: the aggregates and the per-process tables.
+    pub fn map_fill(&self) -> Vec<MapFill> {
+        let count = |name: &'static str, n: Option<usize>| {
+            let capacity = match self.bpf.map(name) {
+                Some(Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d)) => {
+                    d.info().ok()?.max_entries()
+                }
+                _ => return None,
+            };
+            Some(MapFill { name, capacity: capacity as u64, entries: n? as u64 })
+        };
+        let keys = |name: &'static str| -> Option<usize> {
+            let m = self.bpf.map(name)?;
+            Some(match name {
+                "STATS" => PerCpuHashMap::<_, ClassSetKey, Stat>::try_from(m).ok()?.keys().count(),
+                "EXITED" => BpfHashMap::<_, u32, FltCount>::try_from(m).ok()?.keys().count(),
+                "TARGETS" => BpfHashMap::<_, u32, TargetInfo>::try_from(m).ok()?.keys().count(),
+                _ => BpfHashMap::<_, u32, u32>::try_from(m).ok()?.keys().count(),
+            })
+        };
+        ["STATS", "TARGETS", "CHILDREN", "EXITED"].into_iter().filter_map(|n| count(n, keys(n))).collect()
     }
 
     /// Each attached program, with its attach kind and its name in the

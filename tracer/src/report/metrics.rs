@@ -8,7 +8,8 @@
 //! - `faultscope_class_faults_total{class, phase_kind, comm}`: each class
 //!   of the report (they nest: faults ⊇ write_faults ⊇ wp_faults ⊇ reuse;
 //!   never sum over `class`). `pid` and `cgroup` labels only when asked
-//!   for: they are unbounded. Each update adds what every (process, phase,
+//!   for: they are unbounded. `container_id`, `pod_uid`, `qos` and `service`
+//!   when asked for (`collect::container`: bounded by serve). Each update adds what every (process, phase,
 //!   class) counted since the last one, so a series only grows: across
 //!   phases, across a process's exit (its last counts stay folded into its
 //!   comm's series) and a restart under a new pid (which counts on from
@@ -53,10 +54,11 @@ use prometheus_client::{
 };
 
 use crate::{
-    collect::{collector::Snapshot, phases::PhaseKind},
+    collect::{collector::Snapshot, container::Container, phases::PhaseKind},
     kernel::{
         classes::{self, Availability, ReportClass},
         latency::LatencyTier,
+        session::{MapFill, ProbeStatus, ProgramCost},
     },
 };
 
@@ -83,6 +85,8 @@ pub fn esc(v: &str) -> String {
 pub struct LabelOpts {
     pub pid: bool,
     pub cgroup: bool,
+    /// container_id, pod_uid, qos and service (bounded by serve).
+    pub container: bool,
 }
 
 /// What `faultscope_build_info` says.
@@ -162,6 +166,61 @@ impl LabelOpts {
         if self.cgroup {
             labels.push(("cgroup", esc(p.cgroup.as_deref().unwrap_or_default())));
         }
+        self.extend_container(labels, p);
+    }
+
+    fn extend_container(&self, labels: &mut Labels, p: &ProcLabels) {
+        if let (true, Some(c)) = (self.container, &p.container) {
+            for (k, v) in [
+                ("container_id", &c.container_id),
+                ("pod_uid", &c.pod_uid),
+                ("qos", &c.qos),
+                ("service", &c.service),
+            ] {
+                labels.push((k, esc(v)));
+            }
+        }
+    }
+}
+
+/// faultscope's own programs and maps, as ebpf_exporter exports them.
+struct Own {
+    attached: Family<Labels, Gauge>,
+    stats_enabled: Gauge,
+    runs: Family<Labels, Counter>,
+    run_seconds: Family<Labels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// The kernel's last (runs, run time) of each program.
+    last_runs: HashMap<String, (u64, u64)>,
+    capacity: Family<Labels, Gauge>,
+    entries: Family<Labels, Gauge>,
+}
+
+impl Own {
+    fn register(r: &mut Registry) -> Own {
+        let o = Own {
+            attached: Default::default(),
+            stats_enabled: Default::default(),
+            runs: Default::default(),
+            run_seconds: Default::default(),
+            last_runs: HashMap::new(),
+            capacity: Default::default(),
+            entries: Default::default(),
+        };
+        r.register("faultscope_program_attached", "1 when faultscope's program for this probe is attached, 0 when it is not (the reason is in serve's log)", o.attached.clone());
+        r.register("faultscope_program_stats_enabled", "1 when the kernel accounts faultscope's program runs (serve --prog-stats, or kernel.bpf_stats_enabled); without it there are no faultscope_program_runs series", o.stats_enabled.clone());
+        r.register(
+            "faultscope_program_runs",
+            "Runs of each of faultscope's attached programs, by the kernel's accounting",
+            o.runs.clone(),
+        );
+        r.register("faultscope_program_run_seconds", "Time in each of faultscope's attached programs, by the kernel's accounting (two clock reads a run while it is on)", o.run_seconds.clone());
+        r.register(
+            "faultscope_map_capacity_entries",
+            "The bound of each of faultscope's hash maps",
+            o.capacity.clone(),
+        );
+        r.register("faultscope_map_entries", "Entries each of faultscope's hash maps holds now (at the bound, the next insert is a drop: faultscope_drops_total)", o.entries.clone());
+        o
     }
 }
 
@@ -169,6 +228,8 @@ impl LabelOpts {
 pub struct ProcLabels {
     pub comm: String,
     pub cgroup: Option<String>,
+    /// Its container, pod or service (with `LabelOpts::container`).
+    pub container: Option<Container>,
 }
 
 pub struct Metrics {
@@ -181,6 +242,8 @@ pub struct Metrics {
     durations: Family<Labels, KernelHistogram>,
     drops: Family<Labels, Counter>,
     forks: Family<Labels, Counter>,
+    /// faultscope's own programs and maps.
+    own: Own,
     /// The last counts seen of each (process, phase, class).
     last: HashMap<StatKey, Stat>,
     /// The same, by origin.
@@ -235,6 +298,7 @@ impl Metrics {
             drops.clone(),
         );
         registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
+        let own = Own::register(&mut registry);
         // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
         // format (and promtool) know no info type.
         let build = Family::<Labels, Gauge>::default();
@@ -282,6 +346,7 @@ impl Metrics {
         Metrics {
             registry,
             opts,
+            own,
             faults,
             class_faults,
             origins,
@@ -306,7 +371,7 @@ impl Metrics {
     /// to save a quantile one tick. With the pid or cgroup labels the
     /// series are not known in advance.
     pub fn declare(&mut self, comm: &str) {
-        if self.opts.pid || self.opts.cgroup {
+        if self.opts.pid || self.opts.cgroup || self.opts.container {
             return;
         }
         for kind in SERVE_KINDS {
@@ -370,6 +435,7 @@ impl Metrics {
                 if self.opts.pid {
                     hl.push(("pid", k.tgid.to_string()));
                 }
+                self.opts.extend_container(&mut hl, &p);
                 self.durations.get_or_create(&hl).add(&h, v.sum_ns.saturating_sub(base.sum_ns));
             }
             self.last.insert(*k, *v);
@@ -429,6 +495,33 @@ impl Metrics {
                 c.inc_by(v - last);
             }
             self.last_drops.set(reason, *v);
+        }
+    }
+
+    /// faultscope's own state: which programs are attached, their runs and
+    /// run time where the kernel accounts them (else said by
+    /// `faultscope_program_stats_enabled 0`), and its maps' fill.
+    pub fn update_own(&mut self, probes: &[ProbeStatus], costs: Option<&[ProgramCost]>, maps: &[MapFill]) {
+        let o = &mut self.own;
+        for p in probes {
+            let labels = vec![("program", p.program.to_string()), ("target", esc(&p.target))];
+            o.attached.get_or_create(&labels).set(p.attached as i64);
+        }
+        o.stats_enabled.set(costs.is_some() as i64);
+        for c in costs.unwrap_or_default() {
+            let labels = vec![("program", esc(&c.name)), ("backend", esc(&c.backend))];
+            let (runs, ns) = o.last_runs.get(&c.name).copied().unwrap_or_default();
+            // Counted from 0 again if the accounting restarted.
+            let (d_runs, d_ns) =
+                if c.runs < runs { (c.runs, c.run_time_ns) } else { (c.runs - runs, c.run_time_ns - ns) };
+            o.runs.get_or_create(&labels).inc_by(d_runs);
+            o.run_seconds.get_or_create(&labels).inc_by(d_ns as f64 / 1e9);
+            o.last_runs.insert(c.name.clone(), (c.runs, c.run_time_ns));
+        }
+        for m in maps {
+            let labels = vec![("map", m.name.to_string())];
+            o.capacity.get_or_create(&labels).set(m.capacity as i64);
+            o.entries.get_or_create(&labels).set(m.entries as i64);
         }
     }
 
@@ -588,7 +681,7 @@ mod tests {
     }
 
     fn redis(_: u32) -> Option<ProcLabels> {
-        Some(ProcLabels { comm: "redis-server".into(), cgroup: None })
+        Some(ProcLabels { comm: "redis-server".into(), cgroup: None, container: None })
     }
 
     /// The value of a sample line `name{labels} value`.
@@ -631,7 +724,7 @@ mod tests {
             backend: "b".into(),
             latency: Some(LatencyTier::Sample { every: 16 }),
         };
-        let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false });
+        let mut m = Metrics::new(&info, &avail(), LabelOpts { pid: true, cgroup: false, container: false });
         assert!(m.encode().lines().any(|l| l == "faultscope_latency_sample_every 16"), "{}", m.encode());
         assert!(!t.contains("faultscope_latency_sample_every"), "not stated without a fault path");
         m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400]))]), kind, redis);
@@ -701,7 +794,7 @@ mod tests {
             kinds: crate::collect::collector::per_kind(&raw),
             ..Snapshot::default()
         };
-        let names = |pid: u32| Some(ProcLabels { comm: format!("p{pid}"), cgroup: None });
+        let names = |pid: u32| Some(ProcLabels { comm: format!("p{pid}"), cgroup: None, container: None });
         m.update(&sn, kind, names);
         let t = m.encode();
         for comm in ["p7", "p8"] {
@@ -743,7 +836,9 @@ mod tests {
     fn a_hostile_process_name_forges_no_series() {
         let mut m = metrics();
         let sn = snap(&[(7, 0, KernelClass::Faults, stat(&[100]))]);
-        m.update(&sn, kind, |_| Some(ProcLabels { comm: "x\"} 9e9\nf{a=\"\\".into(), cgroup: None }));
+        m.update(&sn, kind, |_| {
+            Some(ProcLabels { comm: "x\"} 9e9\nf{a=\"\\".into(), cgroup: None, container: None })
+        });
         let t = m.encode();
         let series: Vec<&str> =
             t.lines().filter(|l| l.starts_with("faultscope_class_faults_total{")).collect();

@@ -519,7 +519,7 @@ fn serve_all_counts_every_process_from_its_fork() {
     let dir = tmp();
     let exe = dir.path().join("fs-allhost");
     std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
-    let served = Served::start(&["-a", "--port", &port.to_string(), "--tick", "1"]);
+    let served = Served::start(&["-a", "--prog-stats", "--port", &port.to_string(), "--tick", "1"]);
     wait_serving(port);
     let runs: Vec<(u64, u64)> = (0..3).map(|_| short_python(&exe)).collect();
     sleep(Duration::from_millis(2500));
@@ -527,6 +527,111 @@ fn serve_all_counts_every_process_from_its_fork() {
     let counted = faults_with(&text, "comm=\"fs-allhost\"");
     let whole: u64 = runs.iter().map(|r| r.1).sum();
     assert!(counted >= whole && counted <= whole + 3 * TOLERANCE, "{counted} counted; runs {runs:?}\n{text}");
+    // Its own state: the exception program attached and run (--prog-stats),
+    // the stats map's bound under -a and its fill within it.
+    assert!(text.contains("faultscope_program_stats_enabled 1"), "{text}");
+    let runs = text
+        .lines()
+        .filter(|l| l.starts_with("faultscope_program_runs_total{program=\"page_fault_user"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum::<u64>();
+    assert!(runs >= whole, "{runs} runs of the exception program for {whole} faults\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("faultscope_program_attached{program=\"page_fault_user\"")
+                && l.ends_with(" 1")),
+        "{text}"
+    );
+    assert_eq!(sample(&text, "faultscope_map_capacity_entries{map=\"STATS\"}"), 16384, "{text}");
+    assert!(sample(&text, "faultscope_map_entries{map=\"STATS\"}") <= 16384, "{text}");
+    served.stop();
+}
+
+/// `serve -a --label-container`: a process in a cgroup laid out as the
+/// kubelet's systemd driver, its cgroupfs driver, Docker or a systemd
+/// service makes them lays out is labelled with that container, pod, QoS
+/// class or service, with its faults; a directory named to forge a label
+/// forges none.
+#[test]
+fn serve_labels_containers_pods_and_services_from_the_cgroup_path() {
+    let _t = host_test();
+    let port = 9880;
+    let (root, _rm) = test_cgroup("-ctr");
+    let id = |n: u8| format!("{:064x}", 0xfeed_0000u64 + n as u64);
+    let uid = |n: u8| format!("0b6f8a2e-3c1d-4e5f-9a8b-7c6d5e4f3a{n:02x}");
+    let cases: Vec<(String, String)> = vec![
+        (
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+                uid(1).replace('-', "_"),
+                id(1)
+            ),
+            format!("container_id=\"{}\",pod_uid=\"{}\",qos=\"burstable\",service=\"\"", id(1), uid(1)),
+        ),
+        (
+            format!("kubepods/besteffort/pod{}/{}", uid(2), id(2)),
+            format!("container_id=\"{}\",pod_uid=\"{}\",qos=\"besteffort\",service=\"\"", id(2), uid(2)),
+        ),
+        (
+            format!("system.slice/docker-{}.scope", id(3)),
+            format!("container_id=\"{}\",pod_uid=\"\",qos=\"\",service=\"\"", id(3)),
+        ),
+        ("system.slice/fs-test.service".into(), "container_id=\"\",pod_uid=\"\",qos=\"\",service=\"fs-test.service\"".into()),
+    ];
+    let mut dirs = Vec::new();
+    for (path, _) in &cases {
+        let mut at = root.clone();
+        for part in path.split('/') {
+            at = at.join(part);
+            if std::fs::create_dir(&at).is_ok() {
+                dirs.push(Rmdir(at.clone()));
+            }
+        }
+    }
+    let forged = root.join("system.slice").join("x\",service=\"forged.service");
+    std::fs::create_dir(&forged).unwrap();
+    dirs.push(Rmdir(forged.clone()));
+    // Innermost first.
+    dirs.reverse();
+    let served = Served::start(&["-a", "--label-container", "--port", &port.to_string(), "--tick", "0.5"]);
+    wait_serving(port);
+    let script =
+        "import sys\nsys.stdin.readline()\nb=bytearray(2048*4096)\nfor j in range(0,len(b),4096): b[j]=1\n\
+print(1,flush=True)\nsys.stdin.readline()\n";
+    let all: Vec<PathBuf> = cases.iter().map(|(p, _)| root.join(p)).chain([forged]).collect();
+    let mut procs = Vec::new();
+    for cg in &all {
+        let join =
+            format!("echo $$ > '{}/cgroup.procs' && exec /usr/bin/python3 -c '{script}'", cg.display());
+        let mut c = Command::new("sh")
+            .args(["-c", &join])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = c.stdin.take().unwrap();
+        let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+        use std::io::{BufRead, Write};
+        stdin.write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        procs.push((c, stdin));
+    }
+    // Named while they run: two ticks.
+    sleep(Duration::from_millis(1500));
+    for (mut c, mut stdin) in procs {
+        use std::io::Write;
+        let _ = stdin.write_all(b"end\n");
+        drop(stdin);
+        c.wait().unwrap();
+    }
+    sleep(Duration::from_millis(1000));
+    let text = scrape(port);
+    for (path, labels) in &cases {
+        let n = faults_with(&text, labels);
+        assert!(n >= 2048, "{path}: {n} faults labelled {labels}\n{text}");
+    }
+    assert!(!text.contains("forged.service\""), "{text}");
     served.stop();
 }
 

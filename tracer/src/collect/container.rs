@@ -1,0 +1,234 @@
+//! What container, pod or service a process runs in, from its cgroup v2
+//! path (`/proc/PID/cgroup`), in cAdvisor's label names where they mean
+//! the same: `container_id`, `pod_uid`, `qos`, and `service` for a systemd
+//! service outside any container.
+//!
+//! The path's components are read from the innermost out, so that a
+//! container nested in another (kind, Docker in Docker) is named by its own
+//! scope. Recognised: the kubelet's systemd driver
+//! (`kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<UID>.slice/
+//! cri-containerd-<ID>.scope`, `crio-<ID>.scope`, `docker-<ID>.scope`) and
+//! its cgroupfs driver (`kubepods/<qos>/pod<UID>/<ID>`); Docker
+//! (`docker-<ID>.scope`, `docker/<ID>`); Podman (`libpod-<ID>.scope`, also
+//! nested `…/container`, and `libpod-<ID>` under cgroupfs); systemd services
+//! (`<name>.service` in a `system.slice`). Only a component that has the
+//! form of an id is taken as one (64 hex digits for a container, a UUID
+//! for a pod), and a service name only of the characters systemd gives
+//! units: a directory named by another user cannot forge a label.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A process's place. Empty fields: not known, or not in one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Container {
+    pub container_id: String,
+    pub pod_uid: String,
+    /// `guaranteed`, `burstable` or `besteffort` (the kubelet's QoS class).
+    pub qos: String,
+    pub service: String,
+}
+
+/// The value every field takes past [`Containers`]' limit.
+pub const OTHER: &str = "other";
+
+impl Container {
+    /// The place a cgroup v2 path (as `/proc/PID/cgroup` has it) names.
+    pub fn of_path(path: &str) -> Container {
+        let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        let mut c = Container::default();
+        let mut kube = false;
+        for (i, part) in parts.iter().enumerate().rev() {
+            if c.container_id.is_empty() {
+                if let Some(id) = container_id(part) {
+                    c.container_id = id;
+                    continue;
+                }
+            }
+            if c.pod_uid.is_empty() {
+                if let Some(uid) = pod_uid(part) {
+                    c.pod_uid = uid;
+                    continue;
+                }
+            }
+            if part.starts_with("kubepods") {
+                kube = true;
+                if c.qos.is_empty() {
+                    c.qos = qos(part).unwrap_or_default();
+                }
+            } else if matches!(*part, "guaranteed" | "burstable" | "besteffort")
+                && parts.get(i.wrapping_sub(1)).is_some_and(|p| *p == "kubepods")
+            {
+                c.qos = part.to_string();
+            }
+            if c.service.is_empty() && c.container_id.is_empty() && i > 0 && parts[i - 1] == "system.slice" {
+                c.service = service(part).unwrap_or_default();
+            }
+        }
+        // The kubelet puts a Guaranteed pod right under kubepods.
+        if kube && !c.pod_uid.is_empty() && c.qos.is_empty() {
+            c.qos = "guaranteed".into();
+        }
+        c
+    }
+
+    fn other() -> Container {
+        Container {
+            container_id: OTHER.into(),
+            pod_uid: OTHER.into(),
+            qos: OTHER.into(),
+            service: OTHER.into(),
+        }
+    }
+}
+
+fn is_hex_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A container's id from one path component.
+fn container_id(part: &str) -> Option<String> {
+    let inner = part.strip_suffix(".scope").unwrap_or(part);
+    let id = ["cri-containerd-", "crio-", "docker-", "libpod-", "containerd-"]
+        .iter()
+        .find_map(|p| inner.strip_prefix(p))
+        .unwrap_or(inner);
+    is_hex_id(id).then(|| id.to_string())
+}
+
+/// A pod's UID: `pod<UID>` (cgroupfs) or `kubepods[-<qos>]-pod<UID>.slice`
+/// (systemd, whose unit names have `_` for the UID's `-`).
+fn pod_uid(part: &str) -> Option<String> {
+    let rest = match part.strip_suffix(".slice") {
+        Some(unit) => unit.rsplit_once("-pod")?.1.replace('_', "-"),
+        None => part.strip_prefix("pod")?.to_string(),
+    };
+    let uuid = rest.len() == 36
+        && rest.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        });
+    uuid.then_some(rest)
+}
+
+/// `kubepods-<qos>.slice` and `kubepods-<qos>-pod….slice`.
+fn qos(part: &str) -> Option<String> {
+    ["burstable", "besteffort"]
+        .iter()
+        .find(|q| part.starts_with(&format!("kubepods-{q}")))
+        .map(|q| q.to_string())
+}
+
+/// A systemd service's unit name, of the characters systemd allows.
+fn service(part: &str) -> Option<String> {
+    let ok = part.ends_with(".service")
+        && part.len() <= 256
+        && part.bytes().all(|b| b.is_ascii_alphanumeric() || b":-_.@\\".contains(&b));
+    ok.then(|| part.to_string())
+}
+
+/// The places of the processes named so far, at most `limit` distinct
+/// ones: a process in a further one is `other` in every field, so that
+/// the series stay bounded however many containers come and go.
+pub struct Containers {
+    by_pid: BTreeMap<u32, Container>,
+    distinct: BTreeSet<Container>,
+    limit: usize,
+}
+
+impl Containers {
+    pub fn new(limit: usize) -> Containers {
+        Containers { by_pid: BTreeMap::new(), distinct: BTreeSet::new(), limit }
+    }
+
+    /// `pid`'s place, read from `/proc` the first time (empty if the
+    /// process is gone by then).
+    pub fn of(&mut self, pid: u32) -> Container {
+        if let Some(c) = self.by_pid.get(&pid) {
+            return c.clone();
+        }
+        let path = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        let v2 = path.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default();
+        let mut c = Container::of_path(v2);
+        if !self.distinct.contains(&c) {
+            if self.distinct.len() >= self.limit {
+                c = Container::other();
+            } else {
+                self.distinct.insert(c.clone());
+            }
+        }
+        self.by_pid.insert(pid, c.clone());
+        c
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.by_pid.remove(&pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "4d7c5a0f6f0b1e2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6a7b8c9d0e";
+    const UID: &str = "0b6f8a2e-3c1d-4e5f-9a8b-7c6d5e4f3a2b";
+
+    fn c(id: &str, uid: &str, qos: &str, service: &str) -> Container {
+        Container { container_id: id.into(), pod_uid: uid.into(), qos: qos.into(), service: service.into() }
+    }
+
+    #[test]
+    fn kubelet_systemd_and_cgroupfs_drivers() {
+        let u = UID.replace('-', "_");
+        let sys = format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{ID}.scope");
+        assert_eq!(Container::of_path(&sys), c(ID, UID, "burstable", ""));
+        let guaranteed = format!("/kubepods.slice/kubepods-pod{u}.slice/crio-{ID}.scope");
+        assert_eq!(Container::of_path(&guaranteed), c(ID, UID, "guaranteed", ""));
+        let fs = format!("/kubepods/besteffort/pod{UID}/{ID}");
+        assert_eq!(Container::of_path(&fs), c(ID, UID, "besteffort", ""));
+        assert_eq!(Container::of_path(&format!("/kubepods/pod{UID}/{ID}")), c(ID, UID, "guaranteed", ""));
+    }
+
+    #[test]
+    fn docker_podman_and_services() {
+        assert_eq!(Container::of_path(&format!("/system.slice/docker-{ID}.scope")), c(ID, "", "", ""));
+        assert_eq!(Container::of_path(&format!("/docker/{ID}")), c(ID, "", "", ""));
+        assert_eq!(
+            Container::of_path(&format!("/machine.slice/libpod-{ID}.scope/container")),
+            c(ID, "", "", "")
+        );
+        let rootless = format!("/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope");
+        assert_eq!(Container::of_path(&rootless), c(ID, "", "", ""));
+        assert_eq!(
+            Container::of_path("/system.slice/redis-server.service"),
+            c("", "", "", "redis-server.service")
+        );
+        // Under a test's own parent: the innermost components decide.
+        assert_eq!(
+            Container::of_path(&format!("/fs-test-1/kubepods/burstable/pod{UID}/{ID}")),
+            c(ID, UID, "burstable", "")
+        );
+        assert_eq!(Container::of_path("/"), Container::default());
+        assert_eq!(Container::of_path("/user.slice/user-0.slice/session-3.scope"), Container::default());
+    }
+
+    /// A directory named to look like a label, or an id of the wrong form,
+    /// is no container, pod or service.
+    #[test]
+    fn hostile_names_forge_nothing() {
+        let evil = "/system.slice/x\"} 1\nfaultscope_faults_total{comm=\"y.service";
+        assert_eq!(Container::of_path(evil), Container::default());
+        assert_eq!(Container::of_path(&format!("/docker/{}", &ID[..63])), Container::default());
+        assert_eq!(Container::of_path(&format!("/docker/{}", ID.to_uppercase())), Container::default());
+        assert_eq!(Container::of_path("/kubepods/burstable/podnot-a-uid/x"), c("", "", "burstable", ""));
+    }
+
+    #[test]
+    fn past_the_limit_every_field_is_other() {
+        let mut cs = Containers::new(1);
+        cs.distinct.insert(c(ID, "", "", ""));
+        cs.by_pid.insert(1, c(ID, "", "", ""));
+        assert_eq!(cs.of(1), c(ID, "", "", ""));
+        // This process's own place is a second one.
+        assert_eq!(cs.of(std::process::id()), Container::other());
+    }
+}
