@@ -66,8 +66,10 @@ const PACKAGES: &[&str] = &[
     "bpftrace",
     "bpftool",
     "e2fsprogs",
-    // Host tests: a run's own opens of /proc/kallsyms, counted.
+    // Host tests: a run's own opens of /proc/kallsyms, counted; `go tool
+    // pprof` reads a --pprof profile.
     "strace",
+    "golang-go",
 ];
 
 /// From bookworm-backports: QEMU 10 (the bookworm 7.2 build conflicts with

@@ -272,15 +272,12 @@ impl Recording {
         if o.quiet {
             crate::term::quiet();
         }
-        let outs: Vec<(&str, &std::path::Path)> = [
-            ("--json", o.json.as_deref()),
-            ("--output", o.output.as_deref()),
-            ("--folded", o.attrib.folded.as_deref()),
-            ("--flamegraph", o.attrib.flamegraph.as_deref()),
-        ]
-        .into_iter()
-        .filter_map(|(f, p)| Some((f, p?)))
-        .collect();
+        let outs: Vec<(&str, &std::path::Path)> =
+            [("--json", o.json.as_deref()), ("--output", o.output.as_deref())]
+                .into_iter()
+                .filter_map(|(f, p)| Some((f, p?)))
+                .chain(o.attrib.stack_outputs())
+                .collect();
         crate::output::check_distinct(&outs)?;
         let mut sock = marks::Socket::bind(std::process::id())?;
         let probe = ProbeOpts { quiet: o.quiet || o.probe.quiet, ..o.probe.clone() };
@@ -590,8 +587,11 @@ pub async fn run(o: RecordOpts) -> Result<i32> {
 
 /// `--folded` and `--flamegraph`: the stacks of the report.
 pub fn write_stacks(o: &AttribOpts, report: &Report) -> Result<()> {
-    if o.folded.is_none() && o.flamegraph.is_none() {
+    if o.stack_outputs().next().is_none() {
         return Ok(());
+    }
+    if let Some(p) = &o.pprof {
+        crate::output::write(p, &crate::report::pprof::encode(report)?)?;
     }
     let f = crate::report::attribution::folded(report);
     if let Some(p) = &o.folded {
@@ -624,8 +624,8 @@ pub fn system_wide_only(
         Some("command")
     } else if follow_children {
         Some("--follow-children")
-    } else if !attrib.stacks.0.is_empty() || attrib.folded.is_some() || attrib.flamegraph.is_some() {
-        Some("--stacks, --folded or --flamegraph")
+    } else if !attrib.stacks.0.is_empty() || attrib.stack_outputs().next().is_some() {
+        Some("--stacks, --folded, --flamegraph or --pprof")
     } else {
         None
     };

@@ -47,6 +47,10 @@ pub struct AttribOpts {
     /// Write the stacks of `--stacks` as an SVG flame graph.
     #[arg(long)]
     pub flamegraph: Option<PathBuf>,
+    /// Write the stacks of `--stacks` as a gzipped pprof profile (one
+    /// sample type per class), for `go tool pprof`, Pyroscope or Parca.
+    #[arg(long)]
+    pub pprof: Option<PathBuf>,
 }
 
 impl Default for AttribOpts {
@@ -59,15 +63,23 @@ impl Default for AttribOpts {
             max_sites: 10,
             folded: None,
             flamegraph: None,
+            pprof: None,
         }
     }
 }
 
 impl AttribOpts {
-    /// `--folded` and `--flamegraph` must be writable, checked before the
-    /// run (nothing is written yet).
+    /// The files the stacks are written to: (flag, path).
+    pub fn stack_outputs(&self) -> impl Iterator<Item = (&'static str, &std::path::Path)> {
+        [("--folded", &self.folded), ("--flamegraph", &self.flamegraph), ("--pprof", &self.pprof)]
+            .into_iter()
+            .filter_map(|(f, p)| Some((f, p.as_deref()?)))
+    }
+
+    /// The stacks' files must be writable, checked before the run (nothing
+    /// is written yet).
     pub fn check_writable(&self) -> Result<(), crate::error::Refusal> {
-        for p in self.folded.iter().chain(self.flamegraph.iter()) {
+        for (_, p) in self.stack_outputs() {
             crate::output::check(p)?;
         }
         Ok(())

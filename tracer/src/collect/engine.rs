@@ -230,9 +230,9 @@ impl Recorder {
             Ok(()) => {}
         }
         let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
-        if stacks.is_empty() && (attrib.opts.folded.is_some() || attrib.opts.flamegraph.is_some()) {
+        if stacks.is_empty() && attrib.opts.stack_outputs().next().is_some() {
             return Err(Refusal::new(format!(
-                "--folded/--flamegraph: no stack can be counted here ({}): nothing would be written",
+                "--folded/--flamegraph/--pprof: no stack can be counted here ({}): nothing would be written",
                 why.unwrap_or_else(|| "no class given to --stacks".into())
             ))
             .into());

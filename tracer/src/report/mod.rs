@@ -14,6 +14,7 @@ pub mod file;
 pub mod findings;
 pub mod live;
 pub mod metrics;
+pub mod pprof;
 pub mod provenance;
 pub mod schema;
 pub mod text;

@@ -144,6 +144,56 @@ fn sites_and_stacks_of_write_faults_add_up_in_every_mode() {
     assert!(stacked + lost >= writes && stacked <= writes, "stacks {stacked} + lost {lost} vs {writes}");
 }
 
+/// `--pprof`: `go tool pprof -top` reads the profile faultscope wrote and
+/// finds what the report's stacks hold: the same total of write faults,
+/// and each leaf function's faults (its frames' offsets merged) as the
+/// report's stacks sum them.
+#[test]
+fn pprof_profiles_read_back_in_go_tool_pprof() {
+    let _t = host_test();
+    let d = tmp();
+    let (fs, prof) = (d.path().join("fs.json"), d.path().join("p.pb.gz"));
+    let out = faultscope(&[
+        "record",
+        "--json",
+        fs.to_str().unwrap(),
+        "--stacks",
+        "write_faults",
+        "--pprof",
+        prof.to_str().unwrap(),
+        "--",
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=4M",
+        "count=1",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&fs);
+    let mut by_leaf: std::collections::BTreeMap<String, u64> = Default::default();
+    for s in r.processes[0].attribution.stacks.iter().filter(|s| s.class == ReportClass::WriteFaults) {
+        let leaf = s.kernel.last().or(s.user.last()).unwrap();
+        let func = leaf.split(" (").next().unwrap().rsplit_once("+0x").map_or(leaf.as_str(), |(f, _)| f);
+        *by_leaf.entry(func.to_string()).or_default() += s.count;
+    }
+    let total: u64 = by_leaf.values().sum();
+    assert!(total >= 1024, "{by_leaf:?}");
+    let top = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=1000", "-nodefraction=0", "-sample_index=write_faults"])
+        .arg(&prof)
+        .env("HOME", d.path())
+        .output()
+        .expect("go (golang-go, installed by cargo xtask setup)");
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(top.status.success(), "{text}{}", String::from_utf8_lossy(&top.stderr));
+    assert!(text.contains(&format!("of {total} total")), "total {total}:\n{text}");
+    for (func, n) in &by_leaf {
+        let row = text.lines().find(|l| l.trim_end().ends_with(&format!(" {func}")));
+        let flat = row.and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok());
+        assert_eq!(flat, Some(*n), "{func}:\n{text}");
+    }
+}
+
 /// The end of a `--stacks` run names every stack's kernel frames from one
 /// parse of /proc/kallsyms (it is 100,000+ lines: parsed once per stack, a
 /// run of `true` took seconds, deaf to signals). Counted by the run's own
