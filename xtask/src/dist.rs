@@ -67,6 +67,9 @@ const COMPLETIONS: [(&str, &str); 3] = [
 ];
 const MAN_DIR: &str = "usr/share/man/man1";
 const COPYRIGHT: &str = "usr/share/doc/faultscope/copyright";
+/// `serve -a` as a system service (deploy/faultscope.service), installed
+/// and not enabled.
+const UNIT: &str = "lib/systemd/system/faultscope.service";
 
 /// No project address exists yet: `.invalid` (RFC 2606) marks that, and
 /// keeps the field's `Name <address>` form.
@@ -241,6 +244,7 @@ fn deb(a: Arch, bin: &Path, docs: &Docs, tree: &Path, deb: &Path) -> Result<()> 
         put(tree, dst, &fs::read(docs.completions.join(src))?, 0o644)?;
     }
     put(tree, COPYRIGHT, copyright()?.as_bytes(), 0o644)?;
+    put(tree, UNIT, &fs::read(root().join("deploy/faultscope.service"))?, 0o644)?;
     let size_kib = tree_size(tree)?.div_ceil(1024);
     put(tree, "DEBIAN/control", control(a, size_kib)?.as_bytes(), 0o644)?;
     run(Command::new("dpkg-deb").args(["--build", "--root-owner-group"]).arg(tree).arg(deb))
@@ -417,7 +421,7 @@ fn check_fields(deb: &Path, a: Arch) -> Result<()> {
 
 fn check_unpacked(dir: &Path, a: Arch) -> Result<()> {
     let man = MAN_REQUIRED.map(|m| format!("{MAN_DIR}/{m}.gz"));
-    let wanted = ["usr/bin/faultscope", COPYRIGHT].into_iter().chain(man.iter().map(String::as_str));
+    let wanted = ["usr/bin/faultscope", COPYRIGHT, UNIT].into_iter().chain(man.iter().map(String::as_str));
     for f in wanted.chain(COMPLETIONS.iter().map(|(_, dst)| *dst)) {
         ensure!(dir.join(f).is_file(), "the {} package has no /{f}", a.deb);
     }
@@ -429,7 +433,30 @@ fn check_unpacked(dir: &Path, a: Arch) -> Result<()> {
         a.deb,
         binary_name(a)
     );
-    man_renders(&dir.join(MAN_DIR).join("faultscope-record.1.gz"))
+    man_renders(&dir.join(MAN_DIR).join("faultscope-record.1.gz"))?;
+    unit_verifies(dir)
+}
+
+/// `systemd-analyze verify` passes the package's unit, its binary the
+/// unpacked one (nothing is installed on this machine).
+fn unit_verifies(dir: &Path) -> Result<()> {
+    let bin = dir.join("usr/bin/faultscope");
+    let unit = fs::read_to_string(dir.join(UNIT))?.replace("/usr/bin/faultscope", &bin.display().to_string());
+    let at = dir.join("faultscope.service");
+    fs::write(&at, unit)?;
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&at)
+        .output()
+        .context("systemd-analyze (package systemd)")?;
+    ensure!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify {}: {}\n{}",
+        UNIT,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// `man -l` renders the page: exit 0, text out.

@@ -39,8 +39,10 @@ const PACKAGES: &[&str] = &[
     "cpio",
     "xz-utils",
     "zstd",
-    // The dist stage of `test`: `man -l` renders the packaged man pages.
+    // The dist stage of `test`: `man -l` renders the packaged man pages,
+    // `systemd-analyze verify` the packaged unit.
     "man-db",
+    "systemd",
     // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
     // build dependencies, pahole (dwarves) for BTF, patch for the series.
     "build-essential",
