@@ -521,6 +521,34 @@ mod tests {
         assert_eq!(mode(&avail), Mode::Tracepoint);
     }
 
+    /// A context of these tables on a 6.18 x86-64 kernel, nothing dropped,
+    /// nothing timed, every process listed.
+    fn context<'a>(
+        avail: &'a [(ReportClass, Availability)],
+        comms: &'a BTreeMap<u32, String>,
+        timeline: &'a Timeline,
+        lifetimes: &'a BTreeMap<u32, Lifetime>,
+        accounting: &'a BTreeMap<u32, KernelCount>,
+    ) -> Context<'a> {
+        Context {
+            kernel: "6.18".into(),
+            arch: "x86_64",
+            availability: avail,
+            probes: &[],
+            comms,
+            lifetimes,
+            accounting,
+            kernel_exceptions: false,
+            drops: Drops::default(),
+            duration_ns: 1,
+            timeline,
+            namer: None,
+            bound: None,
+            now_ns: 0,
+            latency: None,
+        }
+    }
+
     pub fn snap() -> Snapshot {
         let mut stats = BTreeMap::new();
         let mut s = Stat::ZERO;
@@ -553,23 +581,12 @@ mod tests {
         let accounting = BTreeMap::new();
         let ctx = Context {
             kernel: "6.12".into(),
-            arch: "x86_64",
-            availability: &avail,
-            probes: &[],
-            comms: &comms,
-            lifetimes: &lifetimes,
-            accounting: &accounting,
-            kernel_exceptions: false,
             drops: Drops(
                 [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::Drop::LostReturn), 1)]
                     .into(),
             ),
-            duration_ns: 1,
-            timeline: &timeline,
-            namer: None,
-            bound: None,
-            now_ns: 0,
             latency: Some(LatencyTier::All),
+            ..context(&avail, &comms, &timeline, &lifetimes, &accounting)
         };
         let r = build(&snap(), &ctx);
         let j = serde_json::to_value(&r).unwrap();
@@ -626,21 +643,8 @@ mod tests {
         let comms: BTreeMap<u32, String> = [(11, "idle".to_string())].into();
         let (timeline, lifetimes, accounting) = (Timeline::new(0, 0), BTreeMap::new(), BTreeMap::new());
         let ctx = Context {
-            kernel: "6.18".into(),
-            arch: "x86_64",
-            availability: &avail,
-            probes: &[],
-            comms: &comms,
-            lifetimes: &lifetimes,
-            accounting: &accounting,
-            kernel_exceptions: false,
-            drops: Drops::default(),
-            duration_ns: 1,
-            timeline: &timeline,
-            namer: None,
             bound: Some(Bound { sort: ReportClass::Faults, top: 2 }),
-            now_ns: 0,
-            latency: None,
+            ..context(&avail, &comms, &timeline, &lifetimes, &accounting)
         };
         let r = build(&snap, &ctx);
         let listed: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
@@ -681,21 +685,10 @@ mod tests {
         k.end = Some(End::Exited(FltCount { min: 100 + kernel, maj: 0 }));
         let accounting: BTreeMap<u32, KernelCount> = [(42, k)].into();
         let ctx = Context {
-            kernel: "6.18".into(),
-            arch: "x86_64",
-            availability: &avail,
-            probes: &[],
-            comms: &comms,
-            lifetimes: &lifetimes,
-            accounting: &accounting,
             kernel_exceptions: true,
             drops,
-            duration_ns: 1,
-            timeline: &timeline,
-            namer: None,
-            bound: None,
-            now_ns: 0,
             latency: Some(LatencyTier::All),
+            ..context(&avail, &comms, &timeline, &lifetimes, &accounting)
         };
         let mut snap = Snapshot::default();
         let mut a = Accounted::default();
