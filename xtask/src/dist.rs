@@ -202,8 +202,58 @@ pub fn dist() -> Result<()> {
             .with_context(|| format!("copying {} into {}", bin.display(), out.display()))?;
         deb(*a, bin, &docs, &work.join(format!("deb-{}", a.deb)), &out.join(deb_name(*a)))?;
     }
+    image(&bins.iter().find(|(a, _)| a.uname == "x86_64").context("no x86-64 build")?.1, &out)?;
     sha256sums(&out)?;
     print_table(&out)
+}
+
+/// The container image's archive in target/dist.
+fn image_name() -> String {
+    format!("faultscope-{VERSION}-amd64.oci.tar")
+}
+
+/// What the image runs: `serve`, whose arguments the image's command (or
+/// a DaemonSet's `args`) gives.
+const ENTRYPOINT: &str = r#"["/usr/bin/faultscope","serve"]"#;
+
+/// The static binary in an image of its own (nothing else: it needs no
+/// library), built with buildah from scratch, no daemon, and written as an
+/// OCI archive beside the .debs. buildah's container and image are removed
+/// again; only the archive stays.
+fn image(bin: &Path, out: &Path) -> Result<()> {
+    let tag = format!("localhost/faultscope:{VERSION}");
+    let output = |c: &mut Command| -> Result<String> {
+        let o = c.output().with_context(|| format!("starting {c:?} (package buildah)"))?;
+        ensure!(o.status.success(), "{c:?}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let ctr = output(Command::new("buildah").args(["from", "scratch"]))?;
+    let built = (|| -> Result<()> {
+        run(Command::new("buildah")
+            .args(["copy", "--chmod", "0755", &ctr])
+            .arg(bin)
+            .arg("/usr/bin/faultscope"))?;
+        run(Command::new("buildah").args([
+            "config",
+            "--entrypoint",
+            ENTRYPOINT,
+            "--cmd",
+            "-a --label-container --listen 0.0.0.0:9853",
+            "--port",
+            "9853/tcp",
+            "--label",
+            &format!("org.opencontainers.image.version={VERSION}"),
+            "--label",
+            "org.opencontainers.image.title=faultscope",
+            &ctr,
+        ]))?;
+        run(Command::new("buildah").args(["commit", "--rm", &ctr, &tag]))?;
+        let archive = format!("oci-archive:{}:{tag}", out.join(image_name()).display());
+        run(Command::new("buildah").args(["push", &tag, &archive]))
+    })();
+    let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    let _ = Command::new("buildah").args(["rmi", &tag]).output();
+    built
 }
 
 /// What `faultscope generate` wrote: the man pages (`*.1`) and the
@@ -397,8 +447,84 @@ pub fn check() -> Result<()> {
         bin.display(),
         out.status
     );
-    eprintln!("dist: both packages unpack with their files, static binaries and man pages");
+    check_image(&bin)?;
+    check_deploy()?;
+    eprintln!("dist: both packages unpack with their files, static binaries and man pages; the image holds the binary; the deployment files validate");
     Ok(())
+}
+
+/// The image archive: its config runs `faultscope serve`, and its one layer
+/// holds the static binary target/dist has.
+fn check_image(bin: &Path) -> Result<()> {
+    let dir = work_dir().join("check").join("image");
+    fresh_dir(&dir)?;
+    run(Command::new("tar").arg("-xf").arg(dist_dir().join(image_name())).arg("-C").arg(&dir))?;
+    let json = |digest: &str| -> Result<serde_json::Value> {
+        let hex = digest.strip_prefix("sha256:").context("a digest without sha256:")?;
+        Ok(serde_json::from_slice(&fs::read(dir.join("blobs/sha256").join(hex))?)?)
+    };
+    let index: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("index.json"))?)?;
+    let manifest = json(index["manifests"][0]["digest"].as_str().context("index.json without a manifest")?)?;
+    let config = json(manifest["config"]["digest"].as_str().context("a manifest without a config")?)?;
+    let entry = serde_json::to_string(&config["config"]["Entrypoint"])?;
+    ensure!(entry == ENTRYPOINT, "the image's entry point is {entry}, not {ENTRYPOINT}");
+    let layers = manifest["layers"].as_array().context("a manifest without layers")?;
+    ensure!(layers.len() == 1, "{} layers, expected the binary's one", layers.len());
+    let hex =
+        layers[0]["digest"].as_str().and_then(|d| d.strip_prefix("sha256:")).context("a layer digest")?;
+    let rootfs = dir.join("rootfs");
+    fs::create_dir_all(&rootfs)?;
+    run(Command::new("tar").arg("-xf").arg(dir.join("blobs/sha256").join(hex)).arg("-C").arg(&rootfs))?;
+    ensure!(
+        fs::read(rootfs.join("usr/bin/faultscope"))? == fs::read(bin)?,
+        "the image's /usr/bin/faultscope differs from {}",
+        bin.display()
+    );
+    Ok(())
+}
+
+/// The DaemonSet against the Kubernetes schemas (kubernetes-validate,
+/// from PyPI into target/), its image the version built here; every
+/// PromQL expression of the Grafana dashboard through promtool.
+fn check_deploy() -> Result<()> {
+    let ds = root().join("deploy/kubernetes/daemonset.yaml");
+    let text = fs::read_to_string(&ds)?;
+    ensure!(
+        text.contains(&format!("image: localhost/faultscope:{VERSION}\n")),
+        "{}: its image is not faultscope:{VERSION}",
+        ds.display()
+    );
+    let py = root().join("target/tools/python");
+    if !py.join("kubernetes_validate").is_dir() {
+        run(Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--target"])
+            .arg(&py)
+            .arg("kubernetes-validate==1.37.0"))?;
+    }
+    run(Command::new("python3")
+        .env("PYTHONPATH", &py)
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .arg(&ds))?;
+    let dash: serde_json::Value =
+        serde_json::from_slice(&fs::read(root().join("deploy/grafana/faultscope.json"))?)?;
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .context("a dashboard without panels")?
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    ensure!(!exprs.is_empty(), "the dashboard has no query");
+    let mut rules = String::from("groups:\n- name: dashboard\n  rules:\n");
+    for (i, e) in exprs.iter().enumerate() {
+        rules.push_str(&format!(
+            "  - record: faultscope_dashboard_{i}\n    expr: {}\n",
+            serde_json::to_string(e)?
+        ));
+    }
+    let at = work_dir().join("check").join("dashboard-rules.yml");
+    fs::write(&at, rules)?;
+    run(Command::new("promtool").args(["check", "rules"]).arg(&at))
 }
 
 /// The control fields dpkg reads back from `deb`.

@@ -43,6 +43,8 @@ const PACKAGES: &[&str] = &[
     // `systemd-analyze verify` the packaged unit.
     "man-db",
     "systemd",
+    // `cargo xtask dist`: the container image (from scratch, no daemon).
+    "buildah",
     // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
     // build dependencies, pahole (dwarves) for BTF, patch for the series.
     "build-essential",
