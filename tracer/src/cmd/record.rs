@@ -154,6 +154,7 @@ impl Recorder {
             now_ns: kernel::monotonic_ns(),
             latency: self.latency,
             bound: self.bound,
+            containers: &self.containers,
         })
     }
 

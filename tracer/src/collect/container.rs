@@ -19,12 +19,29 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A process's place. Empty fields: not known, or not in one.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
 pub struct Container {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub container_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pod_uid: String,
     /// `guaranteed`, `burstable` or `besteffort` (the kubelet's QoS class).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub qos: String,
+    /// A systemd service outside any container (`NAME.service`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub service: String,
 }
 
@@ -69,6 +86,17 @@ impl Container {
             c.qos = "guaranteed".into();
         }
         c
+    }
+
+    /// Whether the path named a container, a pod or a service.
+    pub fn is_known(&self) -> bool {
+        *self != Container::default()
+    }
+
+    /// The place of a running process (the default if it is gone).
+    pub fn of_pid(pid: u32) -> Container {
+        let path = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        Container::of_path(path.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default())
     }
 
     fn other() -> Container {
@@ -146,9 +174,7 @@ impl Containers {
         if let Some(c) = self.by_pid.get(&pid) {
             return c.clone();
         }
-        let path = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        let v2 = path.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default();
-        let mut c = Container::of_path(v2);
+        let mut c = Container::of_pid(pid);
         if !self.distinct.contains(&c) {
             if self.distinct.len() >= self.limit {
                 c = Container::other();

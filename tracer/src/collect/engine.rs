@@ -114,6 +114,9 @@ pub struct Recorder {
     pub system_wide: Option<SystemWide>,
     /// `-a`: which processes the report lists.
     pub bound: Option<super::select::Bound>,
+    /// Each process's container, pod or service, read from `/proc` when it
+    /// is first seen alive.
+    pub containers: BTreeMap<u32, super::container::Container>,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -263,7 +266,13 @@ impl Recorder {
                 .all
                 .then(|| SystemWide { preexisting: target::running(), ..Default::default() }),
             bound: None,
+            containers: BTreeMap::new(),
         })
+    }
+
+    /// The container of each live or newly named process not read yet.
+    fn place(&mut self, pid: u32) {
+        self.containers.entry(pid).or_insert_with(|| super::container::Container::of_pid(pid));
     }
 
     /// Under `-a`, each process of `snap` without a name is named from
@@ -276,6 +285,7 @@ impl Recorder {
             if let std::collections::btree_map::Entry::Vacant(e) = self.comms.entry(pid) {
                 if let Some(c) = target::comm_of(pid) {
                     e.insert(c);
+                    self.place(pid);
                 }
             }
         }
@@ -323,6 +333,7 @@ impl Recorder {
         self.comms.remove(&pid);
         self.lifetimes.remove(&pid);
         self.accounting.remove(&pid);
+        self.containers.remove(&pid);
         if let Some(sw) = self.system_wide.as_mut() {
             sw.exited.remove(&pid);
         }
@@ -528,6 +539,9 @@ impl Recorder {
         if phase_changed {
             let name = self.timeline.current().name.clone();
             self.snapshot_maps(&name);
+        }
+        for pid in self.live.iter().copied().collect::<Vec<_>>() {
+            self.place(pid);
         }
         self.session.flush_logs();
         Ok(())

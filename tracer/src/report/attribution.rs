@@ -529,6 +529,7 @@ mod tests {
                 attribution: r,
                 phases: vec![],
                 kernel_check: None,
+                container: None,
             }],
             ..Default::default()
         };

@@ -19,6 +19,7 @@ use crate::{
         accounting::KernelCount,
         attribution::attributable_here,
         collector::{latency, raw_latency, Snapshot},
+        container::Container,
         phases::{Lifetime, Timeline},
         select::Bound,
     },
@@ -55,6 +56,8 @@ pub struct Context<'a> {
     pub latency: Option<LatencyTier>,
     /// `-a`: the processes listed, the first `top` by `sort`.
     pub bound: Option<Bound>,
+    /// Each process's container, pod or service.
+    pub containers: &'a BTreeMap<u32, Container>,
 }
 
 /// The mode in one word: kprobes when the fault path is probed, else the
@@ -336,6 +339,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
             classes: classes(snap, tgid, None, ctx),
             attribution: attrib(snap, ctx, tgid, None, ctx.now_ns),
             kernel_check: kernel_check(snap, tgid, ctx),
+            container: ctx.containers.get(&tgid).filter(|c| c.is_known()).cloned(),
             phases: index
                 .carried(ctx.timeline, snap, tgid, ctx.lifetimes.get(&tgid))
                 .into_iter()
@@ -546,8 +550,11 @@ mod tests {
             bound: None,
             now_ns: 0,
             latency: None,
+            containers: &NO_CONTAINERS,
         }
     }
+
+    static NO_CONTAINERS: BTreeMap<u32, Container> = BTreeMap::new();
 
     pub fn snap() -> Snapshot {
         let mut stats = BTreeMap::new();

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::collect::phases::PhaseKind;
+pub use crate::collect::{container::Container, phases::PhaseKind};
 pub use crate::kernel::drops::{DropReason, Drops};
 use crate::kernel::{
     classes::ReportClass,
@@ -192,6 +192,10 @@ pub struct Process {
     /// faults over the run (`min_flt` + `maj_flt`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_check: Option<KernelCheck>,
+    /// The container, pod or systemd service it ran in (from its cgroup v2
+    /// path, read when it was first seen); absent when it was in none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
 }
 
 /// How a run over every process is bounded.
@@ -930,6 +934,7 @@ pub mod testing {
             attribution: Attribution::default(),
             phases,
             kernel_check: None,
+            container: None,
         }
     }
 }

@@ -277,3 +277,49 @@ fn every_process_is_counted_and_the_table_bounded() {
     let others = sw.other.classes[&ReportClass::Faults].count().unwrap();
     assert!(others >= 100 * 10, "the short processes' faults are in the others: {others}");
 }
+
+/// `record` names the container, pod and QoS class of a process in a
+/// cgroup laid out as the kubelet's cgroupfs driver makes them (the JSON's
+/// `container`), and not to a process outside it (which may itself run in
+/// the container this machine is).
+#[test]
+fn record_names_the_container_a_process_runs_in() {
+    let _t = host_test();
+    let d = tmp();
+    let (root, _rm) = test_cgroup("-rec");
+    let (uid, id) = ("0b6f8a2e-3c1d-4e5f-9a8b-7c6d5e4f3a77", format!("{:064x}", 0xc0ffee_u64));
+    let mut guards = Vec::new();
+    let mut cg = root.clone();
+    for part in ["kubepods", "burstable", &format!("pod{uid}"), &id] {
+        cg = cg.join(part);
+        std::fs::create_dir(&cg).unwrap();
+        guards.push(Rmdir(cg.clone()));
+    }
+    guards.reverse();
+    let join = format!("echo $$ > '{}/cgroup.procs' && exec sleep 30", cg.display());
+    let mut inside = Command::new("sh").args(["-c", &join]).spawn().unwrap();
+    let mut outside = Command::new("sleep").arg("30").spawn().unwrap();
+    // In its cgroup once the shell has exec'd sleep.
+    for _ in 0..100 {
+        if std::fs::read_to_string(format!("/proc/{}/comm", inside.id())).is_ok_and(|c| c.trim() == "sleep") {
+            break;
+        }
+        sleep(Duration::from_millis(20));
+    }
+    let json = d.path().join("r.json");
+    let (a, b) = (inside.id().to_string(), outside.id().to_string());
+    let out = faultscope(&["record", "-p", &a, "-p", &b, "-d", "1", "--json", json.to_str().unwrap()]);
+    inside.kill().unwrap();
+    outside.kill().unwrap();
+    let _ = (inside.wait(), outside.wait());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = read_report(&json);
+    let c = r.processes.iter().find(|p| p.pid == inside.id()).and_then(|p| p.container.clone());
+    let c = c.expect("the process in the pod's cgroup has a container");
+    assert_eq!(
+        (c.container_id.as_str(), c.pod_uid.as_str(), c.qos.as_str()),
+        (id.as_str(), uid, "burstable")
+    );
+    let o = r.processes.iter().find(|p| p.pid == outside.id()).expect("the other process");
+    assert!(o.container.as_ref().is_none_or(|c| c.pod_uid.is_empty() && c.container_id != id), "{o:#?}");
+}

@@ -687,6 +687,7 @@ mod tests {
                     phase(3, "mark:sets", PhaseKind::Mark, 3.5, None),
                 ],
                 kernel_check: None,
+                container: None,
             }],
             intervals: Some(intervals),
             ..Report::default()
