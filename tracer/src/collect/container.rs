@@ -95,8 +95,25 @@ impl Container {
 
     /// The place of a running process (the default if it is gone).
     pub fn of_pid(pid: u32) -> Container {
-        let path = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        Container::of_path(path.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default())
+        Container::of_proc_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default())
+    }
+
+    /// The place `/proc/PID/cgroup` names: the cgroup v2 path (`0::PATH`),
+    /// else, on a host with the v1 hierarchies too (where the kubelet and
+    /// Docker put their paths), the first v1 path that names one.
+    pub fn of_proc_cgroup(text: &str) -> Container {
+        let paths = text.lines().filter_map(|l| Some((l.starts_with("0::"), l.splitn(3, ':').nth(2)?)));
+        let mut v1 = Container::default();
+        for (v2, path) in paths {
+            let c = Container::of_path(path);
+            if v2 && c.is_known() {
+                return c;
+            }
+            if !v2 && !v1.is_known() {
+                v1 = c;
+            }
+        }
+        v1
     }
 
     fn other() -> Container {
@@ -235,6 +252,17 @@ mod tests {
         );
         assert_eq!(Container::of_path("/"), Container::default());
         assert_eq!(Container::of_path("/user.slice/user-0.slice/session-3.scope"), Container::default());
+    }
+
+    /// A host with the v1 hierarchies beside v2 (the v2 path `/`): the
+    /// kubelet's v1 path names the pod.
+    #[test]
+    fn v1_paths_where_v2_names_nothing() {
+        let text = format!("12:memory:/kubepods/burstable/pod{UID}/{ID}\n1:name=systemd:/kubepods/burstable/pod{UID}/{ID}\n0::/\n");
+        assert_eq!(Container::of_proc_cgroup(&text), c(ID, UID, "burstable", ""));
+        let v2 = format!("0::/system.slice/docker-{ID}.scope\n");
+        assert_eq!(Container::of_proc_cgroup(&v2), c(ID, "", "", ""));
+        assert_eq!(Container::of_proc_cgroup("0::/\n4:memory:/\n"), Container::default());
     }
 
     /// A directory named to look like a label, or an id of the wrong form,
