@@ -29,6 +29,8 @@ const BUILD_PACKAGES: &[&str] = &[
     "gcc-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     "libstd-rust-web-dev:arm64",
+    // `cargo xtask dist`: the container image (from scratch, no daemon).
+    "buildah",
 ];
 
 /// The rest of what the tests need, on top of [`BUILD_PACKAGES`].
@@ -43,8 +45,6 @@ const PACKAGES: &[&str] = &[
     // `systemd-analyze verify` the packaged unit.
     "man-db",
     "systemd",
-    // `cargo xtask dist`: the container image (from scratch, no daemon).
-    "buildah",
     // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
     // build dependencies, pahole (dwarves) for BTF, patch for the series.
     "build-essential",
