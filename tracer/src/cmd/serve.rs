@@ -213,7 +213,11 @@ impl Serve {
         let cg = &self.sel.cgroup_of;
         // Read once a process is named, while it is still there to read.
         let places: BTreeMap<u32, Container> = match self.containers.as_mut() {
-            Some(cs) => rec.comms.keys().map(|&pid| (pid, cs.of(pid))).collect(),
+            Some(cs) => rec
+                .comms
+                .keys()
+                .map(|&pid| (pid, cs.of(pid, rec.containers.get(&pid).unwrap_or(&Container::default()))))
+                .collect(),
             None => BTreeMap::new(),
         };
         self.metrics.update(

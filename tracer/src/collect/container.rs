@@ -185,13 +185,13 @@ impl Containers {
         Containers { by_pid: BTreeMap::new(), distinct: BTreeSet::new(), limit }
     }
 
-    /// `pid`'s place, read from `/proc` the first time (empty if the
-    /// process is gone by then).
-    pub fn of(&mut self, pid: u32) -> Container {
+    /// `pid`'s label, from its `place` (as the recorder read it) the first
+    /// time: `other` in every field once `limit` places are labelled.
+    pub fn of(&mut self, pid: u32, place: &Container) -> Container {
         if let Some(c) = self.by_pid.get(&pid) {
             return c.clone();
         }
-        let mut c = Container::of_pid(pid);
+        let mut c = place.clone();
         if !self.distinct.contains(&c) {
             if self.distinct.len() >= self.limit {
                 c = Container::other();
@@ -281,8 +281,8 @@ mod tests {
         let mut cs = Containers::new(1);
         cs.distinct.insert(c(ID, "", "", ""));
         cs.by_pid.insert(1, c(ID, "", "", ""));
-        assert_eq!(cs.of(1), c(ID, "", "", ""));
-        // This process's own place is a second one.
-        assert_eq!(cs.of(std::process::id()), Container::other());
+        assert_eq!(cs.of(1, &Container::default()), c(ID, "", "", ""));
+        // A second place is past the limit.
+        assert_eq!(cs.of(2, &Container::default()), Container::other());
     }
 }

@@ -540,8 +540,8 @@ impl Recorder {
             let name = self.timeline.current().name.clone();
             self.snapshot_maps(&name);
         }
-        for pid in self.live.iter().copied().collect::<Vec<_>>() {
-            self.place(pid);
+        for &pid in &self.live {
+            self.containers.entry(pid).or_insert_with(|| super::container::Container::of_pid(pid));
         }
         self.session.flush_logs();
         Ok(())
