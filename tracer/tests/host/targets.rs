@@ -221,7 +221,9 @@ fn every_process_is_counted_and_the_table_bounded() {
     let _t = host_test();
     let d = tmp();
     let json = d.path().join("r.json");
-    let rec = record_with(&["-a", "--top", "6", "--duration", "300"], &json);
+    // A top of 40: on a loaded machine other processes fault too, and the
+    // workloads (8,192 faults each at least) must stay listed.
+    let rec = record_with(&["-a", "--top", "40", "--duration", "300"], &json);
     wait_attached(&rec);
     let mut jobs: Vec<(std::process::Child, PathBuf)> = (0..4)
         .map(|i| {
@@ -254,9 +256,11 @@ fn every_process_is_counted_and_the_table_bounded() {
     let report = read_report(&json);
     assert_eq!(report.drops.nonzero().count(), 0, "{:?}", report.drops);
     let sw = report.system_wide.as_ref().expect("a report over every process");
-    assert!(report.processes.len() <= 6, "{} listed", report.processes.len());
-    // The workloads, their children and the short processes faulted.
+    assert!(report.processes.len() <= 40, "{} listed", report.processes.len());
+    // The workloads, their children and the short processes faulted: more
+    // than the top.
     assert!(sw.faulted >= 4 + 4 + 100, "{sw:?}");
+    assert!(sw.other.processes >= 100 - 40, "{sw:?}");
     assert_eq!(sw.other.processes, sw.faulted - report.processes.len() as u64, "{sw:?}");
     for (pid, w) in &wl {
         let rusage = w["minflt_total"].as_u64().unwrap() + w["majflt_total"].as_u64().unwrap();
@@ -275,7 +279,7 @@ fn every_process_is_counted_and_the_table_bounded() {
     // The short processes are past the top: summed in the others, each
     // with the faults of its exec at least.
     let others = sw.other.classes[&ReportClass::Faults].count().unwrap();
-    assert!(others >= 100 * 10, "the short processes' faults are in the others: {others}");
+    assert!(others >= 60 * 10, "the short processes' faults are in the others: {others}");
 }
 
 /// `record` names the container, pod and QoS class of a process in a
