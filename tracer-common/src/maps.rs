@@ -245,6 +245,28 @@ pub struct LifeEvent {
     /// thread by then (its `min_flt`/`maj_flt`): where the kernel's own
     /// count of a process that starts to count there starts from.
     pub flt: FltCount,
+    /// The thread's cgroup v2 id (`bpf_get_current_cgroup_id`, the cgroup
+    /// directory's inode number): names the container of a process that
+    /// exits before user space reads its `/proc/PID/cgroup`.
+    pub cgroup: u64,
+}
+
+/// The longest cgroup path [`CgroupDir`] carries; a longer one is left to
+/// user space's walk of the cgroup tree.
+pub const CGROUP_PATH_MAX: usize = 512;
+
+/// A cgroup v2 directory made (`cgroup:cgroup_mkdir`), sent through
+/// `CGROUP_DIRS`: its id and path as the kernel has them at that moment,
+/// so that a container's processes are named even when its cgroup is gone
+/// before user space reads it. Rare (one per cgroup made), never per fault.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CgroupDir {
+    pub id: u64,
+    /// Bytes of `path` before its NUL (`CGROUP_PATH_MAX`: cut short).
+    pub len: u32,
+    pub _pad: u32,
+    pub path: [u8; CGROUP_PATH_MAX],
 }
 
 /// The kernel's own fault count of a task (`task_struct.min_flt` and
@@ -345,10 +367,14 @@ pub enum Drop {
     /// `EXITED` was full: an exiting thread's own fault count was not kept,
     /// so its process's kernel check cannot be exact.
     ExitedFull = 10,
+    /// The `CGROUP_DIRS` ring was full: a cgroup made was not told, so a
+    /// process that exits from it before user space reads its place is
+    /// named by user space's walk of the cgroup tree, if that is still there.
+    CgroupDirsFull = 11,
 }
 
 impl Drop {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 12;
     pub const ALL: [Drop; Drop::COUNT] = [
         Drop::StatsFull,
         Drop::ThreadsFull,
@@ -361,6 +387,7 @@ impl Drop {
         Drop::StacksFull,
         Drop::StackLost,
         Drop::ExitedFull,
+        Drop::CgroupDirsFull,
     ];
 
     /// The array index.
@@ -383,6 +410,7 @@ impl Drop {
             Drop::StacksFull => "stacks_map_full",
             Drop::StackLost => "stack_ids_lost",
             Drop::ExitedFull => "exited_map_full",
+            Drop::CgroupDirsFull => "cgroup_dirs_ring_full",
         }
     }
 
@@ -400,6 +428,7 @@ impl Drop {
             Drop::StacksFull => "stack counts map full",
             Drop::StackLost => "stacks lost (collision or full stack map)",
             Drop::ExitedFull => "exited threads whose fault count was not kept",
+            Drop::CgroupDirsFull => "cgroups made whose path was not told",
         }
     }
 }
@@ -411,6 +440,7 @@ mod pod {
     unsafe impl aya::Pod for super::Stat {}
     unsafe impl aya::Pod for super::TargetInfo {}
     unsafe impl aya::Pod for super::LifeEvent {}
+    unsafe impl aya::Pod for super::CgroupDir {}
     unsafe impl aya::Pod for super::FltCount {}
 }
 

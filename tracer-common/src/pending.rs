@@ -25,6 +25,27 @@ use crate::{
 /// Slots per CPU, per cache (a power of two).
 pub const PENDING_SLOTS: u32 = 16;
 
+/// `FLUSHES` indices: the seqlock's generation; the faults every flush of
+/// a `STATS` slot carried, counted into the map or lost there (`STATS`
+/// full); the lost ones. With the faults still in slots, what the kernel
+/// saw reach its maps: user space's identity `seen = counted + lost`.
+pub const FLUSH_GENERATION: u32 = 0;
+pub const FLUSHED_FAULTS: u32 = 1;
+pub const LOST_FAULTS: u32 = 2;
+pub const FLUSH_COUNTERS: u32 = 3;
+
+/// The faults among `count` events of class set `set` (one fault per
+/// event where the set has a fault class: the fault path's or the
+/// tracepoint's; 0 for the contpte events, which are not faults).
+#[inline(always)]
+pub const fn faults_of(set: u32, count: u64) -> u64 {
+    if set & (KernelClass::Faults.bit() | KernelClass::TpFaults.bit()) != 0 {
+        count
+    } else {
+        0
+    }
+}
+
 /// A `STATS` slot. `key.tgid == 0`: empty (no traced process has tgid 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

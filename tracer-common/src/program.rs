@@ -104,6 +104,9 @@ programs! {
     ContpteConvert = "contpte_convert", Function;
     /// `__contpte_try_fold` (arm64).
     ContpteTryFold = "contpte_try_fold", Function;
+    /// Tracepoint `cgroup:cgroup_mkdir`: names a container whose
+    /// processes are gone before user space reads their place.
+    CgroupMkdir = "cgroup_mkdir", Tracepoint;
     /// Tracepoint `sched:sched_switch`: a fault's state leaves its CPU's
     /// slot with the thread.
     SchedSwitch = "sched_switch", BtfTracepoint;

@@ -23,7 +23,7 @@ use faultscope_common::{
         phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseId, TargetInfo, UntracedNote,
         ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
-    pending::{self, PendingStat, Slot},
+    pending::{self, PendingStat, Slot, FLUSHED_FAULTS, FLUSH_GENERATION, LOST_FAULTS},
     ThreadFault,
 };
 
@@ -226,6 +226,7 @@ pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
                 _pad: 0,
                 comm,
                 flt: current_flt(),
+                cgroup: unsafe { bpf_get_current_cgroup_id() },
             });
             e.submit(0);
         }
@@ -348,7 +349,7 @@ pub fn drop_add(d: Drop, n: u64) {
 /// `faultscope_common::pending`).
 #[inline(always)]
 pub fn flushing(flush: impl FnOnce()) {
-    let gen = FLUSHES.get_ptr_mut(0);
+    let gen = FLUSHES.get_ptr_mut(FLUSH_GENERATION);
     if let Some(g) = gen {
         unsafe { *g += 1 };
     }
@@ -412,13 +413,29 @@ pub fn pending_slot<S: Slot>(
 /// This CPU's pending slot for a `STATS` key.
 #[inline(always)]
 fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
-    pending_slot(&PENDING_STATS, pending::stat_slot(key), key, |v| match entry(&STATS, &ZERO, &v.key) {
-        Some(dst) => pending::drain_stat(unsafe { &mut *dst }, &mut v.stat),
-        None => {
-            drop_add(Drop::StatsFull, v.stat.count);
-            pending::clear_stat(&mut v.stat);
+    pending_slot(&PENDING_STATS, pending::stat_slot(key), key, |v| {
+        let faults = pending::faults_of(v.key.set, v.stat.count);
+        match entry(&STATS, &ZERO, &v.key) {
+            Some(dst) => {
+                pending::drain_stat(unsafe { &mut *dst }, &mut v.stat);
+                flush_count(FLUSHED_FAULTS, faults);
+            }
+            None => {
+                drop_add(Drop::StatsFull, v.stat.count);
+                pending::clear_stat(&mut v.stat);
+                flush_count(FLUSHED_FAULTS, faults);
+                flush_count(LOST_FAULTS, faults);
+            }
         }
     })
+}
+
+/// Adds `n` to this CPU's `FLUSHES` counter `i`.
+#[inline(always)]
+fn flush_count(i: u32, n: u64) {
+    if let Some(p) = FLUSHES.get_ptr_mut(i) {
+        unsafe { *p += n };
+    }
 }
 
 /// Counts one event of every class in `set` (one `STATS` entry per set:
@@ -436,7 +453,12 @@ pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
     match stat_slot(&key) {
         Some(s) if ns == UNTIMED => unsafe { (*s).stat.record(None) },
         Some(s) => unsafe { (*s).stat.record_timed(ns, own_ns) },
-        None => drop_count(Drop::StatsFull),
+        None => {
+            drop_count(Drop::StatsFull);
+            let faults = pending::faults_of(set, 1);
+            flush_count(FLUSHED_FAULTS, faults);
+            flush_count(LOST_FAULTS, faults);
+        }
     }
 }
 

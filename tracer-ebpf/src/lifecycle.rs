@@ -1,18 +1,20 @@
 //! Process lifecycle of traced processes: fork (and following children into
 //! the traced set), exec, exit, and the ring-buffer events that tell user
-//! space about them.
+//! space about them; and the cgroups made, which name where they ran.
 //!
 //! These start the phases a fault is accounted to: a fork, a child's exit or
 //! exec changes what the parent's COW faults mean.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
     macros::tracepoint,
     programs::TracePointContext,
+    EbpfContext as _,
 };
 use aya_log_ebpf::debug;
 use faultscope_common::maps::{
-    Drop, FltCount, LifeKind, TargetInfo, ADOPT_AT_EXEC, TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
+    CgroupDir, Drop, FltCount, LifeKind, TargetInfo, ADOPT_AT_EXEC, CGROUP_PATH_MAX, TARGET_FOLLOW_CHILDREN,
+    TARGET_PENDING_EXEC,
 };
 
 use crate::{
@@ -22,8 +24,9 @@ use crate::{
         ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
-        cfg, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF,
-        SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF, TRACE_ALL,
+        cfg, CGROUP_DIRS, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, MKDIR_ID_OFF, MKDIR_PATH_OFF,
+        MKDIR_ROOT_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
+        TRACE_ALL,
     },
 };
 
@@ -207,5 +210,42 @@ fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
         targets_changed();
         send(LifeKind::Exit, tgid, tid, 0, current_phase());
     }
+    Ok(0)
+}
+
+/// `cgroup:cgroup_mkdir`: each cgroup v2 directory made, with its id and
+/// path, to user space (`CGROUP_DIRS`), which names the container of a
+/// process from its id at exit even when the directory is gone by then.
+/// v1 hierarchies (`root` non-zero) are skipped: ids are v2's.
+#[tracepoint]
+pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
+    match try_cgroup_mkdir(ctx) {
+        Ok(r) => r,
+        Err(_) => 0,
+    }
+}
+
+fn try_cgroup_mkdir(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+    let root: i32 = field(&ctx, cfg(&MKDIR_ROOT_OFF))?;
+    if root != 0 {
+        return Ok(0);
+    }
+    let id: u64 = field(&ctx, cfg(&MKDIR_ID_OFF))?;
+    // `__data_loc`: the string's offset in the record (low half) and length.
+    let loc: u32 = field(&ctx, cfg(&MKDIR_PATH_OFF))?;
+    let Some(mut e) = CGROUP_DIRS.reserve::<CgroupDir>(0) else {
+        drop_count(Drop::CgroupDirsFull);
+        return Ok(0);
+    };
+    let d = e.as_mut_ptr();
+    let src = (ctx.as_ptr() as *const u8).wrapping_add((loc & 0xffff) as usize);
+    // SAFETY: `d` is the reserved record; the kernel bounds the copy.
+    let len = unsafe {
+        (*d).id = id;
+        (*d)._pad = 0;
+        bpf_probe_read_kernel_str_bytes(src, &mut (*d).path).map(|s| s.len()).unwrap_or(CGROUP_PATH_MAX)
+    };
+    unsafe { (*d).len = len as u32 };
+    e.submit(0);
     Ok(0)
 }

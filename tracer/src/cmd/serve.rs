@@ -235,6 +235,7 @@ impl Serve {
         let mut drops = self.rec.drops()?;
         drops.set(DropReason::AcceptErrors, self.accept_errors);
         self.metrics.update_drops(&drops);
+        self.metrics.update_flow(&snap.flow);
         let session = &self.rec.session;
         self.metrics.update_own(&session.status, session.program_costs()?.as_deref(), &session.map_fill());
         // Folded in: the entries of exited processes, and of phases before

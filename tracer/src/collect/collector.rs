@@ -18,7 +18,9 @@ use faultscope_common::{
     fault::Origin,
     hist,
     maps::ClassSetKey,
-    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
+    pending::{
+        faults_of, PendingMapping, PendingStat, FLUSHED_FAULTS, FLUSH_GENERATION, LOST_FAULTS, PENDING_SLOTS,
+    },
     KernelClass, PhaseId, Stat, StatKey,
 };
 
@@ -87,6 +89,18 @@ pub struct Snapshot {
     /// The counts kept moving between CPUs' slots and the maps through
     /// every retry: this snapshot may count a flush twice or not at all.
     pub torn: bool,
+    /// The faults that reached the kernel's maps, by the kernel's own count.
+    pub flow: FaultFlow,
+}
+
+/// The faults the programs brought to `STATS` since the run began, counted
+/// apart from `STATS` itself: `seen` (flushed from a CPU's slot, or still
+/// in one) is what was counted there plus what was `lost` (`STATS` full).
+/// What user space served must add up to it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultFlow {
+    pub seen: u64,
+    pub lost: u64,
 }
 
 /// Every CPU's value of index `i` of a per-CPU array.
@@ -102,6 +116,7 @@ struct Aggregates {
     mappings: BTreeMap<MappingKey, ClassCounts>,
     pending: BTreeSet<(u32, PhaseId)>,
     torn: bool,
+    flow: FaultFlow,
 }
 
 /// Attempts at a read no flush ran through, before taking one that may be
@@ -127,8 +142,12 @@ impl Aggregates {
         let started = std::time::Instant::now();
         loop {
             tries += 1;
-            let before: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
+            let before: Vec<u64> = per_cpu_at(bpf, "FLUSHES", FLUSH_GENERATION)?;
             let in_flush = before.iter().any(|g| g % 2 == 1);
+            let mut flow = FaultFlow {
+                seen: per_cpu_at::<u64>(bpf, "FLUSHES", FLUSHED_FAULTS)?.iter().sum(),
+                lost: per_cpu_at::<u64>(bpf, "FLUSHES", LOST_FAULTS)?.iter().sum(),
+            };
             let mut sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
             let mut mappings = per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?;
             let mut pending = BTreeSet::new();
@@ -137,6 +156,7 @@ impl Aggregates {
                     if p.key.tgid != 0 && p.stat.count > 0 {
                         sets.entry(p.key).or_insert(Stat::ZERO).merge(&p.stat);
                         pending.insert((p.key.tgid, p.key.phase));
+                        flow.seen += faults_of(p.key.set, p.stat.count);
                     }
                 }
                 for p in per_cpu_at::<PendingMapping>(bpf, "PENDING_MAPPINGS", i)? {
@@ -147,10 +167,10 @@ impl Aggregates {
                     }
                 }
             }
-            let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", 0)?;
+            let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", FLUSH_GENERATION)?;
             let clean = !in_flush && before == after;
             if clean || tries >= READ_TRIES || started.elapsed() >= within {
-                return Ok(Aggregates { sets, mappings, pending, torn: !clean });
+                return Ok(Aggregates { sets, mappings, pending, torn: !clean, flow });
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
@@ -193,7 +213,7 @@ pub fn fold(
     if gone.is_empty() {
         return Ok(BTreeSet::new());
     }
-    if per_cpu_at::<u64>(bpf, "FLUSHES", 0)?.iter().any(|g| g % 2 == 1) {
+    if per_cpu_at::<u64>(bpf, "FLUSHES", FLUSH_GENERATION)?.iter().any(|g| g % 2 == 1) {
         return Ok(BTreeSet::new());
     }
     let mut ready = gone.clone();
@@ -298,7 +318,7 @@ impl Snapshot {
     /// Reads every map; `within`: see [`INTERVAL_READ_WITHIN`]. `folded`:
     /// counts taken out of `STATS` earlier (see [`fold`]), added back.
     pub fn read(bpf: &Ebpf, within: Duration, folded: &BTreeMap<ClassSetKey, Stat>) -> Result<Snapshot> {
-        let Aggregates { mut sets, mappings, pending, torn } = Aggregates::read(bpf, within)?;
+        let Aggregates { mut sets, mappings, pending, torn, flow } = Aggregates::read(bpf, within)?;
         let stat_sets = sets.keys().copied().collect();
         for (k, v) in folded {
             sets.entry(*k).or_insert(Stat::ZERO).merge(v);
@@ -314,6 +334,7 @@ impl Snapshot {
             stacks: per_cpu_sums(bpf, "STACK_COUNTS", 0u64, |a, b| *a += *b)?,
             pending,
             torn,
+            flow,
         })
     }
 

@@ -16,7 +16,11 @@
 //! for a pod), and a service name only of the characters systemd gives
 //! units: a directory named by another user cannot forge a label.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 /// A process's place. Empty fields: not known, or not in one.
 #[derive(
@@ -208,6 +212,117 @@ impl Containers {
     }
 }
 
+/// The most cgroups [`Places`] remembers; past it, it starts afresh.
+pub const PLACES_MAX: usize = 65_536;
+
+/// How often, at most, a miss walks the cgroup tree again.
+const WALK_EVERY: Duration = Duration::from_secs(1);
+
+/// Places by cgroup v2 id (a cgroup directory's inode number, which the
+/// kernel's exit event carries): the place of a process that exits before
+/// its `/proc/PID/cgroup` is read. Learnt from the kernel's `cgroup_mkdir`
+/// events, which carry the path at the moment the directory is made (the
+/// runtime may remove it right after the container's last exit), and from
+/// a walk of the cgroup2 tree for cgroups made before the run.
+pub struct Places {
+    by_id: HashMap<u64, Container>,
+    /// The cgroup2 mount (none on a host with v1 hierarchies only).
+    root: Option<PathBuf>,
+    next_walk: Option<Instant>,
+}
+
+impl Places {
+    pub fn new() -> Places {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        Places { by_id: HashMap::new(), root: cgroup2_mount(&mountinfo), next_walk: None }
+    }
+
+    /// A cgroup made, as the kernel told it.
+    pub fn made(&mut self, id: u64, path: &str) {
+        self.insert(id, Container::of_path(path));
+    }
+
+    fn insert(&mut self, id: u64, c: Container) {
+        if self.by_id.len() >= PLACES_MAX && !self.by_id.contains_key(&id) {
+            self.by_id.clear();
+        }
+        self.by_id.insert(id, c);
+    }
+
+    /// The place cgroup `id` names (the default if it is not known, even
+    /// after a walk).
+    pub fn of(&mut self, id: u64) -> Container {
+        if !self.by_id.contains_key(&id) && self.next_walk.is_none_or(|t| Instant::now() >= t) {
+            self.next_walk = Some(Instant::now() + WALK_EVERY);
+            if let Some(root) = self.root.clone() {
+                self.walk(&root);
+            }
+        }
+        self.by_id.get(&id).cloned().unwrap_or_default()
+    }
+
+    /// Every directory under `root`, by inode number, at most
+    /// [`PLACES_MAX`] of them.
+    fn walk(&mut self, root: &Path) {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut todo = vec![root.to_path_buf()];
+        let mut seen = 0;
+        while let Some(dir) = todo.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for e in entries.flatten() {
+                // No symbolic link is followed: a cgroup is a directory.
+                let Ok(m) = e.metadata() else { continue };
+                if !m.is_dir() || seen >= PLACES_MAX {
+                    continue;
+                }
+                seen += 1;
+                let path = e.path();
+                let rel = path.strip_prefix(root).unwrap_or(&path).to_string_lossy().into_owned();
+                self.insert(m.ino(), Container::of_path(&rel));
+                todo.push(path);
+            }
+        }
+    }
+}
+
+impl Default for Places {
+    fn default() -> Self {
+        Places::new()
+    }
+}
+
+/// Where the cgroup2 file system is mounted, from `/proc/self/mountinfo`
+/// (`ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS... - TYPE SOURCE SUPER`).
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        let point = left.split(' ').nth(4)?;
+        (right.split(' ').next()? == "cgroup2").then(|| PathBuf::from(unescape_octal(point)))
+    })
+}
+
+/// mountinfo's escapes (`\040` for a space, and the like).
+fn unescape_octal(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct =
+            b.get(i + 1..i + 4).filter(|o| b[i] == b'\\' && o.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(o) => {
+                out.push(o.iter().fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +399,34 @@ mod tests {
         assert_eq!(cs.of(1, &Container::default()), c(ID, "", "", ""));
         // A second place is past the limit.
         assert_eq!(cs.of(2, &Container::default()), Container::other());
+    }
+
+    #[test]
+    fn the_cgroup2_mount_is_found_in_mountinfo() {
+        let info = "25 30 0:22 / /sys ro,nosuid shared:7 - sysfs sysfs rw\n\
+            31 25 0:27 / /sys/fs/cgroup/unified rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n\
+            32 25 0:28 / /sys/fs/cgroup/memory rw shared:10 - cgroup cgroup rw,memory\n";
+        assert_eq!(cgroup2_mount(info), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        let spaced = "40 30 0:27 / /mnt/a\\040b rw - cgroup2 none rw\n";
+        assert_eq!(cgroup2_mount(spaced), Some(PathBuf::from("/mnt/a b")));
+        assert_eq!(cgroup2_mount("32 25 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw\n"), None);
+    }
+
+    #[test]
+    fn places_come_from_the_kernel_and_from_a_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let scope = dir.path().join("system.slice").join(format!("docker-{ID}.scope"));
+        std::fs::create_dir_all(&scope).unwrap();
+        use std::os::unix::fs::MetadataExt as _;
+        let ino = std::fs::metadata(&scope).unwrap().ino();
+        let mut p = Places { by_id: HashMap::new(), root: Some(dir.path().into()), next_walk: None };
+        // Made before the run: found by the walk.
+        assert_eq!(p.of(ino).container_id, ID);
+        // Told by the kernel, and gone since: still named.
+        p.made(7, &format!("/kubepods/besteffort/pod{UID}/{ID}"));
+        assert_eq!(p.of(7).pod_uid, UID);
+        // Unknown: nothing, and no second walk within the second.
+        assert_eq!(p.of(8), Container::default());
+        assert!(p.next_walk.is_some());
     }
 }

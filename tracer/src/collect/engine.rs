@@ -115,8 +115,9 @@ pub struct Recorder {
     /// `-a`: which processes the report lists.
     pub bound: Option<super::select::Bound>,
     /// Each process's container, pod or service, read from `/proc` when it
-    /// is first seen alive.
+    /// is first seen alive, else named by its cgroup at its exit.
     pub containers: BTreeMap<u32, super::container::Container>,
+    places: super::container::Places,
 }
 
 /// Entries of the stack map when stacks are asked for.
@@ -267,6 +268,7 @@ impl Recorder {
                 .then(|| SystemWide { preexisting: target::running(), ..Default::default() }),
             bound: None,
             containers: BTreeMap::new(),
+            places: super::container::Places::new(),
         })
     }
 
@@ -417,6 +419,10 @@ impl Recorder {
     /// Applies lifecycle events: phases, followed children joining the live
     /// set, exits leaving it, and when each process existed.
     pub fn drain_events(&mut self) -> Result<()> {
+        // Before the exits: a process may exit from a cgroup made this tick.
+        for (id, path) in self.session.cgroup_dirs()? {
+            self.places.made(id, &path);
+        }
         let mut evs = Vec::new();
         {
             let mut ring = self.session.events()?;
@@ -519,6 +525,11 @@ impl Recorder {
                         }
                         sw.exited.insert(e.tgid);
                         self.comms.insert(e.tgid, comm.clone());
+                    }
+                    // Gone before its place was read: named by its cgroup.
+                    let place = self.containers.entry(e.tgid).or_default();
+                    if !place.is_known() && e.cgroup != 0 {
+                        *place = self.places.of(e.cgroup);
                     }
                     let exited = self.session.take_exited(e.tgid);
                     if let Some(k) = self.accounting.get_mut(&e.tgid) {

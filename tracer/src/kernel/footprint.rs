@@ -10,7 +10,7 @@ use std::mem::size_of;
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
     maps::{ClassSetKey, FltCount, OpenFault, TargetInfo, UntracedNote},
-    pending::{PendingMapping, PendingStat, PENDING_SLOTS},
+    pending::{PendingMapping, PendingStat, FLUSH_COUNTERS, PENDING_SLOTS},
     Stat,
 };
 
@@ -124,11 +124,12 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("ZERO", 1, 4, size_of::<Stat>(), true, cpus),
         map("PENDING_STATS", PENDING_SLOTS as u64, 4, size_of::<PendingStat>(), true, cpus),
         map("PENDING_MAPPINGS", PENDING_SLOTS as u64, 4, size_of::<PendingMapping>(), true, cpus),
-        map("FLUSHES", 1, 4, 8, true, cpus),
+        map("FLUSHES", FLUSH_COUNTERS as u64, 4, 8, true, cpus),
         map("TARGETS_EPOCH", 1, 4, 8, false, cpus),
         map("UNTRACED", 1, 4, size_of::<UntracedNote>(), true, cpus),
         map("OPEN", 1, 4, size_of::<OpenFault>(), true, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
+        map("CGROUP_DIRS", 1, 0, 64 << 10, false, cpus),
         map("VMAS", vmas, size_of::<VmaKey>(), size_of::<VmaInfo>(), false, cpus),
         map("VMA_SCRATCH", 1, 4, size_of::<VmaInfo>(), true, cpus),
         map("LAST_VMA", 1, 4, size_of::<LastVma>(), true, cpus),

@@ -112,6 +112,17 @@ pub const PROBES: &[ProbeSpec] = &[
         folded_into: None,
     },
     ProbeSpec {
+        program: Program::CgroupMkdir,
+        hook: Hook::Tracepoint("cgroup", "cgroup_mkdir"),
+        arch: Arch::Any,
+        min_kernel: "4.19",
+        required: false,
+        measures: "cgroup v2 directories made: the container of a process that exits before its /proc is read",
+        redundant_with: None,
+        only_with: None,
+        folded_into: None,
+    },
+    ProbeSpec {
         program: Program::PageFaultUser,
         hook: Hook::Tracepoint("exceptions", "page_fault_user"),
         arch: Arch::X86_64,

@@ -13,7 +13,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use faultscope_common::{
-    maps::{phase_id, ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseId, Stat, TargetInfo},
+    maps::{
+        phase_id, CgroupDir, ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseId, Stat, TargetInfo,
+        CGROUP_PATH_MAX,
+    },
     Program,
 };
 use schemars::JsonSchema;
@@ -142,12 +145,15 @@ impl std::ops::Drop for PhaseCount {
 
 /// The tracepoint fields the programs read: (category, name, field, the
 /// object's global that takes its offset).
-const TP_FIELDS: [(&str, &str, &str, &str); 5] = [
+const TP_FIELDS: [(&str, &str, &str, &str); 8] = [
     ("exceptions", "page_fault_user", "address", "PF_ADDRESS_OFF"),
     ("exceptions", "page_fault_user", "ip", "PF_IP_OFF"),
     ("exceptions", "page_fault_user", "error_code", "PF_ERROR_CODE_OFF"),
     ("task", "task_newtask", "pid", "NEWTASK_PID_OFF"),
     ("task", "task_newtask", "clone_flags", "NEWTASK_CLONE_FLAGS_OFF"),
+    ("cgroup", "cgroup_mkdir", "root", "MKDIR_ROOT_OFF"),
+    ("cgroup", "cgroup_mkdir", "id", "MKDIR_ID_OFF"),
+    ("cgroup", "cgroup_mkdir", "path", "MKDIR_PATH_OFF"),
 ];
 
 /// The offsets of [`TP_FIELDS`] in this kernel, by global, and a warning for
@@ -812,6 +818,28 @@ impl Session {
     pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {
         let m = self.bpf.map_mut("EVENTS").ok_or_else(|| anyhow!("no EVENTS map"))?;
         Ok(RingBuf::try_from(m)?)
+    }
+
+    /// The cgroup v2 directories made since the last call: (id, path); a
+    /// path cut short at `CGROUP_PATH_MAX` is left out.
+    pub fn cgroup_dirs(&mut self) -> Result<Vec<(u64, String)>> {
+        let m = self.bpf.map_mut("CGROUP_DIRS").ok_or_else(|| anyhow!("no CGROUP_DIRS map"))?;
+        let mut ring = RingBuf::try_from(m)?;
+        let mut out = Vec::new();
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<CgroupDir>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote a CgroupDir; read unaligned.
+            let d = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const CgroupDir) };
+            let len = d.len as usize;
+            // The copy keeps room for its NUL: a path of the whole room
+            // minus one may have been cut.
+            if len + 1 < CGROUP_PATH_MAX {
+                out.push((d.id, String::from_utf8_lossy(&d.path[..len]).into_owned()));
+            }
+        }
+        Ok(out)
     }
 
     pub fn flush_logs(&mut self) {

@@ -29,6 +29,11 @@
 //! - `faultscope_class_measurable{class, reason}`: 1, or 0 with a short
 //!   reason code (`needs:PROGRAM`; the prose is in serve's log at start): a
 //!   class that cannot be measured here never shows as a 0 count.
+//! - `faultscope_faults_seen_total`, `faultscope_faults_lost_total`: the
+//!   faults the kernel counted reaching its maps, apart from the maps, and
+//!   those lost there: `sum(faultscope_faults_total) +
+//!   faultscope_faults_lost_total == faultscope_faults_seen_total` once every
+//!   process seen is served (see `collect::collector::FaultFlow`).
 //! - `faultscope_drops_total{reason}`, `faultscope_forks_total{comm}`,
 //!   `faultscope_build_info{version, kernel, arch, backend}`.
 //!
@@ -54,7 +59,11 @@ use prometheus_client::{
 };
 
 use crate::{
-    collect::{collector::Snapshot, container::Container, phases::PhaseKind},
+    collect::{
+        collector::{FaultFlow, Snapshot},
+        container::Container,
+        phases::PhaseKind,
+    },
     kernel::{
         classes::{self, Availability, ReportClass},
         latency::LatencyTier,
@@ -253,6 +262,9 @@ pub struct Metrics {
     /// The kinds that can occur here.
     kinds: Vec<&'static str>,
     last_drops: Drops,
+    seen: Counter,
+    lost: Counter,
+    last_flow: FaultFlow,
     /// Timed metrics, by kernel class.
     classes: Vec<(ReportClass, KernelClass, bool)>,
 }
@@ -298,6 +310,13 @@ impl Metrics {
             drops.clone(),
         );
         registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
+        let (seen, lost) = (Counter::default(), Counter::default());
+        registry.register("faultscope_faults_seen", "Faults faultscope's programs brought to the kernel's maps, by a count kept apart from them: sum(faultscope_faults_total) + faultscope_faults_lost_total is this once every process seen is served (a process not yet named, or a phase held back for a tick, is served at a later scrape)", seen.clone());
+        registry.register(
+            "faultscope_faults_lost",
+            "Faults lost at the kernel's maps (the stats map full): in faultscope_faults_seen_total, in no faultscope_faults_total series",
+            lost.clone(),
+        );
         let own = Own::register(&mut registry);
         // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
         // format (and promtool) know no info type.
@@ -358,6 +377,9 @@ impl Metrics {
             forks,
             last: HashMap::new(),
             last_drops: Drops::default(),
+            seen,
+            lost,
+            last_flow: FaultFlow::default(),
             classes,
         }
     }
@@ -496,6 +518,14 @@ impl Metrics {
             }
             self.last_drops.set(reason, *v);
         }
+    }
+
+    /// The kernel's count of the faults that reached its maps, and of those
+    /// lost there (cumulative over the session).
+    pub fn update_flow(&mut self, flow: &FaultFlow) {
+        self.seen.inc_by(flow.seen.saturating_sub(self.last_flow.seen));
+        self.lost.inc_by(flow.lost.saturating_sub(self.last_flow.lost));
+        self.last_flow = *flow;
     }
 
     /// faultscope's own state: which programs are attached, their runs and
