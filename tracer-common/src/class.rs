@@ -5,9 +5,40 @@ use crate::fault::Origin;
 
 /// Declares a `#[repr]` enum with its values, and `ALL` (every variant, in
 /// declaration order) and `COUNT` from the same list, so that no variant can
-/// be left out of either.
+/// be left out of either. The `keyed` form gives each variant its key (the
+/// JSON key, the metric label) and a description for a human, as `key()`
+/// and `describe()`.
 #[macro_export]
 macro_rules! catalogue {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $repr:ident keyed {
+            $($(#[$vmeta:meta])* $variant:ident = $value:literal => $key:literal, $what:literal;)*
+        }
+    ) => {
+        $crate::catalogue! {
+            $(#[$meta])*
+            pub enum $name: $repr {
+                $($(#[$vmeta])* $variant = $value,)*
+            }
+        }
+
+        impl $name {
+            /// The key in the report's JSON and in metric labels.
+            pub const fn key(self) -> &'static str {
+                match self {
+                    $($name::$variant => $key,)*
+                }
+            }
+
+            /// What it is, for a human.
+            pub const fn describe(self) -> &'static str {
+                match self {
+                    $($name::$variant => $what,)*
+                }
+            }
+        }
+    };
     (
         $(#[$meta:meta])*
         pub enum $name:ident: $repr:ty {

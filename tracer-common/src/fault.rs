@@ -35,25 +35,23 @@ pub const FAULT_FLAG_WRITE: u32 = 1 << 0;
 pub const FAULT_FLAG_TRIED: u32 = 1 << 5;
 pub const FAULT_FLAG_USER: u32 = 1 << 6;
 
-/// Who asked `handle_mm_fault` for a fault of the current task.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Origin {
-    /// The CPU faulted in user mode (`regs` set, `FAULT_FLAG_USER`).
-    User = 0,
-    /// The kernel faulted on user memory while it ran a system call for the
-    /// task (`copy_to_user`, `copy_from_user`, futex): `regs` set, no
-    /// `FAULT_FLAG_USER`.
-    Kernel = 1,
-    /// get_user_pages for the task (`/proc/PID/mem`, `process_vm_writev`,
-    /// O_DIRECT, io_uring, ptrace, exec's argument copy): `regs == NULL`.
-    Gup = 2,
+crate::catalogue! {
+    /// Who asked `handle_mm_fault` for a fault of the current task.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Origin: u32 {
+        /// The CPU faulted in user mode (`regs` set, `FAULT_FLAG_USER`).
+        User = 0,
+        /// The kernel faulted on user memory while it ran a system call for the
+        /// task (`copy_to_user`, `copy_from_user`, futex): `regs` set, no
+        /// `FAULT_FLAG_USER`.
+        Kernel = 1,
+        /// get_user_pages for the task (`/proc/PID/mem`, `process_vm_writev`,
+        /// O_DIRECT, io_uring, ptrace, exec's argument copy): `regs == NULL`.
+        Gup = 2,
+    }
 }
 
 impl Origin {
-    pub const COUNT: usize = 3;
-    pub const ALL: [Origin; Origin::COUNT] = [Origin::User, Origin::Kernel, Origin::Gup];
-
     /// The origin of `handle_mm_fault(vma, address, flags, regs)`.
     #[inline(always)]
     pub const fn of(flags: u32, regs: u64) -> Origin {

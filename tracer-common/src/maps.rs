@@ -285,44 +285,34 @@ impl FltCount {
     }
 }
 
-/// Indices of the `CONFIG` value ([`ConfigValues`]), written by user space once the probes are
-/// attached and before any target is added: what the tracepoint must record,
-/// so that no fault pays for counts the report will not show.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Config {
-    /// The `ClassSet` bits of the error-code classes to count.
-    TpClasses = 0,
-    /// Non-zero when the kretprobe classifies faults and needs the exception
-    /// record (error code) of each.
-    Exceptions = 1,
-    /// Non-zero: count every class per mapping too (`MAPPINGS`).
-    Mappings = 2,
-    /// The `ClassSet` bits of the classes whose faulting instruction is
-    /// counted (`SITES`).
-    SiteClasses = 3,
-    /// The `ClassSet` bits of the classes whose user stacks are counted.
-    UserStackClasses = 4,
-    /// The `ClassSet` bits of the classes whose kernel stacks are counted
-    /// (the contpte classes: which kernel path unfolded a block).
-    KernelStackClasses = 5,
-    /// Which faults are timed (`--latency`): 0 none, 1 every fault, N one
-    /// in N on each CPU.
-    LatencyEvery = 6,
+crate::catalogue! {
+    /// Indices of the `CONFIG` value ([`ConfigValues`]), written by user space once the probes are
+    /// attached and before any target is added: what the tracepoint must record,
+    /// so that no fault pays for counts the report will not show.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Config: u32 {
+        /// The `ClassSet` bits of the error-code classes to count.
+        TpClasses = 0,
+        /// Non-zero when the kretprobe classifies faults and needs the exception
+        /// record (error code) of each.
+        Exceptions = 1,
+        /// Non-zero: count every class per mapping too (`MAPPINGS`).
+        Mappings = 2,
+        /// The `ClassSet` bits of the classes whose faulting instruction is
+        /// counted (`SITES`).
+        SiteClasses = 3,
+        /// The `ClassSet` bits of the classes whose user stacks are counted.
+        UserStackClasses = 4,
+        /// The `ClassSet` bits of the classes whose kernel stacks are counted
+        /// (the contpte classes: which kernel path unfolded a block).
+        KernelStackClasses = 5,
+        /// Which faults are timed (`--latency`): 0 none, 1 every fault, N one
+        /// in N on each CPU.
+        LatencyEvery = 6,
+    }
 }
 
 impl Config {
-    pub const COUNT: usize = 7;
-    pub const ALL: [Config; Config::COUNT] = [
-        Config::TpClasses,
-        Config::Exceptions,
-        Config::Mappings,
-        Config::SiteClasses,
-        Config::UserStackClasses,
-        Config::KernelStackClasses,
-        Config::LatencyEvery,
-    ];
-
     /// The array index.
     #[inline(always)]
     pub const fn index(self) -> u32 {
@@ -330,106 +320,57 @@ impl Config {
     }
 }
 
-/// Indices of counters in the `DROPS` per-CPU array: things that went wrong
-/// in the kernel and must be reported, never silently lost. Only append:
-/// the index is an ABI between the eBPF object and user space.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Drop {
-    /// `STATS` was full: an event of a new (process, phase, set of classes)
-    /// was lost.
-    StatsFull = 0,
-    /// No `THREADS` state for a thread (the task storage could not be
-    /// allocated, or was busy under a nested program on that CPU): its
-    /// fault was not followed. (The key keeps its first name.)
-    ThreadsFull = 1,
-    /// `TARGETS` or `CHILDREN` was full: a child was not traced or followed.
-    TargetsFull = 2,
-    /// The `EVENTS` ring was full: a lifecycle event was lost.
-    EventsFull = 3,
-    /// A fault entered `handle_mm_fault` and its kretprobe never ran (the
-    /// kernel had no free kretprobe instance). Seen when the thread's next
-    /// fault enters, which counts it then from its marks: untimed, and with
-    /// its return value unknown (taken as completed, not retried).
-    LostReturn = 4,
-    /// A read of a program's context (probe argument, tracepoint field)
-    /// failed: that event was not classified.
-    ReadFailed = 5,
-    /// `MAPPINGS` was full: an event was not attributed to its mapping.
-    MappingsFull = 6,
-    /// `SITES` was full: an event was not attributed to its code site.
-    SitesFull = 7,
-    /// `STACK_COUNTS` was full: a stack was not counted.
-    StacksFull = 8,
-    /// `bpf_get_stackid` failed (a hash collision in `STACK_TRACES`, or it
-    /// was full): the event's stack is missing.
-    StackLost = 9,
-    /// `EXITED` was full: an exiting thread's own fault count was not kept,
-    /// so its process's kernel check cannot be exact.
-    ExitedFull = 10,
-    /// The `CGROUP_DIRS` ring was full: a cgroup made was not told, so a
-    /// process that exits from it before user space reads its place is
-    /// named by user space's walk of the cgroup tree, if that is still there.
-    CgroupDirsFull = 11,
+crate::catalogue! {
+    /// Indices of counters in the `DROPS` per-CPU array: things that went
+    /// wrong in the kernel and must be reported, never silently lost. Only
+    /// append: the index is an ABI between the eBPF object and user space.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum DropKind: u32 keyed {
+        /// `STATS` was full: an event of a new (process, phase, set of
+        /// classes) was lost.
+        StatsFull = 0 => "stats_map_full", "stats map full";
+        /// No `THREADS` state for a thread (its task storage could not be
+        /// allocated, or was busy under a nested program on that CPU): its
+        /// fault was not followed. `threads_map_full` in older reports.
+        ThreadStateFailed = 1 => "thread_state_failed", "thread state not created (task storage out of memory or busy)";
+        /// `TARGETS` or `CHILDREN` was full: a child was not traced or followed.
+        TargetsFull = 2 => "targets_map_full", "targets map full";
+        /// The `EVENTS` ring was full: a lifecycle event was lost.
+        EventsFull = 3 => "events_ring_full", "events ring full";
+        /// A fault entered `handle_mm_fault` and its kretprobe never ran (the
+        /// kernel had no free kretprobe instance). Seen when the thread's
+        /// next fault enters, which counts it then from its marks: untimed,
+        /// and with its return value unknown (taken as completed, not
+        /// retried).
+        LostReturn = 4 => "lost_kretprobe_returns", "faults whose kretprobe was missed (counted untimed at the next fault)";
+        /// A read of a program's context (probe argument, tracepoint field)
+        /// failed: that event was not classified.
+        ReadFailed = 5 => "context_read_failed", "events whose context could not be read";
+        /// `MAPPINGS` was full: an event was not attributed to its mapping.
+        MappingsFull = 6 => "mappings_map_full", "mappings map full";
+        /// `SITES` was full: an event was not attributed to its code site.
+        SitesFull = 7 => "sites_map_full", "sites map full";
+        /// `STACK_COUNTS` was full: a stack was not counted.
+        StacksFull = 8 => "stacks_map_full", "stack counts map full";
+        /// `bpf_get_stackid` failed (a hash collision in `STACK_TRACES`, or
+        /// it was full): the event's stack is missing.
+        StackLost = 9 => "stack_ids_lost", "stacks lost (collision or full stack map)";
+        /// `EXITED` was full: an exiting thread's own fault count was not
+        /// kept, so its process's kernel check cannot be exact.
+        ExitedFull = 10 => "exited_map_full", "exited threads whose fault count was not kept";
+        /// The `CGROUP_DIRS` ring was full: a cgroup made was not told, so a
+        /// process that exits from it before user space reads its place is
+        /// named by user space's walk of the cgroup tree, if that is still
+        /// there.
+        CgroupDirsFull = 11 => "cgroup_dirs_ring_full", "cgroups made whose path was not told";
+    }
 }
 
-impl Drop {
-    pub const COUNT: usize = 12;
-    pub const ALL: [Drop; Drop::COUNT] = [
-        Drop::StatsFull,
-        Drop::ThreadsFull,
-        Drop::TargetsFull,
-        Drop::EventsFull,
-        Drop::LostReturn,
-        Drop::ReadFailed,
-        Drop::MappingsFull,
-        Drop::SitesFull,
-        Drop::StacksFull,
-        Drop::StackLost,
-        Drop::ExitedFull,
-        Drop::CgroupDirsFull,
-    ];
-
+impl DropKind {
     /// The array index.
     #[inline(always)]
     pub const fn index(self) -> u32 {
         self as u32
-    }
-
-    /// The key in the report's `drops` object (schema faultscope/1).
-    pub const fn key(self) -> &'static str {
-        match self {
-            Drop::StatsFull => "stats_map_full",
-            Drop::ThreadsFull => "threads_map_full",
-            Drop::TargetsFull => "targets_map_full",
-            Drop::EventsFull => "events_ring_full",
-            Drop::LostReturn => "lost_kretprobe_returns",
-            Drop::ReadFailed => "context_read_failed",
-            Drop::MappingsFull => "mappings_map_full",
-            Drop::SitesFull => "sites_map_full",
-            Drop::StacksFull => "stacks_map_full",
-            Drop::StackLost => "stack_ids_lost",
-            Drop::ExitedFull => "exited_map_full",
-            Drop::CgroupDirsFull => "cgroup_dirs_ring_full",
-        }
-    }
-
-    /// What was lost, for a human.
-    pub const fn describe(self) -> &'static str {
-        match self {
-            Drop::StatsFull => "stats map full",
-            Drop::ThreadsFull => "thread state not created (task storage out of memory or busy)",
-            Drop::TargetsFull => "targets map full",
-            Drop::EventsFull => "events ring full",
-            Drop::LostReturn => "faults whose kretprobe was missed (counted untimed at the next fault)",
-            Drop::ReadFailed => "events whose context could not be read",
-            Drop::MappingsFull => "mappings map full",
-            Drop::SitesFull => "sites map full",
-            Drop::StacksFull => "stack counts map full",
-            Drop::StackLost => "stacks lost (collision or full stack map)",
-            Drop::ExitedFull => "exited threads whose fault count was not kept",
-            Drop::CgroupDirsFull => "cgroups made whose path was not told",
-        }
     }
 }
 
@@ -450,7 +391,7 @@ mod tests {
 
     #[test]
     fn indices_are_positions() {
-        for (i, d) in Drop::ALL.iter().enumerate() {
+        for (i, d) in DropKind::ALL.iter().enumerate() {
             assert_eq!(d.index() as usize, i);
         }
         for (i, c) in Config::ALL.iter().enumerate() {
@@ -460,8 +401,8 @@ mod tests {
 
     #[test]
     fn drop_keys_are_unique() {
-        for a in Drop::ALL {
-            for b in Drop::ALL {
+        for a in DropKind::ALL {
+            for b in DropKind::ALL {
                 assert!(a == b || (a.key() != b.key() && a.describe() != b.describe()), "{a:?} {b:?}");
             }
         }

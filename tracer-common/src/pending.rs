@@ -242,7 +242,7 @@ pub fn drain_counts(dst: Option<&mut ClassCounts>, src: &mut ClassCounts) {
 
 /// The events a slot holds, at least: each counts once in each of its
 /// classes, so the largest class count (what a flush that cannot keep them
-/// loses, for `Drop::MappingsFull`).
+/// loses, for `DropKind::MappingsFull`).
 #[inline(always)]
 pub fn events(c: &ClassCounts) -> u64 {
     let mut n = 0;

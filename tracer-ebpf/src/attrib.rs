@@ -18,7 +18,7 @@ use faultscope_common::{
     attrib::{syscall_key, MappingKey, SiteKey, StackKey, NO_STACK},
     class::{ClassSet, KernelClass},
     fault::Origin,
-    maps::{Config, Drop, PhaseId},
+    maps::{Config, DropKind, PhaseId},
     pending::{self, PendingMapping},
 };
 
@@ -108,7 +108,7 @@ fn mapping_slot(key: &MappingKey) -> Option<*mut PendingMapping> {
         v.end_run();
         let dst = entry(&MAPPINGS, &ZERO_COUNTS, &v.key);
         if dst.is_none() {
-            drop_add(Drop::MappingsFull, pending::events(&v.counts));
+            drop_add(DropKind::MappingsFull, pending::events(&v.counts));
         }
         pending::drain_counts(dst.map(|d| unsafe { &mut *d }), &mut v.counts);
     })
@@ -130,7 +130,7 @@ pub fn count_mapping(tgid: u32, phase: PhaseId, start: u64, bits: u32, vma: u64)
             }
             (*v).add(bits)
         },
-        None => drop_count(Drop::MappingsFull),
+        None => drop_count(DropKind::MappingsFull),
     }
 }
 
@@ -143,7 +143,7 @@ fn count_site(tgid: u32, phase: PhaseId, ip: u64, class: u32, syscall: u32) {
         // Another CPU's insert of the same key, or the map is full.
         match SITES.get_ptr_mut(&key) {
             Some(n) => unsafe { *n += 1 },
-            None => drop_count(Drop::SitesFull),
+            None => drop_count(DropKind::SitesFull),
         }
     }
 }
@@ -155,7 +155,7 @@ fn count_stack(key: &StackKey) {
     } else if STACK_COUNTS.insert(key, &1, BPF_NOEXIST).is_err() {
         match STACK_COUNTS.get_ptr_mut(key) {
             Some(n) => unsafe { *n += 1 },
-            None => drop_count(Drop::StacksFull),
+            None => drop_count(DropKind::StacksFull),
         }
     }
 }
@@ -165,7 +165,7 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
     match ctx.get_stackid(&STACK_TRACES, flags) {
         Ok(id) => id as i32,
         Err(_) => {
-            drop_count(Drop::StackLost);
+            drop_count(DropKind::StackLost);
             NO_STACK
         }
     }

@@ -125,7 +125,7 @@ fn on_page_fault<C: StackIdContext>(
     let conf = Conf::load();
     let code = code()?;
     // Only the classes the report takes from here: all of them without the
-    // fault path probed, first_touch alone with it (a page not present).
+    // fault path probed, not_present alone with it (a page not present).
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses)).with_origin(origin);
     if conf.get(Config::Exceptions) == 0 {
         if set.classes() != 0 {
@@ -149,12 +149,12 @@ fn on_page_fault<C: StackIdContext>(
     // The kprobes (or fentry) count the fault; this leaves its error code
     // for the fault's return (an untraced thread never gets a state, and a
     // record left by one no longer traced is never used: only a traced
-    // fault's entry opens a fault), and counts first_touch. In exit-only
+    // fault's entry opens a fault), and counts not_present. In exit-only
     // mode it opens the fault: the clock last, so that the fault's time
     // starts where this program's ends.
     let addr = addr()?;
     if let Some(s) = traced_thread_not_noted(id, epoch) {
-        // first_touch: a page not present.
+        // not_present: a page not present.
         if set.classes() != 0 {
             counted(ctx, &conf, tgid, set, origin, ip);
         }

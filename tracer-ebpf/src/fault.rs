@@ -17,7 +17,7 @@ use faultscope_common::{
         vma_kept, Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
         VM_FAULT_RETRY,
     },
-    maps::{Config, Drop},
+    maps::{Config, DropKind},
 };
 
 use crate::{
@@ -63,7 +63,7 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // value unknown (taken as completed). A fault cannot nest in another of
     // the same thread, so this is the only way to be in a fault here.
     if st.in_fault() {
-        drop_count(Drop::LostReturn);
+        drop_count(DropKind::LostReturn);
         if let Some(set) = st.on_return(0) {
             let set = st.opaque(set);
             let phase = current_phase();

@@ -2,8 +2,10 @@
 //! phase, accounting into `STATS`, per-thread state, drop counters, and
 //! context reads that count their failures.
 //!
-//! `record` is the one non-inlined function: a BPF subprogram keeps the
-//! verifier's work per program small.
+//! `record` is this file's one non-inlined function (attrib.rs has three
+//! more, vma.rs three): a BPF subprogram is verified once per program that
+//! calls it rather than once per call site, which keeps the verifier's
+//! work per program small.
 
 use aya_ebpf::{
     helpers::{
@@ -20,7 +22,7 @@ use faultscope_common::{
     class::ClassSet,
     fault::{SEEN_EXC, SEEN_IN_FAULT},
     maps::{
-        phase_id, ClassSetKey, Drop, FltCount, LifeEvent, LifeKind, PhaseId, TargetInfo, UntracedNote,
+        phase_id, ClassSetKey, DropKind, FltCount, LifeEvent, LifeKind, PhaseId, TargetInfo, UntracedNote,
         ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
     },
     pending::{self, PendingStat, Slot, FLUSHED_FAULTS, FLUSH_GENERATION, LOST_FAULTS},
@@ -41,14 +43,14 @@ pub const BPF_NOEXIST: u64 = 1;
 pub struct ReadFailed;
 
 #[inline(always)]
-pub fn drop_count(d: Drop) {
+pub fn drop_count(d: DropKind) {
     drop_add(d, 1);
 }
 
 /// A failed context read: counted, and the error to return.
 #[inline(always)]
 pub fn read_failed() -> ReadFailed {
-    drop_count(Drop::ReadFailed);
+    drop_count(DropKind::ReadFailed);
     ReadFailed
 }
 
@@ -230,7 +232,7 @@ pub fn send(kind: LifeKind, tgid: u32, pid: u32, aux: u32, phase: PhaseId) {
             });
             e.submit(0);
         }
-        None => drop_count(Drop::EventsFull),
+        None => drop_count(DropKind::EventsFull),
     }
 }
 
@@ -284,7 +286,7 @@ fn join(tgid: u32, aux: u32) -> Option<TargetInfo> {
         // Another CPU inserted it first (and told), or the map is full.
         Err(_) => {
             if unsafe { TARGETS.get(&tgid) }.is_none() {
-                drop_count(Drop::TargetsFull);
+                drop_count(DropKind::TargetsFull);
                 return None;
             }
         }
@@ -339,7 +341,7 @@ pub const UNTIMED: u64 = u64::MAX;
 
 /// Adds `n` to a drop counter.
 #[inline(always)]
-pub fn drop_add(d: Drop, n: u64) {
+pub fn drop_add(d: DropKind, n: u64) {
     if let Some(p) = DROPS.get_ptr_mut(d.index()) {
         unsafe { *p += n };
     }
@@ -421,7 +423,7 @@ fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
                 flush_count(FLUSHED_FAULTS, faults);
             }
             None => {
-                drop_add(Drop::StatsFull, v.stat.count);
+                drop_add(DropKind::StatsFull, v.stat.count);
                 pending::clear_stat(&mut v.stat);
                 flush_count(FLUSHED_FAULTS, faults);
                 flush_count(LOST_FAULTS, faults);
@@ -454,7 +456,7 @@ pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
         Some(s) if ns == UNTIMED => unsafe { (*s).stat.record(None) },
         Some(s) => unsafe { (*s).stat.record_timed(ns, own_ns) },
         None => {
-            drop_count(Drop::StatsFull);
+            drop_count(DropKind::StatsFull);
             let faults = pending::faults_of(set, 1);
             flush_count(FLUSHED_FAULTS, faults);
             flush_count(LOST_FAULTS, faults);
@@ -698,7 +700,7 @@ pub fn spill() {
         }
         match THREADS.current(true) {
             Some(s) => *s = (*o).fault,
-            None => drop_count(Drop::ThreadsFull),
+            None => drop_count(DropKind::ThreadStateFailed),
         }
     }
 }

@@ -13,8 +13,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use faultscope_common::maps::{
-    CgroupDir, Drop, FltCount, LifeKind, TargetInfo, ADOPT_AT_EXEC, CGROUP_PATH_MAX, TARGET_FOLLOW_CHILDREN,
-    TARGET_PENDING_EXEC,
+    CgroupDir, DropKind, FltCount, LifeKind, TargetInfo, ADOPT_AT_EXEC, CGROUP_PATH_MAX,
+    TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC,
 };
 
 use crate::{
@@ -61,11 +61,11 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
         let info = TargetInfo { flags: t.flags & !TARGET_PENDING_EXEC, _reserved: 0 };
         match TARGETS.insert(&child, &info, BPF_ANY) {
             Ok(()) => targets_changed(),
-            Err(_) => drop_count(Drop::TargetsFull),
+            Err(_) => drop_count(DropKind::TargetsFull),
         }
     }
     if CHILDREN.insert(&child, &tgid, BPF_ANY).is_err() {
-        drop_count(Drop::TargetsFull);
+        drop_count(DropKind::TargetsFull);
     }
     let phase = bump_phase();
     debug!(&ctx, "traced process {} forked {}: phase {}", tgid, child, phase);
@@ -175,7 +175,7 @@ fn count_exited(tgid: u32) {
             atomic_add(&mut (*e).min, flt.min);
             atomic_add(&mut (*e).maj, flt.maj);
         },
-        None => drop_count(Drop::ExitedFull),
+        None => drop_count(DropKind::ExitedFull),
     }
 }
 
@@ -234,7 +234,7 @@ fn try_cgroup_mkdir(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     // `__data_loc`: the string's offset in the record (low half) and length.
     let loc: u32 = field(&ctx, cfg(&MKDIR_PATH_OFF))?;
     let Some(mut e) = CGROUP_DIRS.reserve::<CgroupDir>(0) else {
-        drop_count(Drop::CgroupDirsFull);
+        drop_count(DropKind::CgroupDirsFull);
         return Ok(0);
     };
     let d = e.as_mut_ptr();

@@ -2,9 +2,13 @@
 //! faultscope's eBPF programs, one small program per concern.
 //!
 //! Data flow: probes -> per-thread state (this CPU's `OPEN` slot, or
-//! `THREADS` for a fault that slept) -> per-CPU aggregates
-//! (`STATS`, keyed by process, phase and class). Nothing is sent to user space
-//! per fault; only process lifecycle events go through the `EVENTS` ring.
+//! `THREADS` for a fault that slept) -> this CPU's pending slots
+//! (`PENDING_STATS`, `PENDING_MAPPINGS`: an index, no hashing, for a run of
+//! faults of one key) -> per-CPU aggregates (`STATS`, keyed by process,
+//! phase and set of classes; `MAPPINGS`), into which a slot is flushed when
+//! another key takes it over (`FLUSHES` is the readers' seqlock). Nothing
+//! is sent to user space per fault; only process lifecycle events go
+//! through the `EVENTS` ring, and the cgroups made through `CGROUP_DIRS`.
 //!
 //! Every program filters on the traced set (`TARGETS`, keyed by tgid) first,
 //! or, inside a fault, on the thread state that only traced faults create;
@@ -13,7 +17,7 @@
 //!
 //! Each program is `fn x(ctx) -> u32 { try_x(&ctx).unwrap_or(0) }`, a
 //! program on a kernel function declared with its fentry twin by
-//! `kprobe_and_fentry!`: a context read that fails is counted in `DROPS` (`Drop::ReadFailed`) and the event
+//! `kprobe_and_fentry!`: a context read that fails is counted in `DROPS` (`DropKind::ReadFailed`) and the event
 //! is left unclassified, never taken as a zero.
 //!
 //! The program names are a contract with user space

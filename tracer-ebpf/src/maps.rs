@@ -16,7 +16,9 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
-    maps::{ClassSetKey, Config, ConfigValues, Drop, FltCount, OpenFault, Stat, TargetInfo, UntracedNote},
+    maps::{
+        ClassSetKey, Config, ConfigValues, DropKind, FltCount, OpenFault, Stat, TargetInfo, UntracedNote,
+    },
     pending::{PendingMapping, PendingStat, FLUSH_COUNTERS, PENDING_SLOTS},
     ThreadFault,
 };
@@ -153,9 +155,9 @@ pub static COMMS: HashMap<[u8; 16], u32> = HashMap::with_max_entries(1, 0);
 #[map]
 pub static CONFIG: Array<ConfigValues> = Array::with_max_entries(1, 0);
 
-/// Counters of things the kernel side could not record (see `Drop`).
+/// Counters of things the kernel side could not record (see `DropKind`).
 #[map]
-pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT as u32, 0);
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(DropKind::COUNT as u32, 0);
 
 /// Attribution by mapping: per (tgid, phase, VMA start) a counter per
 /// class. User space may resize it before load.

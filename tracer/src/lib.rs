@@ -30,3 +30,42 @@ pub mod report;
 pub mod signals;
 pub mod term;
 pub mod units;
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// docs/design.md's layout map names every source file of the three
+    /// crates (by its name, as a word), so that it stays the map.
+    #[test]
+    fn the_design_layout_names_every_source_file() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc = std::fs::read_to_string(root.join("docs/design.md")).unwrap();
+        let start = doc.find("## Layout").unwrap();
+        let open = start + doc[start..].find("```").unwrap() + 3;
+        let block = &doc[open..open + doc[open..].find("```").unwrap()];
+        let words: std::collections::BTreeSet<&str> =
+            block.split(|c: char| !(c.is_alphanumeric() || c == '_')).collect();
+        let mut files = Vec::new();
+        for crate_src in ["tracer-common/src", "tracer-ebpf/src", "tracer/src"] {
+            sources(&root.join(crate_src), &mut files);
+        }
+        let missing: Vec<String> = files
+            .iter()
+            .filter(|f| !words.contains(f.file_stem().unwrap().to_str().unwrap()))
+            .map(|f| f.strip_prefix(&root).unwrap_or(f).display().to_string())
+            .collect();
+        assert!(missing.is_empty(), "docs/design.md's layout does not name {missing:?}");
+    }
+}

@@ -16,7 +16,6 @@ mod matrix;
 mod overhead;
 mod redis;
 mod setup;
-mod storm;
 mod userfault;
 mod util;
 mod vm;

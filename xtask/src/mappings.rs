@@ -74,10 +74,10 @@ struct AnonName {
 }
 
 /// Classes each row and `mappings_other` split exactly: every class of the
-/// fault path (`first_touch` comes from the error-code tracepoint, which
+/// fault path (`not_present` comes from the error-code tracepoint, which
 /// has no VMA).
 fn split_classes() -> impl Iterator<Item = ReportClass> {
-    ReportClass::ALL.into_iter().filter(|m| *m != ReportClass::FirstTouch)
+    ReportClass::ALL.into_iter().filter(|m| *m != ReportClass::NotPresent)
 }
 
 /// Failures for `what` where the mapping rows plus `mappings_other` of `a`

@@ -15,7 +15,7 @@
 //! generic flavours, 9p as modules) and 7.3 with the whole-folio reuse
 //! series (9p built in): the row of redis-server's faults per kernel.
 
-use faultscope::kernel::drops::{Drop, DropReason};
+use faultscope::kernel::drops::{DropKind, DropReason};
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
@@ -362,7 +362,7 @@ pub fn health(
     name: &str,
     report: &faultscope::report::schema::Report,
 ) -> Vec<(bool, String)> {
-    let lost = report.drop_count(DropReason::Kernel(Drop::LostReturn));
+    let lost = report.drop_count(DropReason::Kernel(DropKind::LostReturn));
     let mut out = vec![(lost == 0, format!("kretprobe returns lost: {lost}"))];
     for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
         let v = run.marker(tag, name).unwrap_or_default();

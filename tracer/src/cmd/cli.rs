@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use super::{bench, diff::DiffFormat, generate, record, serve, verify};
+use super::{bench, diff::DiffFormat, record, serve, verify};
 use crate::kernel::{classes::ReportClass, probes::BackendChoice};
 
 #[derive(Parser)]
@@ -93,7 +93,7 @@ pub enum Cmd {
         /// time and write faults, median with a min-max whisker.
         #[arg(long, conflicts_with = "latency")]
         compare: bool,
-        /// The CDF of CLASS's fault latency (e.g. reuse, copy, first_touch)
+        /// The CDF of CLASS's fault latency (e.g. reuse, copy, not_present)
         /// in a bench step of A and B, one panel per cell, from the
         /// kernel's buckets.
         #[arg(long, value_name = "CLASS", value_parser = ReportClass::parse)]
@@ -107,7 +107,7 @@ pub enum Cmd {
     #[command(hide = true)]
     Generate {
         #[arg(value_enum)]
-        what: generate::What,
+        what: What,
         /// The directory to write into (reference: the file; `-` or none:
         /// standard output).
         dir: Option<PathBuf>,
@@ -152,7 +152,7 @@ const OK: (i32, &str) = (0, "success");
 
 const TRACE_OVERHEAD: &str = "Every fault of a traced process runs faultscope's programs: on the fault's entry and return (kprobe or fentry; on x86 with fentry, the exception tracepoint and the return only) and in the write-protect path; in tracepoint mode only the exceptions:page_fault_user tracepoint. All counting is done in the kernel, in per-CPU maps; nothing is sent to user space per fault. Measured with `cargo xtask overhead` on the instruction clock (6.12 amd64): about 1,600-1,970 ns added per write fault with fentry when every fault is timed (the figure moves between boots), 1,290 ns with --latency sample=16 and 1,330 ns with --latency off; about 3,000 ns with kprobes; 133 ns in tracepoint mode. The programs are attached for the whole system: a fault of a process faultscope does not trace pays about 800 ns with fentry and 2,000 ns with kprobes (the probes' mechanism, and a per-CPU note that stops each program), and every context switch about 90 ns (the switch moves a fault that sleeps to its thread's storage); see docs/cost.md. With -a every process is traced: every fault on the host runs the traced path (the figures above for a traced process; the traced-set lookup is skipped). The kernel skips a kprobe or tracepoint program on a CPU while its BPF guard is held there, by another BPF program or by any process's BPF map system call preempted on that CPU (faultscope's own reads among them), and an fentry program while a run of it is preempted there: a preemptible kernel (every 7.x) makes both possible. faultscope reports the runs the kernel skipped (drops: program_runs_skipped, from 5.12 for fentry and 6.7 for kprobes; the kernel-mode exception programs excepted, whose skipped runs are faultscope's own nested faults), and a kernel check that differs by no more than that says so.";
 
-const COUNT_FIELDS: &str = "faults: every fault of the process (the kernel's own minflt + majflt). write_faults: faults on a write access. wp_faults: write-protect faults (a write to a present, read-only PTE). reuse: a COW fault that reused the page in place. copy: a COW fault that copied. wp_shared: a write-notify fault on a shared mapping. spurious: a write fault on an already-writable PTE (stale TLB entry or a lost race). first_touch: a fault on a PTE that was not present. contpte_unfold/contpte_fold: arm64 contiguous-PTE blocks split or formed. n/m: not measurable on this kernel, with the reason. Latency p50/p99: the fault's time from entry to return.";
+const COUNT_FIELDS: &str = "faults: every fault of the process, each call of handle_mm_fault (so a fault the kernel retried counts twice; the kernel's own minflt + majflt counts it once: faults - retry is what getrusage says). write_faults: faults on a write access. wp_faults: write-protect faults (a write to a present, read-only PTE). reuse: a COW fault that reused the page in place. copy: a COW fault that copied. wp_shared: a write-notify fault on a shared mapping. spurious: a write fault on an already-writable PTE (stale TLB entry or a lost race). not_present: a fault on a PTE that was not present (a first touch, a swap-in, a NUMA-hinting fault; first_touch in older reports). contpte_unfold/contpte_fold: arm64 contiguous-PTE blocks split or formed. n/m: not measurable on this kernel, with the reason. Latency p50/p99: the fault's time from entry to return.";
 
 /// The pages, one per visible subcommand (a test checks that none is missing).
 pub const PAGES: &[Page] = &[
@@ -252,13 +252,24 @@ pub const PAGES: &[Page] = &[
             ("faultscope plot run.json -o run.png", "the same as a PNG"),
             ("faultscope plot --compare stock-series.json patched-series.json -o ab.svg", "per (mode, folio, mapping): the write step's wall time and write faults, A beside B, median and min-max of the runs"),
             ("faultscope plot --latency copy stock-series.json patched-series.json -o copy.png", "the CDF of the copy faults' latency in the write step, A solid, B dashed, one panel per cell"),
-            ("faultscope plot --latency first_touch --step populate a.json b.json -o ft.svg", "first_touch latency in the populate step"),
+            ("faultscope plot --latency not_present --step populate a.json b.json -o ft.svg", "not_present latency in the populate step"),
         ],
         fields: "",
         overhead: "",
         exit_status: &[OK, ERROR, REFUSED],
     },
 ];
+
+/// What `faultscope generate` writes.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum What {
+    /// faultscope.1 and faultscope-SUBCOMMAND.1.
+    Man,
+    /// faultscope.bash, _faultscope (zsh), faultscope.fish.
+    Completions,
+    /// The command reference in Markdown (docs/reference.md).
+    Reference,
+}
 
 #[cfg(test)]
 mod tests {

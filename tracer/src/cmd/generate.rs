@@ -16,17 +16,7 @@ use clap_mangen::{
     Man,
 };
 
-use super::cli::{self, Page, PAGES};
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum What {
-    /// faultscope.1 and faultscope-SUBCOMMAND.1.
-    Man,
-    /// faultscope.bash, _faultscope (zsh), faultscope.fish.
-    Completions,
-    /// The command reference in Markdown (docs/reference.md).
-    Reference,
-}
+use super::cli::{self, Page, What, PAGES};
 
 pub fn run(what: What, dir: Option<&Path>) -> Result<i32> {
     match what {

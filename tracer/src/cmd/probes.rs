@@ -168,7 +168,7 @@ fn mode_line(resolved: &[probes::Resolved], refused: &dyn Fn(&str) -> Option<Str
         Ok(line) => format!("mode: {line}; every class whose probes are below is measured"),
         Err(why) => match find(Program::PageFaultUser) {
             Some(Resolution::Attach { .. }) => format!(
-                "mode: tracepoint mode (no fault path: {why}): faults, write_faults, wp_faults and first_touch by the exceptions tracepoints; no latency, reuse, copy, spurious"
+                "mode: tracepoint mode (no fault path: {why}): faults, write_faults, wp_faults and not_present by the exceptions tracepoints; no latency, reuse, copy, spurious"
             ),
             _ => format!("mode: none: no fault source here ({why}); nothing would be measured"),
         },

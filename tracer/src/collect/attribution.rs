@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(parse_classes("copy,reuse,copy").unwrap().0, vec![ReportClass::Reuse, ReportClass::Copy]);
         assert!(parse_classes("cpoy").unwrap_err().contains("not a class"));
         // Counted from the exception tracepoint, it has a site and stacks too.
-        assert_eq!(parse_classes("first_touch").unwrap().0, vec![ReportClass::FirstTouch]);
+        assert_eq!(parse_classes("not_present").unwrap().0, vec![ReportClass::NotPresent]);
     }
 
     #[test]

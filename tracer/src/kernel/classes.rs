@@ -34,12 +34,19 @@ catalogue! {
         ContpteConvert = 10,
         ContpteTryUnfold = 11,
         ContpteFoldAttempt = 12,
-        FirstTouch = 13,
+        // A fault on a page not present (the error code without PROT):
+        // first touches, and swap-ins and NUMA-hinting faults too.
+        // `first_touch` in older reports, read as this (`FORMER_NAMES`).
+        NotPresent = 13,
         Major = 14,
         Retry = 15,
         Error = 16,
     }
 }
+
+/// Names classes had in older reports, still read: on a command line, and
+/// in a report file (`report::file::migrate`).
+pub const FORMER_NAMES: [(&str, ReportClass); 1] = [("first_touch", ReportClass::NotPresent)];
 
 impl ReportClass {
     pub fn spec(self) -> &'static ClassSpec {
@@ -65,7 +72,8 @@ impl ReportClass {
     }
 
     pub fn from_name(name: &str) -> Option<ReportClass> {
-        ReportClass::ALL.iter().copied().find(|m| m.name() == name)
+        let former = FORMER_NAMES.iter().find(|(n, _)| *n == name).map(|(_, c)| *c);
+        former.or_else(|| ReportClass::ALL.iter().copied().find(|m| m.name() == name))
     }
 
     /// A class by its name, or an error that lists the names (a command
@@ -331,8 +339,8 @@ pub const CLASSES: &[ClassSpec] = &[
         }],
     },
     ClassSpec {
-        metric: ReportClass::FirstTouch,
-        name: "first_touch",
+        metric: ReportClass::NotPresent,
+        name: "not_present",
         columns: DIFF,
         sources: &[Source {
             class: KernelClass::TpNotPresent,
@@ -559,7 +567,7 @@ mod tests {
                 assert!(FAULT_KINDS[..rule].iter().all(|(_, c)| !set.has(*c)), "{set:?}: {kind}");
             }
         }
-        // Not faults: contpte events, kprobe mode's first_touch sets.
+        // Not faults: contpte events, kprobe mode's not_present sets.
         assert_eq!(fault_kind(ClassSet::default().with(KernelClass::ContpteUnfold)), None);
         assert_eq!(fault_kind(ClassSet::default().with(KernelClass::TpNotPresent)), None);
         assert_eq!(reason_code("needs wp_page: kprobe refused"), "needs:wp_page");
@@ -575,6 +583,10 @@ mod tests {
             let json = serde_json::to_string(m).unwrap();
             assert_eq!(json, format!("\"{}\"", m.name()));
             assert_eq!(ReportClass::from_name(m.name()), Some(*m));
+        }
+        // Former names, on a command line.
+        for (name, class) in FORMER_NAMES {
+            assert_eq!(ReportClass::from_name(name), Some(class));
         }
     }
 
@@ -619,7 +631,7 @@ mod tests {
             Availability::Measured { class: KernelClass::TpPresentWrite, .. }
         ));
         assert!(matches!(
-            get(&v, "first_touch"),
+            get(&v, "not_present"),
             Availability::Measured { class: KernelClass::TpNotPresent, .. }
         ));
         match get(&v, "reuse") {
@@ -638,7 +650,7 @@ mod tests {
             "without kprobes every error-code class is reported"
         );
         let kp = avail(&KPROBES_AND_TP);
-        assert_eq!(error_code_classes(&kp), KernelClass::TpNotPresent.bit(), "with kprobes only first_touch");
+        assert_eq!(error_code_classes(&kp), KernelClass::TpNotPresent.bit(), "with kprobes only not_present");
     }
 
     #[test]

@@ -1,17 +1,21 @@
 //! What a run lost, typed: the kernel side's counters (`DROPS`, indexed by
-//! `faultscope_common::Drop`) and user space's own, under one enum whose
+//! `faultscope_common::maps::DropKind`) and user space's own, under one enum whose
 //! key is the report's `drops` key and the metric's `reason` label.
 
 use std::{collections::BTreeMap, fmt};
 
-pub use faultscope_common::maps::Drop;
+pub use faultscope_common::maps::DropKind;
 use schemars::JsonSchema;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+/// Keys reasons had in older reports, still read.
+const FORMER_KEYS: [(&str, DropReason); 1] =
+    [("threads_map_full", DropReason::Kernel(DropKind::ThreadStateFailed))];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DropReason {
     /// A counter of the kernel side.
-    Kernel(Drop),
+    Kernel(DropKind),
     /// A `/proc` read failed and the process was not taken for exited.
     ProcErrors,
     /// serve's `accept` failed (no descriptor left).
@@ -30,7 +34,7 @@ pub enum DropReason {
 
 impl DropReason {
     pub fn all() -> impl Iterator<Item = DropReason> {
-        Drop::ALL.into_iter().map(DropReason::Kernel).chain([
+        DropKind::ALL.into_iter().map(DropReason::Kernel).chain([
             DropReason::ProcErrors,
             DropReason::AcceptErrors,
             DropReason::SkippedRuns,
@@ -58,8 +62,10 @@ impl DropReason {
         }
     }
 
+    /// The reason of a key, former keys of older reports included.
     pub fn from_key(key: &str) -> Option<DropReason> {
-        DropReason::all().find(|d| d.key() == key)
+        let former = FORMER_KEYS.iter().find(|(k, _)| *k == key).map(|(_, d)| *d);
+        former.or_else(|| DropReason::all().find(|d| d.key() == key))
     }
 
     /// Whether a drop of this reason can change a count the kernel check
@@ -75,7 +81,11 @@ impl DropReason {
         matches!(
             self,
             DropReason::Kernel(
-                Drop::StatsFull | Drop::ThreadsFull | Drop::LostReturn | Drop::ReadFailed | Drop::ExitedFull
+                DropKind::StatsFull
+                    | DropKind::ThreadStateFailed
+                    | DropKind::LostReturn
+                    | DropKind::ReadFailed
+                    | DropKind::ExitedFull
             ) | DropReason::SkippedRuns
         )
     }
@@ -179,17 +189,22 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("unknown drop reason"));
+        // An older report's keys.
+        for (key, reason) in FORMER_KEYS {
+            let old: Drops = serde_json::from_str(&format!("{{\"{key}\": 3}}")).unwrap();
+            assert_eq!(old.get(reason), 3);
+        }
     }
 
     #[test]
     fn drops_that_lose_counts() {
         let mut d = Drops::default();
-        d.set(DropReason::Kernel(Drop::SitesFull), 9);
+        d.set(DropReason::Kernel(DropKind::SitesFull), 9);
         d.set(DropReason::ProcErrors, 1);
-        d.set(DropReason::Kernel(Drop::StatsFull), 0);
+        d.set(DropReason::Kernel(DropKind::StatsFull), 0);
         assert_eq!(d.of_counts(), None, "names and /proc errors change no count");
-        d.set(DropReason::Kernel(Drop::StatsFull), 436);
-        d.set(DropReason::Kernel(Drop::ExitedFull), 2);
+        d.set(DropReason::Kernel(DropKind::StatsFull), 436);
+        d.set(DropReason::Kernel(DropKind::ExitedFull), 2);
         assert_eq!(d.of_counts().as_deref(), Some("stats_map_full 436, exited_map_full 2"));
     }
 }

@@ -14,8 +14,8 @@ use aya::{
 };
 use faultscope_common::{
     maps::{
-        phase_id, CgroupDir, ClassSetKey, Config, ConfigValues, Drop, FltCount, PhaseId, Stat, TargetInfo,
-        CGROUP_PATH_MAX,
+        phase_id, CgroupDir, ClassSetKey, Config, ConfigValues, DropKind, FltCount, PhaseId, Stat,
+        TargetInfo, CGROUP_PATH_MAX,
     },
     Program,
 };
@@ -136,7 +136,7 @@ impl PhaseCount {
     }
 }
 
-impl std::ops::Drop for PhaseCount {
+impl Drop for PhaseCount {
     fn drop(&mut self) {
         // SAFETY: mapped by `map`, unmapped once.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
@@ -786,7 +786,7 @@ impl Session {
         let m = self.bpf.map("DROPS").ok_or_else(|| anyhow!("no DROPS map"))?;
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(m)?;
         let mut out = Drops::default();
-        for d in Drop::ALL {
+        for d in DropKind::ALL {
             out.set(DropReason::Kernel(d), arr.get(&d.index(), 0)?.iter().sum());
         }
         if let Some(n) = self.skipped_runs()? {

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::schema::{self, BenchStep, ClassValue, Provenance, Report};
 use crate::{error::Refusal, kernel::classes::ReportClass, term::safe, units};
 
-pub const SCHEMA: &str = "faultscope-bench/1";
+pub use super::schema::BENCH_SERIES_SCHEMA as SCHEMA;
 
 /// A series of bench runs.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -356,6 +356,8 @@ pub fn parse(name: String, text: &str) -> Result<LoadedSeries, Refusal> {
             )))
         }
     }
+    let mut v = v;
+    super::file::migrate(&mut v);
     let mut series: Series = serde_path_to_error::deserialize(v)
         .map_err(|e| Refusal::new(format!("{name}: malformed series: at {}: {}", e.path(), e.inner())))?;
     for (i, c) in series.cells.iter_mut().enumerate() {

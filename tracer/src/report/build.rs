@@ -589,8 +589,11 @@ mod tests {
         let ctx = Context {
             kernel: "6.12".into(),
             drops: Drops(
-                [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::Drop::LostReturn), 1)]
-                    .into(),
+                [(
+                    crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::DropKind::LostReturn),
+                    1,
+                )]
+                .into(),
             ),
             latency: Some(LatencyTier::All),
             ..context(&avail, &comms, &timeline, &lifetimes, &accounting)
@@ -704,7 +707,7 @@ mod tests {
         kernel_check(&snap, 42, &ctx).expect("a check")
     }
 
-    fn drops_of(pairs: &[(faultscope_common::maps::Drop, u64)]) -> Drops {
+    fn drops_of(pairs: &[(faultscope_common::maps::DropKind, u64)]) -> Drops {
         use crate::kernel::drops::DropReason;
         let mut d = Drops::default();
         for (r, n) in pairs {
@@ -719,7 +722,7 @@ mod tests {
         assert_eq!(c.result, CheckResult::Derived, "{c:?}");
         assert_eq!(c.gup_derived, Some((5, 5)));
         // Drops that cost no count (names, /proc) derive as well.
-        let c = tracepoint_check(2070, 2075, drops_of(&[(faultscope_common::maps::Drop::SitesFull, 9)]));
+        let c = tracepoint_check(2070, 2075, drops_of(&[(faultscope_common::maps::DropKind::SitesFull, 9)]));
         assert_eq!(c.result, CheckResult::Derived, "{c:?}");
     }
 
@@ -728,8 +731,14 @@ mod tests {
     /// exception (get_user_pages)").
     #[test]
     fn drops_are_never_derived() {
-        use faultscope_common::maps::Drop;
-        for d in [Drop::StatsFull, Drop::ThreadsFull, Drop::ReadFailed, Drop::ExitedFull, Drop::LostReturn] {
+        use faultscope_common::maps::DropKind;
+        for d in [
+            DropKind::StatsFull,
+            DropKind::ThreadStateFailed,
+            DropKind::ReadFailed,
+            DropKind::ExitedFull,
+            DropKind::LostReturn,
+        ] {
             let c = tracepoint_check(2005, 2070, drops_of(&[(d, 436)]));
             assert_eq!(c.result, CheckResult::NotChecked, "{d:?}: {c:?}");
             assert_eq!(c.gup_derived, None, "{c:?}");
@@ -740,7 +749,7 @@ mod tests {
         }
         // 299,809 faults dropped while faultscope was stopped: never
         // presented as get_user_pages faults.
-        let c = tracepoint_check(1000, 300_809, drops_of(&[(Drop::StatsFull, 299_809)]));
+        let c = tracepoint_check(1000, 300_809, drops_of(&[(DropKind::StatsFull, 299_809)]));
         assert_ne!(c.result, CheckResult::Derived, "{c:?}");
         assert_eq!(c.gup_derived, None);
     }
@@ -754,7 +763,7 @@ mod tests {
         assert_eq!((c.difference, c.gup_derived), (10, None));
         assert!(c.reason.as_deref().unwrap().contains("more page-fault exceptions"), "{c:?}");
         // With drops too: still a difference (drops only lose exceptions).
-        let c = tracepoint_check(2070, 2060, drops_of(&[(faultscope_common::maps::Drop::StatsFull, 3)]));
+        let c = tracepoint_check(2070, 2060, drops_of(&[(faultscope_common::maps::DropKind::StatsFull, 3)]));
         assert_eq!((c.result, c.difference), (CheckResult::Differs, 10), "{c:?}");
         assert!(c.reason.as_deref().unwrap().contains("stats_map_full 3"), "{c:?}");
     }

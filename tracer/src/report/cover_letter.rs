@@ -337,15 +337,15 @@ fn median_p50(c: &Cell, step: &str, m: ReportClass) -> Option<f64> {
     Stats::of(&v).map(|s| s.median)
 }
 
-/// The p50 of the faults that allocated the cell's folios: first_touch's
+/// The p50 of the faults that allocated the cell's folios: not_present's
 /// where timed, else that of all faults of the populate step when every
 /// one of them was a first touch (the step only touches new memory).
 fn allocating_p50(c: &Cell) -> Option<f64> {
-    median_p50(c, "populate", ReportClass::FirstTouch).or_else(|| {
+    median_p50(c, "populate", ReportClass::NotPresent).or_else(|| {
         let all_first = c.runs.iter().all(|r| {
             let span = r.bench_process().and_then(|p| p.span("mark:populate"));
             span.is_some_and(|s| {
-                let (all, first) = (s.count(ReportClass::Faults), s.count(ReportClass::FirstTouch));
+                let (all, first) = (s.count(ReportClass::Faults), s.count(ReportClass::NotPresent));
                 all.is_some() && all == first
             })
         });

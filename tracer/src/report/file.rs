@@ -6,8 +6,9 @@ use std::{fs, io::Read as _, path::Path};
 
 use anyhow::Result;
 
-use super::schema::{ClassValue, Report, SCHEMA};
+use super::schema::{ClassValue, Report, BENCH_SERIES_SCHEMA, SCHEMA};
 use crate::error::Refusal;
+use crate::kernel::classes::FORMER_NAMES;
 
 /// A report read back, with the file it came from.
 pub struct Loaded {
@@ -71,10 +72,10 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
     }
     let v: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| Refusal::new(format!("{name}: not a faultscope report: {e}")))?;
-    if v.get("schema").and_then(|s| s.as_str()) == Some(super::bench_series::SCHEMA) {
+    if v.get("schema").and_then(|s| s.as_str()) == Some(BENCH_SERIES_SCHEMA) {
         return Err(Refusal::new(format!(
             "{name}: a bench series ({}, bench --runs), not one report: compare series with `diff --format changelog`",
-            super::bench_series::SCHEMA
+            BENCH_SERIES_SCHEMA
         )));
     }
     if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
@@ -83,6 +84,8 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
             v.get("schema").map(|s| s.to_string()).unwrap_or_else(|| "missing".into())
         )));
     }
+    let mut v = v;
+    migrate(&mut v);
     // The error names the field (`processes[0].classes.reuse`), not only
     // what serde could not match there.
     let mut report: Report = serde_path_to_error::deserialize(v)
@@ -90,6 +93,44 @@ pub fn parse(name: String, text: &str) -> Result<Loaded, Refusal> {
     report.restore_reasons();
     check(&report).map_err(|e| Refusal::new(format!("{name}: {e}")))?;
     Ok(Loaded { path: name, report })
+}
+
+/// An older report's class names (`classes::FORMER_NAMES`) as this
+/// version's: as keys (a class's counts) and as the values of the fields
+/// that hold one class or a list of them. A process name or a path is never
+/// touched.
+pub fn migrate(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let now = |name: &str| FORMER_NAMES.iter().find(|(n, _)| *n == name).map(|(_, c)| c.name());
+    match v {
+        Value::Object(m) => {
+            let former: Vec<String> = m.keys().filter(|k| now(k).is_some()).cloned().collect();
+            for k in former {
+                if let Some(x) = m.remove(&k) {
+                    m.insert(now(&k).unwrap_or_default().to_string(), x);
+                }
+            }
+            for (k, x) in m.iter_mut() {
+                match (k.as_str(), x) {
+                    ("class", Value::String(s)) => {
+                        if let Some(n) = now(s) {
+                            *s = n.to_string();
+                        }
+                    }
+                    ("site_classes" | "stack_classes", Value::Array(items)) => {
+                        for i in items.iter_mut() {
+                            if let Some(n) = i.as_str().and_then(now) {
+                                *i = Value::String(n.to_string());
+                            }
+                        }
+                    }
+                    (_, x) => migrate(x),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(migrate),
+        _ => {}
+    }
 }
 
 /// What serde cannot say: a class marked not measurable must say false,
@@ -195,6 +236,27 @@ mod tests {
             matches!(&p.classes[&ReportClass::Reuse], ClassValue::NotMeasurable(n) if n.reason == "no PMU")
         );
         assert_eq!(p.count(ReportClass::Copy), None);
+    }
+
+    /// An older report's `first_touch` reads as `not_present`, as a key and
+    /// as a class value; a process of that name stays as it is.
+    #[test]
+    fn former_class_names_read_as_todays() {
+        let r = load_str(&format!(
+            r#"{{"schema": "faultscope/1", {MIN}, "processes": [{{"pid": 1, "comm": "first_touch", "phases": [], "classes": {{
+                "faults": {{"count": 5, "source": "k"}}, "first_touch": {{"count": 3, "source": "k"}}}}}}]}}"#
+        ))
+        .unwrap();
+        let p = &r.report.processes[0];
+        assert_eq!(p.count(ReportClass::NotPresent), Some(3));
+        assert_eq!(p.comm, "first_touch");
+        let mut v =
+            serde_json::json!({"site_classes": ["first_touch", "copy"], "rows": [{"class": "first_touch"}]});
+        migrate(&mut v);
+        assert_eq!(
+            v,
+            serde_json::json!({"site_classes": ["not_present", "copy"], "rows": [{"class": "not_present"}]})
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ const COMPACT: &[(&str, ReportClass)] = &[
     ("SPUR", ReportClass::Spurious),
     ("UNFOLD", ReportClass::ContpteUnfold),
     ("SHARED", ReportClass::WpShared),
-    ("FIRST", ReportClass::FirstTouch),
+    ("NOTPRES", ReportClass::NotPresent),
     ("PMDWP", ReportClass::HugePmdWp),
 ];
 
@@ -279,10 +279,10 @@ mod tests {
             m(ReportClass::WriteFaults),
             m(ReportClass::WpFaults),
             nm(ReportClass::Reuse),
-            m(ReportClass::FirstTouch),
+            m(ReportClass::NotPresent),
         ];
         let cols: Vec<&str> = columns(&tp).iter().map(|(h, _)| *h).collect();
-        assert_eq!(cols, ["FAULTS", "WRITE", "WP", "FIRST"]);
+        assert_eq!(cols, ["FAULTS", "WRITE", "WP", "NOTPRES"]);
         let all: Vec<_> = ReportClass::ALL.into_iter().map(m).collect();
         let cols = columns(&all);
         let mut p = super::super::schema::testing::process(42, Vec::new());

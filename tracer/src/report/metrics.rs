@@ -724,7 +724,8 @@ mod tests {
         let mut m = metrics();
         m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[400, 500]))]), kind, redis);
         m.update_drops(&Drops(
-            [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::Drop::StatsFull), 0)].into(),
+            [(crate::kernel::drops::DropReason::Kernel(faultscope_common::maps::DropKind::StatsFull), 0)]
+                .into(),
         ));
         m.fork("redis-server");
         let t = m.encode();

@@ -16,6 +16,9 @@ use crate::kernel::{
 };
 
 pub const SCHEMA: &str = "faultscope/1";
+/// A bench series' schema id (`report::bench_series`): here beside the
+/// report's, so that reading a report can tell one from the other.
+pub const BENCH_SERIES_SCHEMA: &str = "faultscope-bench/1";
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -284,15 +284,16 @@ fn latency_line(tier: Option<LatencyTier>, window: Option<LatencyWindow>) -> Opt
 
 /// What to do about the drops that an option can avoid.
 fn drop_hints(r: &Report) -> String {
-    use crate::kernel::drops::{Drop, DropReason};
+    use crate::kernel::drops::{DropKind, DropReason};
     let mut hints = Vec::new();
-    if r.drops.get(DropReason::Kernel(Drop::StatsFull)) > 0 {
+    if r.drops.get(DropReason::Kernel(DropKind::StatsFull)) > 0 {
         hints.push("rerun with a larger --max-stats");
     }
-    if r.drops.get(DropReason::Kernel(Drop::MappingsFull)) > 0 {
+    if r.drops.get(DropReason::Kernel(DropKind::MappingsFull)) > 0 {
         hints.push("the per-mapping counts are incomplete (--no-mappings leaves them out)");
     }
-    if r.drops.get(DropReason::Kernel(Drop::SitesFull)) + r.drops.get(DropReason::Kernel(Drop::StacksFull))
+    if r.drops.get(DropReason::Kernel(DropKind::SitesFull))
+        + r.drops.get(DropReason::Kernel(DropKind::StacksFull))
         > 0
     {
         hints.push("the sites or stacks are incomplete (ask for fewer classes)");

@@ -133,8 +133,9 @@ fn sites_and_stacks_of_write_faults_add_up_in_every_mode() {
         .iter()
         .find(|s| s.class == ReportClass::WriteFaults && s.syscall.as_deref() == Some("read(2)"));
     assert!(read.is_some_and(|s| (2048..=2048 + TOLERANCE).contains(&s.count)), "{:#?}", a.sites);
-    let lost = r
-        .drop_count(faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::Drop::StackLost));
+    let lost = r.drop_count(faultscope::report::schema::DropReason::Kernel(
+        faultscope_common::maps::DropKind::StackLost,
+    ));
     let stacked: u64 = std::fs::read_to_string(&folded)
         .unwrap()
         .lines()

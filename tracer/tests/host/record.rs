@@ -59,8 +59,8 @@ fn check_fork_write(report: &Report, wl: &Value, attached_late: bool) {
                     v => panic!("{m} is measured in tracepoint mode: {v:?}"),
                 }
             }
-            let ft = count(p, ReportClass::FirstTouch);
-            assert!(ft >= pages, "first_touch {ft}");
+            let ft = count(p, ReportClass::NotPresent);
+            assert!(ft >= pages, "not_present {ft}");
         }
         Mode::Kprobe => {
             let reuse = count(p, ReportClass::Reuse);
@@ -866,7 +866,8 @@ fn intervals_keep_time_under_a_fault_storm() {
     let (row, n) = alive.attribution.top_mapping(ReportClass::WpFaults).expect("a mapping with the writes");
     assert!((pages..=pages + TOLERANCE).contains(&n), "{n} in {row:?}, {pages} pages");
     assert_eq!(row.size, 256 << 20, "{row:?}");
-    let full = faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::Drop::MappingsFull);
+    let full =
+        faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::DropKind::MappingsFull);
     assert_eq!(r.drops.get(full), 0);
 }
 

@@ -337,7 +337,7 @@ mod tests {
                     timed(run("seq", "64K", 1, 1), "write", copy, &A1),
                     timed(run("seq", "64K", 1, 1), "write", copy, &A2),
                 ],
-                vec![timed(run("seq", "4K", 1, 1), "populate", ReportClass::FirstTouch, &[[900, 1024, 3]])],
+                vec![timed(run("seq", "4K", 1, 1), "populate", ReportClass::NotPresent, &[[900, 1024, 3]])],
             ],
         );
         let b = series(
@@ -388,11 +388,11 @@ mod tests {
         assert_eq!(sum.iter().map(|b| b[2]).sum::<u64>(), 6);
         assert_eq!(c.panels[0].sides[1], Side::Buckets(vec![[1536, 1792, 4]]));
         assert_eq!(c.panels[1].sides[0], Side::Missing("copy is not in the report".into()));
-        // Reuse: not measurable in the helper's runs; first_touch of the
+        // Reuse: not measurable in the helper's runs; not_present of the
         // populate step where a run has it.
         let c = cdfs(ReportClass::Reuse, "write", &a, &b).unwrap();
         assert_eq!(c.panels[0].sides[0], Side::Missing("reuse not measurable: no kprobes".into()));
-        let c = cdfs(ReportClass::FirstTouch, "populate", &a, &b).unwrap();
+        let c = cdfs(ReportClass::NotPresent, "populate", &a, &b).unwrap();
         assert_eq!(c.panels[1].sides[0], Side::Buckets(vec![[900, 1024, 3]]));
         assert_eq!(c.panels[1].sides[1], Side::Missing("no mark:populate phase".into()));
         // Measured, no faults: said so, not an empty line.

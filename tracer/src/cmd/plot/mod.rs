@@ -1,7 +1,7 @@
 //! `faultscope plot REPORT.json -o FILE.svg|FILE.png`: the time series of a
 //! report (`record --interval`) as a picture. The top panel stacks the
 //! classes that partition the faults (reuse, copy, wp_shared, spurious,
-//! huge_pmd_wp, first_touch, and the rest as `other`; in tracepoint mode
+//! huge_pmd_wp, not_present, and the rest as `other`; in tracepoint mode
 //! wp_faults in place of the write-protect outcomes), each interval drawn
 //! as a step over its own span, with all faults as one outline; phases are
 //! shaded and named (by number with a key below where a name does not fit
@@ -66,7 +66,7 @@ const PARTITION: [ReportClass; 6] = [
     ReportClass::WpShared,
     ReportClass::Spurious,
     ReportClass::HugePmdWp,
-    ReportClass::FirstTouch,
+    ReportClass::NotPresent,
 ];
 
 /// The series of a report: refuses a report without intervals.
@@ -433,7 +433,7 @@ fn layer_color(name: &str, i: usize) -> RGBAColor {
         "wp_shared" => RGBColor(44, 160, 44),
         "spurious" => RGBColor(214, 39, 40),
         "huge_pmd_wp" => RGBColor(148, 103, 189),
-        "first_touch" => RGBColor(188, 189, 34),
+        "not_present" => RGBColor(188, 189, 34),
         "wp_faults" => RGBColor(23, 190, 207),
         "other" => RGBColor(170, 170, 170),
         _ => return Palette99::pick(i).to_rgba(),
