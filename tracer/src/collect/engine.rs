@@ -442,104 +442,14 @@ impl Recorder {
         for e in evs {
             let comm = String::from_utf8_lossy(&e.comm).trim_end_matches('\0').to_string();
             match e.kind {
-                k if k == LifeKind::Fork as u32 => {
-                    self.timeline.fork(e.phase, e.ts_ns, e.tgid, e.pid);
-                    if let Some(k) = self.kinds.as_mut() {
-                        k.fork(e.tgid, e.phase, e.pid);
-                    }
-                    if let Some(f) = self.fork_comms.as_mut() {
-                        f.push(comm.clone());
-                    }
-                    if e.aux != 0 {
-                        // A new process's count starts at 0, and it is
-                        // counted from its fork.
-                        self.accounting
-                            .insert(e.pid, KernelCount::new(Start::Exact(Default::default(), "its fork")));
-                        self.live.insert(e.pid);
-                        self.comms.insert(e.pid, comm);
-                        self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
-                        // A child that is gone before its snapshot had its
-                        // parent's maps at fork.
-                        self.attrib.inherit(e.pid, e.tgid, e.ts_ns);
-                    }
-                }
-                k if k == LifeKind::ChildExit as u32 || k == LifeKind::ChildExec as u32 => {
-                    let exec = k == LifeKind::ChildExec as u32;
-                    self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
-                    if let Some(k) = self.kinds.as_mut() {
-                        k.child_gone(e.tgid, e.phase, e.pid, exec);
-                    }
-                    // A followed child's own life goes on after an exec, as
-                    // another program.
-                    if !exec {
-                        if let Some(l) = self.lifetimes.get_mut(&e.pid) {
-                            l.end(e.ts_ns);
-                        }
-                    }
-                }
-                k if k == LifeKind::Exec as u32 => {
-                    // The kernel started a phase for the new program
-                    // (`Filters::exec_phase`).
-                    if e.phase != self.timeline.current().id {
-                        self.timeline.exec(e.phase, e.ts_ns, e.tgid);
-                        if let Some(k) = self.kinds.as_mut() {
-                            k.exec(e.tgid, e.phase);
-                        }
-                    }
-                    // A started command counts from its exec (a traced
-                    // process that execs again keeps its start).
-                    let start = kernel_start(e.flt, "its exec", &self.flt_offsets);
-                    self.accounting.entry(e.tgid).or_insert_with(|| KernelCount::new(start));
-                    self.comms.insert(e.tgid, comm);
-                    // The maps before the exec were another program's.
-                    self.attrib.exec(e.tgid, e.ts_ns);
-                }
+                k if k == LifeKind::Fork as u32 => self.on_fork(&e, comm),
+                k if k == LifeKind::ChildExit as u32 => self.on_child_gone(&e, false),
+                k if k == LifeKind::ChildExec as u32 => self.on_child_gone(&e, true),
+                k if k == LifeKind::Exec as u32 => self.on_exec(&e, comm),
                 // The cgroup filter added it at its first event (unless
                 // serve's scan of cgroup.procs added it meanwhile).
-                k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => {
-                    let at_exec = e.aux & ADOPT_AT_EXEC != 0;
-                    self.accounting.entry(e.tgid).or_insert_with(|| {
-                        KernelCount::new(if at_exec {
-                            kernel_start(e.flt, "its exec", &self.flt_offsets)
-                        } else {
-                            Start::Unknown(
-                                "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
-                            )
-                        })
-                    });
-                    self.comms.insert(e.tgid, comm);
-                    self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
-                    self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
-                    self.adopted.push((e.tgid, e.aux & !ADOPT_AT_EXEC));
-                }
-                // The kernel took it out of the traced set at its exit (so
-                // that a new process with its pid is not counted as it).
-                k if k == LifeKind::Exit as u32 => {
-                    if let Some(sw) = self.system_wide.as_mut() {
-                        // Forked during the run: its count started at 0
-                        // there, and every fault of it was counted.
-                        if !sw.preexisting.remove(&e.tgid) {
-                            self.accounting.entry(e.tgid).or_insert_with(|| {
-                                KernelCount::new(Start::Exact(Default::default(), "its fork"))
-                            });
-                        }
-                        sw.exited.insert(e.tgid);
-                        self.comms.insert(e.tgid, comm.clone());
-                    }
-                    // Gone before its place was read: named by its cgroup.
-                    let place = self.containers.entry(e.tgid).or_default();
-                    if !place.is_known() && e.cgroup != 0 {
-                        *place = self.places.of(e.cgroup);
-                    }
-                    let exited = self.session.take_exited(e.tgid);
-                    if let Some(k) = self.accounting.get_mut(&e.tgid) {
-                        at_exit(k, exited, &self.flt_offsets);
-                    }
-                    self.live.remove(&e.tgid);
-                    if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
-                        l.end(e.ts_ns);
-                    }
-                }
+                k if k == LifeKind::Adopt as u32 && self.live.insert(e.tgid) => self.on_adopt(&e, comm),
+                k if k == LifeKind::Exit as u32 => self.on_exit(&e, comm),
                 _ => {}
             }
         }
@@ -556,6 +466,110 @@ impl Recorder {
         }
         self.session.flush_logs();
         Ok(())
+    }
+
+    /// A traced process forked: a phase starts; a followed child joins the
+    /// live set, counted from its fork.
+    fn on_fork(&mut self, e: &LifeEvent, comm: String) {
+        self.timeline.fork(e.phase, e.ts_ns, e.tgid, e.pid);
+        if let Some(k) = self.kinds.as_mut() {
+            k.fork(e.tgid, e.phase, e.pid);
+        }
+        if let Some(f) = self.fork_comms.as_mut() {
+            f.push(comm.clone());
+        }
+        if e.aux != 0 {
+            // A new process's count starts at 0, and it is counted from its
+            // fork.
+            self.accounting.insert(e.pid, KernelCount::new(Start::Exact(Default::default(), "its fork")));
+            self.live.insert(e.pid);
+            self.comms.insert(e.pid, comm);
+            self.lifetimes.insert(e.pid, Lifetime::from(e.ts_ns));
+            // A child that is gone before its snapshot had its parent's maps
+            // at fork.
+            self.attrib.inherit(e.pid, e.tgid, e.ts_ns);
+        }
+    }
+
+    /// A child of a traced process exited or exec'd: a phase starts.
+    fn on_child_gone(&mut self, e: &LifeEvent, exec: bool) {
+        self.timeline.child_gone(e.phase, e.ts_ns, e.pid, exec);
+        if let Some(k) = self.kinds.as_mut() {
+            k.child_gone(e.tgid, e.phase, e.pid, exec);
+        }
+        // A followed child's own life goes on after an exec, as another
+        // program.
+        if !exec {
+            if let Some(l) = self.lifetimes.get_mut(&e.pid) {
+                l.end(e.ts_ns);
+            }
+        }
+    }
+
+    /// A traced process exec'd: its count starts here if it had none, and
+    /// its maps are another program's.
+    fn on_exec(&mut self, e: &LifeEvent, comm: String) {
+        // The kernel started a phase for the new program
+        // (`Filters::exec_phase`).
+        if e.phase != self.timeline.current().id {
+            self.timeline.exec(e.phase, e.ts_ns, e.tgid);
+            if let Some(k) = self.kinds.as_mut() {
+                k.exec(e.tgid, e.phase);
+            }
+        }
+        // A started command counts from its exec (a traced process that
+        // execs again keeps its start).
+        let start = kernel_start(e.flt, "its exec", &self.flt_offsets);
+        self.accounting.entry(e.tgid).or_insert_with(|| KernelCount::new(start));
+        self.comms.insert(e.tgid, comm);
+        self.attrib.exec(e.tgid, e.ts_ns);
+    }
+
+    /// A process a filter adopted at its first event (already in `live`).
+    fn on_adopt(&mut self, e: &LifeEvent, comm: String) {
+        let at_exec = e.aux & ADOPT_AT_EXEC != 0;
+        self.accounting.entry(e.tgid).or_insert_with(|| {
+            KernelCount::new(if at_exec {
+                kernel_start(e.flt, "its exec", &self.flt_offsets)
+            } else {
+                Start::Unknown(
+                    "adopted by the cgroup filter at its first event: the counts of its other threads before it are not known".into(),
+                )
+            })
+        });
+        self.comms.insert(e.tgid, comm);
+        self.lifetimes.insert(e.tgid, Lifetime::from(e.ts_ns));
+        self.attrib.snapshot(e.tgid, e.ts_ns, "attach");
+        self.adopted.push((e.tgid, e.aux & !ADOPT_AT_EXEC));
+    }
+
+    /// The kernel took a process out of the traced set at its exit (so that
+    /// a new process with its pid is not counted as it): its kernel count
+    /// ends, and a place not read yet comes from its cgroup.
+    fn on_exit(&mut self, e: &LifeEvent, comm: String) {
+        if let Some(sw) = self.system_wide.as_mut() {
+            // Forked during the run: its count started at 0 there, and every
+            // fault of it was counted.
+            if !sw.preexisting.remove(&e.tgid) {
+                self.accounting
+                    .entry(e.tgid)
+                    .or_insert_with(|| KernelCount::new(Start::Exact(Default::default(), "its fork")));
+            }
+            sw.exited.insert(e.tgid);
+            self.comms.insert(e.tgid, comm);
+        }
+        let place = self.containers.entry(e.tgid).or_default();
+        if !place.is_known() && e.cgroup != 0 {
+            *place = self.places.of(e.cgroup);
+        }
+        let exited = self.session.take_exited(e.tgid);
+        if let Some(k) = self.accounting.get_mut(&e.tgid) {
+            at_exit(k, exited, &self.flt_offsets);
+        }
+        self.live.remove(&e.tgid);
+        if let Some(l) = self.lifetimes.get_mut(&e.tgid) {
+            l.end(e.ts_ns);
+        }
     }
 
     /// The kernel side's drop counters, with user space's own (`/proc`

@@ -487,44 +487,7 @@ impl Session {
                     ProbeStatus::not_attached(spec.program, hook_name(spec.hook), why.clone())
                 }
                 Resolution::Attach { symbol, backend, why, fallback } => {
-                    let mut backend = *backend;
-                    let mut why = why.clone();
-                    let mut res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, aya_btf);
-                    if let (Err(e), Backend::Fentry) = (&res, backend) {
-                        let refused = format!(
-                            "the kernel refused {}: {}",
-                            Backend::Fentry.attach_kind(spec.hook),
-                            attach_reason(e)
-                        );
-                        match fallback {
-                            _ if choice == BackendChoice::Fentry => {
-                                anyhow::bail!(
-                                    "--backend fentry: probe {} on {symbol}: {refused}",
-                                    spec.program
-                                )
-                            }
-                            Ok(()) => {
-                                why = refused;
-                                backend = match spec.hook {
-                                    Hook::Tracepoint(..) => Backend::Tracepoint,
-                                    _ => Backend::Kprobe,
-                                };
-                                res = attach_one(&mut bpf, spec.program, spec.hook, symbol, backend, None);
-                            }
-                            Err(no_kprobe) => res = Err(anyhow!("{no_kprobe}; {refused}")),
-                        }
-                    }
-                    match res {
-                        Ok(()) => ProbeStatus {
-                            program: spec.program,
-                            target: symbol.clone(),
-                            attached: true,
-                            reason: None,
-                            kind: Some(backend.attach_kind(spec.hook)),
-                            backend_reason: Some(why),
-                        },
-                        Err(e) => ProbeStatus::not_attached(spec.program, symbol.clone(), attach_reason(&e)),
-                    }
+                    attach_resolved(&mut bpf, spec, symbol, (*backend, why), fallback, choice, aya_btf)?
                 }
             };
             if let (Some(other), false) = (spec.only_with, st.attached || unneeded.is_some()) {
@@ -847,6 +810,51 @@ impl Session {
             l.flush();
         }
     }
+}
+
+/// Attaches a probe by the backend its resolution chose; an fentry the
+/// kernel refuses falls back to the kprobe (or tracepoint) where the
+/// resolution allows it, and is refused with `--backend fentry`.
+fn attach_resolved(
+    bpf: &mut Ebpf,
+    spec: &super::probes::ProbeSpec,
+    symbol: &str,
+    (mut backend, why): (Backend, &str),
+    fallback: &Result<(), String>,
+    choice: BackendChoice,
+    aya_btf: Option<&aya::Btf>,
+) -> Result<ProbeStatus> {
+    let mut why = why.to_string();
+    let mut res = attach_one(bpf, spec.program, spec.hook, symbol, backend, aya_btf);
+    if let (Err(e), Backend::Fentry) = (&res, backend) {
+        let refused =
+            format!("the kernel refused {}: {}", Backend::Fentry.attach_kind(spec.hook), attach_reason(e));
+        match fallback {
+            _ if choice == BackendChoice::Fentry => {
+                anyhow::bail!("--backend fentry: probe {} on {symbol}: {refused}", spec.program)
+            }
+            Ok(()) => {
+                why = refused;
+                backend = match spec.hook {
+                    Hook::Tracepoint(..) => Backend::Tracepoint,
+                    _ => Backend::Kprobe,
+                };
+                res = attach_one(bpf, spec.program, spec.hook, symbol, backend, None);
+            }
+            Err(no_kprobe) => res = Err(anyhow!("{no_kprobe}; {refused}")),
+        }
+    }
+    Ok(match res {
+        Ok(()) => ProbeStatus {
+            program: spec.program,
+            target: symbol.to_string(),
+            attached: true,
+            reason: None,
+            kind: Some(backend.attach_kind(spec.hook)),
+            backend_reason: Some(why),
+        },
+        Err(e) => ProbeStatus::not_attached(spec.program, symbol.to_string(), attach_reason(&e)),
+    })
 }
 
 fn hook_name(h: Hook) -> String {
