@@ -171,6 +171,11 @@ impl ClassSet {
     pub const fn has(self, c: KernelClass) -> bool {
         self.0 & c.bit() != 0
     }
+    /// Whether the set is a fault's: it has a fault class, the fault path's
+    /// or the tracepoint's (a contpte event's set has neither).
+    pub const fn is_fault(self) -> bool {
+        self.has(KernelClass::Faults) || self.has(KernelClass::TpFaults)
+    }
     /// The same classes, of origin `o`.
     pub const fn with_origin(self, o: Origin) -> ClassSet {
         ClassSet((self.0 & !ORIGIN_MASK) | ((o as u32) << ORIGIN_SHIFT))

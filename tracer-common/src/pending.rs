@@ -17,7 +17,7 @@
 
 use crate::{
     attrib::{ClassCounts, MappingKey},
-    class::KernelClass,
+    class::{ClassSet, KernelClass},
     maps::{ClassSetKey, Stat},
     NBUCKETS,
 };
@@ -34,12 +34,11 @@ pub const FLUSHED_FAULTS: u32 = 1;
 pub const LOST_FAULTS: u32 = 2;
 pub const FLUSH_COUNTERS: u32 = 3;
 
-/// The faults among `count` events of class set `set` (one fault per
-/// event where the set has a fault class: the fault path's or the
-/// tracepoint's; 0 for the contpte events, which are not faults).
+/// The faults among `count` events of class set `set`: all of them for a
+/// fault's set ([`ClassSet::is_fault`]), none for a contpte event's.
 #[inline(always)]
 pub const fn faults_of(set: u32, count: u64) -> u64 {
-    if set & (KernelClass::Faults.bit() | KernelClass::TpFaults.bit()) != 0 {
+    if ClassSet(set).is_fault() {
         count
     } else {
         0

@@ -271,8 +271,11 @@ impl Places {
             let Ok(entries) = std::fs::read_dir(&dir) else { continue };
             for e in entries.flatten() {
                 // No symbolic link is followed: a cgroup is a directory.
+                if seen >= PLACES_MAX {
+                    return;
+                }
                 let Ok(m) = e.metadata() else { continue };
-                if !m.is_dir() || seen >= PLACES_MAX {
+                if !m.is_dir() {
                     continue;
                 }
                 seen += 1;

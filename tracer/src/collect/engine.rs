@@ -423,16 +423,7 @@ impl Recorder {
         for (id, path) in self.session.cgroup_dirs()? {
             self.places.made(id, &path);
         }
-        let mut evs = Vec::new();
-        {
-            let mut ring = self.session.events()?;
-            while let Some(item) = ring.next() {
-                if item.len() >= std::mem::size_of::<LifeEvent>() {
-                    // SAFETY: the kernel wrote a LifeEvent; read unaligned.
-                    evs.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const LifeEvent) });
-                }
-            }
-        }
+        let mut evs = self.session.events()?;
         evs.sort_by_key(|e| e.ts_ns);
         let phase_changed = evs.iter().any(|e| {
             [LifeKind::Fork, LifeKind::ChildExit, LifeKind::ChildExec, LifeKind::Exec]

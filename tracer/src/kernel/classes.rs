@@ -412,7 +412,7 @@ pub const FAULT_KINDS: &[(&str, KernelClass)] = &[
 /// The kind of a fault of class set `set`, or None when the set is not a
 /// fault (contpte events, kprobe mode's separate error-code sets).
 pub fn fault_kind(set: ClassSet) -> Option<&'static str> {
-    if !set.has(KernelClass::Faults) && !set.has(KernelClass::TpFaults) {
+    if !set.is_fault() {
         return None;
     }
     FAULT_KINDS.iter().find(|(_, c)| set.has(*c)).map(|(k, _)| *k)

@@ -14,7 +14,7 @@ use aya::{
 };
 use faultscope_common::{
     maps::{
-        phase_id, CgroupDir, ClassSetKey, Config, ConfigValues, DropKind, FltCount, PhaseId, Stat,
+        phase_id, CgroupDir, ClassSetKey, Config, ConfigValues, DropKind, FltCount, LifeEvent, PhaseId, Stat,
         TargetInfo, CGROUP_PATH_MAX,
     },
     Program,
@@ -778,31 +778,37 @@ impl Session {
         Ok(id)
     }
 
-    pub fn events(&mut self) -> Result<RingBuf<&mut MapData>> {
-        let m = self.bpf.map_mut("EVENTS").ok_or_else(|| anyhow!("no EVENTS map"))?;
-        Ok(RingBuf::try_from(m)?)
+    /// Every record the kernel put in ring buffer `name` since the last
+    /// call (a shorter one, which no program writes, is skipped).
+    fn drain_ring<T: Copy>(&mut self, name: &str) -> Result<Vec<T>> {
+        let m = self.bpf.map_mut(name).ok_or_else(|| anyhow!("no {name} map"))?;
+        let mut ring = RingBuf::try_from(m)?;
+        let mut out = Vec::new();
+        while let Some(item) = ring.next() {
+            if item.len() >= std::mem::size_of::<T>() {
+                // SAFETY: a program wrote a T there; read unaligned.
+                out.push(unsafe { std::ptr::read_unaligned(item.as_ptr() as *const T) });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The lifecycle events since the last call.
+    pub fn events(&mut self) -> Result<Vec<LifeEvent>> {
+        self.drain_ring("EVENTS")
     }
 
     /// The cgroup v2 directories made since the last call: (id, path); a
     /// path cut short at `CGROUP_PATH_MAX` is left out.
     pub fn cgroup_dirs(&mut self) -> Result<Vec<(u64, String)>> {
-        let m = self.bpf.map_mut("CGROUP_DIRS").ok_or_else(|| anyhow!("no CGROUP_DIRS map"))?;
-        let mut ring = RingBuf::try_from(m)?;
-        let mut out = Vec::new();
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<CgroupDir>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote a CgroupDir; read unaligned.
-            let d = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const CgroupDir) };
-            let len = d.len as usize;
-            // The copy keeps room for its NUL: a path of the whole room
-            // minus one may have been cut.
-            if len + 1 < CGROUP_PATH_MAX {
-                out.push((d.id, String::from_utf8_lossy(&d.path[..len]).into_owned()));
-            }
-        }
-        Ok(out)
+        let dirs: Vec<CgroupDir> = self.drain_ring("CGROUP_DIRS")?;
+        // The copy keeps room for its NUL: a path of the whole room minus
+        // one may have been cut.
+        Ok(dirs
+            .iter()
+            .filter(|d| (d.len as usize) + 1 < CGROUP_PATH_MAX)
+            .map(|d| (d.id, String::from_utf8_lossy(&d.path[..d.len as usize]).into_owned()))
+            .collect())
     }
 
     pub fn flush_logs(&mut self) {
