@@ -144,19 +144,16 @@ impl Aggregates {
             tries += 1;
             let before: Vec<u64> = per_cpu_at(bpf, "FLUSHES", FLUSH_GENERATION)?;
             let in_flush = before.iter().any(|g| g % 2 == 1);
-            let mut flow = FaultFlow {
-                seen: per_cpu_at::<u64>(bpf, "FLUSHES", FLUSHED_FAULTS)?.iter().sum(),
-                lost: per_cpu_at::<u64>(bpf, "FLUSHES", LOST_FAULTS)?.iter().sum(),
-            };
             let mut sets = per_cpu_sums(bpf, "STATS", Stat::ZERO, Stat::merge)?;
             let mut mappings = per_cpu_sums(bpf, "MAPPINGS", ClassCounts::ZERO, ClassCounts::merge)?;
             let mut pending = BTreeSet::new();
+            let mut in_slots = 0;
             for i in 0..PENDING_SLOTS {
                 for p in per_cpu_at::<PendingStat>(bpf, "PENDING_STATS", i)? {
                     if p.key.tgid != 0 && p.stat.count > 0 {
                         sets.entry(p.key).or_insert(Stat::ZERO).merge(&p.stat);
                         pending.insert((p.key.tgid, p.key.phase));
-                        flow.seen += faults_of(p.key.set, p.stat.count);
+                        in_slots += faults_of(p.key.set, p.stat.count);
                     }
                 }
                 for p in per_cpu_at::<PendingMapping>(bpf, "PENDING_MAPPINGS", i)? {
@@ -167,6 +164,14 @@ impl Aggregates {
                     }
                 }
             }
+            // Read after the maps and the slots: a flush while they were read
+            // (a torn read) moved faults this read missed, never counted
+            // twice, and seen counts them, so counted + lost <= seen holds
+            // on every read and is equal on a clean one.
+            let flow = FaultFlow {
+                seen: per_cpu_at::<u64>(bpf, "FLUSHES", FLUSHED_FAULTS)?.iter().sum::<u64>() + in_slots,
+                lost: per_cpu_at::<u64>(bpf, "FLUSHES", LOST_FAULTS)?.iter().sum(),
+            };
             let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", FLUSH_GENERATION)?;
             let clean = !in_flush && before == after;
             if clean || tries >= READ_TRIES || started.elapsed() >= within {
