@@ -113,13 +113,21 @@ catalogue! {
         /// `fault_dirty_shared_page`): write-notify for dirty tracking
         /// (writeback, soft-dirty, `page_mkwrite`), no COW at all.
         WpShared = 19,
+        /// A spurious fault while no other thread of the process was in a
+        /// write-protect fault on that page: the CPU used a read-only TLB
+        /// entry that outlived the PTE's upgrade to writable.
+        SpuriousStaleTlb = 20,
+        /// A spurious fault while another thread of the process was in a
+        /// write-protect fault on that page (from its `do_wp_page` to its
+        /// return): that thread made the PTE writable first.
+        SpuriousRace = 21,
     }
 }
 
 impl KernelClass {
     /// The classes `ThreadFault::on_return` can produce: the kretprobe only
     /// walks these (walking all would make the verifier's work explode).
-    pub const FAULT_RETURN: [KernelClass; 11] = [
+    pub const FAULT_RETURN: [KernelClass; 13] = [
         KernelClass::Faults,
         KernelClass::WriteFaults,
         KernelClass::WpFaults,
@@ -127,6 +135,8 @@ impl KernelClass {
         KernelClass::Copy,
         KernelClass::WpShared,
         KernelClass::Spurious,
+        KernelClass::SpuriousStaleTlb,
+        KernelClass::SpuriousRace,
         KernelClass::HugePmdWp,
         KernelClass::Retry,
         KernelClass::Error,

@@ -157,12 +157,17 @@ const PAGE_MASK: u64 = !0xfff;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadFault {
+    /// When the fault in progress opened (0: not known); its latency's
+    /// start when it is timed.
     pub start_ns: u64,
     pub fault_addr: u64,
     /// Faulting address of the last exception this thread took.
     pub exc_addr: u64,
     /// x86 error code or arm64 ESR of that exception.
     pub exc_code: u64,
+    /// When that exception was taken, where it was read (a write to a
+    /// present page: the spurious split needs it), else 0.
+    pub exc_ns: u64,
     pub exc_arch: u32,
     pub flags: u32,
     pub seen: u32,
@@ -211,6 +216,7 @@ impl ThreadFault {
         self.exc_arch = arch as u32;
         self.exc_addr = addr;
         self.exc_code = code;
+        self.exc_ns = 0;
         self.seen |= SEEN_EXC;
     }
 
@@ -255,6 +261,7 @@ impl ThreadFault {
             && !(origin as u32 == Origin::Gup as u32 && self.seen & SEEN_FROM_EXC != 0);
         if !ours {
             self.seen &= !SEEN_TIMED;
+            self.start_ns = 0;
         }
         self.fault_addr = addr;
         self.flags = flags;
@@ -291,6 +298,31 @@ impl ThreadFault {
         let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
         self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
         lost
+    }
+
+    /// An untimed write fault opens at `ns`: the spurious split compares
+    /// the time with its page's bucket ([`WpPage::raced`]). `start_ns` is
+    /// the fault's opening time wherever it is not 0, timed or not.
+    #[inline(always)]
+    pub fn opened_at(&mut self, ns: u64) {
+        self.start_ns = ns;
+    }
+
+    /// When the fault in progress opened, for the spurious split: the time
+    /// of its own exception where that was read (before interrupts are
+    /// on, nearest to the page walk), else its start (0: not known). Read
+    /// before [`Self::on_return`].
+    #[inline(always)]
+    pub fn opened_ns(&self) -> u64 {
+        let own = self.seen & SEEN_EXC != 0
+            && self.exc_ns != 0
+            && self.origin != Origin::Gup as u32
+            && (self.exc_addr & PAGE_MASK) == (self.fault_addr & PAGE_MASK);
+        if own {
+            self.exc_ns
+        } else {
+            self.start_ns
+        }
     }
 
     /// Whether the fault in progress is timed.
@@ -411,6 +443,86 @@ impl ThreadFault {
     }
 }
 
+/// Buckets of the `WP_PAGES` array (32 bytes each: 128 KiB).
+pub const WP_PAGE_BUCKETS: u32 = 4096;
+
+/// How long before a fault's first program its CPU may have walked the
+/// page table: the exception's delivery, and with kprobes the way to
+/// `handle_mm_fault`'s entry (a breakpoint, under emulation too). A
+/// write-protect fault of another thread that left the page within this
+/// window before the fault opened could have made the PTE writable after
+/// the walk: a race.
+pub const RACE_WINDOW_NS: u64 = 50_000;
+
+/// The write-protect fault last seen on the pages of one bucket of
+/// (process, page): what tells a spurious fault that lost a race to
+/// another thread from one taken on a stale TLB entry. A write-protect
+/// fault enters it at `do_wp_page` (busy) and leaves it at its return (not
+/// busy, the time noted). A spurious fault raced when another thread of
+/// its process was in a write-protect fault on its page during it: busy
+/// at its return, or left after [`RACE_WINDOW_NS`] before it opened. Two
+/// pages that share a bucket overwrite each other's entry: a race whose
+/// entry was overwritten before the spurious fault returned reads as a
+/// stale TLB entry (with 4,096 buckets, only a thread that takes
+/// write-protect faults on thousands of pages during one fault of another
+/// could do that).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WpPage {
+    /// The page's address (`PAGE_MASK`ed).
+    pub page: u64,
+    /// `pid_tgid` of the thread whose write-protect fault it was.
+    pub id: u64,
+    /// When that fault returned (CLOCK_MONOTONIC, ns).
+    pub left_ns: u64,
+    /// 1 from its `do_wp_page` to its return.
+    pub busy: u32,
+    pub _pad: u32,
+}
+
+impl WpPage {
+    /// The bucket of `addr` in process `tgid`.
+    #[inline(always)]
+    pub const fn bucket(tgid: u32, addr: u64) -> u32 {
+        let page = addr >> 12;
+        ((page ^ (page >> 16) ^ (tgid as u64).wrapping_mul(0x9e37_79b9)) as u32) & (WP_PAGE_BUCKETS - 1)
+    }
+
+    /// Thread `id` reached `do_wp_page` for `addr`.
+    #[inline(always)]
+    pub fn enter(&mut self, id: u64, addr: u64) {
+        self.page = addr & PAGE_MASK;
+        self.id = id;
+        self.busy = 1;
+    }
+
+    /// Thread `id`'s write-protect fault on `addr` returned at `now`.
+    #[inline(always)]
+    pub fn leave(&mut self, id: u64, addr: u64, now: u64) {
+        if self.id == id && self.page == addr & PAGE_MASK {
+            self.busy = 0;
+            self.left_ns = now;
+        }
+    }
+
+    /// Whether a spurious fault of thread `id` on `addr`, opened at
+    /// `opened_ns` (0: unknown, then only a fault busy now counts), raced
+    /// another thread's write-protect fault.
+    #[inline(always)]
+    pub fn raced(&self, id: u64, addr: u64, opened_ns: u64) -> bool {
+        self.page == addr & PAGE_MASK
+            && self.id >> 32 == id >> 32
+            && self.id != id
+            && (self.busy != 0 || (opened_ns != 0 && self.left_ns + RACE_WINDOW_NS > opened_ns))
+    }
+}
+
+/// A spurious fault's `set`, with the half of the split `raced` says.
+#[inline(always)]
+pub fn split_spurious(set: ClassSet, raced: bool) -> ClassSet {
+    set.with(if raced { KernelClass::SpuriousRace } else { KernelClass::SpuriousStaleTlb })
+}
+
 /// Classes of one `exceptions:page_fault_user` event (x86 error code), the
 /// tracepoint-only view of a fault.
 #[inline(always)]
@@ -452,6 +564,64 @@ mod tests {
             t.mark(*m);
         }
         t.on_return(ret).expect("a user fault was in progress")
+    }
+
+    const T: u64 = (7 << 32) | 7;
+    const U: u64 = (7 << 32) | 8;
+
+    #[test]
+    fn a_spurious_fault_raced_only_a_write_protect_fault_of_another_thread_near_it() {
+        let mut b = WpPage::default();
+        let opened = 10 * RACE_WINDOW_NS;
+        // Another thread's fault on the page returned well before this one
+        // opened: a stale TLB entry.
+        b.enter(U, A);
+        b.leave(U, A, opened - RACE_WINDOW_NS - 1);
+        assert!(!b.raced(T, A + 8, opened));
+        // Within the window before the open (the walk may precede the first
+        // program), after it, or busy now: a race.
+        b.leave(U, A, opened - RACE_WINDOW_NS + 1);
+        assert!(b.raced(T, A, opened));
+        b.leave(U, A, opened + 5);
+        assert!(b.raced(T, A, opened));
+        assert!(!b.raced(T, A, 0), "the open time unknown: only a busy fault counts");
+        b.enter(U, A);
+        assert!(b.raced(T, A, 0));
+        // Its own fault, another page, another process: no race.
+        b.enter(T, A);
+        assert!(!b.raced(T, A, opened));
+        b.enter(U, A + 4096);
+        assert!(!b.raced(T, A, opened));
+        b.enter((9 << 32) | 8, A);
+        assert!(!b.raced(T, A, opened));
+        // Another thread's leave does not clear the entry it does not own.
+        b.leave(U, A, opened);
+        assert_eq!(b.busy, 1);
+        assert!(split_spurious(ClassSet::default(), true).has(KernelClass::SpuriousRace));
+        assert!(split_spurious(ClassSet::default(), false).has(KernelClass::SpuriousStaleTlb));
+    }
+
+    #[test]
+    fn the_open_time_of_an_untimed_fault_is_kept_but_not_timed() {
+        let mut t = ThreadFault::default();
+        assert!(!t.on_entry(None, A, W, Origin::User));
+        t.opened_at(5);
+        assert!(!t.timed());
+        assert_eq!(t.opened_ns(), 5);
+        t.on_return(0);
+        // The fault's own exception's time, where it was read, comes first.
+        t.on_exception(ExcArch::X86, A + 8, X86_PF_PROT | X86_PF_WRITE);
+        t.exc_ns = 3;
+        assert!(!t.on_entry(None, A, W, Origin::User));
+        assert_eq!(t.opened_ns(), 3);
+        t.on_return(0);
+        t.on_exception(ExcArch::X86, A + 8, X86_PF_PROT | X86_PF_WRITE);
+        t.exc_ns = 3;
+        t.on_entry(None, A + 4096, W, Origin::User);
+        assert_eq!(t.opened_ns(), 0, "another page's exception");
+        let b = WpPage::bucket(7, A);
+        assert!(b < WP_PAGE_BUCKETS);
+        assert_eq!(b, WpPage::bucket(7, A + 0xfff), "one bucket per page");
     }
 
     #[test]

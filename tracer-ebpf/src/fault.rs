@@ -12,12 +12,13 @@ use aya_ebpf::{
     programs::{FExitContext, RetProbeContext},
 };
 use faultscope_common::{
-    class::KernelClass,
+    class::{ClassSet, KernelClass},
     fault::{
-        vma_kept, Origin, SEEN_ACCESS, SEEN_DIRTY_SHARED, SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP,
-        VM_FAULT_RETRY,
+        split_spurious, vma_kept, Origin, WpPage, FAULT_FLAG_WRITE, SEEN_ACCESS, SEEN_DIRTY_SHARED,
+        SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_RETRY,
     },
     maps::{Config, DropKind},
+    ThreadFault,
 };
 
 use crate::{
@@ -26,8 +27,31 @@ use crate::{
         current_id, current_phase, drop_count, fault_state, read_failed, record_set, tgid_of,
         thread_state_if_any, timed_fault, traced_thread, FnContext, ReadFailed, UNTIMED,
     },
-    maps::{cfg, Conf, EXIT_ONLY},
+    maps::{cfg, Conf, EXIT_ONLY, WP_PAGES},
 };
+
+// ---- write-protect faults by page (the spurious split) ------------------------
+
+/// A fault of thread `id` that opened at `opened` (`opened_ns`, read
+/// before the return) returned with classes `set` at `now` (0: the clock
+/// not read): a write-protect fault leaves its page's bucket, a spurious
+/// one is split by it (see `WpPage`).
+#[inline(always)]
+fn wp_page_returned(st: &ThreadFault, id: u64, opened: u64, now: u64, set: ClassSet) -> ClassSet {
+    let wp = set.has(KernelClass::WpFaults);
+    if !wp && !set.has(KernelClass::Spurious) {
+        return set;
+    }
+    let Some(b) = WP_PAGES.get_ptr_mut(WpPage::bucket(tgid_of(id), st.fault_addr)) else {
+        return set;
+    };
+    let b = unsafe { &mut *b };
+    if wp {
+        b.leave(id, st.fault_addr, if now != 0 { now } else { unsafe { bpf_ktime_get_ns() } });
+        return set;
+    }
+    split_spurious(set, b.raced(id, st.fault_addr, opened))
+}
 
 // ---- handle_mm_fault ----------------------------------------------------------
 
@@ -64,8 +88,10 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // the same thread, so this is the only way to be in a fault here.
     if st.in_fault() {
         drop_count(DropKind::LostReturn);
+        let opened = st.opened_ns();
         if let Some(set) = st.on_return(0) {
             let set = st.opaque(set);
+            let set = wp_page_returned(st, id, opened, 0, set);
             let phase = current_phase();
             record_set(tgid, phase, set, UNTIMED, 0);
             if conf.get(Config::Mappings) != 0 {
@@ -80,6 +106,11 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // The clock last: the fault's time starts where this program's ends.
     let timed = timed_fault(conf.get(Config::LatencyEvery));
     st.on_entry(if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None }, addr, flags, origin);
+    // A write's open time, for the spurious split, where its exception
+    // did not read it.
+    if !timed && flags & FAULT_FLAG_WRITE != 0 && st.opened_ns() == 0 {
+        st.opened_at(unsafe { bpf_ktime_get_ns() });
+    }
     Ok(0)
 }
 
@@ -124,16 +155,15 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     let arg = |n| FnContext::arg(ctx, n);
     let (addr, flags, regs) = (arg(1)?, arg(2)? as u32, arg(3)?);
     let origin = Origin::of(flags, regs);
-    let ns = if st.at_return(addr, flags, origin) {
-        unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns)
-    } else {
-        UNTIMED
-    };
+    let now = if st.at_return(addr, flags, origin) { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    let ns = if now != 0 { now.saturating_sub(st.start_ns) } else { UNTIMED };
     let own_ns = st.own_ns;
+    let opened = st.opened_ns();
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
     let set = st.opaque(set);
+    let set = wp_page_returned(st, id, opened, now, set);
     let tgid = tgid_of(id);
     let phase = current_phase();
     record_set(tgid, phase, set, ns, own_ns);
@@ -151,7 +181,8 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     if ret as u32 & VM_FAULT_RETRY != 0 {
         // The clock last: the retried call's time starts where this ends.
         let timed = timed_fault(conf.get(Config::LatencyEvery));
-        st.reopen_for_retry(timed, if timed { unsafe { bpf_ktime_get_ns() } } else { 0 });
+        let stamp = timed || flags & FAULT_FLAG_WRITE != 0;
+        st.reopen_for_retry(timed, if stamp { unsafe { bpf_ktime_get_ns() } } else { 0 });
     }
     Ok(0)
 }
@@ -164,11 +195,14 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         return Ok(0);
     }
     let st = unsafe { &mut *s };
-    let ns = if st.timed() { unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns) } else { UNTIMED };
+    let now = if st.timed() { unsafe { bpf_ktime_get_ns() } } else { 0 };
+    let ns = if now != 0 { now.saturating_sub(st.start_ns) } else { UNTIMED };
+    let opened = st.opened_ns();
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
     let set = st.opaque(set);
+    let set = wp_page_returned(st, id, opened, now, set);
     let tgid = tgid_of(id);
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.
@@ -200,54 +234,77 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
 /// fault's the mark. In exit-only mode a mark of a function that runs only
 /// inside a fault (`opens`) opens a traced thread's fault if none is open
 /// (get_user_pages raises no exception).
+///
+/// `then` runs after the mark, inside the program's own time, with the
+/// thread's id and state.
 #[inline(always)]
-fn try_mark(bit: u32, opens: bool) -> Result<u32, ReadFailed> {
+fn try_mark(bit: u32, opens: bool, then: impl FnOnce(u64, &mut ThreadFault)) -> Result<u32, ReadFailed> {
     let open = opens && cfg(&EXIT_ONLY) != 0;
-    let s = fault_state(current_id(), open);
+    let id = current_id();
+    let s = fault_state(id, open);
     if !s.is_null() {
         let st = unsafe { &mut *s };
         if st.timed() {
             let from = unsafe { bpf_ktime_get_ns() };
             st.mark(bit);
+            then(id, st);
             st.own_time(from, unsafe { bpf_ktime_get_ns() });
         } else {
             if open && !st.in_fault() {
                 st.open_untimed();
             }
             st.mark(bit);
+            then(id, st);
         }
     }
     Ok(0)
 }
 
+/// The mark alone.
+#[inline(always)]
+fn mark_only(bit: u32, opens: bool) -> Result<u32, ReadFailed> {
+    try_mark(bit, opens, |_, _| {})
+}
+
+/// `do_wp_page` of a fault on a known page (get_user_pages in exit-only
+/// mode opens with none) enters that page's bucket.
+#[inline(always)]
+fn enter_wp_page(id: u64, st: &mut ThreadFault) {
+    if st.in_fault() && st.fault_addr != 0 {
+        if let Some(b) = WP_PAGES.get_ptr_mut(WpPage::bucket(tgid_of(id), st.fault_addr)) {
+            unsafe { (*b).enter(id, st.fault_addr) };
+        }
+    }
+}
+
 kprobe_and_fentry!(
     /// `do_wp_page`: a write-protect fault on a present PTE.
-    wp_page, wp_page_fe, |_ctx| try_mark(SEEN_WP, true).unwrap_or(0)
+    wp_page, wp_page_fe, |_ctx| try_mark(SEEN_WP, true, enter_wp_page).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `do_huge_pmd_wp_page`: a write-protect fault on a PMD-mapped THP.
-    huge_pmd_wp, huge_pmd_wp_fe, |_ctx| try_mark(SEEN_HUGE_WP, true).unwrap_or(0)
+    huge_pmd_wp, huge_pmd_wp_fe, |_ctx| mark_only(SEEN_HUGE_WP, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
     /// `do_wp_page` fault that is a COW copy.
-    new_anon_rmap, new_anon_rmap_fe, |_ctx| try_mark(SEEN_NEW_ANON, false).unwrap_or(0)
+    new_anon_rmap, new_anon_rmap_fe, |_ctx| mark_only(SEEN_NEW_ANON, false).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
     /// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.
-    dirty_shared, dirty_shared_fe, |_ctx| try_mark(SEEN_DIRTY_SHARED, true).unwrap_or(0)
+    dirty_shared, dirty_shared_fe, |_ctx| mark_only(SEEN_DIRTY_SHARED, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `ptep_set_access_flags` (x86) / `__ptep_set_access_flags` (arm64): the
     /// present-entry tail of `handle_pte_fault`.
-    access_flags, access_flags_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
+    access_flags, access_flags_fe, |_ctx| mark_only(SEEN_ACCESS, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// arm64 `contpte_ptep_set_access_flags`: the same for a contpte block.
-    access_flags_cont, access_flags_cont_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
+    access_flags_cont, access_flags_cont_fe, |_ctx| mark_only(SEEN_ACCESS, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
     /// `huge_pmd_set_accessed`: the same for a PMD-mapped THP.
-    huge_accessed, huge_accessed_fe, |_ctx| try_mark(SEEN_ACCESS, true).unwrap_or(0)
+    huge_accessed, huge_accessed_fe, |_ctx| mark_only(SEEN_ACCESS, true).unwrap_or(0)
 );

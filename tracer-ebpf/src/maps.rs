@@ -16,6 +16,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
+    fault::{WpPage, WP_PAGE_BUCKETS},
     maps::{
         ClassSetKey, Config, ConfigValues, DropKind, FltCount, OpenFault, Stat, TargetInfo, UntracedNote,
     },
@@ -95,6 +96,13 @@ impl<T> TaskStorage<T> {
 /// helper call. One entry per CPU.
 #[map]
 pub static OPEN: PerCpuArray<OpenFault> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per (process, page) bucket, the write-protect fault last seen there:
+/// what splits spurious faults into stale TLB and race (see `WpPage`).
+/// A plain array, shared by all CPUs: the bucket a write-protect fault
+/// writes is read by another thread's spurious fault on another CPU.
+#[map]
+pub static WP_PAGES: Array<WpPage> = Array::with_max_entries(WP_PAGE_BUCKETS, 0);
 
 /// Per-thread fault state, in the task itself, for a thread switched out
 /// with a fault or an exception record open in `OPEN` (a fault that

@@ -59,6 +59,12 @@ pub enum Mode {
     /// Read every page of a folio, then store to each (stale read-only TLB
     /// entries: spurious faults on real hardware).
     ReadThenStore,
+    /// Two threads on two CPUs: the reader reads every page, the writer
+    /// then stores to every page (COW reuse faults, which make the PTEs
+    /// writable without flushing the reader's CPU), then the reader stores
+    /// to every page: spurious faults wherever its CPU kept the read-only
+    /// TLB entries (`--time-stores` times the reader's stores).
+    ReaderWriter,
 }
 
 #[derive(Args, Debug)]
@@ -465,6 +471,16 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         ))
         .into());
     }
+    if o.mode.contains(&Mode::ReaderWriter) {
+        let cpus = affinity::allowed()?;
+        if cpus.len() < 2 {
+            return Err(Refusal::new(format!(
+                "reader-writer needs two CPUs for its two threads, and this process may run on {} ({cpus:?}: see taskset)",
+                cpus.len()
+            ))
+            .into());
+        }
+    }
     if series && (o.attrib.folded.is_some() || o.attrib.flamegraph.is_some()) {
         return Err(Refusal::new(
             "--folded/--flamegraph take one run; a series keeps each run's stacks in its --json reports",
@@ -610,6 +626,8 @@ enum Plan {
         writers: Vec<Vec<usize>>,
         read_first: bool,
     },
+    /// The pages of `ReaderWriter`.
+    ReaderWriter(Vec<usize>),
 }
 
 fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
@@ -629,6 +647,7 @@ fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
             (0..n).map(|i| all.iter().copied().skip(i).step_by(n).collect()).collect()
         }
         Mode::ThreadsSame => (0..n).map(|i| order(o.seed + i as u64)).collect(),
+        Mode::ReaderWriter => return Plan::ReaderWriter((0..pages).collect()),
     };
     Plan::Stores { writers, read_first: c.mode == Mode::ReadThenStore }
 }
@@ -639,6 +658,7 @@ fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
 fn latency_buffers(plan: &Plan, time: bool) -> Vec<Vec<u64>> {
     match plan {
         Plan::Stores { writers, .. } if time => writers.iter().map(|w| vec![1u64; w.len()]).collect(),
+        Plan::ReaderWriter(pages) if time => vec![vec![1u64; pages.len()]],
         _ => Vec::new(),
     }
 }
@@ -652,6 +672,7 @@ fn write(plan: Plan, folio: u64, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> R
             return Ok(None);
         }
         Plan::Stores { writers, read_first } => (writers, read_first),
+        Plan::ReaderWriter(pages) => return reader_writer(mem, pages, lat.pop()),
     };
     let per_folio = (folio / PAGE) as usize;
     let timed = !lat.is_empty();
@@ -718,6 +739,85 @@ fn write(plan: Plan, folio: u64, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> R
     match failed {
         Some(e) => Err(e),
         None => Ok(timed.then_some(all)),
+    }
+}
+
+/// `Mode::ReaderWriter`: this thread is the reader, on one CPU of the
+/// process's affinity, the writer a thread on another; the reader's
+/// affinity is restored after.
+fn reader_writer(
+    mem: &Arc<Memory>,
+    pages: Vec<usize>,
+    mut lat: Option<Vec<u64>>,
+) -> Result<Option<Vec<u64>>> {
+    let allowed = affinity::allowed()?;
+    let [reader_cpu, writer_cpu, ..] = allowed[..] else {
+        bail!("reader-writer needs two CPUs, and this process may now run on {allowed:?}");
+    };
+    let _restore = affinity::pin(reader_cpu)?;
+    let mut sum = 0u8;
+    for &p in &pages {
+        // SAFETY: inside the region.
+        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(mem.base.add(p * PAGE as usize)) });
+    }
+    std::hint::black_box(sum);
+    let writer = {
+        let (mem, pages) = (Arc::clone(mem), pages.clone());
+        std::thread::Builder::new().name("writer".into()).spawn(move || -> Result<()> {
+            let _pinned = affinity::pin(writer_cpu)?;
+            store_pages(&mem, &pages, None);
+            Ok(())
+        })?
+    };
+    writer.join().map_err(|_| anyhow!("the writer thread panicked"))??;
+    store_pages(mem, &pages, lat.as_deref_mut());
+    Ok(lat)
+}
+
+/// The calling thread's CPU affinity (`sched_getaffinity`/`sched_setaffinity`
+/// with pid 0: this thread only).
+mod affinity {
+    use anyhow::{bail, Result};
+
+    /// The CPUs this thread may run on.
+    pub fn allowed() -> Result<Vec<usize>> {
+        let set = get()?;
+        Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+    }
+
+    fn get() -> Result<libc::cpu_set_t> {
+        // SAFETY: a zeroed cpu_set_t is an empty set; the call fills it.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+            bail!("sched_getaffinity: {}", std::io::Error::last_os_error());
+        }
+        Ok(set)
+    }
+
+    fn set(set: &libc::cpu_set_t) -> Result<()> {
+        if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) } != 0 {
+            bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Restores the affinity it was made from when dropped.
+    pub struct Pinned(libc::cpu_set_t);
+
+    impl Drop for Pinned {
+        fn drop(&mut self) {
+            let _ = set(&self.0);
+        }
+    }
+
+    /// Pins this thread to `cpu` until the result is dropped.
+    pub fn pin(cpu: usize) -> Result<Pinned> {
+        let old = get()?;
+        // SAFETY: as in `get`; `cpu` < CPU_SETSIZE (from `allowed`).
+        let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::CPU_SET(cpu, &mut one) };
+        set(&one)?;
+        Ok(Pinned(old))
     }
 }
 

@@ -28,19 +28,24 @@ catalogue! {
         Copy = 4,
         WpShared = 5,
         Spurious = 6,
-        HugePmdWp = 7,
-        ContpteUnfold = 8,
-        ContpteFold = 9,
-        ContpteConvert = 10,
-        ContpteTryUnfold = 11,
-        ContpteFoldAttempt = 12,
+        // The spurious faults no other thread of the process was in a
+        // write-protect fault on the page for (a stale TLB entry), and those
+        // another thread was (a race).
+        SpuriousStaleTlb = 7,
+        SpuriousRace = 8,
+        HugePmdWp = 9,
+        ContpteUnfold = 10,
+        ContpteFold = 11,
+        ContpteConvert = 12,
+        ContpteTryUnfold = 13,
+        ContpteFoldAttempt = 14,
         // A fault on a page not present (the error code without PROT):
         // first touches, and swap-ins and NUMA-hinting faults too.
         // `first_touch` in older reports, read as this (`FORMER_NAMES`).
-        NotPresent = 13,
-        Major = 14,
-        Retry = 15,
-        Error = 16,
+        NotPresent = 15,
+        Major = 16,
+        Retry = 17,
+        Error = 18,
     }
 }
 
@@ -158,6 +163,16 @@ impl fmt::Display for Need {
 }
 
 const FAULT: [Need; 2] = [One(FaultEntry), One(FaultReturn)];
+/// The spurious rule's programs; its split needs no other (`do_wp_page`
+/// writes the page buckets, the return reads them).
+const SPURIOUS: [Need; 6] = [
+    One(FaultEntry),
+    One(FaultReturn),
+    One(WpPage),
+    One(HugePmdWp),
+    One(NewAnonRmap),
+    Any(&[PageFaultUser, MemAbort, AccessFlags]),
+];
 
 pub const CLASSES: &[ClassSpec] = &[
     ClassSpec {
@@ -267,9 +282,31 @@ pub const CLASSES: &[ClassSpec] = &[
         columns: MAIN,
         sources: &[Source {
             class: KernelClass::Spurious,
-            needs: &[One(FaultEntry), One(FaultReturn), One(WpPage), One(HugePmdWp), One(NewAnonRmap), Any(&[PageFaultUser, MemAbort, AccessFlags])],
+            needs: &SPURIOUS,
             timed: true,
             describe: "write fault on a present page (x86 error code PROT, else the present-entry path) that reached no write-protect or new-folio path",
+        }],
+    },
+    ClassSpec {
+        metric: ReportClass::SpuriousStaleTlb,
+        name: "spurious_stale_tlb",
+        columns: DIFF,
+        sources: &[Source {
+            class: KernelClass::SpuriousStaleTlb,
+            needs: &SPURIOUS,
+            timed: true,
+            describe: "spurious, while no other thread of the process was in a write-protect fault on the page (do_wp_page to return): a stale read-only TLB entry",
+        }],
+    },
+    ClassSpec {
+        metric: ReportClass::SpuriousRace,
+        name: "spurious_race",
+        columns: DIFF,
+        sources: &[Source {
+            class: KernelClass::SpuriousRace,
+            needs: &SPURIOUS,
+            timed: true,
+            describe: "spurious, while another thread of the process was in a write-protect fault on the page (do_wp_page to return): it lost a race",
         }],
     },
     ClassSpec {

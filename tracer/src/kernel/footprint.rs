@@ -9,6 +9,7 @@ use std::mem::size_of;
 
 use faultscope_common::{
     attrib::{ClassCounts, LastVma, MappingKey, SiteKey, StackKey, VmaInfo, VmaKey, VMAS_ENTRIES},
+    fault::{WpPage, WP_PAGE_BUCKETS},
     maps::{ClassSetKey, FltCount, OpenFault, TargetInfo, UntracedNote},
     pending::{PendingMapping, PendingStat, FLUSH_COUNTERS, PENDING_SLOTS},
     Stat,
@@ -128,6 +129,7 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         map("TARGETS_EPOCH", 1, 4, 8, false, cpus),
         map("UNTRACED", 1, 4, size_of::<UntracedNote>(), true, cpus),
         map("OPEN", 1, 4, size_of::<OpenFault>(), true, cpus),
+        map("WP_PAGES", WP_PAGE_BUCKETS as u64, 4, size_of::<WpPage>(), false, cpus),
         map("EVENTS", 1, 0, 256 << 10, false, cpus),
         map("CGROUP_DIRS", 1, 0, 64 << 10, false, cpus),
         map("VMAS", vmas, size_of::<VmaKey>(), size_of::<VmaInfo>(), false, cpus),

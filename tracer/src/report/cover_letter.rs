@@ -40,6 +40,7 @@ fn heading(c: &Cell) -> String {
         "threadssame" => format!("{threads} threads, each storing to every page, random order"),
         "perfolio" => "one byte per folio".into(),
         "readthenstore" => "every page of a folio read, then stored to".into(),
+        "readerwriter" => "every page read on one CPU, stored to on another, then on the first".into(),
         m => safe(m),
     };
     match b.map(|b| b.child.as_str()) {
@@ -127,7 +128,9 @@ impl Quantity {
 fn shown(q: Quantity, mode: &str, cells: &[Option<&Cell>], arm64: bool) -> bool {
     let some = || cells.iter().flatten().any(|c| q.of(c).is_ok_and(|v| v.iter().any(|x| *x > 0.0)));
     match q {
-        Quantity::Class(ReportClass::Spurious, _) => mode.replace('-', "") == "readthenstore" || some(),
+        Quantity::Class(ReportClass::Spurious, _) => {
+            matches!(mode.replace('-', "").as_str(), "readthenstore" | "readerwriter") || some()
+        }
         Quantity::Class(ReportClass::ContpteUnfold, _) => {
             arm64
                 && cells
@@ -200,6 +203,7 @@ fn render(q: Quantity, lines: &[Line]) -> (String, Vec<Vec<String>>) {
 /// pattern) its blocks.
 pub fn table<'a>(cols: &[&'a LoadedSeries]) -> String {
     let arm64 = cols.iter().any(|l| l.series.arch == "aarch64" || l.series.arch == "arm64");
+    let modelled = modelled(cols);
     // The blocks' headings and rows in the order they first appear.
     let mut headings: Vec<String> = Vec::new();
     for l in cols {
@@ -246,7 +250,10 @@ pub fn table<'a>(cols: &[&'a LoadedSeries]) -> String {
                     lost: cols.iter().map(|l| cell_of(l, f, m).is_some_and(lost)).collect(),
                 })
                 .collect();
-            let (title, cells) = render(q, &lines);
+            let (mut title, cells) = render(q, &lines);
+            if matches!(q, Quantity::Class(ReportClass::Spurious, _)) && modelled {
+                title.push_str(" (modelled)");
+            }
             rows.push((format!("    {title}"), blank.clone()));
             for (l, c) in lines.iter().zip(cells) {
                 rows.push((format!("      {}", l.label), c));
@@ -258,7 +265,30 @@ pub fn table<'a>(cols: &[&'a LoadedSeries]) -> String {
     if rows.iter().any(|(_, c)| c.iter().any(|v| v.ends_with('*'))) {
         out.push_str(&format!("\n{}\n", wrap(LOST)));
     }
+    if modelled && rows.iter().any(|(l, _)| l.ends_with("(modelled)")) {
+        out.push_str(&format!("\n{}\n", wrap(MODELLED)));
+    }
     out
+}
+
+/// What a guest's kernel command line carries when QEMU ran it with its
+/// stale-TLB model (`cargo xtask ... --tlb stale`): the runs' reports keep
+/// the command line, so the table can say its spurious faults are
+/// modelled.
+pub const STALE_TLB_MODEL: &str = "qemu.stale_tlb=on";
+
+const MODELLED: &str = "(modelled): the guests ran under QEMU's stale-TLB model, which keeps a \
+    read-only TLB entry after the PTE becomes writable until the guest flushes it, as Intel \
+    CPUs and arm64 may, and then faults on a store through it; QEMU as shipped re-walks the \
+    page table and takes no such fault. Speculative TLB fills are not modelled.";
+
+/// Whether any run of `cols` ran under the stale-TLB model.
+fn modelled(cols: &[&LoadedSeries]) -> bool {
+    cols.iter().flat_map(|l| &l.series.cells).flat_map(|c| &c.runs).any(|r| {
+        r.provenance
+            .as_ref()
+            .is_some_and(|p| p.kernel_cmdline.split_whitespace().any(|w| w == STALE_TLB_MODEL))
+    })
 }
 
 /// Rows under a header (a head may have several lines, split on `\n`),
@@ -606,6 +636,22 @@ mod tests {
         assert!(t.contains("lower bounds"), "{t}");
         let plain = table(&[&b, &b]);
         assert!(!plain.contains('*') && !plain.contains("lower bounds"), "{plain}");
+    }
+
+    #[test]
+    fn spurious_faults_of_the_stale_tlb_model_are_labelled_modelled() {
+        let mut r = run("read-then-store", "64K", 1_000_000, 300);
+        let plain = loaded("a", series("7.3", vec![vec![r.clone()]]));
+        let t = table(&[&plain, &plain]);
+        assert!(t.contains("spurious faults") && !t.contains("modelled"), "{t}");
+        r.provenance = Some(Provenance {
+            kernel_cmdline: format!("console=ttyS0 {STALE_TLB_MODEL} quiet"),
+            ..Provenance::default()
+        });
+        let m = loaded("b", series("7.3", vec![vec![r]]));
+        let t = table(&[&plain, &m]);
+        assert!(t.contains("spurious faults (modelled)"), "{t}");
+        assert!(t.contains("QEMU's stale-TLB model"), "{t}");
     }
 
     #[test]

@@ -39,6 +39,43 @@ fn bench_counts_its_write_phase_exactly() {
 }
 
 #[test]
+fn bench_reader_writer_counts_the_writers_reuses_and_the_readers_stores() {
+    let _t = host_test();
+    let d = tmp();
+    let r = bench(&["reader-writer", "--size", "16M", "--time-stores"], &d.path().join("rw.json"));
+    let b = r.bench.as_ref().unwrap();
+    let (wp, pages) = bench_write(&r);
+    // The writer's stores: a write-protect fault a page. The reader's: a
+    // spurious fault each where its CPU kept the read-only TLB entry (this
+    // host's CPU may or may not), at most one a page.
+    assert!((pages..=2 * pages + 8).contains(&wp), "wp {wp} for {pages} pages, twice stored to");
+    let minflt = b.step("write").unwrap().minflt as u64;
+    assert!(wp.abs_diff(minflt) <= 8, "wp {wp} against the write step's getrusage {minflt}");
+    assert_eq!(b.store_latency.unwrap().n, pages, "the reader's stores, timed");
+    let p = r.bench_process().unwrap();
+    let write = p.span("mark:write").unwrap();
+    // Where the fault path is probed, the split adds up; where it is not
+    // (the x86 tracepoint alone), neither half is a count.
+    let (stale, race) = (write.count(ReportClass::SpuriousStaleTlb), write.count(ReportClass::SpuriousRace));
+    match write.count(ReportClass::Spurious) {
+        Some(sp) => {
+            assert_eq!(stale.zip(race).map(|(s, r)| s + r), Some(sp), "stale TLB + race = spurious");
+            assert_eq!(race, Some(0), "the reader stores after the writer is done: no race");
+        }
+        None => assert_eq!((stale, race), (None, None), "split where spurious is not measurable"),
+    }
+    // One CPU: refused before anything runs.
+    let out = Command::new("taskset")
+        .args(["-c", "0", BIN, "bench", "reader-writer", "--size", "16M"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("reader-writer needs two CPUs"), "{stderr}");
+}
+
+#[test]
 fn bench_restores_sysfs_knobs_when_terminated() {
     let _t = host_test();
     let knobs = [
