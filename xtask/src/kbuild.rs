@@ -727,7 +727,7 @@ fn install_copy(from: &Path, to: &Path) -> Result<()> {
 }
 
 /// Runs a build step with its output to `log`; on failure, its last lines.
-fn logged(c: &mut Command, log: &Path, what: &str) -> Result<()> {
+pub fn logged(c: &mut Command, log: &Path, what: &str) -> Result<()> {
     let f = fs::OpenOptions::new().create(true).append(true).open(log)?;
     eprintln!("+ {c:?}  (output: {})", log.display());
     let st = c

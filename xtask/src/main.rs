@@ -14,6 +14,7 @@ mod kernels;
 mod mappings;
 mod matrix;
 mod overhead;
+mod qemu;
 mod redis;
 mod setup;
 mod userfault;
@@ -35,6 +36,13 @@ use util::{root, run};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The guests' TLB model: `exact`, Debian's QEMU (a store through a
+    /// read-only TLB entry re-walks the page tables: never a spurious write
+    /// fault); `stale`, QEMU patched with the stale-TLB model (`cargo xtask
+    /// qemu`, built on first use): a vCPU faults on a store through its
+    /// stale read-only entry, as hardware may.
+    #[arg(long, global = true, value_enum, default_value = "exact")]
+    tlb: vm::Tlb,
 }
 
 #[derive(Subcommand)]
@@ -99,6 +107,15 @@ enum Cmd {
               clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
         kernel: String,
     },
+    /// Build QEMU 10.0.2 with the stale-TLB model (xtask/qemu/stale-tlb.patch)
+    /// for x86-64 guests, cached by tarball, patch and configuration;
+    /// prints the binary's path (what `--tlb stale` runs).
+    Qemu,
+    /// Only the stale-TLB stage of `test`: reader-writer and read-then-store
+    /// on QEMU as shipped (no spurious fault), then under the stale-TLB
+    /// model on stock 6.12 and 7.3 and 7.3 with the whole-folio series,
+    /// against QEMU's own count of its faults.
+    StaleTlb,
     /// Only the guest test (after setup).
     GuestTest {
         #[arg(long, default_value = "64M")]
@@ -238,7 +255,14 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<()> {
+    vm::set_tlb(cli.tlb);
     match cli.cmd {
+        Cmd::Qemu => {
+            let b = qemu::build()?;
+            println!("{}", b.x86_64.display());
+            Ok(())
+        }
+        Cmd::StaleTlb => matrix::stale_tlb(),
         Cmd::Setup { build: false } => setup::setup(),
         Cmd::Setup { build: true } => setup::setup_build(),
         Cmd::Dist { check: false } => dist::dist(),
@@ -260,6 +284,9 @@ fn dispatch(cli: Cli) -> Result<()> {
             let cpio = vm::initramfs(&dir, k.arch, &bin, &script, &[])?;
             let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(600))?;
             print!("{}", run.console);
+            if let Some(n) = run.stale_tlb_faults {
+                eprintln!("xtask guest-script: the stale-TLB model raised {n} faults");
+            }
             Ok(())
         }
         Cmd::Matrix { kernels: names, size, cases, backends } => {
@@ -350,13 +377,14 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 8] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 9] = [
         // First: it builds the static binaries every guest stage runs.
         ("dist packages", &dist::check),
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
         ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
+        ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
         ("A/B, stock 7.3 against the series", &ab::test),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
         ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),

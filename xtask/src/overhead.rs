@@ -403,7 +403,12 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
             crate::util::tail(&console, 40)
         );
     }
-    Ok(vm::GuestRun { sections: vm::sections(&console), console, wall: started.elapsed() })
+    Ok(vm::GuestRun {
+        sections: vm::sections(&console),
+        console,
+        wall: started.elapsed(),
+        stale_tlb_faults: None,
+    })
 }
 
 /// One timed run of a variant.

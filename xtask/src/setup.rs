@@ -59,6 +59,14 @@ const PACKAGES: &[&str] = &[
     "libssl-dev",
     "dwarves",
     "patch",
+    // `cargo xtask qemu` (the stale-TLB model, `--tlb stale`): QEMU's build
+    // dependencies (meson and pycotap come from PyPI: see xtask/src/qemu.rs).
+    "ninja-build",
+    "libglib2.0-dev",
+    "libpixman-1-dev",
+    "libfdt-dev",
+    "zlib1g-dev",
+    "python3-venv",
     // `cargo xtask redis`: the guest runs the host's redis-server over 9p
     // (its service is never started here: see `NoServiceStart`).
     "redis-server",

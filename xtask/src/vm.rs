@@ -7,12 +7,15 @@
 use std::{
     collections::BTreeMap,
     fs,
+    io::{BufRead as _, Write as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
+use faultscope::report::cover_letter::STALE_TLB_MODEL;
 
 use crate::{
     cross, dist,
@@ -24,6 +27,42 @@ pub struct GuestRun {
     pub console: String,
     pub sections: BTreeMap<String, String>,
     pub wall: Duration,
+    /// With `--tlb stale`: the faults QEMU's stale-TLB model raised in the
+    /// whole run, all vCPUs (its exit line); None with `--tlb exact`, or
+    /// when QEMU did not exit normally.
+    pub stale_tlb_faults: Option<u64>,
+}
+
+/// How the guests' TLBs behave: the choice of `--tlb`, for every guest
+/// this process boots.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Tlb {
+    /// Debian's QEMU: a store through a TLB entry without write permission
+    /// re-walks the page tables, so no spurious write faults.
+    #[default]
+    Exact,
+    /// QEMU patched with the stale-TLB model ([`crate::qemu`], built on
+    /// first use): a vCPU that cached a page read-only takes a write fault
+    /// on it until it flushes that entry, even when another CPU made the
+    /// page writable, as real hardware may.
+    Stale,
+}
+
+static TLB: AtomicBool = AtomicBool::new(false);
+
+/// Sets the TLB model of the guests this process boots from now on (`main`
+/// from `--tlb`; the test's stale-TLB stage for its own boots).
+pub fn set_tlb(tlb: Tlb) {
+    TLB.store(tlb == Tlb::Stale, Ordering::Relaxed);
+}
+
+/// The TLB model the guests run with.
+pub fn tlb() -> Tlb {
+    if TLB.load(Ordering::Relaxed) {
+        Tlb::Stale
+    } else {
+        Tlb::Exact
+    }
 }
 
 impl GuestRun {
@@ -196,11 +235,22 @@ pub fn boot_with(
     extra: &[String],
     clock: Clock,
 ) -> Result<GuestRun> {
-    let tcg: &[&str] = match clock {
-        Clock::Host => &["-accel", "tcg,thread=multi"],
-        Clock::Instructions => &["-accel", "tcg,thread=single", "-icount", "shift=0,align=off,sleep=off"],
+    let tlb = tlb();
+    let stale = if tlb == Tlb::Stale { ",stale-tlb=on" } else { "" };
+    let mut tcg: Vec<String> = match clock {
+        Clock::Host => vec!["-accel".into(), format!("tcg,thread=multi{stale}")],
+        Clock::Instructions => vec![
+            "-accel".into(),
+            format!("tcg,thread=single{stale}"),
+            "-icount".into(),
+            "shift=0,align=off,sleep=off".into(),
+        ],
     };
-    let (qemu, args): (&str, Vec<String>) = match k.arch {
+    // The guest's command line says so too: the reports keep it
+    // (`provenance.kernel_cmdline`), and the cover letter labels their
+    // spurious faults as modelled.
+    let model = if tlb == Tlb::Stale { format!(" {STALE_TLB_MODEL}") } else { String::new() };
+    let (qemu, mut args): (&str, Vec<String>) = match k.arch {
         "amd64" => (
             "qemu-system-x86_64",
             ["-cpu", "max", "-smp", "2", "-m", "2G", "-append", "console=ttyS0 panic=-1 quiet"]
@@ -228,13 +278,25 @@ pub fn boot_with(
         ),
         other => bail!("no guest runner for arch {other}"),
     };
+    if let Some(cmdline) = args.last_mut() {
+        cmdline.push_str(&model);
+    }
+    let qemu: PathBuf = match tlb {
+        Tlb::Exact => PathBuf::from(qemu),
+        Tlb::Stale => {
+            // Debian's firmware: the patched build installs none.
+            tcg.extend(crate::qemu::FIRMWARE_ARGS.iter().map(|s| s.to_string()));
+            crate::qemu::build()?.binary(k.arch)?.to_path_buf()
+        }
+    };
     let log = dir.join("console.log");
+    let stderr_log = dir.join("qemu.stderr");
     let started = Instant::now();
-    let status = Command::new("timeout")
+    let mut child = Command::new("timeout")
         .arg("--kill-after=5")
         .arg(timeout.as_secs().to_string())
-        .arg(qemu)
-        .args(tcg)
+        .arg(&qemu)
+        .args(&tcg)
         .args(&args)
         .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
         .arg(vmlinuz)
@@ -243,10 +305,28 @@ pub fn boot_with(
         .args(extra)
         .stdin(Stdio::null())
         .stdout(fs::File::create(&log)?)
-        .stderr(Stdio::inherit())
-        .status()
-        .with_context(|| format!("starting {qemu} (run `cargo xtask setup`)"))?;
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {} (run `cargo xtask setup`)", qemu.display()))?;
+    // QEMU's stderr, echoed as it comes and kept for the model's exit line.
+    let pipe = child.stderr.take().context("no stderr pipe")?;
+    let mut kept = fs::File::create(&stderr_log)?;
+    let echo = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).split(b'\n').map_while(Result::ok) {
+            let _ = kept.write_all(&line).and_then(|()| kept.write_all(b"\n"));
+            eprintln!("{}", String::from_utf8_lossy(&line));
+        }
+    });
+    let status = child.wait()?;
+    let _ = echo.join();
     let wall = started.elapsed();
+    let stale_tlb_faults = crate::qemu::faults_raised(&String::from_utf8_lossy(&fs::read(&stderr_log)?));
+    if tlb == Tlb::Stale && stale_tlb_faults.is_none() {
+        eprintln!(
+            "xtask: QEMU printed no stale-tlb line (it did not exit normally?): {}",
+            stderr_log.display()
+        );
+    }
     let console = String::from_utf8_lossy(&fs::read(&log)?).replace('\r', "");
     if !console.contains("@@FS-GUEST-DONE") {
         bail!(
@@ -257,7 +337,7 @@ pub fn boot_with(
             crate::util::tail(&console, 60)
         );
     }
-    Ok(GuestRun { sections: sections(&console), console, wall })
+    Ok(GuestRun { sections: sections(&console), console, wall, stale_tlb_faults })
 }
 
 /// The 9p tag [`virtfs_host_root`] exports this machine's `/` under.
@@ -392,6 +472,7 @@ mod tests {
             console: console.into(),
             sections: super::sections(console),
             wall: std::time::Duration::ZERO,
+            stale_tlb_faults: None,
         };
         assert_eq!(run.kernel_complaints(), ["<3>[ 9.1] rcu: INFO: stall", "<4>[ 9.3] WARNING: x"]);
     }
