@@ -534,7 +534,6 @@ fn check_paths_in_tree(tree: &Path, d: &Diff) -> Result<()> {
 /// A kernel built by [`build`].
 #[derive(Clone, Debug)]
 pub struct Built {
-    pub dir: PathBuf,
     /// bzImage or Image, for QEMU's `-kernel`.
     pub image: PathBuf,
     /// The final .config.
@@ -543,7 +542,7 @@ pub struct Built {
 
 impl Built {
     fn at(dir: PathBuf) -> Option<Built> {
-        let b = Built { image: dir.join("vmlinuz"), config: dir.join("config"), dir };
+        let b = Built { image: dir.join("vmlinuz"), config: dir.join("config") };
         (b.image.is_file() && b.config.is_file()).then_some(b)
     }
 }
@@ -630,100 +629,24 @@ pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
     let (version, apt) = source_version()?;
     let recipe_text = recipe.describe(&lv);
     let key = format!("{}-{arch}", key(&version, diffs, &recipe_text));
-    let local = root().join("target/kernels/built").join(&key);
-    let machine = Path::new(MACHINE_CACHE).join(&key);
-    let cached = || {
-        [&local, &machine].into_iter().find_map(|d| Built::at(d.clone())).inspect(|b| {
-            eprintln!("xtask kernel: {name} {arch} is cached: {}", b.dir.display());
-        })
+    let cache = crate::cached::Cache {
+        what: "xtask kernel",
+        key: &key,
+        parent: root().join("target/kernels/built"),
+        machine: Path::new(MACHINE_CACHE),
+        at: Built::at,
     };
-    if let Some(b) = cached() {
-        return Ok(b);
-    }
-    let parent = local.parent().context("no parent")?;
-    fs::create_dir_all(parent)?;
-    // One build of a key at a time: a second xtask waits for the first's
-    // result instead of building it again.
-    let lock = fs::File::create(parent.join(format!(".{key}.lock")))?;
-    if lock.try_lock().is_err() {
-        eprintln!("xtask kernel: waiting for another build of {key}");
-        lock.lock()?;
-    }
-    if let Some(b) = cached() {
-        return Ok(b);
-    }
     let t0 = Instant::now();
-    let tar = fetch_source(&version, apt)?;
-    // A build of this key that was killed left its scratch folder; with
-    // the lock held, none is running.
-    for e in fs::read_dir(parent)?.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!(".{key}.build-")) {
-            eprintln!("xtask kernel: removing {}, left by a build that did not finish", e.path().display());
-            fs::remove_dir_all(e.path())?;
-        }
-    }
-    let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
-    let tree = scratch.join("linux");
-    fs::create_dir_all(&tree)?;
-    let result = build_in(recipe, &lv, &recipe_text, &version, &tar, diffs, &scratch, &tree, t0);
-    let out = scratch.join("out");
-    match result {
-        Ok(()) => {}
-        Err(e) => {
-            // Keep the build's log for a look; the tree goes.
-            let log = scratch.join("build.log");
-            let kept = parent.join(format!("failed-{key}.log"));
-            let where_ = match fs::rename(&log, &kept) {
-                Ok(()) => format!(" (log: {})", kept.display()),
-                Err(_) => String::new(),
-            };
-            let _ = fs::remove_dir_all(&scratch);
-            return Err(e.context(format!("building {name} for {arch}{where_}")));
-        }
-    }
-    fs::remove_dir_all(&tree)?;
-    install(&out, &local)?;
-    fs::remove_dir_all(&scratch)?;
-    let built = Built::at(local.clone()).context("the installed build is incomplete")?;
-    if let Err(e) = install_copy(&local, &machine) {
-        eprintln!("xtask kernel: not shared in {MACHINE_CACHE} ({e:#})");
-    }
-    eprintln!(
-        "xtask kernel: built {name} for {arch} in {:.0}s: {}",
-        t0.elapsed().as_secs_f64(),
-        built.image.display()
-    );
-    Ok(built)
-}
-
-/// Renames `from` to `to`; if another build got there first, keeps that.
-fn install(from: &Path, to: &Path) -> Result<()> {
-    if let Err(e) = fs::rename(from, to) {
-        if Built::at(to.to_path_buf()).is_none() {
-            return Err(e).with_context(|| format!("moving the build to {}", to.display()));
-        }
-    }
-    Ok(())
-}
-
-/// Copies a finished build into the machine-wide cache, atomically.
-fn install_copy(from: &Path, to: &Path) -> Result<()> {
-    if Built::at(to.to_path_buf()).is_some() {
-        return Ok(());
-    }
-    let parent = to.parent().context("no parent")?;
-    fs::create_dir_all(parent)?;
-    let tmp =
-        parent.join(format!(".{}.tmp-{}", to.file_name().unwrap().to_string_lossy(), std::process::id()));
-    fs::create_dir_all(&tmp)?;
-    for e in fs::read_dir(from)?.flatten() {
-        fs::copy(e.path(), tmp.join(e.file_name()))?;
-    }
-    install(&tmp, to).inspect_err(|_| {
-        let _ = fs::remove_dir_all(&tmp);
+    let built = cache.get(|scratch| {
+        let tar = fetch_source(&version, apt)?;
+        let tree = scratch.join("linux");
+        fs::create_dir_all(&tree)?;
+        build_in(recipe, &lv, &recipe_text, &version, &tar, diffs, scratch, &tree, t0)
+            .with_context(|| format!("building {name} for {arch}"))?;
+        Ok(fs::remove_dir_all(&tree)?)
     })?;
-    let _ = fs::remove_dir_all(&tmp);
-    Ok(())
+    eprintln!("xtask kernel: {name} {arch}: {}", built.image.display());
+    Ok(built)
 }
 
 /// Runs a build step with its output to `log`; on failure, its last lines.

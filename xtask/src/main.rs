@@ -3,6 +3,7 @@
 mod ab;
 mod apt;
 mod bpftrace;
+mod cached;
 mod check;
 mod cross;
 mod daemon;

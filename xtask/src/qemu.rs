@@ -19,7 +19,6 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
-    time::Instant,
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
@@ -92,13 +91,12 @@ pub const FIRMWARE_ARGS: &[&str] = &["-L", "/usr/share/qemu", "-L", "/usr/share/
 /// A build by [`build`].
 #[derive(Clone, Debug)]
 pub struct Built {
-    pub dir: PathBuf,
     pub x86_64: PathBuf,
 }
 
 impl Built {
     fn at(dir: PathBuf) -> Option<Built> {
-        let b = Built { x86_64: dir.join(BINARY), dir };
+        let b = Built { x86_64: dir.join(BINARY) };
         b.x86_64.is_file().then_some(b)
     }
 
@@ -184,79 +182,14 @@ fn path_without_pyenv() -> String {
 /// Builds (or finds cached) the patched QEMU.
 pub fn build() -> Result<Built> {
     let key = key(TARBALL_SHA256, PATCH, CONFIGURE_ARGS);
-    let parent = root().join("target/qemu/built");
-    let local = parent.join(&key);
-    let machine = Path::new(MACHINE_CACHE).join(&key);
-    let cached = || [&local, &machine].into_iter().find_map(|d| Built::at(d.clone()));
-    if let Some(b) = cached() {
-        return Ok(b);
-    }
-    fs::create_dir_all(&parent)?;
-    // One build of a key at a time: a second xtask waits for the first's.
-    let lock = fs::File::create(parent.join(format!(".{key}.lock")))?;
-    if lock.try_lock().is_err() {
-        eprintln!("xtask qemu: waiting for another build of {key}");
-        lock.lock()?;
-    }
-    if let Some(b) = cached() {
-        return Ok(b);
-    }
-    let t0 = Instant::now();
-    let tar = tarball()?;
-    let py = python()?;
-    // A build of this key that was killed left its scratch folder; with
-    // the lock held, none is running.
-    for e in fs::read_dir(&parent)?.flatten() {
-        if e.file_name().to_string_lossy().starts_with(&format!(".{key}.build-")) {
-            eprintln!("xtask qemu: removing {}, left by a build that did not finish", e.path().display());
-            fs::remove_dir_all(e.path())?;
-        }
-    }
-    let scratch = parent.join(format!(".{key}.build-{}", std::process::id()));
-    fs::create_dir_all(&scratch)?;
-    if let Err(e) = build_in(&tar, &py, &scratch) {
-        let log = scratch.join("build.log");
-        let kept = parent.join(format!("failed-{key}.log"));
-        let where_ = match fs::rename(&log, &kept) {
-            Ok(()) => format!(" (log: {})", kept.display()),
-            Err(_) => String::new(),
-        };
-        let _ = fs::remove_dir_all(&scratch);
-        return Err(e.context(format!("building QEMU {VERSION} with the stale-TLB patch{where_}")));
-    }
-    if let Err(e) = fs::rename(scratch.join("out"), &local) {
-        if Built::at(local.clone()).is_none() {
-            return Err(e).with_context(|| format!("moving the build to {}", local.display()));
-        }
-    }
-    fs::remove_dir_all(&scratch)?;
-    let b = Built::at(local).context("the installed QEMU build is incomplete")?;
-    if let Err(e) = share(&b, &machine) {
-        eprintln!("xtask qemu: not shared in {MACHINE_CACHE} ({e:#})");
-    }
-    eprintln!(
-        "xtask qemu: built QEMU {VERSION} (stale-TLB) in {:.0}s: {}",
-        t0.elapsed().as_secs_f64(),
-        b.dir.display()
-    );
-    Ok(b)
-}
-
-/// Copies a build into the machine-wide cache (a folder renamed into
-/// place: a reader finds it whole or not at all).
-fn share(b: &Built, to: &Path) -> Result<()> {
-    if Built::at(to.to_path_buf()).is_some() {
-        return Ok(());
-    }
-    let parent = to.parent().context("no parent")?;
-    fs::create_dir_all(parent)?;
-    let tmp = parent.join(format!(".share-{}", std::process::id()));
-    fs::create_dir_all(&tmp)?;
-    let copied = fs::copy(&b.x86_64, tmp.join(BINARY)).and_then(|_| fs::rename(&tmp, to));
-    if copied.is_err() {
-        let _ = fs::remove_dir_all(&tmp);
-    }
-    Ok(copied?)
+    let cache = crate::cached::Cache {
+        what: "xtask qemu",
+        key: &key,
+        parent: root().join("target/qemu/built"),
+        machine: Path::new(MACHINE_CACHE),
+        at: Built::at,
+    };
+    cache.get(|scratch| build_in(&tarball()?, &python()?, scratch))
 }
 
 fn build_in(tar: &Path, py: &Path, scratch: &Path) -> Result<()> {
