@@ -149,6 +149,10 @@ pub const SEEN_TIMED: u32 = 1 << 7;
 /// Exit-only mode: the fault in progress was opened by its exception
 /// (`start_ns` is the exception's time, `fault_addr` its address).
 pub const SEEN_FROM_EXC: u32 = 1 << 8;
+/// `wp_gen` holds the generation of the page's bucket ([`WpPage`]) when a
+/// write to it opened: at its exception (x86, interrupts still off), else
+/// at `handle_mm_fault`'s entry.
+pub const SEEN_WP_GEN: u32 = 1 << 9;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -157,17 +161,12 @@ const PAGE_MASK: u64 = !0xfff;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadFault {
-    /// When the fault in progress opened (0: not known); its latency's
-    /// start when it is timed.
     pub start_ns: u64,
     pub fault_addr: u64,
     /// Faulting address of the last exception this thread took.
     pub exc_addr: u64,
     /// x86 error code or arm64 ESR of that exception.
     pub exc_code: u64,
-    /// When that exception was taken, where it was read (a write to a
-    /// present page: the spurious split needs it), else 0.
-    pub exc_ns: u64,
     pub exc_arch: u32,
     pub flags: u32,
     pub seen: u32,
@@ -192,7 +191,8 @@ pub struct ThreadFault {
     /// The classes of the fault last classified, as [`Self::opaque`] reads
     /// them back.
     pub set: u32,
-    pub _pad: u32,
+    /// See [`SEEN_WP_GEN`].
+    pub wp_gen: u32,
 }
 
 impl ThreadFault {
@@ -216,7 +216,7 @@ impl ThreadFault {
         self.exc_arch = arch as u32;
         self.exc_addr = addr;
         self.exc_code = code;
-        self.exc_ns = 0;
+        self.seen &= !SEEN_WP_GEN;
         self.seen |= SEEN_EXC;
     }
 
@@ -260,8 +260,7 @@ impl ThreadFault {
         let ours = (self.fault_addr & PAGE_MASK) == (addr & PAGE_MASK)
             && !(origin as u32 == Origin::Gup as u32 && self.seen & SEEN_FROM_EXC != 0);
         if !ours {
-            self.seen &= !SEEN_TIMED;
-            self.start_ns = 0;
+            self.seen &= !(SEEN_TIMED | SEEN_WP_GEN);
         }
         self.fault_addr = addr;
         self.flags = flags;
@@ -294,34 +293,39 @@ impl ThreadFault {
         self.flags = flags;
         self.origin = origin as u32;
         self.own_ns = 0;
-        // Keep the exception record; forget the marks of the previous fault.
+        // Keep the exception record, and its generation if it is this
+        // fault's; forget the marks of the previous fault.
         let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
-        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
+        let keep = SEEN_EXC | if self.own_exception(self.seen) { SEEN_WP_GEN } else { 0 };
+        self.seen = (self.seen & keep) | SEEN_IN_FAULT | timed;
         lost
     }
 
-    /// An untimed write fault opens at `ns`: the spurious split compares
-    /// the time with its page's bucket ([`WpPage::raced`]). `start_ns` is
-    /// the fault's opening time wherever it is not 0, timed or not.
+    /// A write opens on a page whose bucket is at generation `gen`
+    /// ([`WpPage`]): the spurious split compares it at the return.
     #[inline(always)]
-    pub fn opened_at(&mut self, ns: u64) {
-        self.start_ns = ns;
+    pub fn note_wp_gen(&mut self, gen: u32) {
+        self.wp_gen = gen;
+        self.seen |= SEEN_WP_GEN;
     }
 
-    /// When the fault in progress opened, for the spurious split: the time
-    /// of its own exception where that was read (before interrupts are
-    /// on, nearest to the page walk), else its start (0: not known). Read
-    /// before [`Self::on_return`].
+    /// Whether the fault in progress has its own exception's record: not
+    /// get_user_pages, which raises none, and of its page.
     #[inline(always)]
-    pub fn opened_ns(&self) -> u64 {
-        let own = self.seen & SEEN_EXC != 0
-            && self.exc_ns != 0
+    fn own_exception(&self, seen: u32) -> bool {
+        seen & SEEN_EXC != 0
             && self.origin != Origin::Gup as u32
-            && (self.exc_addr & PAGE_MASK) == (self.fault_addr & PAGE_MASK);
-        if own {
-            self.exc_ns
+            && (self.exc_addr & PAGE_MASK) == (self.fault_addr & PAGE_MASK)
+    }
+
+    /// The generation noted when the fault in progress opened, or
+    /// [`NO_GEN`] (read before [`Self::on_return`], which forgets it).
+    #[inline(always)]
+    pub fn gen_at_open(&self) -> u64 {
+        if self.seen & SEEN_WP_GEN != 0 {
+            self.wp_gen as u64
         } else {
-            self.start_ns
+            NO_GEN
         }
     }
 
@@ -363,8 +367,7 @@ impl ThreadFault {
     #[inline(always)]
     fn present_with(&self, seen: u32) -> Option<bool> {
         // get_user_pages takes no exception: a record is another fault's.
-        let own_exception = seen & SEEN_EXC != 0 && self.origin != Origin::Gup as u32;
-        if !own_exception || (self.exc_addr & PAGE_MASK) != (self.fault_addr & PAGE_MASK) {
+        if !self.own_exception(seen) {
             return if seen & SEEN_ACCESS != 0 { Some(true) } else { None };
         }
         if self.exc_arch == ExcArch::X86 as u32 {
@@ -443,29 +446,27 @@ impl ThreadFault {
     }
 }
 
-/// Buckets of the `WP_PAGES` array (32 bytes each: 128 KiB).
-pub const WP_PAGE_BUCKETS: u32 = 4096;
+/// No bucket generation was noted when the fault opened.
+pub const NO_GEN: u64 = u64::MAX;
 
-/// How long before a fault's first program its CPU may have walked the
-/// page table: the exception's delivery, and with kprobes the way to
-/// `handle_mm_fault`'s entry (a breakpoint, under emulation too). A
-/// write-protect fault of another thread that left the page within this
-/// window before the fault opened could have made the PTE writable after
-/// the walk: a race.
-pub const RACE_WINDOW_NS: u64 = 50_000;
+/// Buckets of the `WP_PAGES` array (24 bytes each: 96 KiB).
+pub const WP_PAGE_BUCKETS: u32 = 4096;
 
 /// The write-protect fault last seen on the pages of one bucket of
 /// (process, page): what tells a spurious fault that lost a race to
 /// another thread from one taken on a stale TLB entry. A write-protect
 /// fault enters it at `do_wp_page` (busy) and leaves it at its return (not
-/// busy, the time noted). A spurious fault raced when another thread of
-/// its process was in a write-protect fault on its page during it: busy
-/// at its return, or left after [`RACE_WINDOW_NS`] before it opened. Two
-/// pages that share a bucket overwrite each other's entry: a race whose
-/// entry was overwritten before the spurious fault returned reads as a
-/// stale TLB entry (with 4,096 buckets, only a thread that takes
-/// write-protect faults on thousands of pages during one fault of another
-/// could do that).
+/// busy, the generation moved); a write notes the generation when it opens.
+/// A spurious fault raced when another thread of its process was in a
+/// write-protect fault on its page at some time from its open to its
+/// return: busy then, or left since. A race whose winner returned between
+/// the CPU's page walk and the fault's open reads as stale TLB: on x86 the
+/// open is the exception, with interrupts still off; on arm64 it is
+/// `handle_mm_fault`'s entry. Two pages that share a bucket overwrite
+/// each other's entry, so a race whose entry was overwritten before the
+/// spurious fault returned reads as stale TLB too (with 4,096 buckets,
+/// only a thread that takes write-protect faults on thousands of pages
+/// during one fault of another could do that).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WpPage {
@@ -473,11 +474,10 @@ pub struct WpPage {
     pub page: u64,
     /// `pid_tgid` of the thread whose write-protect fault it was.
     pub id: u64,
-    /// When that fault returned (CLOCK_MONOTONIC, ns).
-    pub left_ns: u64,
-    /// 1 from its `do_wp_page` to its return.
+    /// Write-protect faults that returned on this bucket (wraps).
+    pub gen: u32,
+    /// 1 from that fault's `do_wp_page` to its return.
     pub busy: u32,
-    pub _pad: u32,
 }
 
 impl WpPage {
@@ -496,24 +496,24 @@ impl WpPage {
         self.busy = 1;
     }
 
-    /// Thread `id`'s write-protect fault on `addr` returned at `now`.
+    /// Thread `id`'s write-protect fault on `addr` returned.
     #[inline(always)]
-    pub fn leave(&mut self, id: u64, addr: u64, now: u64) {
+    pub fn leave(&mut self, id: u64, addr: u64) {
         if self.id == id && self.page == addr & PAGE_MASK {
             self.busy = 0;
-            self.left_ns = now;
         }
+        self.gen = self.gen.wrapping_add(1);
     }
 
-    /// Whether a spurious fault of thread `id` on `addr`, opened at
-    /// `opened_ns` (0: unknown, then only a fault busy now counts), raced
-    /// another thread's write-protect fault.
+    /// Whether a spurious fault of thread `id` on `addr`, opened when this
+    /// bucket was at `gen_at_open` (or [`NO_GEN`]: then only a fault busy
+    /// now counts), raced another thread's write-protect fault.
     #[inline(always)]
-    pub fn raced(&self, id: u64, addr: u64, opened_ns: u64) -> bool {
+    pub fn raced(&self, id: u64, addr: u64, gen_at_open: u64) -> bool {
         self.page == addr & PAGE_MASK
             && self.id >> 32 == id >> 32
             && self.id != id
-            && (self.busy != 0 || (opened_ns != 0 && self.left_ns + RACE_WINDOW_NS > opened_ns))
+            && (self.busy != 0 || (gen_at_open != NO_GEN && gen_at_open != self.gen as u64))
     }
 }
 
@@ -570,55 +570,60 @@ mod tests {
     const U: u64 = (7 << 32) | 8;
 
     #[test]
-    fn a_spurious_fault_raced_only_a_write_protect_fault_of_another_thread_near_it() {
+    fn a_spurious_fault_raced_only_a_write_protect_fault_of_another_thread_during_it() {
         let mut b = WpPage::default();
-        let opened = 10 * RACE_WINDOW_NS;
-        // Another thread's fault on the page returned well before this one
-        // opened: a stale TLB entry.
+        // Another thread's fault on the page returned before this one
+        // opened: the generation noted at the open already counts it.
         b.enter(U, A);
-        b.leave(U, A, opened - RACE_WINDOW_NS - 1);
-        assert!(!b.raced(T, A + 8, opened));
-        // Within the window before the open (the walk may precede the first
-        // program), after it, or busy now: a race.
-        b.leave(U, A, opened - RACE_WINDOW_NS + 1);
-        assert!(b.raced(T, A, opened));
-        b.leave(U, A, opened + 5);
-        assert!(b.raced(T, A, opened));
-        assert!(!b.raced(T, A, 0), "the open time unknown: only a busy fault counts");
+        b.leave(U, A);
+        let gen = b.gen as u64;
+        assert!(!b.raced(T, A + 8, gen), "over before: a stale TLB entry");
+        // Busy now, or returned since the open: a race.
         b.enter(U, A);
-        assert!(b.raced(T, A, 0));
+        assert!(b.raced(T, A, gen));
+        b.leave(U, A);
+        assert!(b.raced(T, A, gen));
+        assert!(!b.raced(T, A, NO_GEN), "no generation noted: only a busy fault counts");
         // Its own fault, another page, another process: no race.
         b.enter(T, A);
-        assert!(!b.raced(T, A, opened));
+        assert!(!b.raced(T, A, gen));
         b.enter(U, A + 4096);
-        assert!(!b.raced(T, A, opened));
+        assert!(!b.raced(T, A, gen));
         b.enter((9 << 32) | 8, A);
-        assert!(!b.raced(T, A, opened));
-        // Another thread's leave does not clear the entry it does not own.
-        b.leave(U, A, opened);
+        assert!(!b.raced(T, A, gen));
+        // A leave by another thread than the entry's keeps it busy.
+        b.leave(U, A);
         assert_eq!(b.busy, 1);
         assert!(split_spurious(ClassSet::default(), true).has(KernelClass::SpuriousRace));
         assert!(split_spurious(ClassSet::default(), false).has(KernelClass::SpuriousStaleTlb));
     }
 
     #[test]
-    fn the_open_time_of_an_untimed_fault_is_kept_but_not_timed() {
+    fn the_generation_noted_at_the_open_is_the_faults_own() {
         let mut t = ThreadFault::default();
+        // Noted at the entry (arm64): kept until the return.
         assert!(!t.on_entry(None, A, W, Origin::User));
-        t.opened_at(5);
-        assert!(!t.timed());
-        assert_eq!(t.opened_ns(), 5);
+        assert_eq!(t.gen_at_open(), NO_GEN);
+        t.note_wp_gen(5);
+        assert_eq!(t.gen_at_open(), 5);
         t.on_return(0);
-        // The fault's own exception's time, where it was read, comes first.
+        assert_eq!(t.gen_at_open(), NO_GEN, "forgotten at the return");
+        // Noted at the exception (x86 with kprobes): the entry keeps it for
+        // the exception's page only.
         t.on_exception(ExcArch::X86, A + 8, X86_PF_PROT | X86_PF_WRITE);
-        t.exc_ns = 3;
+        t.note_wp_gen(3);
         assert!(!t.on_entry(None, A, W, Origin::User));
-        assert_eq!(t.opened_ns(), 3);
+        assert_eq!(t.gen_at_open(), 3);
         t.on_return(0);
         t.on_exception(ExcArch::X86, A + 8, X86_PF_PROT | X86_PF_WRITE);
-        t.exc_ns = 3;
+        t.note_wp_gen(3);
         t.on_entry(None, A + 4096, W, Origin::User);
-        assert_eq!(t.opened_ns(), 0, "another page's exception");
+        assert_eq!(t.gen_at_open(), NO_GEN, "another page's exception");
+        // A new exception forgets the last one's generation.
+        t.on_return(0);
+        t.on_exception(ExcArch::X86, A, X86_PF_WRITE);
+        t.on_entry(None, A, W, Origin::User);
+        assert_eq!(t.gen_at_open(), NO_GEN);
         let b = WpPage::bucket(7, A);
         assert!(b < WP_PAGE_BUCKETS);
         assert_eq!(b, WpPage::bucket(7, A + 0xfff), "one bucket per page");

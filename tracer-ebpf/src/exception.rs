@@ -15,13 +15,14 @@ use aya_ebpf::{
 use faultscope_common::{
     attrib::addr_key,
     class::{ClassSet, KernelClass},
-    fault::{classify_x86_error_code, ExcArch, Origin, X86_PF_PROT, X86_PF_WRITE},
+    fault::{classify_x86_error_code, ExcArch, Origin, NO_GEN, X86_PF_PROT, X86_PF_WRITE},
     maps::Config,
     ThreadFault,
 };
 
 use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
+    fault::wp_gen,
     helpers::{
         current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
         tgid_of, timed_fault, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
@@ -159,31 +160,33 @@ fn on_page_fault<C: StackIdContext>(
         if set.classes() != 0 {
             counted(ctx, &conf, tgid, set, origin, ip);
         }
-        on_exception(s, addr, code, conf.get(Config::LatencyEvery));
+        on_exception(s, id, addr, code, conf.get(Config::LatencyEvery));
     }
     Ok(0)
 }
 
-/// The exception of a traced thread (state `s`) where the fault path is
-/// probed: in exit-only mode it opens the fault (timed under `every`, the
-/// clock last, so that the fault's time starts where this program's ends),
-/// else it leaves its record for the fault's return. A write to a present
-/// page notes its time either way: the spurious split needs it. Not
-/// inlined: the tracepoint programs' frames stay within the verifier's
-/// combined stack bound (512 bytes) on 6.1.
+/// The exception of a traced thread (`id`, state `s`) where the fault
+/// path is probed: in exit-only mode it opens the fault (timed under
+/// `every`, the clock last, so that the fault's time starts where this
+/// program's ends), else it leaves its record for the fault's return. A
+/// write to a present page notes its page bucket's generation either way,
+/// interrupts still off: the spurious split needs it. Not inlined: the
+/// tracepoint programs' frames stay within the verifier's combined stack
+/// bound (512 bytes) on 6.1.
 #[inline(never)]
-fn on_exception(s: *mut ThreadFault, addr: u64, code: u64, every: u32) {
+fn on_exception(s: *mut ThreadFault, id: u64, addr: u64, code: u64, every: u32) {
     let st = unsafe { &mut *s };
     let present_write = code & (X86_PF_PROT | X86_PF_WRITE) == X86_PF_PROT | X86_PF_WRITE;
+    let gen = if present_write { wp_gen(id, addr) } else { NO_GEN };
     if cfg(&EXIT_ONLY) != 0 {
         let timed = timed_fault(every);
-        let start = if timed || present_write { unsafe { bpf_ktime_get_ns() } } else { 0 };
+        let start = if timed { unsafe { bpf_ktime_get_ns() } } else { 0 };
         st.open_at_exception(ExcArch::X86, addr, code, timed, start);
     } else {
         st.on_exception(ExcArch::X86, addr, code);
-        if present_write {
-            st.exc_ns = unsafe { bpf_ktime_get_ns() };
-        }
+    }
+    if gen != NO_GEN {
+        st.note_wp_gen(gen as u32);
     }
 }
 

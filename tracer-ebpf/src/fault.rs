@@ -14,7 +14,7 @@ use aya_ebpf::{
 use faultscope_common::{
     class::{ClassSet, KernelClass},
     fault::{
-        split_spurious, vma_kept, Origin, WpPage, FAULT_FLAG_WRITE, SEEN_ACCESS, SEEN_DIRTY_SHARED,
+        split_spurious, vma_kept, Origin, WpPage, FAULT_FLAG_WRITE, NO_GEN, SEEN_ACCESS, SEEN_DIRTY_SHARED,
         SEEN_HUGE_WP, SEEN_NEW_ANON, SEEN_WP, VM_FAULT_RETRY,
     },
     maps::{Config, DropKind},
@@ -32,12 +32,31 @@ use crate::{
 
 // ---- write-protect faults by page (the spurious split) ------------------------
 
-/// A fault of thread `id` that opened at `opened` (`opened_ns`, read
-/// before the return) returned with classes `set` at `now` (0: the clock
-/// not read): a write-protect fault leaves its page's bucket, a spurious
-/// one is split by it (see `WpPage`).
+/// The generation of the bucket of thread `id`'s page `addr` (see
+/// `WpPage`), or `NO_GEN`.
 #[inline(always)]
-fn wp_page_returned(st: &ThreadFault, id: u64, opened: u64, now: u64, set: ClassSet) -> ClassSet {
+pub fn wp_gen(id: u64, addr: u64) -> u64 {
+    match WP_PAGES.get_ptr(WpPage::bucket(tgid_of(id), addr)) {
+        Some(b) => unsafe { (*b).gen as u64 },
+        None => NO_GEN,
+    }
+}
+
+/// A write of thread `id` opens on `addr`: notes its page bucket's
+/// generation.
+#[inline(always)]
+fn note_wp_gen(st: &mut ThreadFault, id: u64, addr: u64) {
+    let gen = wp_gen(id, addr);
+    if gen != NO_GEN {
+        st.note_wp_gen(gen as u32);
+    }
+}
+
+/// A fault of thread `id` returned with classes `set` (`gen` its
+/// `gen_at_open`, read before the return forgot it): a write-protect fault
+/// leaves its page's bucket, a spurious one is split by it.
+#[inline(always)]
+fn wp_page_returned(st: &ThreadFault, id: u64, gen: u64, set: ClassSet) -> ClassSet {
     let wp = set.has(KernelClass::WpFaults);
     if !wp && !set.has(KernelClass::Spurious) {
         return set;
@@ -47,10 +66,10 @@ fn wp_page_returned(st: &ThreadFault, id: u64, opened: u64, now: u64, set: Class
     };
     let b = unsafe { &mut *b };
     if wp {
-        b.leave(id, st.fault_addr, if now != 0 { now } else { unsafe { bpf_ktime_get_ns() } });
+        b.leave(id, st.fault_addr);
         return set;
     }
-    split_spurious(set, b.raced(id, st.fault_addr, opened))
+    split_spurious(set, b.raced(id, st.fault_addr, gen))
 }
 
 // ---- handle_mm_fault ----------------------------------------------------------
@@ -88,10 +107,10 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // the same thread, so this is the only way to be in a fault here.
     if st.in_fault() {
         drop_count(DropKind::LostReturn);
-        let opened = st.opened_ns();
+        let gen = st.gen_at_open();
         if let Some(set) = st.on_return(0) {
             let set = st.opaque(set);
-            let set = wp_page_returned(st, id, opened, 0, set);
+            let set = wp_page_returned(st, id, gen, set);
             let phase = current_phase();
             record_set(tgid, phase, set, UNTIMED, 0);
             if conf.get(Config::Mappings) != 0 {
@@ -106,10 +125,10 @@ fn try_fault_entry<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     // The clock last: the fault's time starts where this program's ends.
     let timed = timed_fault(conf.get(Config::LatencyEvery));
     st.on_entry(if timed { Some(unsafe { bpf_ktime_get_ns() }) } else { None }, addr, flags, origin);
-    // A write's open time, for the spurious split, where its exception
-    // did not read it.
-    if !timed && flags & FAULT_FLAG_WRITE != 0 && st.opened_ns() == 0 {
-        st.opened_at(unsafe { bpf_ktime_get_ns() });
+    // A write's generation, for the spurious split, where its exception
+    // did not note it (arm64, get_user_pages).
+    if flags & FAULT_FLAG_WRITE != 0 && st.gen_at_open() == NO_GEN {
+        note_wp_gen(st, id, addr);
     }
     Ok(0)
 }
@@ -155,15 +174,18 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     let arg = |n| FnContext::arg(ctx, n);
     let (addr, flags, regs) = (arg(1)?, arg(2)? as u32, arg(3)?);
     let origin = Origin::of(flags, regs);
-    let now = if st.at_return(addr, flags, origin) { unsafe { bpf_ktime_get_ns() } } else { 0 };
-    let ns = if now != 0 { now.saturating_sub(st.start_ns) } else { UNTIMED };
+    let ns = if st.at_return(addr, flags, origin) {
+        unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns)
+    } else {
+        UNTIMED
+    };
     let own_ns = st.own_ns;
-    let opened = st.opened_ns();
+    let gen = st.gen_at_open();
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
     let set = st.opaque(set);
-    let set = wp_page_returned(st, id, opened, now, set);
+    let set = wp_page_returned(st, id, gen, set);
     let tgid = tgid_of(id);
     let phase = current_phase();
     record_set(tgid, phase, set, ns, own_ns);
@@ -181,8 +203,10 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     if ret as u32 & VM_FAULT_RETRY != 0 {
         // The clock last: the retried call's time starts where this ends.
         let timed = timed_fault(conf.get(Config::LatencyEvery));
-        let stamp = timed || flags & FAULT_FLAG_WRITE != 0;
-        st.reopen_for_retry(timed, if stamp { unsafe { bpf_ktime_get_ns() } } else { 0 });
+        st.reopen_for_retry(timed, if timed { unsafe { bpf_ktime_get_ns() } } else { 0 });
+        if flags & FAULT_FLAG_WRITE != 0 {
+            note_wp_gen(st, id, addr);
+        }
     }
     Ok(0)
 }
@@ -195,14 +219,13 @@ fn try_fault_return<C: FnContext>(ctx: &C, ret: u64) -> Result<u32, ReadFailed> 
         return Ok(0);
     }
     let st = unsafe { &mut *s };
-    let now = if st.timed() { unsafe { bpf_ktime_get_ns() } } else { 0 };
-    let ns = if now != 0 { now.saturating_sub(st.start_ns) } else { UNTIMED };
-    let opened = st.opened_ns();
+    let ns = if st.timed() { unsafe { bpf_ktime_get_ns() }.saturating_sub(st.start_ns) } else { UNTIMED };
+    let gen = st.gen_at_open();
     let Some(set) = st.on_return(ret as u32) else {
         return Ok(0);
     };
     let set = st.opaque(set);
-    let set = wp_page_returned(st, id, opened, now, set);
+    let set = wp_page_returned(st, id, gen, set);
     let tgid = tgid_of(id);
     // The phase is read at return: a fault belongs to the phase it ends in.
     // One entry for all the fault's classes: one histogram update.

@@ -217,10 +217,9 @@ fn expect_kernel_choice(
             // race where every store re-walks (QEMU as shipped); the
             // stale-TLB model may add a few where a CPU cached an entry
             // some other way. A race reads as stale TLB when the winner
-            // returned more than `RACE_WINDOW_NS` before the loser's
-            // fault opened: under TCG the host may stop a vCPU's thread
-            // between its page walk and its exception for longer (seen:
-            // at most 1 a run).
+            // returned between the loser's page walk and its fault's open
+            // (`WpPage`): under TCG the host may stop a vCPU's thread
+            // there for a whole time slice (seen: at most 1 a run).
             let (sp, stale, race) = spurious_split(cl, write);
             let exact = !stale_tlb_model();
             cl.expect(
