@@ -22,10 +22,9 @@ use faultscope_common::{
 
 use crate::{
     attrib::{attribute, count_mapping, regs_ip, task_site},
-    fault::wp_gen,
     helpers::{
         current_id, current_phase, field, noted_untraced, pagefault_disabled, record_set, targets_epoch,
-        tgid_of, timed_fault, traced_thread, traced_thread_not_noted, FnContext, ReadFailed, UNTIMED,
+        tgid_of, timed_fault, traced_thread, traced_thread_not_noted, wp_gen, FnContext, ReadFailed, UNTIMED,
     },
     maps::{cfg, Conf, EXIT_ONLY, PF_ADDRESS_OFF, PF_ERROR_CODE_OFF, PF_IP_OFF},
     vma::vma_start_at,

@@ -25,22 +25,12 @@ use crate::{
     attrib::{attribute, count_mapping, fault_site, vma_start},
     helpers::{
         current_id, current_phase, drop_count, fault_state, read_failed, record_set, tgid_of,
-        thread_state_if_any, timed_fault, traced_thread, FnContext, ReadFailed, UNTIMED,
+        thread_state_if_any, timed_fault, traced_thread, wp_gen, FnContext, ReadFailed, UNTIMED,
     },
     maps::{cfg, Conf, EXIT_ONLY, WP_PAGES},
 };
 
 // ---- write-protect faults by page (the spurious split) ------------------------
-
-/// The generation of the bucket of thread `id`'s page `addr` (see
-/// `WpPage`), or `NO_GEN`.
-#[inline(always)]
-pub fn wp_gen(id: u64, addr: u64) -> u64 {
-    match WP_PAGES.get_ptr(WpPage::bucket(tgid_of(id), addr)) {
-        Some(b) => unsafe { (*b).gen as u64 },
-        None => NO_GEN,
-    }
-}
 
 /// A write of thread `id` opens on `addr`: notes its page bucket's
 /// generation.

@@ -20,7 +20,7 @@ use aya_ebpf::{
 };
 use faultscope_common::{
     class::ClassSet,
-    fault::{SEEN_EXC, SEEN_IN_FAULT},
+    fault::{WpPage, NO_GEN, SEEN_EXC, SEEN_IN_FAULT},
     maps::{
         phase_id, ClassSetKey, DropKind, FltCount, LifeEvent, LifeKind, PhaseId, TargetInfo, UntracedNote,
         ADOPT_AT_EXEC, ADOPT_BY_COMM, TARGET_PENDING_EXEC,
@@ -32,7 +32,7 @@ use faultscope_common::{
 use crate::maps::{
     cfg, Conf, CGROUPS, CGROUP_FILTER, CHILDREN, COMMS, COMM_FILTER, DROPS, EVENTS, FLUSHES, OPEN,
     PENDING_STATS, PHASE, STATS, TARGETS, TARGETS_EPOCH, TASK_MAJ_FLT_OFF, TASK_MIN_FLT_OFF,
-    TASK_PAGEFAULT_DISABLED_OFF, THREADS, TRACE_ALL, UNTRACED, ZERO,
+    TASK_PAGEFAULT_DISABLED_OFF, THREADS, TRACE_ALL, UNTRACED, WP_PAGES, ZERO,
 };
 
 pub const BPF_ANY: u64 = 0;
@@ -468,6 +468,17 @@ pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
 #[inline(always)]
 pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64, own_ns: u64) {
     record(tgid, phase, set.0, ns, own_ns);
+}
+
+/// The generation of the bucket of thread `id`'s page `addr` in
+/// `WP_PAGES` (see `WpPage`), or `NO_GEN`: the exception and the entry
+/// note it where a write opens.
+#[inline(always)]
+pub fn wp_gen(id: u64, addr: u64) -> u64 {
+    match WP_PAGES.get_ptr(WpPage::bucket(tgid_of(id), addr)) {
+        Some(b) => unsafe { (*b).gen as u64 },
+        None => NO_GEN,
+    }
 }
 
 /// `TARGETS_EPOCH` as the caches hold it: never 0, which a new thread

@@ -761,14 +761,24 @@ fn reader_writer(
         sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(mem.base.add(p * PAGE as usize)) });
     }
     std::hint::black_box(sum);
+    // The reader spins while the writer works: sleeping in join() could
+    // let its CPU switch to another process, whose page tables' switch
+    // flushes the entries the reads cached (without PCID).
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (mem, pages) = (Arc::clone(mem), pages.clone());
+        let (mem, pages, done) = (Arc::clone(mem), pages.clone(), Arc::clone(&done));
         std::thread::Builder::new().name("writer".into()).spawn(move || -> Result<()> {
-            let _pinned = affinity::pin(writer_cpu)?;
-            store_pages(&mem, &pages, None);
-            Ok(())
+            let pinned = affinity::pin(writer_cpu).map(|p| {
+                store_pages(&mem, &pages, None);
+                p
+            });
+            done.store(true, std::sync::atomic::Ordering::Release);
+            pinned.map(drop)
         })?
     };
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        std::hint::spin_loop();
+    }
     writer.join().map_err(|_| anyhow!("the writer thread panicked"))??;
     store_pages(mem, &pages, lat.as_deref_mut());
     Ok(lat)
