@@ -768,10 +768,7 @@ fn reader_writer(
     let writer = {
         let (mem, pages, done) = (Arc::clone(mem), pages.clone(), Arc::clone(&done));
         std::thread::Builder::new().name("writer".into()).spawn(move || -> Result<()> {
-            let pinned = affinity::pin(writer_cpu).map(|p| {
-                store_pages(&mem, &pages, None);
-                p
-            });
+            let pinned = affinity::pin(writer_cpu).inspect(|_| store_pages(&mem, &pages, None));
             done.store(true, std::sync::atomic::Ordering::Release);
             pinned.map(drop)
         })?
