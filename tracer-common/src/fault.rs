@@ -462,7 +462,10 @@ pub const WP_PAGE_BUCKETS: u32 = 4096;
 /// return: busy then, or left since. A race whose winner returned between
 /// the CPU's page walk and the fault's open reads as stale TLB: on x86 the
 /// open is the exception, with interrupts still off; on arm64 it is
-/// `handle_mm_fault`'s entry. Two pages that share a bucket overwrite
+/// `handle_mm_fault`'s entry, after the VMA lookup, where a thread
+/// preempted since its exception can lose a whole race unseen (fentry on
+/// `do_mem_abort` would close that window at about 280 ns on every fault
+/// of every process: docs/cost.md). Two pages that share a bucket overwrite
 /// each other's entry, so a race whose entry was overwritten before the
 /// spurious fault returned reads as stale TLB too (with 4,096 buckets,
 /// only a thread that takes write-protect faults on thousands of pages
