@@ -42,6 +42,13 @@ pub enum Preset {
     /// cover letter gives the contpte unfolds) only the first: seq 4K, 64K
     /// and 2M.
     CoverLetter,
+    /// The cover letter's `flush_tlb_local()` experiment, amd64 only:
+    /// Debian's 7.3, 7.3 with the series, and with the series and the
+    /// flush; read-then-store and seq with a clock read between the
+    /// stores, 64K folios. With `--tlb stale` (the read-then-store row's
+    /// spurious faults need QEMU's stale-TLB model; the seq row's need
+    /// speculative fills, which the model leaves out).
+    LocalFlush,
 }
 
 /// The cover letter's benches, one `faultscope bench` each per boot.
@@ -67,8 +74,24 @@ pub struct Opts {
 
 impl Opts {
     /// The preset's kernels (for `arch`) and benches.
-    pub fn preset(p: Preset, arch: &str, runs: u64, boots: usize, size: String) -> Opts {
-        match p {
+    pub fn preset(p: Preset, arch: &str, runs: u64, boots: usize, size: String) -> Result<Opts> {
+        Ok(match p {
+            Preset::LocalFlush if arch != "amd64" => {
+                bail!(
+                    "ab --preset local-flush: the flush experiment is x86's (flush_tlb_local); --arch amd64"
+                )
+            }
+            Preset::LocalFlush => Opts {
+                kernels: ["7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-folio-reuse-flush-amd64"]
+                    .map(String::from)
+                    .to_vec(),
+                runs,
+                boots,
+                size,
+                benches: ["read-then-store --folio 64K", "seq --time-stores --folio 64K"]
+                    .map(String::from)
+                    .to_vec(),
+            },
             Preset::CoverLetter => Opts {
                 kernels: ["7.3-stock-build", "7.3-reuse-16-ptes", "7.3-folio-reuse"]
                     .iter()
@@ -82,7 +105,7 @@ impl Opts {
                     _ => COVER_LETTER.iter().map(|b| b.to_string()).collect(),
                 },
             },
-        }
+        })
     }
 }
 

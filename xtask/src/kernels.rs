@@ -50,9 +50,16 @@ pub struct Patched {
     /// like-for-like baseline of an A/B: Debian's own kernels have another
     /// configuration, which changes the times).
     pub series: Option<kbuild::Fixture>,
+    /// Diffs of this repository applied after the series, in order.
+    pub diffs: &'static [&'static str],
     /// How the kernel reuses an exclusive large folio after fork on a
     /// write fault.
     pub reuse: FolioReuse,
+    /// Whether that reuse ends with a flush of the faulting CPU's TLB (the
+    /// cover letter's experiment): that CPU keeps no read-only entry of
+    /// the folio's other pages, so their first stores take no spurious
+    /// fault.
+    pub local_flush: bool,
 }
 
 /// How a kernel reuses an exclusive anonymous large folio (PTE-mapped) that
@@ -96,7 +103,20 @@ const fn folio_reuse_thread(subject: &'static str) -> Option<kbuild::Fixture> {
 const FOLIO_REUSE: Patched = Patched {
     change: "folio-reuse",
     series: folio_reuse_thread("[PATCH v2 "),
+    diffs: &[],
     reuse: FolioReuse::WholeFolio,
+    local_flush: false,
+};
+
+/// The whole series with the cover letter's experiment on top
+/// (`xtask/series/flush-tlb-local.diff`: `flush_tlb_local()` at the end of
+/// the new function; x86 only).
+const FOLIO_REUSE_FLUSH: Patched = Patched {
+    change: "folio-reuse-flush",
+    series: folio_reuse_thread("[PATCH v2 "),
+    diffs: &["xtask/series/flush-tlb-local.diff"],
+    reuse: FolioReuse::WholeFolio,
+    local_flush: true,
 };
 
 /// Only the series' first patch (`[PATCH v2 1/2] mm/memory: reuse 16 PTEs
@@ -106,11 +126,14 @@ const FOLIO_REUSE: Patched = Patched {
 const REUSE_16_PTES: Patched = Patched {
     change: "reuse-16-ptes",
     series: folio_reuse_thread("[PATCH v2 1/2]"),
+    diffs: &[],
     reuse: FolioReuse::ContpteBlock,
+    local_flush: false,
 };
 
 /// Debian's 7.3 source with no patch, built as the patched kernels are.
-const STOCK_BUILD: Patched = Patched { change: "stock", series: None, reuse: FolioReuse::PageByPage };
+const STOCK_BUILD: Patched =
+    Patched { change: "stock", series: None, diffs: &[], reuse: FolioReuse::PageByPage, local_flush: false };
 
 pub const KERNELS: &[GuestKernel] = &[
     // bookworm's own 6.1 LTS (the point release's, not -security's): no
@@ -144,6 +167,11 @@ const EXTRA: &[GuestKernel] = &[
     GuestKernel { name: "7.3-stock-build-arm64", arch: "arm64", source: Source::Built(STOCK_BUILD) },
     GuestKernel { name: "7.3-reuse-16-ptes-amd64", arch: "amd64", source: Source::Built(REUSE_16_PTES) },
     GuestKernel { name: "7.3-reuse-16-ptes-arm64", arch: "arm64", source: Source::Built(REUSE_16_PTES) },
+    GuestKernel {
+        name: "7.3-folio-reuse-flush-amd64",
+        arch: "amd64",
+        source: Source::Built(FOLIO_REUSE_FLUSH),
+    },
 ];
 
 /// A kernel by name, or by the path of an image `cargo xtask kernel`
@@ -200,6 +228,11 @@ impl GuestKernel {
         }
     }
 
+    /// [`Patched::local_flush`]; never for a kernel not built here.
+    pub fn local_flush(&self) -> bool {
+        matches!(self.source, Source::Built(p) if p.local_flush)
+    }
+
     /// Why this kernel cannot be had here: a built kernel whose patch
     /// series fixture is absent. Callers skip it, loudly.
     pub fn missing(&self) -> Option<String> {
@@ -234,10 +267,14 @@ pub fn fetch(k: GuestKernel) -> Result<PathBuf> {
 
 /// The build of a [`Source::Built`] kernel (cached, or built now).
 fn built(k: GuestKernel, p: Patched) -> Result<kbuild::Built> {
-    let diffs = match p.series {
+    let mut diffs = match p.series {
         Some(f) => kbuild::read_series(&[f.path().map_err(anyhow::Error::msg)?], Some(f.subject))?,
         None => Vec::new(),
     };
+    if !p.diffs.is_empty() {
+        let files: Vec<PathBuf> = p.diffs.iter().map(|d| root().join(d)).collect();
+        diffs.extend(kbuild::read_series(&files, None)?);
+    }
     kbuild::build(k.arch, p.change, &diffs)
 }
 

@@ -335,7 +335,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                     if !kernels.is_empty() || !benches.is_empty() {
                         bail!("ab --preset: give no kernels and no --bench (the preset names them)");
                     }
-                    ab::Opts::preset(p, &arch, runs, boots, size)
+                    ab::Opts::preset(p, &arch, runs, boots, size)?
                 }
                 None => ab::Opts {
                     kernels,
