@@ -420,7 +420,7 @@ impl Recording {
             }
         };
         self.series.push(iv);
-        self.last = snap;
+        self.last = snap.high_water(&self.last);
         self.ticks += 1;
         Ok(shown)
     }

@@ -417,6 +417,33 @@ impl Snapshot {
         self
     }
 
+    /// The base the next [`Self::since`] takes: `self`, each entry raised
+    /// to what `earlier` had of it. A read torn by a flush can come out
+    /// lower than the read before (a flush moved counts it then missed);
+    /// taken as the base, the next interval would count the difference a
+    /// second time. Counts only grow, so the sum of the intervals is then
+    /// the highest read, which the last, clean one is.
+    pub fn high_water(mut self, earlier: &Snapshot) -> Snapshot {
+        for (k, v) in self.stats.iter_mut() {
+            if let Some(e) = earlier.stats.get(k) {
+                raise_stat(v, e);
+            }
+        }
+        for (k, v) in self.origins.iter_mut() {
+            if let Some(e) = earlier.origins.get(k) {
+                raise(v, e);
+            }
+        }
+        for (k, v) in self.accounted.iter_mut() {
+            if let Some(e) = earlier.accounted.get(k) {
+                v.completed = v.completed.max(e.completed);
+                v.major = v.major.max(e.major);
+                raise(&mut v.exceptions, &e.exceptions);
+            }
+        }
+        self
+    }
+
     /// `self - earlier`: what happened between two snapshots.
     pub fn since(&self, earlier: &Snapshot) -> Snapshot {
         let mut stats = BTreeMap::new();
@@ -465,6 +492,28 @@ impl Snapshot {
         // Intervals show class counts only.
         Snapshot { stats, origins, accounted, ..Snapshot::default() }
     }
+}
+
+/// Each count of `v` raised to `e`'s.
+fn raise(v: &mut [u64], e: &[u64]) {
+    for (a, b) in v.iter_mut().zip(e) {
+        *a = (*a).max(*b);
+    }
+}
+
+/// [`raise`] for every field of a [`Stat`] (the maxima too).
+fn raise_stat(v: &mut Stat, e: &Stat) {
+    for (a, b) in [
+        (&mut v.count, e.count),
+        (&mut v.sum_ns, e.sum_ns),
+        (&mut v.own_ns, e.own_ns),
+        (&mut v.max_ns, e.max_ns),
+        (&mut v.raw_max_ns, e.raw_max_ns),
+    ] {
+        *a = (*a).max(b);
+    }
+    raise(&mut v.hist, &e.hist);
+    raise(&mut v.raw_hist, &e.raw_hist);
 }
 
 /// The frames of a stack in `STACK_TRACES` (leaf first), or none when the
@@ -613,6 +662,21 @@ mod tests {
         assert_eq!(late.get(7, KernelClass::Faults).unwrap().count, 3);
         assert!(late.get(7, KernelClass::Copy).is_none());
         assert!(late.get(8, KernelClass::Faults).is_none());
+    }
+
+    /// A read torn low (2 of 3 faults seen after 2 were) between two clean
+    /// ones: the intervals add up to the last read, not to it plus the dip.
+    #[test]
+    fn intervals_over_a_torn_read_add_up_to_the_last_read() {
+        let key = StatKey::new(7, 0, KernelClass::Faults as u16);
+        let snap = |ns: &[u64]| Snapshot { stats: [(key, stat_of(ns))].into(), ..Snapshot::default() };
+        let reads = [snap(&[1, 2]), snap(&[1]), snap(&[1, 2, 3, 4])];
+        let (mut base, mut sum) = (Snapshot::default(), 0);
+        for r in reads {
+            sum += r.since(&base).stats.get(&key).map_or(0, |s| s.count);
+            base = r.high_water(&base);
+        }
+        assert_eq!(sum, 4);
     }
 
     /// What the kernel check compares: `mm_account_fault()` counts a

@@ -433,9 +433,13 @@ impl Metrics {
             let Some(p) = proc(k.tgid) else { continue };
             let Some(kind) = kind(k.tgid, k.phase) else { continue };
             let last = self.last.get(k).copied().unwrap_or(Stat::ZERO);
-            // A count never goes down; if an entry was recreated, it
-            // counts from 0 again.
-            let base = if v.count < last.count { Stat::ZERO } else { last };
+            let base = match (v.count < last.count, snap.torn) {
+                (false, _) => last,
+                // A read torn by a flush: the next one has the rest.
+                (true, true) => continue,
+                // An entry deleted and made again counts from 0.
+                (true, false) => Stat::ZERO,
+            };
             let d_count = v.count - base.count;
             if d_count == 0 {
                 continue;
@@ -470,8 +474,12 @@ impl Metrics {
             let Some(kind) = kind(k.tgid, k.phase) else { continue };
             let kind = kind_name(kind);
             let last = self.last_origins.get(k).copied().unwrap_or_default();
+            let lower = v.iter().zip(last).any(|(a, b)| *a < b);
+            if lower && snap.torn {
+                continue;
+            }
             // An entry recreated counts from 0 again.
-            let base = if v.iter().zip(last).any(|(a, b)| *a < b) { Default::default() } else { last };
+            let base = if lower { Default::default() } else { last };
             for o in Origin::ALL {
                 let d = v[o as usize] - base[o as usize];
                 if d == 0 {
@@ -492,6 +500,9 @@ impl Metrics {
             let Some(p) = proc(tgid) else { continue };
             let Some(kind) = kind(tgid, phase) else { continue };
             let last = self.last_kinds.get(&(tgid, phase, fault_kind)).copied().unwrap_or(0);
+            if v < last && snap.torn {
+                continue;
+            }
             // An entry recreated counts from 0 again.
             let d = if v < last { v } else { v - last };
             self.last_kinds.insert((tgid, phase, fault_kind), v);
@@ -762,6 +773,24 @@ mod tests {
         assert!(m.encode().contains(
             "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\",pid=\"7\"} 1"
         ));
+    }
+
+    /// A count lower than the last: a torn read is skipped (the counter
+    /// keeps its value until a read has more), a clean one is an entry
+    /// made again, counted from 0.
+    #[test]
+    fn a_torn_read_lower_than_the_last_adds_nothing() {
+        let series = "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\"}";
+        let mut m = metrics();
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2, 3]))]), kind, redis);
+        let mut torn = snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2]))]);
+        torn.torn = true;
+        m.update(&torn, kind, redis);
+        assert_eq!(sample(&m.encode(), series), Some(3.0));
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2, 3, 4]))]), kind, redis);
+        assert_eq!(sample(&m.encode(), series), Some(4.0));
+        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1]))]), kind, redis);
+        assert_eq!(sample(&m.encode(), series), Some(5.0));
     }
 
     #[test]
