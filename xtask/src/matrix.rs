@@ -168,9 +168,6 @@ fn compare_steps(
     Ok(per_step.into_iter().map(|(span, _)| span).collect())
 }
 
-/// What the kernel chose in the write step, against the page arithmetic:
-/// reuse or copy per page or per folio, bounded by the kernel's own
-/// choices (`LRU_BATCH_COPIES`, `SLACK`).
 /// What a case may expect of a kernel and of how faultscope ran on it.
 #[derive(Clone, Copy)]
 struct KernelTraits {
@@ -181,6 +178,9 @@ struct KernelTraits {
     opened_at_exception: bool,
 }
 
+/// What the kernel chose in the write step, against the page arithmetic:
+/// reuse or copy per page or per folio, bounded by the kernel's own
+/// choices (`LRU_BATCH_COPIES`, `SLACK`).
 fn expect_kernel_choice(
     cl: &mut Checklist,
     case: &str,
@@ -241,7 +241,7 @@ fn expect_kernel_choice(
             // returned between the loser's page walk and its fault's open
             // (`WpPage`). Opened at the exception, that needs the host to
             // stop a vCPU's thread there (seen: at most 1 a run). Opened
-            // at `handle_mm_fault` (arm64 with kprobes), the loser may
+            // at `handle_mm_fault` (arm64), the loser may
             // also be preempted in its VMA lookup, as often as the
             // kernel's preemption model allows: not bounded.
             let (sp, stale, race) = spurious_split(cl, write);

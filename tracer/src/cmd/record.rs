@@ -397,6 +397,7 @@ impl Recording {
     fn interval_table(&mut self, now: Instant) -> Result<std::io::Result<()>> {
         let snap = self.rec.snapshot()?;
         self.rec.name_processes(&snap);
+        let snap = snap.clean_or(&self.last);
         let elapsed = now.duration_since(self.started).as_secs_f64();
         let delta = snap.since(&self.last);
         let iv = build::interval(&delta, &self.rec.context()?, elapsed);
@@ -420,7 +421,7 @@ impl Recording {
             }
         };
         self.series.push(iv);
-        self.last = snap.high_water(&self.last);
+        self.last = snap;
         self.ticks += 1;
         Ok(shown)
     }

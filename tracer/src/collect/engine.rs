@@ -582,8 +582,8 @@ impl Recorder {
         let snap = Snapshot::read(&self.session.bpf, within, folded)?;
         if snap.torn && !self.torn_said.replace(true) {
             say(
-                "faultscope: the kernel kept flushing its per-CPU counts through a read: an interval's counts may \
-                 include some of its neighbour's (each fault is still counted once in the run; the last read is exact)",
+                "faultscope: the kernel kept flushing its per-CPU counts through a read: that interval's faults are \
+                 shown in the next one (each fault is still counted once in the run; the last read is exact)",
             );
         }
         Ok(snap)

@@ -419,13 +419,18 @@ impl Metrics {
     /// a process's phase, or None for a phase whose start user space has
     /// not read yet: its counts wait for a later update (a counter cannot
     /// take back what it was given under the wrong kind). `proc` gives a
-    /// process's names (None: not traced, skipped).
+    /// process's names (None: not traced, skipped). A read torn by a flush
+    /// adds nothing (see `Snapshot::clean_or`): a counter cannot take back
+    /// a flushed slot counted twice.
     pub fn update(
         &mut self,
         snap: &Snapshot,
         kind: impl Fn(u32, PhaseId) -> Option<PhaseKind>,
         proc: impl Fn(u32) -> Option<ProcLabels>,
     ) {
+        if snap.torn {
+            return;
+        }
         for (k, v) in &snap.stats {
             let Some(&(metric, _, timed)) = self.classes.iter().find(|(_, c, _)| *c as u16 == k.class) else {
                 continue;
@@ -433,13 +438,9 @@ impl Metrics {
             let Some(p) = proc(k.tgid) else { continue };
             let Some(kind) = kind(k.tgid, k.phase) else { continue };
             let last = self.last.get(k).copied().unwrap_or(Stat::ZERO);
-            let base = match (v.count < last.count, snap.torn) {
-                (false, _) => last,
-                // A read torn by a flush: the next one has the rest.
-                (true, true) => continue,
-                // An entry deleted and made again counts from 0.
-                (true, false) => Stat::ZERO,
-            };
+            // A count never goes down; if an entry was recreated, it
+            // counts from 0 again.
+            let base = if v.count < last.count { Stat::ZERO } else { last };
             let d_count = v.count - base.count;
             if d_count == 0 {
                 continue;
@@ -474,12 +475,8 @@ impl Metrics {
             let Some(kind) = kind(k.tgid, k.phase) else { continue };
             let kind = kind_name(kind);
             let last = self.last_origins.get(k).copied().unwrap_or_default();
-            let lower = v.iter().zip(last).any(|(a, b)| *a < b);
-            if lower && snap.torn {
-                continue;
-            }
             // An entry recreated counts from 0 again.
-            let base = if lower { Default::default() } else { last };
+            let base = if v.iter().zip(last).any(|(a, b)| *a < b) { Default::default() } else { last };
             for o in Origin::ALL {
                 let d = v[o as usize] - base[o as usize];
                 if d == 0 {
@@ -500,9 +497,6 @@ impl Metrics {
             let Some(p) = proc(tgid) else { continue };
             let Some(kind) = kind(tgid, phase) else { continue };
             let last = self.last_kinds.get(&(tgid, phase, fault_kind)).copied().unwrap_or(0);
-            if v < last && snap.torn {
-                continue;
-            }
             // An entry recreated counts from 0 again.
             let d = if v < last { v } else { v - last };
             self.last_kinds.insert((tgid, phase, fault_kind), v);
@@ -775,22 +769,26 @@ mod tests {
         ));
     }
 
-    /// A count lower than the last: a torn read is skipped (the counter
-    /// keeps its value until a read has more), a clean one is an entry
-    /// made again, counted from 0.
+    /// A torn read, higher or lower than the last, adds nothing; a clean
+    /// one lower than the last is an entry made again, counted from 0.
     #[test]
-    fn a_torn_read_lower_than_the_last_adds_nothing() {
+    fn a_torn_read_adds_nothing() {
         let series = "faultscope_class_faults_total{class=\"faults\",phase_kind=\"before-fork\",comm=\"redis-server\"}";
+        let read = |n: usize, torn: bool| Snapshot {
+            torn,
+            ..snap(&[(7, 0, KernelClass::Faults, stat(&vec![1; n]))])
+        };
         let mut m = metrics();
-        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2, 3]))]), kind, redis);
-        let mut torn = snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2]))]);
-        torn.torn = true;
-        m.update(&torn, kind, redis);
-        assert_eq!(sample(&m.encode(), series), Some(3.0));
-        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1, 2, 3, 4]))]), kind, redis);
-        assert_eq!(sample(&m.encode(), series), Some(4.0));
-        m.update(&snap(&[(7, 0, KernelClass::Faults, stat(&[1]))]), kind, redis);
-        assert_eq!(sample(&m.encode(), series), Some(5.0));
+        for (r, want) in [
+            (read(3, false), 3.0),
+            (read(5, true), 3.0),
+            (read(2, true), 3.0),
+            (read(4, false), 4.0),
+            (read(1, false), 5.0),
+        ] {
+            m.update(&r, kind, redis);
+            assert_eq!(sample(&m.encode(), series), Some(want));
+        }
     }
 
     #[test]
