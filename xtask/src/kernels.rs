@@ -113,10 +113,9 @@ const FOLIO_REUSE: Patched = Patched {
 /// the new function; x86 only).
 const FOLIO_REUSE_FLUSH: Patched = Patched {
     change: "folio-reuse-flush",
-    series: folio_reuse_thread("[PATCH v2 "),
     diffs: &["xtask/series/flush-tlb-local.diff"],
-    reuse: FolioReuse::WholeFolio,
     local_flush: true,
+    ..FOLIO_REUSE
 };
 
 /// Only the series' first patch (`[PATCH v2 1/2] mm/memory: reuse 16 PTEs

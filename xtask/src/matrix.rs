@@ -63,9 +63,14 @@ pub fn label(case: &str, backend: &str) -> String {
 /// folios as `reuse` says, `label` being its `CASE@BACKEND`. An error is
 /// the harness's (the guest printed no results for the case); wrong counts
 /// are `failures`.
-pub fn check_case(run: &GuestRun, kernel: &str, reuse: FolioReuse, label: &str) -> Result<CaseResult> {
+pub fn check_case(
+    run: &GuestRun,
+    kernel: &str,
+    reuse: FolioReuse,
+    local_flush: bool,
+    label: &str,
+) -> Result<CaseResult> {
     let (case, backend) = label.split_once('@').unwrap_or((label, "kprobe"));
-    let local_flush = crate::kernels::by_name(kernel).is_ok_and(|k| k.local_flush());
     let kernel = &format!("{kernel} {backend}");
     let mut fails = Vec::new();
     let attach_kinds = |r: &faultscope::report::schema::Report| -> Vec<String> {
@@ -595,7 +600,7 @@ fn check_cases(
         let (name, _) = case.split_once('@').unwrap_or((case, ""));
         let result = match expected_refusal(&k, name) {
             Some(why) => check_refusal(run, k.name, case, &why),
-            None => check_case(run, k.name, k.reuse(), case),
+            None => check_case(run, k.name, k.reuse(), k.local_flush(), case),
         };
         match result {
             Ok(r) => {
@@ -1063,7 +1068,7 @@ mod tests {
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
         };
-        let e = check_case(&run, "k", FolioReuse::PageByPage, "c")
+        let e = check_case(&run, "k", FolioReuse::PageByPage, false, "c")
             .err()
             .expect("no JSON: a harness error")
             .to_string();
@@ -1131,12 +1136,12 @@ mod tests {
         let markers = format!("@@FS-RC 64k-exit 0\n@@FS-OVERRUN 64k-exit 0\n{X86_REFUSED}");
         let run = guest_run(&markers, &[("64k-exit.json", &json), ("64k-exit.oracle", &oracle)]);
         // 20 reuse faults for 1 folio (+16 slack is 17): not whole-folio.
-        let r = check_case(&run, "k", FolioReuse::WholeFolio, "64k-exit").unwrap();
+        let r = check_case(&run, "k", FolioReuse::WholeFolio, false, "64k-exit").unwrap();
         assert_eq!(
             r.failures,
             ["k kprobe 64k-exit: reuse 20 + copy 0 = folios 1 (+16), copy <= 62: this kernel reuses a 64K folio whole"]
         );
-        let r = check_case(&run, "k", FolioReuse::PageByPage, "64k-exit").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "64k-exit").unwrap();
         assert!(r.failures.is_empty(), "{:?}", r.failures);
     }
 
@@ -1152,7 +1157,7 @@ mod tests {
             &markers,
             &[("4k-exit@kprobe.json", &bench_json()), ("4k-exit@kprobe.oracle", &oracle)],
         );
-        let r = check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@kprobe").unwrap();
         assert_eq!(r.failures, ["k kprobe 4k-exit mark:write: reuse: faultscope 20 != oracle 21"]);
         // The same run checked as a fentry case: its probes were kprobes.
         let markers = markers.replace("@kprobe", "@fentry");
@@ -1160,7 +1165,7 @@ mod tests {
             &markers,
             &[("4k-exit@fentry.json", &bench_json()), ("4k-exit@fentry.oracle", &oracle)],
         );
-        let r = check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@fentry").unwrap();
+        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@fentry").unwrap();
         assert!(
             r.failures[0].contains("--backend fentry, but the probes attached as [\"kretprobe\"]"),
             "{:?}",
@@ -1175,8 +1180,10 @@ mod tests {
         let markers = markers.replace("@fentry", "@kprobe");
         let run =
             guest_run(&markers, &[("4k-exit@kprobe.json", &bench_json()), ("4k-exit@kprobe.oracle", "")]);
-        let e =
-            format!("{:#}", check_case(&run, "k", FolioReuse::PageByPage, "4k-exit@kprobe").err().unwrap());
+        let e = format!(
+            "{:#}",
+            check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@kprobe").err().unwrap()
+        );
         assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }

@@ -238,6 +238,12 @@ impl Serve {
         self.metrics.update_flow(&snap.flow);
         let session = &self.rec.session;
         self.metrics.update_own(&session.status, session.program_costs()?.as_deref(), &session.map_fill());
+        // A read torn by a flush gave `update` none of its counts: nothing
+        // it read may leave the kernel or our state before a clean read
+        // has counted it.
+        if snap.torn {
+            return Ok(());
+        }
         // Folded in: the entries of exited processes, and of phases before
         // the previous one, leave the kernel and our state. Nothing can add
         // to them any more; a phase newer than the timeline knows is still
