@@ -18,6 +18,14 @@ use faultscope::{
 
 use crate::vm::GuestRun;
 
+/// The most pages the kernel may copy where it could reuse them: a folio
+/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
+/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
+/// CPUs; how many are in a batch at the fork depends on timing (a loaded
+/// host saw 8), so the kernel's choice is bounded, and faultscope's count
+/// of it stays exact against the oracle.
+pub const LRU_BATCH_COPIES: u64 = 2 * 31;
+
 /// The counts of one `oracle tgid=N phase=P key=count...` line, by key
 /// (oracle.c prints the classes under their report names); `None` for
 /// "key=?": the guest lacks the events the oracle needs to count it.

@@ -41,7 +41,8 @@ struct Cli {
     /// read-only TLB entry re-walks the page tables: never a spurious write
     /// fault); `stale`, QEMU patched with the stale-TLB model (`cargo xtask
     /// qemu`, built on first use): a vCPU faults on a store through its
-    /// stale read-only entry, as hardware may.
+    /// stale read-only entry, as hardware may; `model-off`, the patched QEMU
+    /// with the model switched off (it must behave as Debian's).
     #[arg(long, global = true, value_enum, default_value = "exact")]
     tlb: vm::Tlb,
 }
@@ -109,13 +110,15 @@ enum Cmd {
         kernel: String,
     },
     /// Build QEMU 10.0.2 with the stale-TLB model (xtask/qemu/stale-tlb.patch)
-    /// for x86-64 guests, cached by tarball, patch and configuration;
-    /// prints the binary's path (what `--tlb stale` runs).
+    /// for x86-64 and arm64 guests, cached by tarball, patch and
+    /// configuration; prints the binaries' paths (what `--tlb stale` runs).
     Qemu,
     /// Only the stale-TLB stage of `test`: reader-writer and read-then-store
-    /// on QEMU as shipped (no spurious fault), then under the stale-TLB
-    /// model on stock 6.12 and 7.3 and 7.3 with the whole-folio series,
-    /// against QEMU's own count of its faults.
+    /// on QEMU as shipped (no spurious fault) and on the patched QEMU with
+    /// the model off (the same counts), then under the stale-TLB model on
+    /// stock 6.12 and 7.3, 7.3 with the whole-folio series and with the
+    /// flush experiment, and reader-writer on arm64 6.12 and 7.3, against
+    /// QEMU's own count of its faults.
     StaleTlb,
     /// Only the guest test (after setup).
     GuestTest {
@@ -261,6 +264,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         Cmd::Qemu => {
             let b = qemu::build()?;
             println!("{}", b.x86_64.display());
+            println!("{}", b.aarch64.display());
             Ok(())
         }
         Cmd::StaleTlb => matrix::stale_tlb(),

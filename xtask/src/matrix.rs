@@ -12,7 +12,7 @@ use faultscope::{
 use faultscope_common::Program;
 
 use crate::{
-    check::{self, Checklist, Oracle},
+    check::{self, Checklist, Oracle, LRU_BATCH_COPIES},
     kernels::{FolioReuse, GuestKernel},
     vm::GuestRun,
 };
@@ -20,14 +20,6 @@ use crate::{
 /// Faults of the bench's own pages (stack, heap) in its write step: 0-4,
 /// 4-9 with the child alive. The oracle comparison stays exact.
 pub const SLACK: u64 = 16;
-
-/// The most pages the kernel may copy where it could reuse them: a folio
-/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
-/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
-/// CPUs; how many are in a batch at the fork depends on timing (a loaded
-/// host saw 8), so the kernel's choice is bounded, and faultscope's count
-/// of it stays exact against the oracle.
-const LRU_BATCH_COPIES: u64 = 2 * 31;
 
 /// Races a run may read as stale TLB under TCG where the fault opens at
 /// its exception (see the spurious-race case).
@@ -280,7 +272,8 @@ fn expect_kernel_choice(
                 ),
             );
             // Under the model the reader's CPU keeps its entries only until
-            // it switches to another process (a CR3 write drops them all):
+            // it switches to another process (a CR3 write, or arm64's
+            // change of ASID, drops them all):
             // any count up to the pages, the boot's sum held to QEMU's own
             // count (`check_model_count`).
             let (sp, stale, race) = spurious_split(cl, write);
@@ -715,7 +708,7 @@ pub fn backends_for(kernel: &str, asked: &[String]) -> Vec<String> {
 /// Boots each kernel once and runs `cases` in it, under each of its
 /// backends (`backends_for`).
 pub fn run(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[String]) -> Result<()> {
-    run_with(kernels, size, cases, backends, false)
+    run_with(kernels, size, cases, backends, false).map(drop)
 }
 
 /// The cases of the whole-folio reuse gates, at the size the issue's
@@ -734,7 +727,7 @@ pub const GATE_BACKEND: &str = "kprobe";
 /// patched kernels, fail with the count on stock 7.3.
 pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     let cases: Vec<String> = GATE_CASES.iter().map(|c| c.to_string()).collect();
-    run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true)
+    run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true).map(drop)
 }
 
 /// The stale-TLB model's cases: spurious faults it makes (a reader's stale
@@ -742,36 +735,103 @@ pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
 /// makes a whole folio writable) and races it must not turn into stale
 /// TLB faults.
 pub const STALE_TLB_CASES: &[&str] = &["reader-writer", "read-then-store-64k", "spurious-race"];
-/// Its kernels (x86: the model is x86's): stock 6.12 and 7.3, 7.3 with
-/// the whole-folio reuse series, and that with the cover letter's
-/// `flush_tlb_local()` experiment.
+/// Its x86 kernels: stock 6.12 and 7.3, 7.3 with the whole-folio reuse
+/// series, and that with the cover letter's `flush_tlb_local()`
+/// experiment.
 pub const STALE_TLB_KERNELS: &[&str] =
     &["6.12-cloud-amd64", "7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-folio-reuse-flush-amd64"];
+/// Its arm64 kernels, the two-thread case only: stock 6.12, whose reuse
+/// invalidates every CPU's entry, beside stock 7.3.
+pub const STALE_TLB_ARM64_KERNELS: &[&str] = &["6.12-cloud-arm64", "7.3-cloud-arm64"];
 
 /// The stale-TLB stage of `test`: the cases that need a stale entry to
-/// fault, first on QEMU as shipped (6.12: no spurious fault at all), then
-/// [`STALE_TLB_CASES`] on [`STALE_TLB_KERNELS`] under the model, each boot's
-/// count against QEMU's own ([`check_model_count`]).
+/// fault, first on QEMU as shipped (6.12: no spurious fault at all) and on
+/// the patched QEMU with its model off (the same counts:
+/// [`compare_model_off`]), then [`STALE_TLB_CASES`] on [`STALE_TLB_KERNELS`]
+/// and the two-thread case on [`STALE_TLB_ARM64_KERNELS`] under the model,
+/// each boot's count against QEMU's own ([`check_model_count`]).
 pub fn stale_tlb() -> Result<()> {
     use crate::vm::{set_tlb, tlb, Tlb};
     let names = |v: &[&str]| -> Vec<String> { v.iter().map(|c| c.to_string()).collect() };
+    let kernels =
+        |v: &[&str]| -> Result<Vec<GuestKernel>> { v.iter().map(|n| crate::kernels::by_name(n)).collect() };
     let k612 = crate::kernels::by_name(STALE_TLB_KERNELS[0])?;
     let was = tlb();
+    let unmodelled = names(&STALE_TLB_CASES[..2]);
+    let mut parts = Vec::new();
     set_tlb(Tlb::Exact);
-    let exact = run(&[k612], "16M", &names(&STALE_TLB_CASES[..2]), &[]);
-    let ks: Vec<GuestKernel> =
-        STALE_TLB_KERNELS.iter().map(|n| crate::kernels::by_name(n)).collect::<Result<_>>()?;
+    let exact = run_with(&[k612], "16M", &unmodelled, &[], false);
+    set_tlb(Tlb::ModelOff);
+    let off = run_with(&[k612], "16M", &unmodelled, &[], false);
+    parts.push((
+        "QEMU as shipped, and patched with the model off",
+        match (exact, off) {
+            (Ok(a), Ok(b)) => compare_model_off(&a, &b),
+            (a, b) => a.and(b).map(drop),
+        },
+    ));
     set_tlb(Tlb::Stale);
-    let stale = run(&ks, "16M", &names(STALE_TLB_CASES), &[]);
+    parts.push(("the model, x86", run(&kernels(STALE_TLB_KERNELS)?, "16M", &names(STALE_TLB_CASES), &[])));
+    parts.push((
+        "the model, arm64",
+        run(&kernels(STALE_TLB_ARM64_KERNELS)?, "16M", &names(&STALE_TLB_CASES[..1]), &[]),
+    ));
     set_tlb(was);
-    match (exact, stale) {
-        (Ok(()), Ok(())) => Ok(()),
-        (e, s) => anyhow::bail!(
-            "stale-TLB stage: QEMU as shipped: {}; the model: {}",
-            e.map_or_else(|e| format!("{e:#}"), |()| "passed".into()),
-            s.map_or_else(|e| format!("{e:#}"), |()| "passed".into())
-        ),
+    let failed: Vec<String> =
+        parts.iter().filter_map(|(what, r)| r.as_ref().err().map(|e| format!("{what}: {e:#}"))).collect();
+    anyhow::ensure!(failed.is_empty(), "stale-TLB stage: {}", failed.join("; "));
+    Ok(())
+}
+
+/// The patched QEMU with its model off against Debian's, the same cases in
+/// a boot each: QEMU printed no count of the model's faults, and each
+/// case's write step has the same counts, within [`SLACK`] (the bench's
+/// own faults move a little from boot to boot).
+fn compare_model_off(debian: &[(GuestKernel, GuestRun)], off: &[(GuestKernel, GuestRun)]) -> Result<()> {
+    let write_counts = |run: &GuestRun, label: &str| -> Option<Vec<(ReportClass, u64)>> {
+        let r = check::report(run, &format!("{label}.json")).ok()?;
+        let p = check::process(&r, r.bench.as_ref()?.pid).ok()?;
+        let w = p.span("write")?;
+        Some(ReportClass::ALL.into_iter().filter_map(|m| Some((m, w.count(m)?))).collect())
+    };
+    let mut fails = Vec::new();
+    for ((k, a), (_, b)) in debian.iter().zip(off) {
+        if let Some(n) = b.stale_tlb_faults {
+            fails.push(format!("{}: the model is off, and QEMU counted {n} faults of it", k.name));
+        }
+        let labels: Vec<String> = backends_for(k.name, &[])
+            .iter()
+            .flat_map(|be| STALE_TLB_CASES[..2].iter().map(move |c| label(c, be)))
+            .collect();
+        for l in &labels {
+            let (Some(x), Some(y)) = (write_counts(a, l), write_counts(b, l)) else {
+                fails.push(format!("{} {l}: no write step in both boots", k.name));
+                continue;
+            };
+            let apart: Vec<String> = x
+                .iter()
+                .filter_map(|&(m, n)| {
+                    let o = y.iter().find(|(c, _)| *c == m).map(|&(_, o)| o)?;
+                    (n.abs_diff(o) > SLACK).then(|| format!("{} {n} against {o}", m.name()))
+                })
+                .collect();
+            println!(
+                "{} {l}: model off against Debian's QEMU, write step: {} classes{}",
+                k.name,
+                x.len(),
+                if apart.is_empty() {
+                    format!(" within {SLACK}")
+                } else {
+                    format!(", apart: {}", apart.join(", "))
+                }
+            );
+            if !apart.is_empty() {
+                fails.push(format!("{} {l}: {}", k.name, apart.join(", ")));
+            }
+        }
     }
+    anyhow::ensure!(fails.is_empty(), "the model off is not Debian's QEMU: {}", fails.join("; "));
+    Ok(())
 }
 
 /// Under the stale-TLB model: the spurious faults faultscope split as
@@ -842,9 +902,10 @@ fn run_with(
     cases: &[String],
     backends: &[String],
     gates: bool,
-) -> Result<()> {
+) -> Result<Vec<(GuestKernel, GuestRun)>> {
     use crate::{kernels, util::root, vm};
     let mut failures = Vec::new();
+    let mut boots = Vec::new();
     for &k in kernels {
         if k.skipped(&format!("matrix {}", cases.join(" "))) {
             continue;
@@ -922,11 +983,12 @@ fn run_with(
             println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
             print_complaints(&rerun);
         }
+        boots.push((k, run));
     }
     if !failures.is_empty() {
         anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));
     }
-    Ok(())
+    Ok(boots)
 }
 
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! QEMU with the stale-TLB model (`--tlb stale`): Debian's QEMU 10.0.2
 //! source (the `+ds` orig tarball), patched with `xtask/qemu/stale-tlb.patch`
-//! and built here for x86-64 guests (the model is x86's: arm64's is not
-//! written). The model is off unless QEMU
+//! and built here for x86-64 and arm64 guests. The model is off unless QEMU
 //! runs with `-accel tcg,stale-tlb=on`: a vCPU that cached a read-only
 //! translation of a page (read-only by the page tables' permissions) takes
 //! a write-permission fault on a store to the page until it flushes that
@@ -41,12 +40,12 @@ pub const PATCH: &str = include_str!("../qemu/stale-tlb.patch");
 /// Where a build is shared with other checkouts of this machine.
 pub const MACHINE_CACHE: &str = "/var/cache/faultscope/qemu";
 
-/// QEMU's configure: the x86-64 system emulator and nothing a headless
+/// QEMU's configure: the two system emulators and nothing a headless
 /// TCG guest does not (no GUI, audio, USB redirection, network
 /// back ends: the guests run with `-nic none`; 9p stays, for
 /// [`crate::vm::virtfs_host_root`]).
 pub const CONFIGURE_ARGS: &[&str] = &[
-    "--target-list=x86_64-softmmu",
+    "--target-list=x86_64-softmmu,aarch64-softmmu",
     "--disable-docs",
     "--disable-tools",
     "--disable-install-blobs",
@@ -73,8 +72,8 @@ pub const CONFIGURE_ARGS: &[&str] = &[
     "--disable-slirp",
 ];
 
-/// The binary ninja builds.
-const BINARY: &str = "qemu-system-x86_64";
+/// The binaries ninja builds: x86-64's, arm64's.
+const BINARIES: [&str; 2] = ["qemu-system-x86_64", "qemu-system-aarch64"];
 
 /// The `+ds` tarball has no firmware blobs: meson.build must not try to
 /// unpack the edk2 ones (it would, bzip2 being installed).
@@ -92,19 +91,21 @@ pub const FIRMWARE_ARGS: &[&str] = &["-L", "/usr/share/qemu", "-L", "/usr/share/
 #[derive(Clone, Debug)]
 pub struct Built {
     pub x86_64: PathBuf,
+    pub aarch64: PathBuf,
 }
 
 impl Built {
     fn at(dir: PathBuf) -> Option<Built> {
-        let b = Built { x86_64: dir.join(BINARY) };
-        b.x86_64.is_file().then_some(b)
+        let b = Built { x86_64: dir.join(BINARIES[0]), aarch64: dir.join(BINARIES[1]) };
+        (b.x86_64.is_file() && b.aarch64.is_file()).then_some(b)
     }
 
-    /// The emulator of a guest arch (`amd64`; `arm64` has no model).
+    /// The emulator of a guest arch.
     pub fn binary(&self, arch: &str) -> Result<&Path> {
         match arch {
             "amd64" => Ok(&self.x86_64),
-            other => bail!("--tlb stale: the stale-TLB model is x86's, and this guest is {other}"),
+            "arm64" => Ok(&self.aarch64),
+            other => bail!("--tlb stale: the stale-TLB model has no emulator for a {other} guest"),
         }
     }
 }
@@ -227,10 +228,12 @@ fn build_in(tar: &Path, py: &Path, scratch: &Path) -> Result<()> {
         &log,
         "QEMU's configure",
     )?;
-    logged(Command::new("ninja").current_dir(&build).env("PATH", &path).arg(BINARY), &log, "ninja")?;
+    logged(Command::new("ninja").current_dir(&build).env("PATH", &path).args(BINARIES), &log, "ninja")?;
     let out = scratch.join("out");
     fs::create_dir_all(&out)?;
-    fs::rename(build.join(BINARY), out.join(BINARY)).with_context(|| format!("ninja built no {BINARY}"))?;
+    for b in BINARIES {
+        fs::rename(build.join(b), out.join(b)).with_context(|| format!("ninja built no {b}"))?;
+    }
     fs::write(out.join("stale-tlb.patch"), PATCH)?;
     fs::write(out.join("configure-args"), CONFIGURE_ARGS.join("\n") + "\n")?;
     Ok(())
@@ -283,5 +286,6 @@ mod tests {
             "the exit line faults_raised reads"
         );
         assert!(PATCH.lines().any(|l| l.starts_with("--- a/target/i386/")), "the x86 model");
+        assert!(PATCH.lines().any(|l| l.starts_with("--- a/target/arm/")), "the arm64 model");
     }
 }

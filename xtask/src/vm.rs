@@ -10,7 +10,7 @@ use std::{
     io::{BufRead as _, Write as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicU8, Ordering},
     time::{Duration, Instant},
 };
 
@@ -46,22 +46,25 @@ pub enum Tlb {
     /// on it until it flushes that entry, even when another CPU made the
     /// page writable, as real hardware may.
     Stale,
+    /// The patched QEMU with the model switched off: it must behave as
+    /// Debian's (the stale-TLB stage compares the two).
+    ModelOff,
 }
 
-static TLB: AtomicBool = AtomicBool::new(false);
+static TLB: AtomicU8 = AtomicU8::new(0);
 
 /// Sets the TLB model of the guests this process boots from now on (`main`
 /// from `--tlb`; the test's stale-TLB stage for its own boots).
 pub fn set_tlb(tlb: Tlb) {
-    TLB.store(tlb == Tlb::Stale, Ordering::Relaxed);
+    TLB.store(tlb as u8, Ordering::Relaxed);
 }
 
 /// The TLB model the guests run with.
 pub fn tlb() -> Tlb {
-    if TLB.load(Ordering::Relaxed) {
-        Tlb::Stale
-    } else {
-        Tlb::Exact
+    match TLB.load(Ordering::Relaxed) {
+        1 => Tlb::Stale,
+        2 => Tlb::ModelOff,
+        _ => Tlb::Exact,
     }
 }
 
@@ -283,7 +286,7 @@ pub fn boot_with(
     }
     let qemu: PathBuf = match tlb {
         Tlb::Exact => PathBuf::from(qemu),
-        Tlb::Stale => {
+        Tlb::Stale | Tlb::ModelOff => {
             // Debian's firmware: the patched build installs none.
             tcg.extend(crate::qemu::FIRMWARE_ARGS.iter().map(|s| s.to_string()));
             crate::qemu::build()?.binary(k.arch)?.to_path_buf()
