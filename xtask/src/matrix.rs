@@ -237,18 +237,21 @@ fn expect_kernel_choice(
             // some other way. A race reads as stale TLB when the winner
             // returned between the loser's page walk and its fault's open
             // (`WpPage`). Opened at the exception, that needs the host to
-            // stop a vCPU's thread there (seen: at most 1 a run). Opened
+            // stop a vCPU's thread there: at most 1 a run on an idle host,
+            // 3 of 5 on a host loaded with other guests and builds. So the
+            // bound is the races read as races plus `STRETCHED_RACES`: a
+            // split that read every race as stale TLB still fails. Opened
             // at `handle_mm_fault` (arm64), the loser may
             // also be preempted in its VMA lookup, as often as the
             // kernel's preemption model allows: not bounded.
             let (sp, stale, race) = spurious_split(cl, write);
             let bounded = !stale_tlb_model() && opened_at_exception;
             cl.expect(
-                (!bounded || stale <= STRETCHED_RACES) && sp <= 3 * pages,
+                (!bounded || stale <= race + STRETCHED_RACES) && sp <= 3 * pages,
                 format!(
                     "spurious {sp} (race {race}, stale TLB {stale}{}), at most 3 of 4 threads a page ({})",
                     match (stale_tlb_model(), opened_at_exception) {
-                        (false, true) => format!(" <= {STRETCHED_RACES}"),
+                        (false, true) => format!(" <= race + {STRETCHED_RACES}"),
                         (false, false) => ", opened at handle_mm_fault: not bounded".into(),
                         (true, _) => String::new(),
                     },
