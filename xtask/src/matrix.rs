@@ -794,7 +794,7 @@ fn compare_model_off(debian: &[(GuestKernel, GuestRun)], off: &[(GuestKernel, Gu
     let write_counts = |run: &GuestRun, label: &str| -> Option<Vec<(ReportClass, u64)>> {
         let r = check::report(run, &format!("{label}.json")).ok()?;
         let p = check::process(&r, r.bench.as_ref()?.pid).ok()?;
-        let w = p.span("write")?;
+        let w = p.span(STEPS[2])?;
         Some(ReportClass::ALL.into_iter().filter_map(|m| Some((m, w.count(m)?))).collect())
     };
     let mut fails = Vec::new();
