@@ -254,15 +254,18 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
             // A phase without a copy may not list the class.
             let copies: u64 = each[1..].iter().map(|c| c.unwrap_or(0)).sum();
             let got = each[0].map(|g| g + copies);
+            let shown: Vec<String> =
+                each.iter().map(|c| c.map_or("none".into(), |v| v.to_string())).collect();
+            let shown = shown.join(" + ");
             let _ = writeln!(
                 table,
-                "  arithmetic: {} {what}.{origin} = {each:?}, pages = {n} (+{slack}){}",
+                "  arithmetic: {} {what}.{origin} = {shown}, pages = {n} (+{slack}){}",
                 ph.name,
                 if classes.len() > 1 { format!(", copy <= {LRU_BATCH_COPIES}") } else { String::new() }
             );
             if !got.is_some_and(|g| (n..=n + slack).contains(&g)) || copies > LRU_BATCH_COPIES {
                 fails.push(format!(
-                    "{case}: {} {what}.{origin} = {each:?}, expected {n} (+{slack}), copy <= {LRU_BATCH_COPIES}",
+                    "{case}: {} {what}.{origin} = {shown}, expected {n} (+{slack}), copy <= {LRU_BATCH_COPIES}",
                     ph.name
                 ));
             }
