@@ -769,7 +769,7 @@ pub fn stale_tlb() -> Result<()> {
     parts.push((
         "QEMU as shipped, and patched with the model off",
         match (exact, off) {
-            (Ok(a), Ok(b)) => compare_model_off(&a, &b),
+            (Ok(a), Ok(b)) => compare_model_off(&a, &b, &unmodelled),
             (a, b) => a.and(b).map(drop),
         },
     ));
@@ -790,11 +790,13 @@ pub fn stale_tlb() -> Result<()> {
 /// a boot each: QEMU printed no count of the model's faults, and each
 /// case's write step has the same counts, within [`SLACK`] (the bench's
 /// own faults move a little from boot to boot).
-fn compare_model_off(debian: &[(GuestKernel, GuestRun)], off: &[(GuestKernel, GuestRun)]) -> Result<()> {
+fn compare_model_off(
+    debian: &[(GuestKernel, GuestRun)],
+    off: &[(GuestKernel, GuestRun)],
+    cases: &[String],
+) -> Result<()> {
     let write_counts = |run: &GuestRun, label: &str| -> Option<Vec<(ReportClass, u64)>> {
-        let r = check::report(run, &format!("{label}.json")).ok()?;
-        let p = check::process(&r, r.bench.as_ref()?.pid).ok()?;
-        let w = p.span(STEPS[2])?;
+        let w = bench_process(run, label)?.span(STEPS[2])?;
         Some(ReportClass::ALL.into_iter().filter_map(|m| Some((m, w.count(m)?))).collect())
     };
     let mut fails = Vec::new();
@@ -802,10 +804,8 @@ fn compare_model_off(debian: &[(GuestKernel, GuestRun)], off: &[(GuestKernel, Gu
         if let Some(n) = b.stale_tlb_faults {
             fails.push(format!("{}: the model is off, and QEMU counted {n} faults of it", k.name));
         }
-        let labels: Vec<String> = backends_for(k.name, &[])
-            .iter()
-            .flat_map(|be| STALE_TLB_CASES[..2].iter().map(move |c| label(c, be)))
-            .collect();
+        let labels: Vec<String> =
+            backends_for(k.name, &[]).iter().flat_map(|be| cases.iter().map(move |c| label(c, be))).collect();
         for l in &labels {
             let (Some(x), Some(y)) = (write_counts(a, l), write_counts(b, l)) else {
                 fails.push(format!("{} {l}: no write step in both boots", k.name));
@@ -837,6 +837,13 @@ fn compare_model_off(debian: &[(GuestKernel, GuestRun)], off: &[(GuestKernel, Gu
     Ok(())
 }
 
+/// The bench's process in a case's report (`LABEL.json`), if the case
+/// left one.
+fn bench_process(run: &GuestRun, label: &str) -> Option<faultscope::report::schema::Process> {
+    let r = check::report(run, &format!("{label}.json")).ok()?;
+    check::process(&r, r.bench.as_ref()?.pid).ok().cloned()
+}
+
 /// Under the stale-TLB model: the spurious faults faultscope split as
 /// stale TLB in a boot's benches (whole runs) against QEMU's own count of
 /// the faults its model raised in the boot, every process of the guest.
@@ -848,9 +855,7 @@ fn check_model_count(run: &GuestRun, kernel: &str, labels: &[String]) -> Vec<Str
         return vec![format!("{kernel}: QEMU printed no count of its stale-TLB model's faults")];
     };
     let counted = |l: &String| -> Option<u64> {
-        let r = check::report(run, &format!("{l}.json")).ok()?;
-        let p = check::process(&r, r.bench.as_ref()?.pid).ok()?;
-        p.classes.get(&ReportClass::SpuriousStaleTlb)?.count()
+        bench_process(run, l)?.classes.get(&ReportClass::SpuriousStaleTlb)?.count()
     };
     let sum: u64 = labels.iter().filter_map(counted).sum();
     let most = model + STRETCHED_RACES * labels.len() as u64;
