@@ -327,7 +327,8 @@ crate::catalogue! {
     #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
     pub enum DropKind: u32 keyed {
         /// `STATS` was full: an event of a new (process, phase, set of
-        /// classes) was lost.
+        /// classes) was lost (the slot it needed kept counts the map had no
+        /// room for).
         StatsFull = 0 => "stats_map_full", "stats map full";
         /// No `THREADS` state for a thread (its task storage could not be
         /// allocated, or was busy under a nested program on that CPU): its
@@ -346,7 +347,8 @@ crate::catalogue! {
         /// A read of a program's context (probe argument, tracepoint field)
         /// failed: that event was not classified.
         ReadFailed = 5 => "context_read_failed", "events whose context could not be read";
-        /// `MAPPINGS` was full: an event was not attributed to its mapping.
+        /// `MAPPINGS` was full: an event was not attributed to its mapping
+        /// (the slot it needed kept counts the map had no room for).
         MappingsFull = 6 => "mappings_map_full", "mappings map full";
         /// `SITES` was full: an event was not attributed to its code site.
         SitesFull = 7 => "sites_map_full", "sites map full";

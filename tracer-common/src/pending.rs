@@ -14,6 +14,10 @@
 //! runs between two increments of the CPU's `FLUSHES` counter, odd while it
 //! runs, so that a reader that sees the same even counters before and after
 //! its reads of both has seen every count exactly once (a seqlock).
+//!
+//! A slot whose map is full is not taken over: it keeps its counts, which
+//! user space may already have served, and the new key's event is the one
+//! lost. So a count, once read, never vanishes from its key's total.
 
 use crate::{
     attrib::{ClassCounts, MappingKey},
@@ -25,10 +29,11 @@ use crate::{
 /// Slots per CPU, per cache (a power of two).
 pub const PENDING_SLOTS: u32 = 16;
 
-/// `FLUSHES` indices: the seqlock's generation; the faults every flush of
-/// a `STATS` slot carried, counted into the map or lost there (`STATS`
-/// full); the lost ones. With the faults still in slots, what the kernel
-/// saw reach its maps: user space's identity `seen = counted + lost`.
+/// `FLUSHES` indices: the seqlock's generation; the faults that left this
+/// CPU without a slot: flushed into `STATS`, or lost there (`STATS` full
+/// and their slot's ways held); the lost ones. With the faults still in
+/// slots, what the kernel saw reach its maps: user space's identity
+/// `seen = counted + lost`.
 pub const FLUSH_GENERATION: u32 = 0;
 pub const FLUSHED_FAULTS: u32 = 1;
 pub const LOST_FAULTS: u32 = 2;
@@ -190,21 +195,6 @@ pub fn drain_stat(dst: &mut Stat, src: &mut Stat) {
         dst.raw_hist[i] += src.raw_hist[i];
         i += 1;
     }
-    clear_stat(src);
-}
-
-/// `*v = 0` as one 8-byte store: a loop of plain stores of 0 becomes a
-/// call of `memset`, which on BPF is a byte loop that the verifier walks
-/// to its limit.
-#[inline(always)]
-fn zero(v: &mut u64) {
-    // SAFETY: a valid, aligned `&mut u64`.
-    unsafe { core::ptr::write_volatile(v, 0) };
-}
-
-/// `*src = 0`, for a slot whose counts could not be kept (the map full).
-#[inline(always)]
-pub fn clear_stat(src: &mut Stat) {
     zero(&mut src.count);
     zero(&mut src.sum_ns);
     zero(&mut src.max_ns);
@@ -218,41 +208,24 @@ pub fn clear_stat(src: &mut Stat) {
     }
 }
 
-/// The same for a `ClassCounts` slot.
+/// `*v = 0` as one 8-byte store: a loop of plain stores of 0 becomes a
+/// call of `memset`, which on BPF is a byte loop that the verifier walks
+/// to its limit.
 #[inline(always)]
-pub fn drain_counts(dst: Option<&mut ClassCounts>, src: &mut ClassCounts) {
-    let mut i = 0;
-    match dst {
-        Some(d) => {
-            while i < KernelClass::COUNT {
-                d.counts[i] += src.counts[i];
-                zero(&mut src.counts[i]);
-                i += 1;
-            }
-        }
-        None => {
-            while i < KernelClass::COUNT {
-                zero(&mut src.counts[i]);
-                i += 1;
-            }
-        }
-    }
+fn zero(v: &mut u64) {
+    // SAFETY: a valid, aligned `&mut u64`.
+    unsafe { core::ptr::write_volatile(v, 0) };
 }
 
-/// The events a slot holds, at least: each counts once in each of its
-/// classes, so the largest class count (what a flush that cannot keep them
-/// loses, for `DropKind::MappingsFull`).
+/// The same for a `ClassCounts` slot.
 #[inline(always)]
-pub fn events(c: &ClassCounts) -> u64 {
-    let mut n = 0;
+pub fn drain_counts(dst: &mut ClassCounts, src: &mut ClassCounts) {
     let mut i = 0;
     while i < KernelClass::COUNT {
-        if c.counts[i] > n {
-            n = c.counts[i];
-        }
+        dst.counts[i] += src.counts[i];
+        zero(&mut src.counts[i]);
         i += 1;
     }
-    n
 }
 
 #[cfg(feature = "user")]
@@ -341,7 +314,7 @@ mod tests {
         let mut a = ClassCounts::ZERO;
         let mut b = ClassCounts::ZERO;
         b.counts[3] = 4;
-        drain_counts(Some(&mut a), &mut b);
+        drain_counts(&mut a, &mut b);
         assert_eq!((a.counts[3], b.counts[3]), (4, 0));
     }
 }

@@ -23,7 +23,7 @@ use faultscope_common::{
 };
 
 use crate::{
-    helpers::{drop_add, drop_count, entry, pending_slot, FnContext, ReadFailed, BPF_NOEXIST},
+    helpers::{drop_count, entry, pending_slot, FnContext, ReadFailed, BPF_NOEXIST},
     maps::{
         cfg, Conf, MAPPINGS, PENDING_MAPPINGS, SITES, STACK_COUNTS, STACK_TRACES, VMA_START_OFF, ZERO_COUNTS,
     },
@@ -105,12 +105,10 @@ pub fn regs_ip(regs: u64) -> u64 {
 #[inline(always)]
 fn mapping_slot(key: &MappingKey) -> Option<*mut PendingMapping> {
     pending_slot(&PENDING_MAPPINGS, pending::mapping_slot(key), key, |v| {
+        let Some(dst) = entry(&MAPPINGS, &ZERO_COUNTS, &v.key) else { return false };
         v.end_run();
-        let dst = entry(&MAPPINGS, &ZERO_COUNTS, &v.key);
-        if dst.is_none() {
-            drop_add(DropKind::MappingsFull, pending::events(&v.counts));
-        }
-        pending::drain_counts(dst.map(|d| unsafe { &mut *d }), &mut v.counts);
+        pending::drain_counts(unsafe { &mut *dst }, &mut v.counts);
+        true
     })
 }
 

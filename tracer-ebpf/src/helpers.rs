@@ -42,9 +42,12 @@ pub const BPF_NOEXIST: u64 = 1;
 /// `DROPS`); the event is left unclassified.
 pub struct ReadFailed;
 
+/// Counts one event lost for reason `d`.
 #[inline(always)]
 pub fn drop_count(d: DropKind) {
-    drop_add(d, 1);
+    if let Some(p) = DROPS.get_ptr_mut(d.index()) {
+        unsafe { *p += 1 };
+    }
 }
 
 /// A failed context read: counted, and the error to return.
@@ -339,14 +342,6 @@ pub fn fetch_add(p: *mut u64, v: u64) -> u64 {
 /// `ns` for classes that are only counted.
 pub const UNTIMED: u64 = u64::MAX;
 
-/// Adds `n` to a drop counter.
-#[inline(always)]
-pub fn drop_add(d: DropKind, n: u64) {
-    if let Some(p) = DROPS.get_ptr_mut(d.index()) {
-        unsafe { *p += n };
-    }
-}
-
 /// Runs `flush` between the two increments of this CPU's `FLUSHES` (see
 /// `faultscope_common::pending`).
 #[inline(always)]
@@ -376,13 +371,15 @@ pub fn entry<K, V>(map: &PerCpuHashMap<K, V>, zero: &PerCpuArray<V>, key: &K) ->
 
 /// This CPU's slot for `key` among `slots` (at `hash`'s two ways): the way
 /// that holds it, else an empty one, else one taken over once `flush` has
-/// moved its counts into their hash map.
+/// moved its counts into their hash map. None when `flush` could not (the
+/// map full): the slot keeps its counts, which user space may already have
+/// read and served, and `key`'s event is the one lost.
 #[inline(always)]
 pub fn pending_slot<S: Slot>(
     slots: &PerCpuArray<S>,
     hash: u32,
     key: &S::Key,
-    flush: impl FnOnce(&mut S),
+    flush: impl FnOnce(&mut S) -> bool,
 ) -> Option<*mut S> {
     let (a, b) = pending::ways(hash);
     let pa = slots.get_ptr_mut(a)?;
@@ -402,13 +399,16 @@ pub fn pending_slot<S: Slot>(
         } else {
             pa
         };
+        let mut taken = true;
         flushing(|| {
             if S::owner((*v).key()).0 != 0 {
-                flush(&mut *v);
+                taken = flush(&mut *v);
             }
-            (*v).set_key(*key);
+            if taken {
+                (*v).set_key(*key);
+            }
         });
-        Some(v)
+        taken.then_some(v)
     }
 }
 
@@ -416,19 +416,10 @@ pub fn pending_slot<S: Slot>(
 #[inline(always)]
 fn stat_slot(key: &ClassSetKey) -> Option<*mut PendingStat> {
     pending_slot(&PENDING_STATS, pending::stat_slot(key), key, |v| {
-        let faults = pending::faults_of(v.key.set, v.stat.count);
-        match entry(&STATS, &ZERO, &v.key) {
-            Some(dst) => {
-                pending::drain_stat(unsafe { &mut *dst }, &mut v.stat);
-                flush_count(FLUSHED_FAULTS, faults);
-            }
-            None => {
-                drop_add(DropKind::StatsFull, v.stat.count);
-                pending::clear_stat(&mut v.stat);
-                flush_count(FLUSHED_FAULTS, faults);
-                flush_count(LOST_FAULTS, faults);
-            }
-        }
+        let Some(dst) = entry(&STATS, &ZERO, &v.key) else { return false };
+        flush_count(FLUSHED_FAULTS, pending::faults_of(v.key.set, v.stat.count));
+        pending::drain_stat(unsafe { &mut *dst }, &mut v.stat);
+        true
     })
 }
 
