@@ -243,66 +243,7 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
             fails.push(format!("{case}: no {kind:?} phase"));
             continue;
         };
-        let names: Vec<&str> = classes.iter().map(|c| c.name()).collect();
-        let what = names.join(" + ");
-        for origin in check::ORIGINS {
-            // The phase after the exit runs on to the workload's end, whose
-            // user-mode writes reuse more of its pages.
-            let slack = if origin == "user" { TOLERANCE } else { SLACK };
-            let each: Vec<Option<u64>> =
-                classes.iter().map(|c| ph.classes.get(c).and_then(|v| v.origin_count(origin))).collect();
-            // A phase without a copy may not list the class.
-            let copies: u64 = each[1..].iter().map(|c| c.unwrap_or(0)).sum();
-            let got = each[0].map(|g| g + copies);
-            let shown: Vec<String> =
-                each.iter().map(|c| c.map_or("none".into(), |v| v.to_string())).collect();
-            let shown = shown.join(" + ");
-            let _ = writeln!(
-                table,
-                "  arithmetic: {} {what}.{origin} = {shown}, pages = {n} (+{slack}){}",
-                ph.name,
-                if classes.len() > 1 { format!(", copy <= {LRU_BATCH_COPIES}") } else { String::new() }
-            );
-            if !got.is_some_and(|g| (n..=n + slack).contains(&g)) || copies > LRU_BATCH_COPIES {
-                fails.push(format!(
-                    "{case}: {} {what}.{origin} = {shown}, expected {n} (+{slack}), copy <= {LRU_BATCH_COPIES}",
-                    ph.name
-                ));
-            }
-        }
-        // The kernel's faults are named by their system call: read(2) for
-        // the kernel's copies, pwrite64(2) on /proc/self/mem for GUP's.
-        for (syscall, origin) in [("read(2)", "kernel"), ("pwrite64(2)", "gup")] {
-            let site: u64 = ph
-                .attribution
-                .sites
-                .iter()
-                .filter(|s| classes.contains(&s.class) && s.syscall.as_deref() == Some(syscall))
-                .map(|s| s.count)
-                .sum();
-            let _ =
-                writeln!(table, "  sites: {} {what} in {syscall}: {site} (the {origin} third: {n})", ph.name);
-            if site < n {
-                fails.push(format!(
-                    "{case}: {} {what} in {syscall} at its sites: {site}, expected {n}",
-                    ph.name
-                ));
-            }
-        }
-        let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
-        let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
-        let faults = check::count(&ph.classes, ReportClass::Faults).unwrap_or(0);
-        let _ = writeln!(
-            table,
-            "  getrusage: {key} minflt = {minflt}; faultscope faults in {} = {faults}",
-            ph.name
-        );
-        if minflt < 3 * n || faults < minflt || faults > minflt + TOLERANCE {
-            fails.push(format!(
-                "{case}: {} faults {faults} vs the workload's getrusage {minflt} (3 x {n} pages)",
-                ph.name
-            ));
-        }
+        check_origins_phase(case, ph, classes, n, &wl, &mut table, &mut fails);
     }
     match &p.kernel_check {
         Some(k) => {
@@ -334,6 +275,73 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
     }
     fails.extend(run_is_clean(run, case, &fs));
     Ok(CaseResult { table, failures: fails })
+}
+
+/// One phase of the origins case: `classes` (their sum) per origin against
+/// the page arithmetic, the kernel's thirds at their system calls' sites,
+/// the faults against the workload's getrusage.
+fn check_origins_phase(
+    case: &str,
+    ph: &faultscope::report::schema::Phase,
+    classes: &[ReportClass],
+    n: u64,
+    wl: &Value,
+    table: &mut String,
+    fails: &mut Vec<String>,
+) {
+    let kind = ph.kind;
+    let names: Vec<&str> = classes.iter().map(|c| c.name()).collect();
+    let what = names.join(" + ");
+    for origin in check::ORIGINS {
+        // The phase after the exit runs on to the workload's end, whose
+        // user-mode writes reuse more of its pages.
+        let slack = if origin == "user" { TOLERANCE } else { SLACK };
+        let each: Vec<Option<u64>> =
+            classes.iter().map(|c| ph.classes.get(c).and_then(|v| v.origin_count(origin))).collect();
+        // A phase without a copy may not list the class.
+        let copies: u64 = each[1..].iter().map(|c| c.unwrap_or(0)).sum();
+        let got = each[0].map(|g| g + copies);
+        let shown: Vec<String> = each.iter().map(|c| c.map_or("none".into(), |v| v.to_string())).collect();
+        let shown = shown.join(" + ");
+        let _ = writeln!(
+            table,
+            "  arithmetic: {} {what}.{origin} = {shown}, pages = {n} (+{slack}){}",
+            ph.name,
+            if classes.len() > 1 { format!(", copy <= {LRU_BATCH_COPIES}") } else { String::new() }
+        );
+        if !got.is_some_and(|g| (n..=n + slack).contains(&g)) || copies > LRU_BATCH_COPIES {
+            fails.push(format!(
+                "{case}: {} {what}.{origin} = {shown}, expected {n} (+{slack}), copy <= {LRU_BATCH_COPIES}",
+                ph.name
+            ));
+        }
+    }
+    // The kernel's faults are named by their system call: read(2) for
+    // the kernel's copies, pwrite64(2) on /proc/self/mem for GUP's.
+    for (syscall, origin) in [("read(2)", "kernel"), ("pwrite64(2)", "gup")] {
+        let site: u64 = ph
+            .attribution
+            .sites
+            .iter()
+            .filter(|s| classes.contains(&s.class) && s.syscall.as_deref() == Some(syscall))
+            .map(|s| s.count)
+            .sum();
+        let _ = writeln!(table, "  sites: {} {what} in {syscall}: {site} (the {origin} third: {n})", ph.name);
+        if site < n {
+            fails.push(format!("{case}: {} {what} in {syscall} at its sites: {site}, expected {n}", ph.name));
+        }
+    }
+    let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
+    let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
+    let faults = check::count(&ph.classes, ReportClass::Faults).unwrap_or(0);
+    let _ =
+        writeln!(table, "  getrusage: {key} minflt = {minflt}; faultscope faults in {} = {faults}", ph.name);
+    if minflt < 3 * n || faults < minflt || faults > minflt + TOLERANCE {
+        fails.push(format!(
+            "{case}: {} faults {faults} vs the workload's getrusage {minflt} (3 x {n} pages)",
+            ph.name
+        ));
+    }
 }
 
 /// Boots `kernel` and runs only the origins cases (`origins.sh`).

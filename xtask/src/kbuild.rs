@@ -666,22 +666,10 @@ pub fn logged(c: &mut Command, log: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_in(
-    recipe: &Recipe,
-    lv: &str,
-    recipe_text: &str,
-    version: &str,
-    tar: &Path,
-    diffs: &[Diff],
-    scratch: &Path,
-    tree: &Path,
-    t0: Instant,
-) -> Result<()> {
-    let log = scratch.join("build.log");
-    run(Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(tree).arg("--strip-components=1"))?;
-    let patches = scratch.join("out");
-    fs::create_dir_all(&patches)?;
+/// Applies `diffs` in order to `tree` (each kept in `patches` as
+/// `NNNN.diff`); a patch that does not apply, touches a path outside the
+/// tree or makes a symbolic link is refused.
+fn apply_patches(tree: &Path, diffs: &[Diff], patches: &Path, version: &str) -> Result<()> {
     let links = links_in(tree)?;
     for (n, d) in diffs.iter().enumerate() {
         let file = patches.join(format!("{:04}.diff", n + 1));
@@ -719,7 +707,13 @@ fn build_in(
             said.trim_end().replace('\n', "\n  ")
         );
     }
-    logged(recipe.make(tree).args(["defconfig", "kvm_guest.config"]), &log, "make defconfig")?;
+    Ok(())
+}
+
+/// The kernel's configuration: defconfig and kvm_guest.config, then the
+/// recipe's options, checked as set; returns the `.config`.
+fn configure(recipe: &Recipe, tree: &Path, lv: &str, log: &Path) -> Result<String> {
+    logged(recipe.make(tree).args(["defconfig", "kvm_guest.config"]), log, "make defconfig")?;
     let mut off: Vec<String> = recipe.off().map(String::from).collect();
     if recipe.no_platforms {
         off.extend(platforms(tree)?);
@@ -740,10 +734,31 @@ fn build_in(
     for o in &off {
         sc.args(["--disable", o]);
     }
-    logged(&mut sc, &log, "scripts/config")?;
-    logged(recipe.make(tree).arg("olddefconfig"), &log, "make olddefconfig")?;
+    logged(&mut sc, log, "scripts/config")?;
+    logged(recipe.make(tree).arg("olddefconfig"), log, "make olddefconfig")?;
     let config = fs::read_to_string(tree.join(".config"))?;
     check_config(&config, recipe.on(), recipe.off())?;
+    Ok(config)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_in(
+    recipe: &Recipe,
+    lv: &str,
+    recipe_text: &str,
+    version: &str,
+    tar: &Path,
+    diffs: &[Diff],
+    scratch: &Path,
+    tree: &Path,
+    t0: Instant,
+) -> Result<()> {
+    let log = scratch.join("build.log");
+    run(Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(tree).arg("--strip-components=1"))?;
+    let patches = scratch.join("out");
+    fs::create_dir_all(&patches)?;
+    apply_patches(tree, diffs, &patches, version)?;
+    let config = configure(recipe, tree, lv, &log)?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tb = Instant::now();
     let cpu0 = children_cpu_s();

@@ -258,6 +258,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Boots `kernel` with `xtask/guest/SCRIPT` as its case and prints the
+/// console.
+fn guest_script(kernel: &str, script: &str) -> Result<()> {
+    let k = kernels::by_name(kernel)?;
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm/script").join(k.name);
+    std::fs::create_dir_all(&dir)?;
+    let cpio = vm::initramfs(&dir, k.arch, &bin, script, &[])?;
+    let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(600))?;
+    print!("{}", run.console);
+    if let Some(n) = run.stale_tlb_faults {
+        eprintln!("xtask guest-script: the stale-TLB model raised {n} faults");
+    }
+    Ok(())
+}
+
 fn dispatch(cli: Cli) -> Result<()> {
     vm::set_tlb(cli.tlb);
     match cli.cmd {
@@ -280,20 +297,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             setup::setup()?;
             overhead::run(&overhead::Opts { host, kernel, size, runs, storm, stats_runs, clock, variants })
         }
-        Cmd::GuestScript { kernel, script } => {
-            let k = kernels::by_name(&kernel)?;
-            let vmlinuz = kernels::fetch(k)?;
-            let bin = vm::build_faultscope(k.arch)?;
-            let dir = root().join("target/vm/script").join(k.name);
-            std::fs::create_dir_all(&dir)?;
-            let cpio = vm::initramfs(&dir, k.arch, &bin, &script, &[])?;
-            let run = vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(600))?;
-            print!("{}", run.console);
-            if let Some(n) = run.stale_tlb_faults {
-                eprintln!("xtask guest-script: the stale-TLB model raised {n} faults");
-            }
-            Ok(())
-        }
+        Cmd::GuestScript { kernel, script } => guest_script(&kernel, &script),
         Cmd::Matrix { kernels: names, size, cases, backends } => {
             let ks = if names.is_empty() {
                 kernels::KERNELS.to_vec()

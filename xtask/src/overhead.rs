@@ -515,6 +515,108 @@ fn untraced_record(g: &vm::GuestRun, case: &str, bench: &Report, attach_ns: Opti
     Ok(rec)
 }
 
+/// One round of variant `v` (`case`): its report, the count its tracer
+/// made of the write step, and what the tracer of an untraced run saw.
+fn parse_run(g: &vm::GuestRun, v: &Variant, case: &str) -> Result<Run> {
+    let rc = g.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        let out = g.section(&format!("{case}.bench")).map(|s| crate::util::tail(s, 20)).unwrap_or_default();
+        bail!("{case}: the bench exited with {rc:?}:\n{out}");
+    }
+    let report = check::report(g, &format!("{case}.json"))?;
+    let pages = report.bench.as_ref().map_or(0, |b| b.pages);
+    let counted = match v.kind {
+        Kind::Bare | Kind::Untraced(_) => None,
+        // The empty floors count nothing (see `Script::counter`).
+        Kind::Bpftrace(Script { counter: None, .. }) => None,
+        Kind::Bpftrace(Script { counter: Some(key), .. }) => {
+            let out = g.section(&format!("{case}.bt"))?;
+            Some(counter(out, key).with_context(|| {
+                format!("{case}: bpftrace printed no {key}:\n{}", crate::util::tail(out, 20))
+            })?)
+        }
+        Kind::Faultscope(_) => report
+            .bench_process()
+            .and_then(|p| p.span("mark:write"))
+            .and_then(|s| s.count(ReportClass::Faults)),
+    };
+    // The tracer saw the writes: at least one fault per page.
+    if let Some(n) = counted {
+        if n < pages {
+            bail!("{case}: the tracer counted {n} < {pages} pages written: it did not trace the bench");
+        }
+    } else if matches!(v.kind, Kind::Faultscope(_)) {
+        bail!("{case}: faultscope counted no faults in the write step");
+    }
+    let attach_ns = g.marker("ATTACH", case).and_then(|s| s.parse().ok());
+    let tracer = match v.kind {
+        Kind::Untraced(_) => Some(untraced_record(g, case, &report, attach_ns)?),
+        _ => None,
+    };
+    Ok(Run { report, attach_ns, counted, tracer })
+}
+
+/// Each variant's programs, as bpftool listed them, per statistics round.
+fn parse_progs<'a>(
+    g: &vm::GuestRun,
+    vs: &[&'a Variant],
+    stats_rounds: usize,
+) -> Result<BTreeMap<&'a str, Vec<Vec<Prog>>>> {
+    let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
+    for v in vs {
+        if matches!(v.kind, Kind::Bare) {
+            continue;
+        }
+        for round in 1..=stats_rounds {
+            let case = format!("{}-stats{round}", v.name);
+            let text = g.section(&format!("{case}.progs"))?;
+            let all: Vec<Prog> = serde_json::from_str(text.trim())
+                .with_context(|| format!("{case}: bpftool's output is not its JSON:\n{text}"))?;
+            // The tracer's own programs: those its fds hold.
+            let ids: Vec<u64> = g
+                .marker("PROG-IDS", &case)
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|i| i.parse().ok())
+                .collect();
+            if ids.is_empty() {
+                bail!("{case}: the tracer holds no BPF program fd");
+            }
+            let mut mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
+            mine.sort_by_key(|p| p.id);
+            progs.entry(v.name).or_default().push(mine);
+        }
+    }
+    Ok(progs)
+}
+
+/// The storm cases' samples, by case.
+fn parse_storms(g: &vm::GuestRun) -> BTreeMap<String, Storm> {
+    let mut storms = BTreeMap::new();
+    for l in g.markers("STORM-SAMPLE") {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+        let (Some(case), Some(u), Some(ut), Some(st), Some(rss), Some(hwm)) =
+            (w.first(), w.get(1).and_then(|x| x.parse::<f64>().ok()), n(2), n(3), n(4), n(5))
+        else {
+            continue;
+        };
+        storms
+            .entry(case.to_string())
+            .or_insert_with(|| Storm {
+                attach_ns: g.marker("ATTACH", case).and_then(|s| s.parse().ok()),
+                samples: Vec::new(),
+                faults: check::report(g, &format!("{case}.json"))
+                    .ok()
+                    .and_then(|r| r.processes.iter().map(|p| p.count(ReportClass::Faults)).sum()),
+                rc: g.marker("RC", case).unwrap_or_default(),
+            })
+            .samples
+            .push((u, ut + st, rss, hwm));
+    }
+    storms
+}
+
 fn counter(output: &str, key: &str) -> Option<u64> {
     output.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.trim().parse().ok())
 }
@@ -531,94 +633,13 @@ impl<'a> Results<'a> {
         for i in 1..=rounds {
             for v in vs {
                 let case = format!("{}{i}", v.name);
-                let rc = g.marker("RC", &case).unwrap_or_default();
-                if rc != "0" {
-                    let out = g
-                        .section(&format!("{case}.bench"))
-                        .map(|s| crate::util::tail(s, 20))
-                        .unwrap_or_default();
-                    bail!("{case}: the bench exited with {rc:?}:\n{out}");
-                }
-                let report = check::report(g, &format!("{case}.json"))?;
-                pages = report.bench.as_ref().map_or(0, |b| b.pages);
-                let counted = match v.kind {
-                    Kind::Bare | Kind::Untraced(_) => None,
-                    // The empty floors count nothing (see `Script::counter`).
-                    Kind::Bpftrace(Script { counter: None, .. }) => None,
-                    Kind::Bpftrace(Script { counter: Some(key), .. }) => {
-                        let out = g.section(&format!("{case}.bt"))?;
-                        Some(counter(out, key).with_context(|| {
-                            format!("{case}: bpftrace printed no {key}:\n{}", crate::util::tail(out, 20))
-                        })?)
-                    }
-                    Kind::Faultscope(_) => report
-                        .bench_process()
-                        .and_then(|p| p.span("mark:write"))
-                        .and_then(|s| s.count(ReportClass::Faults)),
-                };
-                // The tracer saw the writes: at least one fault per page.
-                if let Some(n) = counted {
-                    if n < pages {
-                        bail!("{case}: the tracer counted {n} < {pages} pages written: it did not trace the bench");
-                    }
-                } else if matches!(v.kind, Kind::Faultscope(_)) {
-                    bail!("{case}: faultscope counted no faults in the write step");
-                }
-                let attach_ns = g.marker("ATTACH", &case).and_then(|s| s.parse().ok());
-                let tracer = match v.kind {
-                    Kind::Untraced(_) => Some(untraced_record(g, &case, &report, attach_ns)?),
-                    _ => None,
-                };
-                runs.entry(v.name).or_default().push(Run { report, attach_ns, counted, tracer });
+                let run = parse_run(g, v, &case)?;
+                pages = run.report.bench.as_ref().map_or(0, |b| b.pages);
+                runs.entry(v.name).or_default().push(run);
             }
         }
-        let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
-        for v in vs {
-            if matches!(v.kind, Kind::Bare) {
-                continue;
-            }
-            for round in 1..=stats_rounds {
-                let case = format!("{}-stats{round}", v.name);
-                let text = g.section(&format!("{case}.progs"))?;
-                let all: Vec<Prog> = serde_json::from_str(text.trim())
-                    .with_context(|| format!("{case}: bpftool's output is not its JSON:\n{text}"))?;
-                // The tracer's own programs: those its fds hold.
-                let ids: Vec<u64> = g
-                    .marker("PROG-IDS", &case)
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .filter_map(|i| i.parse().ok())
-                    .collect();
-                if ids.is_empty() {
-                    bail!("{case}: the tracer holds no BPF program fd");
-                }
-                let mut mine: Vec<Prog> = all.into_iter().filter(|p| ids.contains(&p.id)).collect();
-                mine.sort_by_key(|p| p.id);
-                progs.entry(v.name).or_default().push(mine);
-            }
-        }
-        let mut storms = BTreeMap::new();
-        for l in g.markers("STORM-SAMPLE") {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
-            let (Some(case), Some(u), Some(ut), Some(st), Some(rss), Some(hwm)) =
-                (w.first(), w.get(1).and_then(|x| x.parse::<f64>().ok()), n(2), n(3), n(4), n(5))
-            else {
-                continue;
-            };
-            storms
-                .entry(case.to_string())
-                .or_insert_with(|| Storm {
-                    attach_ns: g.marker("ATTACH", case).and_then(|s| s.parse().ok()),
-                    samples: Vec::new(),
-                    faults: check::report(g, &format!("{case}.json"))
-                        .ok()
-                        .and_then(|r| r.processes.iter().map(|p| p.count(ReportClass::Faults)).sum()),
-                    rc: g.marker("RC", case).unwrap_or_default(),
-                })
-                .samples
-                .push((u, ut + st, rss, hwm));
-        }
+        let progs = parse_progs(g, vs, stats_rounds)?;
+        let storms = parse_storms(g);
         Ok(Results {
             variants: vs.to_vec(),
             runs,

@@ -227,17 +227,9 @@ pub enum Clock {
     Instructions,
 }
 
-/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]) and the
-/// guest's clock chosen.
-pub fn boot_with(
-    k: GuestKernel,
-    vmlinuz: &Path,
-    cpio: &Path,
-    dir: &Path,
-    timeout: Duration,
-    extra: &[String],
-    clock: Clock,
-) -> Result<GuestRun> {
+/// The QEMU binary for `k` under the chosen TLB model, and its arguments
+/// up to the kernel's: accelerator, clock, machine and command line.
+fn qemu_command(k: GuestKernel, clock: Clock) -> Result<(PathBuf, Vec<String>)> {
     let tlb = tlb();
     let stale = if tlb == Tlb::Stale { ",stale-tlb=on" } else { "" };
     let mut tcg: Vec<String> = match clock {
@@ -292,6 +284,22 @@ pub fn boot_with(
             crate::qemu::build()?.binary(k.arch)?.to_path_buf()
         }
     };
+    tcg.extend(args);
+    Ok((qemu, tcg))
+}
+
+/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]) and the
+/// guest's clock chosen.
+pub fn boot_with(
+    k: GuestKernel,
+    vmlinuz: &Path,
+    cpio: &Path,
+    dir: &Path,
+    timeout: Duration,
+    extra: &[String],
+    clock: Clock,
+) -> Result<GuestRun> {
+    let (qemu, args) = qemu_command(k, clock)?;
     let log = dir.join("console.log");
     let stderr_log = dir.join("qemu.stderr");
     let started = Instant::now();
@@ -299,7 +307,6 @@ pub fn boot_with(
         .arg("--kill-after=5")
         .arg(timeout.as_secs().to_string())
         .arg(&qemu)
-        .args(&tcg)
         .args(&args)
         .args(["-nographic", "-no-reboot", "-nic", "none", "-kernel"])
         .arg(vmlinuz)
@@ -324,7 +331,7 @@ pub fn boot_with(
     let _ = echo.join();
     let wall = started.elapsed();
     let stale_tlb_faults = crate::qemu::faults_raised(&String::from_utf8_lossy(&fs::read(&stderr_log)?));
-    if tlb == Tlb::Stale && stale_tlb_faults.is_none() {
+    if tlb() == Tlb::Stale && stale_tlb_faults.is_none() {
         eprintln!(
             "xtask: QEMU printed no stale-tlb line (it did not exit normally?): {}",
             stderr_log.display()

@@ -60,7 +60,7 @@ use hyper::{
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{TcpSocket, TcpStream},
+    net::{TcpListener, TcpSocket, TcpStream},
     signal::unix::{signal, SignalKind},
     task::JoinHandle,
 };
@@ -322,6 +322,21 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
     let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(cannot)?;
     socket.set_reuseaddr(true).map_err(cannot)?;
     socket.bind(addr).map_err(cannot)?;
+    let mut s = attach(&o, filters, comms)?;
+    s.tick()?;
+    let listener = socket.listen(1024).map_err(cannot)?;
+    // The port the kernel gave (`--port 0`).
+    let bound = listener.local_addr().unwrap_or(addr);
+    crate::term::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
+    let why = serve_until_signal(&mut s, listener, Duration::from_secs_f64(o.tick)).await?;
+    s.rec.trace_mark("detach");
+    crate::term::say(&format!("faultscope: {why}; detached"));
+    Ok(0)
+}
+
+/// Attaches to what `o` selects (`comms`: the pids asked for, checked)
+/// and reads once.
+fn attach(o: &ServeOpts, filters: Filters, comms: Vec<(u32, String)>) -> Result<Serve> {
     let attrib = AttribOpts {
         sites: Default::default(),
         stacks: Default::default(),
@@ -359,23 +374,20 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
         metrics.declare(comm);
     }
     let prev_phase = rec.timeline.current().id;
-    let tick = Duration::from_secs_f64(o.tick);
     let sel = Selection::new(o.select.clone(), &filters);
     let containers = o.label_container.then(|| Containers::new(o.max_containers));
-    let mut s =
-        Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new(), containers };
-    s.tick()?;
-    let listener = socket.listen(1024).map_err(cannot)?;
+    Ok(Serve { rec, metrics, prev_phase, sel, accept_errors: 0, waiting: BTreeSet::new(), containers })
+}
+
+/// Serves scrapes and ticks until a signal; says which.
+async fn serve_until_signal(s: &mut Serve, listener: TcpListener, tick: Duration) -> Result<&'static str> {
     let mut conns = Conns::default();
     let scrape = Arc::new(Mutex::new(Arc::new(Scrape::new(with_http(s.metrics.encode(), &conns)))));
-    // The port the kernel gave (`--port 0`).
-    let bound = listener.local_addr().unwrap_or(addr);
-    crate::term::say(&format!("faultscope: serving OpenMetrics on http://{bound}/metrics"));
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut every = tokio::time::interval(tick);
-    let why = loop {
+    Ok(loop {
         tokio::select! {
             _ = sigint.recv() => break "interrupted",
             _ = sigterm.recv() => break "terminated",
@@ -406,10 +418,7 @@ pub async fn run(o: ServeOpts) -> Result<i32> {
                 *scrape.lock().unwrap() = Arc::new(Scrape::new(with_http(s.metrics.encode(), &conns)));
             }
         }
-    };
-    s.rec.trace_mark("detach");
-    crate::term::say(&format!("faultscope: {why}; detached"));
-    Ok(0)
+    })
 }
 
 /// One tick's metrics, in each form a client may ask for, each made at the

@@ -154,6 +154,45 @@ pub struct SystemWide {
 /// How often exited processes' counts leave the kernel's map under `-a`.
 const FOLD_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// The line saying how mappings are counted here (none where they are
+/// counted exactly).
+fn say_mappings(mappings: &std::result::Result<(), String>, all: bool, fault_probe: bool) {
+    match mappings {
+        _ if all => say(
+            "faultscope: every process (-a), from now: no fork or exec phases (marks only); per-mapping counts, sites and stacks off",
+        ),
+        Err(why) => say(&format!("faultscope: per-mapping counts not measurable here: {why}")),
+        Ok(()) if !fault_probe => say(&format!(
+            "faultscope: per-mapping counts in tracepoint mode: by the VMA the kernel finds at a user-mode fault's address, else (a kernel-mode fault, the mmap lock busy) by {} KiB address granules named from the maps snapshots (rows exact: false)",
+            faultscope_common::attrib::ADDR_GRANULE >> 10
+        )),
+        Ok(()) => {}
+    }
+}
+
+/// Attaches the programs, with program statistics if asked and the
+/// kernel's selection of new processes.
+fn attach_session(
+    tracefs: &std::path::Path,
+    resolved: &[probes::Resolved],
+    sizes: Sizes,
+    btf: &crate::kernel::btf::KernelBtf,
+    probe: &ProbeOpts,
+    filters: &Filters,
+) -> Result<Session> {
+    let mut session = Session::attach(tracefs, resolved, sizes, btf, probe.backend)?;
+    if probe.prog_stats {
+        session.enable_program_stats()?;
+    }
+    for (i, &id) in filters.cgroups.iter().enumerate() {
+        session.add_cgroup(id, i as u32)?;
+    }
+    for &comm in &filters.comms {
+        session.add_comm(comm)?;
+    }
+    Ok(session)
+}
+
 impl Recorder {
     /// Checks the system, resolves the probe table and attaches. Prints the
     /// one line saying what is measured here.
@@ -189,16 +228,7 @@ impl Recorder {
             sites: !attrib.sites.0.is_empty(),
             stacks_counted: !attrib.stacks.0.is_empty(),
         };
-        let mut session = Session::attach(&tracefs, &resolved, sizes, &btf, probe.backend)?;
-        if probe.prog_stats {
-            session.enable_program_stats()?;
-        }
-        for (i, &id) in filters.cgroups.iter().enumerate() {
-            session.add_cgroup(id, i as u32)?;
-        }
-        for &comm in &filters.comms {
-            session.add_comm(comm)?;
-        }
+        let mut session = attach_session(&tracefs, &resolved, sizes, &btf, probe, filters)?;
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
         let no_mappings = attrib.no_mappings;
@@ -221,17 +251,8 @@ impl Recorder {
         if !probe.quiet {
             say(&classes::measured_line(&avail));
         }
-        match &attrib.mappings {
-            _ if probe.quiet => {}
-            _ if filters.all => say(
-                "faultscope: every process (-a), from now: no fork or exec phases (marks only); per-mapping counts, sites and stacks off",
-            ),
-            Err(why) => say(&format!("faultscope: per-mapping counts not measurable here: {why}")),
-            Ok(()) if !fault_probe => say(&format!(
-                "faultscope: per-mapping counts in tracepoint mode: by the VMA the kernel finds at a user-mode fault's address, else (a kernel-mode fault, the mmap lock busy) by {} KiB address granules named from the maps snapshots (rows exact: false)",
-                faultscope_common::attrib::ADDR_GRANULE >> 10
-            )),
-            Ok(()) => {}
+        if !probe.quiet {
+            say_mappings(&attrib.mappings, filters.all, fault_probe);
         }
         let (stacks, why) = attributable_here(&attrib.opts.stacks, &avail);
         if stacks.is_empty() && attrib.opts.stack_outputs().next().is_some() {

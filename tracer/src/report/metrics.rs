@@ -272,96 +272,22 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(info: &BuildInfo, avail: &[(ReportClass, Availability)], opts: LabelOpts) -> Metrics {
         let mut registry = Registry::default();
-        let faults = Family::<Labels, Counter>::default();
-        let class_faults = Family::<Labels, Counter>::default();
-        let origins = Family::<Labels, Counter>::default();
-        let durations = Family::<Labels, KernelHistogram>::default();
-        let drops = Family::<Labels, Counter>::default();
-        let forks = Family::<Labels, Counter>::default();
-        let measurable = Family::<Labels, Gauge>::default();
-        registry.register(
-            "faultscope_faults",
-            "Page faults (every origin) by what the kernel did with each (one kind per fault: a sum over kind is all faults), the kind of workload phase they happened in, and process name",
-            faults.clone(),
-        );
-        registry.register(
-            "faultscope_class_faults",
-            "Page faults by report class (classes nest: faults includes write_faults includes wp_faults includes reuse; do not sum over class), phase kind and process name",
-            class_faults.clone(),
-        );
-        registry.register(
-            "faultscope_fault_origins",
-            "Page faults by class and origin (user: user mode; kernel: the kernel inside a system call; gup: get_user_pages), phase kind and process name",
-            origins.clone(),
-        );
-        registry.register(
-            "faultscope_fault_duration_seconds",
-            "Time in handle_mm_fault, in the kernel's log-linear buckets (le is each bucket's last nanosecond)",
-            durations.clone(),
-        );
-        registry.register(
-            "faultscope_class_measurable",
-            "1 when the class is measured on this kernel, 0 with the missing probe when it cannot be (the reason is in serve's log)",
-            measurable.clone(),
-        );
-        registry.register(
+        let r = &mut registry;
+        let faults = metric(r, "faultscope_faults", "Page faults (every origin) by what the kernel did with each (one kind per fault: a sum over kind is all faults), the kind of workload phase they happened in, and process name");
+        let class_faults = metric(r, "faultscope_class_faults", "Page faults by report class (classes nest: faults includes write_faults includes wp_faults includes reuse; do not sum over class), phase kind and process name");
+        let origins = metric(r, "faultscope_fault_origins", "Page faults by class and origin (user: user mode; kernel: the kernel inside a system call; gup: get_user_pages), phase kind and process name");
+        let durations = metric(r, "faultscope_fault_duration_seconds", "Time in handle_mm_fault, in the kernel's log-linear buckets (le is each bucket's last nanosecond)");
+        let measurable = metric(r, "faultscope_class_measurable", "1 when the class is measured on this kernel, 0 with the missing probe when it cannot be (the reason is in serve's log)");
+        let drops = metric(
+            r,
             "faultscope_drops",
             "Events the kernel side, or serve reading /proc, could not record, by reason",
-            drops.clone(),
         );
-        registry.register("faultscope_forks", "Forks of traced processes, by process name", forks.clone());
-        let (seen, lost) = (Counter::default(), Counter::default());
-        registry.register("faultscope_faults_seen", "Faults faultscope's programs brought to the kernel's maps, by a count kept apart from them: sum(faultscope_faults_total) + faultscope_faults_lost_total is this once every process seen is served (a process not yet named, or a phase held back for a tick, is served at a later scrape)", seen.clone());
-        registry.register(
-            "faultscope_faults_lost",
-            "Faults lost at the kernel's maps (the stats map full): in faultscope_faults_seen_total, in no faultscope_faults_total series",
-            lost.clone(),
-        );
-        let own = Own::register(&mut registry);
-        // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
-        // format (and promtool) know no info type.
-        let build = Family::<Labels, Gauge>::default();
-        build
-            .get_or_create(&vec![
-                ("version", esc(&info.version)),
-                ("kernel", esc(&info.kernel)),
-                ("arch", esc(&info.arch)),
-                ("backend", esc(&info.backend)),
-            ])
-            .set(1);
-        registry.register(
-            "faultscope_build_info",
-            "faultscope's version, the kernel, the architecture and the fault backend",
-            build,
-        );
-        if let Some(tier) = info.latency {
-            let every = Gauge::<i64>::default();
-            every.set(tier.every().into());
-            registry.register(
-                "faultscope_latency_sample_every",
-                "Which faults faultscope_fault_duration_seconds is of (serve --latency): 1 every fault, N one in N on each CPU (each stands for N), 0 none; the fault counts are of every fault",
-                every,
-            );
-        }
-        let mut classes = Vec::new();
-        for (m, a) in avail {
-            match a {
-                Availability::Measured { class, timed, .. } => {
-                    measurable
-                        .get_or_create(&vec![("class", m.name().to_string()), ("reason", String::new())])
-                        .set(1);
-                    classes.push((*m, *class, *timed));
-                }
-                Availability::NotMeasurable(why) => {
-                    measurable
-                        .get_or_create(&vec![
-                            ("class", m.name().to_string()),
-                            ("reason", esc(&classes::reason_code(why))),
-                        ])
-                        .set(0);
-                }
-            }
-        }
+        let forks = metric(r, "faultscope_forks", "Forks of traced processes, by process name");
+        let seen = metric(r, "faultscope_faults_seen", "Faults faultscope's programs brought to the kernel's maps, by a count kept apart from them: sum(faultscope_faults_total) + faultscope_faults_lost_total is this once every process seen is served (a process not yet named, or a phase held back for a tick, is served at a later scrape)");
+        let lost = metric(r, "faultscope_faults_lost", "Faults lost at the kernel's maps (the stats map full): in faultscope_faults_seen_total, in no faultscope_faults_total series");
+        let own = Own::register(r);
+        register_build_info(r, info);
         Metrics {
             registry,
             opts,
@@ -380,7 +306,7 @@ impl Metrics {
             seen,
             lost,
             last_flow: FaultFlow::default(),
-            classes,
+            classes: set_measurable(&measurable, avail),
         }
     }
 
@@ -584,6 +510,69 @@ impl Metrics {
         encode(&mut s, &self.registry).expect("writing to a String");
         sorted_series(&s)
     }
+}
+
+/// A metric made and registered under `name`, with its help text.
+fn metric<M: prometheus_client::registry::Metric + Clone + Default>(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+) -> M {
+    let m = M::default();
+    r.register(name, help, m.clone());
+    m
+}
+
+/// `faultscope_build_info` and, with a latency tier, which faults the
+/// histograms are of.
+fn register_build_info(r: &mut Registry, info: &BuildInfo) {
+    // A gauge of 1 rather than an OpenMetrics info: the Prometheus text
+    // format (and promtool) know no info type.
+    let build: Family<Labels, Gauge> = metric(
+        r,
+        "faultscope_build_info",
+        "faultscope's version, the kernel, the architecture and the fault backend",
+    );
+    build
+        .get_or_create(&vec![
+            ("version", esc(&info.version)),
+            ("kernel", esc(&info.kernel)),
+            ("arch", esc(&info.arch)),
+            ("backend", esc(&info.backend)),
+        ])
+        .set(1);
+    if let Some(tier) = info.latency {
+        let every: Gauge<i64> = metric(r, "faultscope_latency_sample_every", "Which faults faultscope_fault_duration_seconds is of (serve --latency): 1 every fault, N one in N on each CPU (each stands for N), 0 none; the fault counts are of every fault");
+        every.set(tier.every().into());
+    }
+}
+
+/// `faultscope_class_measurable` of every class; returns the measured
+/// ones, with their kernel class and whether they are timed.
+fn set_measurable(
+    measurable: &Family<Labels, Gauge>,
+    avail: &[(ReportClass, Availability)],
+) -> Vec<(ReportClass, KernelClass, bool)> {
+    let mut classes = Vec::new();
+    for (m, a) in avail {
+        match a {
+            Availability::Measured { class, timed, .. } => {
+                measurable
+                    .get_or_create(&vec![("class", m.name().to_string()), ("reason", String::new())])
+                    .set(1);
+                classes.push((*m, *class, *timed));
+            }
+            Availability::NotMeasurable(why) => {
+                measurable
+                    .get_or_create(&vec![
+                        ("class", m.name().to_string()),
+                        ("reason", esc(&classes::reason_code(why))),
+                    ])
+                    .set(0);
+            }
+        }
+    }
+    classes
 }
 
 /// The phase kinds of serve's processes.
