@@ -24,6 +24,13 @@ use crate::vm::GuestRun;
 /// CPUs; how many are in a batch at the fork depends on timing (a loaded
 /// host saw 8), so the kernel's choice is bounded, and faultscope's count
 /// of it stays exact against the oracle.
+/// What checking one guest case gave: the table it printed (faultscope
+/// beside each count made another way) and its failures, one line each.
+pub struct CaseResult {
+    pub table: String,
+    pub failures: Vec<String>,
+}
+
 pub const LRU_BATCH_COPIES: u64 = 2 * 31;
 
 /// The counts of one `oracle tgid=N phase=P key=count...` line, by key

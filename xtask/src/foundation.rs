@@ -13,7 +13,7 @@ use faultscope::{
 use serde_json::Value;
 
 use crate::{
-    check::{self, Checklist, Oracle, LRU_BATCH_COPIES},
+    check::{self, CaseResult, Checklist, Oracle, LRU_BATCH_COPIES},
     kernels, mappings,
     util::root,
     vm,
@@ -23,11 +23,6 @@ use crate::{
 /// classes (binary data COW, stack and heap after fork): 20-40 seen. The
 /// write phase itself is exact.
 pub const TOLERANCE: u64 = 64;
-
-pub struct CaseResult {
-    pub table: String,
-    pub failures: Vec<String>,
-}
 
 /// Checks a case: faultscope against the oracle (whole process), the page
 /// arithmetic of `folio` (4K, 64K, shared; "mappings": per mapping, see

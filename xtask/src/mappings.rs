@@ -335,10 +335,7 @@ mod tests {
 
     use super::WORKLOAD;
 
-    use crate::{
-        check::testing::*,
-        foundation::{check_case, CaseResult},
-    };
+    use crate::{check::testing::*, check::CaseResult, foundation::check_case};
 
     fn row(name: &str, start: u64, end: u64, counts: Value) -> Value {
         json!({"mapping": name, "start": start, "end": end, "size": end - start, "exact": true, "counts": counts})

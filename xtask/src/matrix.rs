@@ -12,7 +12,7 @@ use faultscope::{
 use faultscope_common::Program;
 
 use crate::{
-    check::{self, Checklist, Oracle, LRU_BATCH_COPIES},
+    check::{self, CaseResult, Checklist, Oracle, LRU_BATCH_COPIES},
     kernels::{FolioReuse, GuestKernel},
     vm::GuestRun,
 };
@@ -32,11 +32,6 @@ const EXCEPTION_PROGRAMS: [Program; 2] = [Program::PageFaultUser, Program::MemAb
 /// The bench steps, each compared with the oracle between the same trace
 /// markers.
 const STEPS: [&str; 3] = ["mark:populate", "mark:fork", "mark:write"];
-
-pub struct CaseResult {
-    pub table: String,
-    pub failures: Vec<String>,
-}
 
 /// How the probes attach in a case's run (`bench --backend`).
 pub const BACKENDS: [&str; 2] = ["kprobe", "fentry"];

@@ -10,8 +10,8 @@ use anyhow::{Context as _, Result};
 use faultscope::{kernel::classes::ReportClass, report::schema::ClassValue};
 
 use crate::{
-    check::{self, Checklist},
-    foundation::{against_oracle, case_outputs, region_rows, CaseResult},
+    check::{self, CaseResult, Checklist},
+    foundation::{against_oracle, case_outputs, region_rows},
     vm,
 };
 
