@@ -30,3 +30,38 @@ pub fn tail(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+#[cfg(test)]
+mod layout_tests {
+    use super::root;
+
+    /// Every source file of the product and of xtask is named in
+    /// docs/design.md's layout (the map a reader starts from).
+    #[test]
+    fn every_source_file_is_in_the_design_layout() {
+        let design = std::fs::read_to_string(root().join("docs/design.md")).unwrap();
+        let from = design.find("## Layout").expect("docs/design.md has a Layout section");
+        let block = design[from..].split("```").nth(1).expect("the layout's fenced block");
+        let mut missing = Vec::new();
+        for dir in ["tracer/src", "tracer-ebpf/src", "tracer-common/src", "xtask/src", "xtask/workload/src"] {
+            let mut stack = vec![root().join(dir)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).unwrap().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "rs") {
+                        let name = p.file_name().unwrap().to_string_lossy().to_string();
+                        let named = block
+                            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+                            .any(|w| w == name);
+                        if !named {
+                            missing.push(p.strip_prefix(root()).unwrap().display().to_string());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "not in docs/design.md's layout: {missing:?}");
+    }
+}
