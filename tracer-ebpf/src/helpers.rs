@@ -3,9 +3,11 @@
 //! context reads that count their failures.
 //!
 //! `record` is this file's one non-inlined function (attrib.rs has three
-//! more, vma.rs three): a BPF subprogram is verified once per program that
-//! calls it rather than once per call site, which keeps the verifier's
-//! work per program small.
+//! more, vma.rs three, exception.rs one). Each is a static BPF subprogram:
+//! one copy of its instructions per program rather than one per call site,
+//! and a frame of its own on the verifier's stack bound (512 bytes for the
+//! frames of a call chain together). The verifier still walks a static
+//! subprogram at each call, in its caller's state, as it walks inlined code.
 
 use aya_ebpf::{
     helpers::{
@@ -433,9 +435,8 @@ fn flush_count(i: u32, n: u64) {
 
 /// Counts one event of every class in `set` (one `STATS` entry per set:
 /// see `ClassSetKey`), with its latency `ns` (or `UNTIMED`), in this CPU's
-/// pending slot. Not inlined: one BPF subprogram (four scalar arguments)
-/// instead of a copy per call site keeps the verifier's work per program
-/// small.
+/// pending slot. Not inlined: one BPF subprogram (scalar arguments)
+/// instead of a copy per call site keeps each program's code small.
 /// `own_ns`: of `ns`, the time faultscope's nested programs took.
 #[inline(never)]
 pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
