@@ -23,11 +23,14 @@ use clap::{Args, ValueEnum};
 
 use super::{
     folio::{self, FolioCheck, Knobs},
-    record::{self, ProbeOpts, Recorder},
+    record,
 };
 use crate::{
     attrib::mapping::{self, MappingName},
-    collect::accounting::{KernelCount, Start},
+    collect::{
+        accounting::{KernelCount, Start},
+        engine::{Filters, ProbeOpts, Recorder},
+    },
     error::Refusal,
     kernel::{self, classes::ReportClass},
     memory::{self, map_aligned, usage, Child, Usage},
@@ -120,7 +123,7 @@ pub struct BenchOpts {
     #[command(flatten)]
     pub attrib: crate::collect::attribution::AttribOpts,
     #[command(flatten)]
-    pub probe: super::record::ProbeOpts,
+    pub probe: ProbeOpts,
 }
 
 /// One workload step as the workload saw it.
@@ -257,7 +260,7 @@ impl<'a> Run<'a> {
                 record::DEFAULT_STATS,
                 o.attrib.clone(),
                 &probe,
-                &record::Filters::default(),
+                &Filters::default(),
             )?;
             r.self_traced = true;
             // Before it is traced: these faults are no step's.

@@ -12,10 +12,7 @@ use std::{
 
 use anyhow::Result;
 use clap::Args;
-use faultscope_common::{
-    maps::{TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC},
-    Program,
-};
+use faultscope_common::maps::{TARGET_FOLLOW_CHILDREN, TARGET_PENDING_EXEC};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt as _, BufReader},
     net::UnixStream,
@@ -24,11 +21,11 @@ use tokio::{
 };
 
 use super::mark as marks;
-pub use crate::collect::engine::{Filters, ProbeOpts, Recorder};
 use crate::{
     collect::{
         attribution::AttribOpts,
-        collector::{stack_frames, Snapshot},
+        collector::Snapshot,
+        engine::{ProbeOpts, Recorder},
         select::{Bound, SelectOpts, Selection, DEFAULT_BOUND},
         target,
     },
@@ -36,9 +33,9 @@ use crate::{
     kernel::{
         self,
         classes::{Availability, ReportClass},
-        footprint::{self, Sizes},
+        footprint,
     },
-    report::{attribution::Namer, build, file, findings, live, provenance, schema::Report, text},
+    report::{build, file, findings, live, provenance, schema::Report, text},
 };
 
 #[derive(Args, Debug)]
@@ -135,71 +132,6 @@ pub const DEFAULT_STATS: u32 = 2048;
 /// few class sets each, and those exited in the last half second (their
 /// entries then leave the map).
 pub const SYSTEM_WIDE_STATS: u32 = 16384;
-
-impl Recorder {
-    pub fn context(&self) -> Result<build::Context<'_>> {
-        Ok(build::Context {
-            kernel: kernel::release(),
-            arch: std::env::consts::ARCH,
-            availability: &self.avail,
-            probes: &self.session.status,
-            comms: &self.comms,
-            lifetimes: &self.lifetimes,
-            accounting: &self.accounting,
-            kernel_exceptions: self.session.attached(Program::PageFaultKernel),
-            drops: self.drops()?,
-            duration_ns: self.started.elapsed().as_nanos() as u64,
-            timeline: &self.timeline,
-            namer: None,
-            now_ns: kernel::monotonic_ns(),
-            latency: self.latency,
-            bound: self.bound,
-            containers: &self.containers,
-        })
-    }
-
-    /// The counts in `snap` (an interval, the live view), without names,
-    /// every process listed (the live view bounds its own rows).
-    pub fn counts(&self, snap: &Snapshot) -> Result<Report> {
-        Ok(build::build(snap, &build::Context { bound: None, ..self.context()? }))
-    }
-
-    /// The report of `snap` with its attribution named.
-    pub fn report(&self, snap: &Snapshot) -> Result<Report> {
-        let frames = |id: i32| stack_frames(&self.session.bpf, id);
-        let namer = Namer::new(&self.attrib, &self.avail, &frames);
-        let mut ctx = self.context()?;
-        ctx.namer = Some(&namer);
-        Ok(build::build(snap, &ctx))
-    }
-
-    /// Ends the last phase and builds the final report.
-    pub fn finish(&mut self, snap: &Snapshot) -> Result<Report> {
-        self.drain_events()?;
-        self.snapshot_maps("end");
-        self.timeline.end(kernel::monotonic_ns());
-        let mut report = self.report(snap)?;
-        report.programs = self.session.program_costs()?;
-        report.kernel_memory = Some(kernel_memory(self.sizes));
-        Ok(report)
-    }
-}
-
-/// What maps of `sizes` take on this machine.
-pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
-    let cpus = footprint::cpus();
-    let maps = footprint::maps(&sizes, cpus);
-    crate::report::schema::KernelMemory {
-        cpus,
-        bytes: footprint::total(&maps),
-        maps: maps
-            .into_iter()
-            .map(|m| {
-                (m.name.to_string(), crate::report::schema::MapMemory { entries: m.entries, bytes: m.bytes })
-            })
-            .collect(),
-    }
-}
 
 /// One run of `record`: the recorder and what the run loop keeps.
 pub struct Recording {

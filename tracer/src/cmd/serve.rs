@@ -65,7 +65,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::record::{Filters, Recorder};
+use crate::collect::engine::{Filters, ProbeOpts, Recorder};
 use crate::{
     collect::{
         attribution::AttribOpts,
@@ -343,12 +343,8 @@ fn attach(o: &ServeOpts, filters: Filters, comms: Vec<(u32, String)>) -> Result<
         no_mappings: true,
         ..AttribOpts::default()
     };
-    let probe = super::record::ProbeOpts {
-        backend: o.backend,
-        prog_stats: o.prog_stats,
-        latency: Some(o.latency),
-        quiet: false,
-    };
+    let probe =
+        ProbeOpts { backend: o.backend, prog_stats: o.prog_stats, latency: Some(o.latency), quiet: false };
     let default_stats = if o.select.all { super::record::SYSTEM_WIDE_STATS } else { DEFAULT_STATS };
     let mut rec = Recorder::start(o.max_stats, default_stats, attrib, &probe, &filters)?;
     rec.fork_comms = Some(Vec::new());

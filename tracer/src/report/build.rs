@@ -4,7 +4,7 @@
 use crate::kernel::drops::Drops;
 use std::collections::BTreeMap;
 
-use faultscope_common::{hist, KernelClass, Origin, PhaseId, Stat};
+use faultscope_common::{hist, KernelClass, Origin, PhaseId, Program, Stat};
 
 use super::{
     attribution::{attribution, Namer},
@@ -18,13 +18,15 @@ use crate::{
     collect::{
         accounting::KernelCount,
         attribution::attributable_here,
-        collector::{latency, raw_latency, Snapshot},
+        collector::{latency, raw_latency, stack_frames, Snapshot},
         container::Container,
+        engine::Recorder,
         phases::{Lifetime, Timeline},
         select::Bound,
     },
     kernel::{
         classes::{Availability, ReportClass},
+        footprint::{self, Sizes},
         latency::LatencyTier,
         session,
     },
@@ -502,6 +504,73 @@ fn pids(snap: &Snapshot, ctx: &Context<'_>) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// The reports of a traced session: built here, from what the session
+/// holds, so that every command (record, bench, serve) builds them alike.
+impl Recorder {
+    pub fn context(&self) -> anyhow::Result<Context<'_>> {
+        Ok(Context {
+            kernel: crate::kernel::release(),
+            arch: std::env::consts::ARCH,
+            availability: &self.avail,
+            probes: &self.session.status,
+            comms: &self.comms,
+            lifetimes: &self.lifetimes,
+            accounting: &self.accounting,
+            kernel_exceptions: self.session.attached(Program::PageFaultKernel),
+            drops: self.drops()?,
+            duration_ns: self.started.elapsed().as_nanos() as u64,
+            timeline: &self.timeline,
+            namer: None,
+            now_ns: crate::kernel::monotonic_ns(),
+            latency: self.latency,
+            bound: self.bound,
+            containers: &self.containers,
+        })
+    }
+
+    /// The counts in `snap` (an interval, the live view), without names,
+    /// every process listed (the live view bounds its own rows).
+    pub fn counts(&self, snap: &Snapshot) -> anyhow::Result<Report> {
+        Ok(build(snap, &Context { bound: None, ..self.context()? }))
+    }
+
+    /// The report of `snap` with its attribution named.
+    pub fn report(&self, snap: &Snapshot) -> anyhow::Result<Report> {
+        let frames = |id: i32| stack_frames(&self.session.bpf, id);
+        let namer = Namer::new(&self.attrib, &self.avail, &frames);
+        let mut ctx = self.context()?;
+        ctx.namer = Some(&namer);
+        Ok(build(snap, &ctx))
+    }
+
+    /// Ends the last phase and builds the final report.
+    pub fn finish(&mut self, snap: &Snapshot) -> anyhow::Result<Report> {
+        self.drain_events()?;
+        self.snapshot_maps("end");
+        self.timeline.end(crate::kernel::monotonic_ns());
+        let mut report = self.report(snap)?;
+        report.programs = self.session.program_costs()?;
+        report.kernel_memory = Some(kernel_memory(self.sizes));
+        Ok(report)
+    }
+}
+
+/// What maps of `sizes` take on this machine.
+pub fn kernel_memory(sizes: Sizes) -> crate::report::schema::KernelMemory {
+    let cpus = footprint::cpus();
+    let maps = footprint::maps(&sizes, cpus);
+    crate::report::schema::KernelMemory {
+        cpus,
+        bytes: footprint::total(&maps),
+        maps: maps
+            .into_iter()
+            .map(|m| {
+                (m.name.to_string(), crate::report::schema::MapMemory { entries: m.entries, bytes: m.bytes })
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]
