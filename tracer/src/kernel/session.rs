@@ -448,18 +448,7 @@ impl Session {
         }) {
             return Err(crate::error::Refusal::new(why.clone()).into());
         }
-        let fentry = resolved
-            .iter()
-            .any(|r| matches!(r.resolution, Resolution::Attach { backend: Backend::Fentry, .. }));
-        let aya_btf = if fentry {
-            match btf.aya() {
-                Ok(b) => Some(b),
-                Err(e) if choice == BackendChoice::Fentry => anyhow::bail!("--backend fentry: {e}"),
-                Err(_) => None,
-            }
-        } else {
-            None
-        };
+        let aya_btf = fentry_btf(resolved, btf, choice)?;
         let vma_offset = vma_start_offset(btf);
         let exit_only = aya_btf.is_some() && probes::exit_only(resolved);
         let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied(), btf, aya_btf, exit_only)?;
@@ -843,6 +832,25 @@ impl Session {
     }
 }
 
+/// aya's parse of the kernel's BTF where a probe attaches by fentry (it
+/// loads those programs); a parse that fails refuses `--backend fentry`.
+fn fentry_btf<'a>(
+    resolved: &[Resolved],
+    btf: &'a KernelBtf,
+    choice: BackendChoice,
+) -> Result<Option<&'a aya::Btf>> {
+    let fentry =
+        resolved.iter().any(|r| matches!(r.resolution, Resolution::Attach { backend: Backend::Fentry, .. }));
+    if !fentry {
+        return Ok(None);
+    }
+    match btf.aya() {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if choice == BackendChoice::Fentry => anyhow::bail!("--backend fentry: {e}"),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Attaches a probe by the backend its resolution chose; an fentry the
 /// kernel refuses falls back to the kprobe (or tracepoint) where the
 /// resolution allows it, and is refused with `--backend fentry`.
@@ -906,7 +914,7 @@ fn attach_one(
 ) -> Result<()> {
     let name = twin_name(program, backend)?;
     let prog = bpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?;
-    load_one(prog, name, hook, sym, backend, btf)?;
+    load_one(prog, hook, sym, backend, btf).with_context(|| format!("loading {name}"))?;
     match (backend, hook) {
         (Backend::Fentry, Hook::Kprobe(_)) => {
             let p: &mut FEntry = prog.try_into()?;
@@ -940,11 +948,10 @@ fn twin_name(program: Program, backend: Backend) -> Result<&'static str> {
     }
 }
 
-/// Loads `prog` (named `name`) for `hook` by `backend` (the verifier runs
+/// Loads `prog` for `hook` by `backend` (the verifier runs
 /// here), unless it is loaded already ([`preload`]).
 fn load_one(
     prog: &mut aya::programs::Program,
-    name: &str,
     hook: Hook,
     sym: &str,
     backend: Backend,
@@ -957,25 +964,25 @@ fn load_one(
         (Backend::Fentry, Hook::Kprobe(_)) => {
             let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for fentry"))?;
             let p: &mut FEntry = prog.try_into()?;
-            p.load(sym, btf).with_context(|| format!("loading {name}"))?;
+            p.load(sym, btf)?;
         }
         (Backend::Fentry, Hook::Kretprobe(_)) => {
             let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for fexit"))?;
             let p: &mut FExit = prog.try_into()?;
-            p.load(sym, btf).with_context(|| format!("loading {name}"))?;
+            p.load(sym, btf)?;
         }
         (Backend::Fentry, Hook::Tracepoint(_, tp)) => {
             let btf = btf.ok_or_else(|| anyhow!("no BTF parsed for tp_btf"))?;
             let p: &mut BtfTracePoint = prog.try_into()?;
-            p.load(tp, btf).with_context(|| format!("loading {name}"))?;
+            p.load(tp, btf)?;
         }
         (_, Hook::Kprobe(_) | Hook::Kretprobe(_)) => {
             let p: &mut KProbe = prog.try_into()?;
-            p.load().with_context(|| format!("loading {name}"))?;
+            p.load()?;
         }
         (_, Hook::Tracepoint(..)) => {
             let p: &mut TracePoint = prog.try_into()?;
-            p.load().with_context(|| format!("loading {name}"))?;
+            p.load()?;
         }
     }
     Ok(())
@@ -1003,7 +1010,7 @@ fn preload(bpf: &mut Ebpf, resolved: &[Resolved], exit_only: bool, btf: Option<&
         for (name, prog) in bpf.programs_mut() {
             let Some(&(hook, sym, backend)) = wanted.get(name) else { continue };
             let _ = std::thread::Builder::new().spawn_scoped(scope, move || {
-                let _ = load_one(prog, name, hook, sym, backend, btf);
+                let _ = load_one(prog, hook, sym, backend, btf);
             });
         }
     });
@@ -1088,16 +1095,9 @@ pub fn load_all(
             let prog =
                 bpf.program_mut(spec.program.name()).ok_or_else(|| anyhow!("missing from the object"))?;
             let t0 = Instant::now();
-            match spec.hook {
-                Hook::Kprobe(_) | Hook::Kretprobe(_) => {
-                    let p: &mut KProbe = (&mut *prog).try_into()?;
-                    p.load()?;
-                }
-                Hook::Tracepoint(..) => {
-                    let p: &mut TracePoint = (&mut *prog).try_into()?;
-                    p.load()?;
-                }
-            }
+            let classic =
+                if matches!(spec.hook, Hook::Tracepoint(..)) { Backend::Tracepoint } else { Backend::Kprobe };
+            load_one(prog, spec.hook, "", classic, None)?;
             Ok(LoadCost::of(prog, t0.elapsed()))
         })();
         out.push((
@@ -1109,20 +1109,7 @@ pub fn load_all(
         let res = (|| -> Result<LoadCost> {
             let prog = bpf.program_mut(twin).ok_or_else(|| anyhow!("missing from the object"))?;
             let t0 = Instant::now();
-            match spec.hook {
-                Hook::Kretprobe(_) => {
-                    let p: &mut FExit = (&mut *prog).try_into()?;
-                    p.load(symbol, aya_btf)?;
-                }
-                Hook::Kprobe(_) => {
-                    let p: &mut FEntry = (&mut *prog).try_into()?;
-                    p.load(symbol, aya_btf)?;
-                }
-                Hook::Tracepoint(_, tp) => {
-                    let p: &mut BtfTracePoint = (&mut *prog).try_into()?;
-                    p.load(tp, aya_btf)?;
-                }
-            }
+            load_one(prog, spec.hook, symbol, Backend::Fentry, Some(aya_btf))?;
             Ok(LoadCost::of(prog, t0.elapsed()))
         })();
         out.push((
