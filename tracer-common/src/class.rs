@@ -164,15 +164,23 @@ impl KernelClass {
 
 /// A set of classes, as a bit mask: one fault can fall in several classes
 /// (a reuse is also a wp fault, a write fault and a fault). Bits
-/// [`ORIGIN_SHIFT`].. hold the event's [`Origin`] (0: user), so that one
-/// entry of the kernel's `STATS` counts one (classes, origin) pair.
+/// [`ORIGIN_SHIFT`].. hold the event's [`Origin`] (0: user) and bits
+/// [`FOLIO_SHIFT`].. the order of the anon folio the fault mapped, so that
+/// one entry of the kernel's `STATS` counts one (classes, origin, folio
+/// size) triple.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassSet(pub u32);
 
 /// Where a [`ClassSet`] keeps its origin: above every class bit.
 pub const ORIGIN_SHIFT: u32 = 29;
 pub const ORIGIN_MASK: u32 = 0b11 << ORIGIN_SHIFT;
-const _: () = assert!(KernelClass::COUNT <= ORIGIN_SHIFT as usize);
+/// Where a [`ClassSet`] keeps the order of the new anon folio its fault
+/// mapped, plus one (0: the fault mapped none, or its order was not read):
+/// below the origin, above every class bit. Five bits: orders 0 to 30.
+pub const FOLIO_SHIFT: u32 = 24;
+pub const FOLIO_MASK: u32 = 0b1_1111 << FOLIO_SHIFT;
+const _: () = assert!(KernelClass::COUNT <= FOLIO_SHIFT as usize);
+const _: () = assert!(FOLIO_MASK & ORIGIN_MASK == 0);
 
 impl ClassSet {
     pub const fn with(self, c: KernelClass) -> ClassSet {
@@ -195,6 +203,36 @@ impl ClassSet {
     }
     /// The class bits alone.
     pub const fn classes(self) -> u32 {
-        self.0 & !ORIGIN_MASK
+        self.0 & !(ORIGIN_MASK | FOLIO_MASK)
+    }
+    /// The same classes, with a new anon folio of `order + 1` (0: none)
+    /// mapped; orders past the field's 30 read as none.
+    pub const fn with_folio(self, order_plus_1: u32) -> ClassSet {
+        let f = if order_plus_1 > (FOLIO_MASK >> FOLIO_SHIFT) { 0 } else { order_plus_1 };
+        ClassSet((self.0 & !FOLIO_MASK) | (f << FOLIO_SHIFT))
+    }
+    /// The order of the new anon folio the fault mapped, if it mapped one
+    /// and its order was read.
+    pub const fn folio_order(self) -> Option<u32> {
+        match (self.0 & FOLIO_MASK) >> FOLIO_SHIFT {
+            0 => None,
+            f => Some(f - 1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folio_order_and_origin_leave_the_classes_alone() {
+        let s = ClassSet::default().with(KernelClass::Copy).with_origin(Origin::Gup).with_folio(5);
+        assert_eq!(s.classes(), KernelClass::Copy.bit());
+        assert_eq!((s.folio_order(), s.origin()), (Some(4), Origin::Gup));
+        assert_eq!(s.with_folio(0).folio_order(), None);
+        // Past the field's range: none, never a wrong order.
+        assert_eq!(s.with_folio(32).folio_order(), None);
+        assert_eq!(s.with_folio(31).folio_order(), Some(30));
     }
 }

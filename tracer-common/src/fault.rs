@@ -153,6 +153,11 @@ pub const SEEN_FROM_EXC: u32 = 1 << 8;
 /// write to it opened: at its exception (x86, interrupts still off), else
 /// at `handle_mm_fault`'s entry.
 pub const SEEN_WP_GEN: u32 = 1 << 9;
+/// Bits [`SEEN_FOLIO_SHIFT`].. of `seen`: the order of the new anon folio
+/// the fault mapped, plus one (see [`ThreadFault::note_folio`]), carried
+/// into the set's [`crate::class::FOLIO_SHIFT`] bits at the return.
+pub const SEEN_FOLIO_SHIFT: u32 = 24;
+const SEEN_FOLIO_MASK: u32 = 0b1_1111 << SEEN_FOLIO_SHIFT;
 
 /// Pages are 4K on every kernel the tool targets for exception matching; a
 /// coarser page only makes the match looser, never wrong for one thread.
@@ -351,6 +356,16 @@ impl ThreadFault {
         }
     }
 
+    /// The fault in progress mapped a new anon folio of `order` (the last
+    /// one it mapped, if it mapped several).
+    #[inline(always)]
+    pub fn note_folio(&mut self, order: u32) {
+        if self.seen & SEEN_IN_FAULT != 0 {
+            let f = if order < 31 { order + 1 } else { 0 };
+            self.seen = (self.seen & !SEEN_FOLIO_MASK) | (f << SEEN_FOLIO_SHIFT);
+        }
+    }
+
     /// A program nested in the fault in progress ran from `from_ns` to
     /// `to_ns` (its own clock reads): not the fault's time.
     #[inline(always)]
@@ -442,7 +457,7 @@ impl ThreadFault {
         if write && !handled && completed && self.present_with(seen) == Some(true) {
             set = set.with(KernelClass::Spurious);
         }
-        Some(set)
+        Some(set.with_folio((seen & SEEN_FOLIO_MASK) >> SEEN_FOLIO_SHIFT))
     }
 }
 
@@ -571,6 +586,30 @@ mod tests {
 
     const T: u64 = (7 << 32) | 7;
     const U: u64 = (7 << 32) | 8;
+
+    #[test]
+    fn a_new_folios_order_goes_with_its_fault_only() {
+        let mut t = ThreadFault::default();
+        // Outside a fault (khugepaged, a fork's copy): nothing noted.
+        t.note_folio(9);
+        assert!(!t.on_entry(None, A, W, Origin::User));
+        t.mark(SEEN_WP);
+        t.mark(SEEN_NEW_ANON);
+        t.note_folio(4);
+        let s = t.on_return(0).unwrap();
+        assert!(s.has(KernelClass::Copy));
+        assert_eq!(
+            (s.folio_order(), s.classes() & !KernelClass::ALL.iter().fold(0, |m, c| m | c.bit())),
+            (Some(4), 0)
+        );
+        // The next fault maps none; a retried one keeps none either.
+        let s = fault(&mut t, None, W, &[SEEN_WP], 0);
+        assert_eq!(s.folio_order(), None);
+        assert!(!t.on_entry(None, A, W, Origin::User));
+        t.note_folio(0);
+        assert_eq!(t.on_return(VM_FAULT_RETRY).unwrap().folio_order(), Some(0));
+        assert_eq!(fault(&mut t, None, W, &[], 0).folio_order(), None);
+    }
 
     #[test]
     fn a_spurious_fault_raced_only_a_write_protect_fault_of_another_thread_during_it() {

@@ -7,7 +7,7 @@
 //! themselves cost one lookup of the thread's state and no map write.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{fexit, kretprobe},
     programs::{FExitContext, RetProbeContext},
 };
@@ -27,7 +27,7 @@ use crate::{
         current_id, current_phase, drop_count, fault_state, read_failed, record_set, tgid_of,
         thread_state_if_any, timed_fault, traced_thread, wp_gen, FnContext, ReadFailed, UNTIMED,
     },
-    maps::{cfg, Conf, EXIT_ONLY, WP_PAGES},
+    maps::{cfg, Conf, EXIT_ONLY, FOLIO_HEAD_BIT, FOLIO_ORDER_OFF, WP_PAGES},
 };
 
 // ---- write-protect faults by page (the spurious split) ------------------------
@@ -299,10 +299,37 @@ kprobe_and_fentry!(
     huge_pmd_wp, huge_pmd_wp_fe, |_ctx| mark_only(SEEN_HUGE_WP, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
-    /// `folio_add_new_anon_rmap`: a new anon folio was mapped; inside a
-    /// `do_wp_page` fault that is a COW copy.
-    new_anon_rmap, new_anon_rmap_fe, |_ctx| mark_only(SEEN_NEW_ANON, false).unwrap_or(0)
+    /// `folio_add_new_anon_rmap(folio, ...)` (6.1: `page_add_new_anon_rmap`
+    /// of the head page): a new anon folio was mapped, of the order noted;
+    /// inside a `do_wp_page` fault that is a COW copy.
+    new_anon_rmap, new_anon_rmap_fe, |ctx| {
+        try_mark(SEEN_NEW_ANON, false, |_, st| {
+            if let Some(order) = FnContext::arg(ctx, 0).ok().and_then(folio_order) {
+                st.note_folio(order);
+            }
+        })
+        .unwrap_or(0)
+    }
 );
+
+/// The order of the folio at `folio` (0 unless its flags have `PG_head`),
+/// or none where BTF did not say where it is or a read failed (counted).
+/// Read with `bpf_probe_read_kernel`: the offsets are user space's, not
+/// the argument's BTF type (6.1 passes a page).
+#[inline(always)]
+fn folio_order(folio: u64) -> Option<u32> {
+    let off = cfg(&FOLIO_ORDER_OFF) as u64;
+    if off == 0 {
+        return None;
+    }
+    let flags: u64 = unsafe { bpf_probe_read_kernel(folio as *const u64) }.map_err(|_| read_failed()).ok()?;
+    if (flags >> (cfg(&FOLIO_HEAD_BIT) & 63)) & 1 == 0 {
+        return Some(0);
+    }
+    let order: u8 =
+        unsafe { bpf_probe_read_kernel((folio + off) as *const u8) }.map_err(|_| read_failed()).ok()?;
+    Some(order as u32)
+}
 kprobe_and_fentry!(
     /// `fault_dirty_shared_page`: the fault dirtied a shared mapping's page;
     /// inside a `do_wp_page` fault that is write-notify (`wp_shared`), not COW.

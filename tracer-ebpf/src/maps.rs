@@ -246,6 +246,15 @@ pub static MKDIR_ROOT_OFF: u32 = 8;
 pub static MKDIR_ID_OFF: u32 = 16;
 #[no_mangle]
 pub static MKDIR_PATH_OFF: u32 = 24;
+/// Where a large folio keeps its order (the low byte of `folio._flags_1`,
+/// 6.1's `folio._folio_order`), and the `PG_head` bit of its flags that
+/// says it is large, from the running kernel's BTF. `FOLIO_ORDER_OFF` 0:
+/// not found there, and no fault's folio order is read.
+#[no_mangle]
+pub static FOLIO_ORDER_OFF: u32 = 0;
+#[no_mangle]
+pub static FOLIO_HEAD_BIT: u32 = 0;
+
 /// `vm_area_struct.vm_start`, from the running kernel's BTF (0 on current
 /// kernels); per-mapping counting is off when BTF does not have it.
 #[no_mangle]

@@ -22,6 +22,8 @@ const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 const KIND_FUNC: u32 = 12;
 const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_ENUM64: u32 = 19;
 // Kinds that only qualify another type: followed through to reach the
 // struct/union of an anonymous member.
 const KIND_TYPEDEF: u32 = 8;
@@ -219,6 +221,33 @@ impl Btf {
 }
 
 impl Btf {
+    /// The value of enumerator `name` (e.g. `PG_head` of `enum pageflags`,
+    /// whose values depend on the kernel's configuration), in whichever
+    /// enum declares it first.
+    pub fn enum_value(&self, name: &str) -> Result<i64> {
+        for id in 1..self.type_offsets.len() as u32 {
+            let h = self.type_header(id)?;
+            let step = match h.kind {
+                KIND_ENUM => 8,
+                KIND_ENUM64 => 12,
+                _ => continue,
+            };
+            for i in 0..h.vlen {
+                let e = h.extra + step * i;
+                if self.name(self.u32_at(e)?)? != name {
+                    continue;
+                }
+                let lo = self.u32_at(e + 4)?;
+                return Ok(if step == 8 {
+                    lo as i32 as i64
+                } else {
+                    ((self.u32_at(e + 8)? as i64) << 32) | lo as i64
+                });
+            }
+        }
+        bail!("no enumerator {name} in this BTF")
+    }
+
     /// Which of `names` are functions (BTF_KIND_FUNC) or typedefs (a
     /// tracepoint's `btf_trace_NAME`) here: one pass over the types,
     /// comparing only the names of those kinds.
@@ -292,6 +321,11 @@ mod tests {
         assert!(err.contains("no member no_such_member"), "{err}");
         let err = format!("{:#}", btf.member_offset("no_such_struct_xyz", "x").unwrap_err());
         assert!(err.contains("not in this BTF"), "{err}");
+        // PG_head's value depends on the configuration; PG_locked is 0.
+        assert_eq!(btf.enum_value("PG_locked").unwrap(), 0);
+        let head = btf.enum_value("PG_head").unwrap();
+        assert!((1..64).contains(&head), "{head}");
+        assert!(format!("{:#}", btf.enum_value("PG_no_such_flag").unwrap_err()).contains("no enumerator"));
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -24,8 +24,14 @@ use faultscope_common::{
     KernelClass, PhaseId, Stat, StatKey,
 };
 
+use crate::kernel::classes::ReportClass;
+
 /// Counts per [`Origin`], in `Origin::ALL` order.
 pub type ByOrigin = [u64; Origin::COUNT];
+
+/// (process, phase, class, folio order): `copy` or `not_present`, and the
+/// order of the new anon folio (0: a base page).
+pub type FolioKey = (u32, PhaseId, ReportClass, u32);
 
 /// What the kernel's own count of a process (`mm_account_fault()`: its
 /// `min_flt` + `maj_flt`) is compared with, per (process, phase).
@@ -68,6 +74,9 @@ pub struct Snapshot {
     pub stats: BTreeMap<StatKey, Stat>,
     /// Per (process, phase, class): its count split by origin.
     pub origins: BTreeMap<StatKey, ByOrigin>,
+    /// Per (process, phase, class, folio order): the new anon folios the
+    /// class's faults mapped (see [`per_folio`]).
+    pub folios: BTreeMap<FolioKey, u64>,
     /// Per (process, phase, kind of `classes::FAULT_KINDS`): the faults,
     /// partitioned.
     pub kinds: BTreeMap<(u32, PhaseId, &'static str), u64>,
@@ -288,6 +297,28 @@ pub fn per_origin(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<StatKey, ByOri
     out
 }
 
+/// The new anon folios mapped by faults, by order: a COW copy's (`copy`),
+/// and a fault on a page not present's (`not_present`: a first touch of
+/// anon memory, or of a private file page written, a swap-in into a new
+/// folio). A write-protect fault that mapped one without being a copy
+/// (none on the kernels faultscope knows) is not counted.
+pub fn per_folio(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<FolioKey, u64> {
+    let mut out = BTreeMap::new();
+    for (k, v) in sets {
+        let set = ClassSet(k.set);
+        let Some(order) = set.folio_order() else { continue };
+        let class = if set.has(KernelClass::Copy) {
+            ReportClass::Copy
+        } else if !set.has(KernelClass::WpFaults) && !set.has(KernelClass::HugePmdWp) {
+            ReportClass::NotPresent
+        } else {
+            continue;
+        };
+        *out.entry((k.tgid, k.phase, class, order)).or_default() += v.count;
+    }
+    out
+}
+
 /// The faults of each (process, phase) by kind (a partition).
 pub fn per_kind(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, &'static str), u64> {
     let mut out = BTreeMap::new();
@@ -331,6 +362,7 @@ impl Snapshot {
         Ok(Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),
+            folios: per_folio(&sets),
             kinds: per_kind(&sets),
             accounted: accounted(&sets),
             stat_sets,
@@ -383,6 +415,19 @@ impl Snapshot {
         out
     }
 
+    /// The new anon folios `class`'s faults mapped, by order, over the run
+    /// or in one phase.
+    pub fn folios_in(&self, tgid: u32, phase: Option<PhaseId>, class: ReportClass) -> BTreeMap<u32, u64> {
+        let mut out = BTreeMap::new();
+        let lo = (tgid, 0, ReportClass::Faults, 0);
+        for ((_, p, c, order), n) in self.folios.range(lo..).take_while(|(k, _)| k.0 == tgid) {
+            if *c == class && phase.is_none_or(|want| want == *p) {
+                *out.entry(*order).or_default() += n;
+            }
+        }
+        out
+    }
+
     /// What the kernel check compares, for a process's whole run.
     pub fn accounted_of(&self, tgid: u32) -> Accounted {
         let mut out = Accounted::default();
@@ -410,6 +455,7 @@ impl Snapshot {
     pub fn without_phase(mut self, tgid: u32, phase: PhaseId) -> Snapshot {
         self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.origins.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
+        self.folios.retain(|k, _| !(k.0 == tgid && k.1 == phase));
         self.accounted.remove(&(tgid, phase));
         self.mappings.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.sites.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
@@ -471,13 +517,19 @@ impl Snapshot {
                 origins.insert(*k, d);
             }
         }
+        let folios = self
+            .folios
+            .iter()
+            .map(|(k, v)| (*k, v.saturating_sub(earlier.folios.get(k).copied().unwrap_or(0))))
+            .filter(|(_, v)| *v > 0)
+            .collect();
         let accounted = self
             .accounted
             .iter()
             .map(|(k, v)| (*k, earlier.accounted.get(k).map_or(*v, |e| v.sub(e))))
             .collect();
         // Intervals show class counts only.
-        Snapshot { stats, origins, accounted, ..Snapshot::default() }
+        Snapshot { stats, origins, folios, accounted, ..Snapshot::default() }
     }
 }
 
@@ -680,6 +732,39 @@ mod tests {
         assert_eq!(snap.origins_in(7, None, KernelClass::Copy), [0, 4, 3]);
         assert_eq!(snap.accounted_of(7).completed, 19);
         assert_eq!(snap.since(&snap).accounted_of(7).completed, 0);
+    }
+
+    /// A set's folio bits split `copy` and `not_present` by folio order,
+    /// and never reach the class counts.
+    #[test]
+    fn new_folios_by_order() {
+        use faultscope_common::class::ClassSet;
+        let set = |cs: &[KernelClass], folio: u32| {
+            cs.iter().fold(ClassSet::default(), |s, c| s.with(*c)).with_folio(folio).0
+        };
+        let n = |k: u64| Stat { count: k, ..Stat::ZERO };
+        let key = |phase, s| ClassSetKey { tgid: 7, phase, set: s };
+        let copy = [KernelClass::Faults, KernelClass::WpFaults, KernelClass::Copy];
+        let mut sets = BTreeMap::new();
+        sets.insert(key(1, set(&copy, 1)), n(10));
+        sets.insert(key(1, set(&copy, 5)), n(2));
+        sets.insert(key(2, set(&copy, 1)), n(3));
+        // First touches: of a 2M THP, of a base page; a fault that mapped
+        // none; a reuse.
+        sets.insert(key(1, set(&[KernelClass::Faults], 10)), n(4));
+        sets.insert(key(1, set(&[KernelClass::Faults], 1)), n(6));
+        sets.insert(key(1, set(&[KernelClass::Faults], 0)), n(50));
+        sets.insert(key(1, set(&[KernelClass::Faults, KernelClass::WpFaults, KernelClass::Reuse], 0)), n(9));
+        let snap = Snapshot { folios: per_folio(&sets), ..Snapshot::default() };
+        assert_eq!(snap.folios_in(7, None, ReportClass::Copy), [(0, 13), (4, 2)].into());
+        assert_eq!(snap.folios_in(7, Some(2), ReportClass::Copy), [(0, 3)].into());
+        assert_eq!(snap.folios_in(7, None, ReportClass::NotPresent), [(0, 6), (9, 4)].into());
+        assert!(snap.folios_in(8, None, ReportClass::Copy).is_empty());
+        assert_eq!(per_class(&sets)[&StatKey::new(7, 1, KernelClass::Copy as u16)].count, 12);
+        let since = snap
+            .since(&Snapshot { folios: [((7, 1, ReportClass::Copy, 0), 4)].into(), ..Snapshot::default() });
+        assert_eq!(since.folios_in(7, Some(1), ReportClass::Copy), [(0, 6), (4, 2)].into());
+        assert!(snap.without_phase(7, 1).folios_in(7, Some(1), ReportClass::Copy).is_empty());
     }
 
     /// Phase ids are as wide as the kernel's: past 65,535 phase changes,

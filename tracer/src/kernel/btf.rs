@@ -59,6 +59,25 @@ impl KernelBtf {
         b.member_offset(struct_name, member).map_err(|e| format!("{e:#}"))
     }
 
+    /// The value of enumerator `name`.
+    pub fn enum_value(&self, name: &str) -> Result<i64, String> {
+        let b = self.parsed.as_ref().map_err(Clone::clone)?;
+        b.enum_value(name).map_err(|e| format!("{e:#}"))
+    }
+
+    /// Where a large folio keeps its order and the `PG_head` bit that says
+    /// it is large (`FOLIO_ORDER_OFF`, `FOLIO_HEAD_BIT`): `folio._folio_order`
+    /// where it exists (6.1; its `_flags_1` is the tail page's flags), else
+    /// `folio._flags_1`'s low byte (6.6 on).
+    pub fn folio_order_offsets(&self) -> Result<[(&'static str, u32); 2], String> {
+        let off = self
+            .member_offset("folio", "_folio_order")
+            .or_else(|_| self.member_offset("folio", "_flags_1"))?;
+        let head = self.enum_value("PG_head")?;
+        let head = u32::try_from(head).ok().filter(|h| *h < 64).ok_or(format!("PG_head is {head}"))?;
+        Ok([("FOLIO_ORDER_OFF", off), ("FOLIO_HEAD_BIT", head)])
+    }
+
     /// aya's parse of the same BTF (for fentry programs), made on first use.
     pub fn aya(&self) -> Result<&aya::Btf, String> {
         self.aya

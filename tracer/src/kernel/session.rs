@@ -83,6 +83,9 @@ pub struct Session {
     pub status: Vec<ProbeStatus>,
     /// The VMA start offset the programs read, or why there is none.
     pub vma_offset: Result<u32, String>,
+    /// Whether the programs read the order of each new anon folio (BTF
+    /// said where it is), or why not.
+    pub folio_order: Result<(), String>,
     _logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// Held while the kernel accounts each program's runs (bpf_stats);
     /// closing it ends the accounting.
@@ -383,6 +386,12 @@ fn loader(
             "faultscope: warning: task_struct.pagefault_disabled not in the kernel's BTF ({why}): kernel-mode faults of nofault copies are counted"
         )),
     }
+    match btf.folio_order_offsets() {
+        Ok(v) => offsets.extend(v),
+        Err(why) => crate::term::say(&format!(
+            "faultscope: warning: the folio order is not in the kernel's BTF ({why}): new folios are counted without their size"
+        )),
+    }
     if vma_offset.is_some() {
         // Without them mappings are named from the maps snapshots alone.
         match vma_description_offsets(btf) {
@@ -523,7 +532,8 @@ impl Session {
             status.push(st);
         }
         let phase = PhaseCount::map(&bpf)?;
-        Ok(Session { bpf, status, vma_offset, _logger: logger, stats: None, phase })
+        let folio_order = btf.folio_order_offsets().map(drop);
+        Ok(Session { bpf, status, vma_offset, folio_order, _logger: logger, stats: None, phase })
     }
 
     /// Turns on the kernel's accounting of program run time and count

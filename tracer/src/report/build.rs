@@ -9,7 +9,7 @@ use faultscope_common::{hist, KernelClass, Origin, PhaseId, Program, Stat};
 use super::{
     attribution::{attribution, Namer},
     schema::{
-        sum_classes, Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Interval,
+        sum_classes, Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Folios, Interval,
         IntervalOthers, IntervalProcess, KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins,
         OtherProcesses, Phase, ProbeStatus, Process, RawLatency, Report, SystemWide, SCHEMA,
     },
@@ -46,6 +46,9 @@ pub struct Context<'a> {
     /// Kernel-mode exceptions are traced (x86 `page_fault_kernel`): the
     /// tracepoint's classes have a kernel origin too.
     pub kernel_exceptions: bool,
+    /// The order of each new anon folio is read (`copy` and `not_present`
+    /// then have their folios by size).
+    pub folio_sizes: bool,
     pub drops: Drops,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
@@ -75,9 +78,8 @@ pub fn mode(avail: &[(ReportClass, Availability)]) -> Mode {
 /// One class of one process, over the run (`phase == None`) or in one phase.
 fn class_value(
     snap: &Snapshot,
-    tgid: u32,
-    phase: Option<u32>,
-    a: &Availability,
+    (tgid, phase): (u32, Option<u32>),
+    (m, a): (ReportClass, &Availability),
     ctx: &Context<'_>,
 ) -> ClassValue {
     match a {
@@ -100,9 +102,12 @@ fn class_value(
                 kernel: (!exception || ctx.kernel_exceptions).then_some(by[Origin::Kernel as usize]),
                 gup: (!exception).then_some(by[Origin::Gup as usize]),
             };
+            let folios = (ctx.folio_sizes && matches!(m, ReportClass::Copy | ReportClass::NotPresent))
+                .then(|| Folios::from_orders(&snap.folios_in(tgid, phase, m)));
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
                 origins: Some(origins),
+                folios,
                 latency: latency.map(|(l, buckets, raw)| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
@@ -142,7 +147,7 @@ fn buckets(s: &Stat) -> Vec<[u64; 3]> {
 
 fn classes(snap: &Snapshot, tgid: u32, phase: Option<u32>, ctx: &Context<'_>) -> Classes {
     let mut c: Classes =
-        ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, tgid, phase, a, ctx))).collect();
+        ctx.availability.iter().map(|(m, a)| (*m, class_value(snap, (tgid, phase), (*m, a), ctx))).collect();
     if phase.is_none() {
         if let Some(major) = major_from_the_kernel(tgid, ctx) {
             c.insert(ReportClass::Major, major);
@@ -166,9 +171,8 @@ fn major_from_the_kernel(tgid: u32, ctx: &Context<'_>) -> Option<ClassValue> {
     (w.maj.0 == w.maj.1).then(|| {
         ClassValue::Measured(Measured {
             count: w.maj.0,
-            origins: None,
-            latency: None,
             source: "the kernel's maj_flt over the run (/proc/PID/stat), whole run only".into(),
+            ..Measured::default()
         })
     })
 }
@@ -519,6 +523,7 @@ impl Recorder {
             lifetimes: &self.lifetimes,
             accounting: &self.accounting,
             kernel_exceptions: self.session.attached(Program::PageFaultKernel),
+            folio_sizes: self.session.attached(Program::NewAnonRmap) && self.session.folio_order.is_ok(),
             drops: self.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
@@ -612,6 +617,7 @@ mod tests {
             lifetimes,
             accounting,
             kernel_exceptions: false,
+            folio_sizes: false,
             drops: Drops::default(),
             duration_ns: 1,
             timeline,

@@ -327,6 +327,7 @@ mod tests {
                 count: 100,
                 origins: Some(Origins { user: 100 - kernel, kernel: Some(kernel), gup: Some(0) }),
                 latency: None,
+                folios: None,
                 source: "k".into(),
             });
             l.report.processes[0].classes.insert(ReportClass::Copy, v);

@@ -60,7 +60,7 @@ use prometheus_client::{
 
 use crate::{
     collect::{
-        collector::{FaultFlow, Snapshot},
+        collector::{FaultFlow, FolioKey, Snapshot},
         container::Container,
         phases::PhaseKind,
     },
@@ -259,6 +259,10 @@ pub struct Metrics {
     last_origins: HashMap<StatKey, crate::collect::collector::ByOrigin>,
     /// The last count of each (process, phase, kind).
     last_kinds: HashMap<(u32, PhaseId, &'static str), u64>,
+    new_folios: Family<Labels, Counter>,
+    cow_bytes: Family<Labels, Counter>,
+    /// The last count of each (process, phase, class, folio order).
+    last_folios: HashMap<FolioKey, u64>,
     /// The kinds that can occur here.
     kinds: Vec<&'static str>,
     last_drops: Drops,
@@ -275,6 +279,12 @@ impl Metrics {
         let r = &mut registry;
         let faults = metric(r, "faultscope_faults", "Page faults (every origin) by what the kernel did with each (one kind per fault: a sum over kind is all faults), the kind of workload phase they happened in, and process name");
         let class_faults = metric(r, "faultscope_class_faults", "Page faults by report class (classes nest: faults includes write_faults includes wp_faults includes reuse; do not sum over class), phase kind and process name");
+        let new_folios = metric(r, "faultscope_new_folios", "New anon folios mapped by faults, by class (copy: a COW copy's; not_present: a first touch's and the like), folio size, phase kind and process name");
+        let cow_bytes = metric(
+            r,
+            "faultscope_cow_copied_bytes",
+            "Bytes of the new anon folios COW copies allocated, by folio size, phase kind and process name",
+        );
         let origins = metric(r, "faultscope_fault_origins", "Page faults by class and origin (user: user mode; kernel: the kernel inside a system call; gup: get_user_pages), phase kind and process name");
         let durations = metric(r, "faultscope_fault_duration_seconds", "Time in handle_mm_fault, in the kernel's log-linear buckets (le is each bucket's last nanosecond)");
         let measurable = metric(r, "faultscope_class_measurable", "1 when the class is measured on this kernel, 0 with the missing probe when it cannot be (the reason is in serve's log)");
@@ -297,6 +307,9 @@ impl Metrics {
             origins,
             last_origins: HashMap::new(),
             last_kinds: HashMap::new(),
+            new_folios,
+            cow_bytes,
+            last_folios: HashMap::new(),
             kinds: classes::fault_kinds_here(avail),
             durations,
             drops,
@@ -419,13 +432,21 @@ impl Metrics {
             }
             self.last_origins.insert(*k, *v);
         }
+        self.update_kinds(snap, &kind, &proc);
+        self.update_folios(snap, &kind, &proc);
+    }
+
+    /// The partition by kind.
+    fn update_kinds(
+        &mut self,
+        snap: &Snapshot,
+        kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
+        proc: &impl Fn(u32) -> Option<ProcLabels>,
+    ) {
         for (&(tgid, phase, fault_kind), &v) in &snap.kinds {
             let Some(p) = proc(tgid) else { continue };
             let Some(kind) = kind(tgid, phase) else { continue };
-            let last = self.last_kinds.get(&(tgid, phase, fault_kind)).copied().unwrap_or(0);
-            // An entry recreated counts from 0 again.
-            let d = if v < last { v } else { v - last };
-            self.last_kinds.insert((tgid, phase, fault_kind), v);
+            let d = delta(&mut self.last_kinds, (tgid, phase, fault_kind), v);
             if d == 0 {
                 continue;
             }
@@ -436,6 +457,37 @@ impl Metrics {
             ];
             self.opts.extend(&mut labels, tgid, &p);
             self.faults.get_or_create(&labels).inc_by(d);
+        }
+    }
+
+    /// The new anon folios by size, and the bytes COW copies allocated.
+    /// `folio_size` is bounded: one value per folio order (at most 31).
+    fn update_folios(
+        &mut self,
+        snap: &Snapshot,
+        kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
+        proc: &impl Fn(u32) -> Option<ProcLabels>,
+    ) {
+        for (&key, &v) in &snap.folios {
+            let (tgid, phase, class, order) = key;
+            let Some(p) = proc(tgid) else { continue };
+            let Some(kind) = kind(tgid, phase) else { continue };
+            let d = delta(&mut self.last_folios, key, v);
+            if d == 0 {
+                continue;
+            }
+            let bytes = crate::units::PAGE << order.min(30);
+            let mut labels: Labels = vec![
+                ("folio_size", crate::units::size(bytes)),
+                ("phase_kind", kind_name(kind).to_string()),
+                ("comm", esc(&p.comm)),
+            ];
+            self.opts.extend(&mut labels, tgid, &p);
+            if class == ReportClass::Copy {
+                self.cow_bytes.get_or_create(&labels).inc_by(d * bytes);
+            }
+            labels.insert(0, ("class", class.name().to_string()));
+            self.new_folios.get_or_create(&labels).inc_by(d);
         }
     }
 
@@ -496,11 +548,12 @@ impl Metrics {
         self.last.retain(|k, _| !gone(k.tgid, k.phase));
         self.last_origins.retain(|k, _| !gone(k.tgid, k.phase));
         self.last_kinds.retain(|k, _| !gone(k.0, k.1));
+        self.last_folios.retain(|k, _| !gone(k.0, k.1));
     }
 
     /// Entries of per-process state held (for the memory bound).
     pub fn held(&self) -> usize {
-        self.last.len() + self.last_origins.len() + self.last_kinds.len()
+        self.last.len() + self.last_origins.len() + self.last_kinds.len() + self.last_folios.len()
     }
 
     /// The OpenMetrics text, ending in `# EOF`, each family's series sorted
@@ -655,6 +708,17 @@ pub fn kind_name(k: PhaseKind) -> &'static str {
     }
 }
 
+/// What a cumulative count `v` of `key` added since the last one seen
+/// (kept in `last`); an entry the kernel recreated counts from 0 again.
+fn delta<K: std::hash::Hash + Eq>(last: &mut HashMap<K, u64>, key: K, v: u64) -> u64 {
+    let before = last.insert(key, v).unwrap_or(0);
+    if v < before {
+        v
+    } else {
+        v - before
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -806,6 +870,38 @@ mod tests {
                 "faultscope_fault_origins_total{class=\"copy\",origin=\"kernel\",phase_kind=\"before-fork\",comm=\"redis-server\"}"
             ),
             Some(5.0)
+        );
+    }
+
+    #[test]
+    fn new_folios_and_copied_bytes_by_folio_size() {
+        let mut m = metrics();
+        let mut sn = snap(&[(7, 0, KernelClass::Copy, stat(&[100, 200, 300]))]);
+        // 2 copies of 4K, 1 of 64K; 8 first touches of 2M.
+        sn.folios.insert((7, 0, ReportClass::Copy, 0), 2);
+        sn.folios.insert((7, 0, ReportClass::Copy, 4), 1);
+        sn.folios.insert((7, 0, ReportClass::NotPresent, 9), 8);
+        m.update(&sn, kind, redis);
+        let t = m.encode();
+        let at = |series: &str| sample(&t, series);
+        let cow = |size: &str| {
+            at(&format!(
+                "faultscope_cow_copied_bytes_total{{folio_size=\"{size}\",phase_kind=\"before-fork\",comm=\"redis-server\"}}"
+            ))
+        };
+        assert_eq!((cow("4K"), cow("64K"), cow("2M")), (Some(8192.0), Some(65536.0), None), "{t}");
+        assert_eq!(
+            at("faultscope_new_folios_total{class=\"not_present\",folio_size=\"2M\",phase_kind=\"before-fork\",comm=\"redis-server\"}"),
+            Some(8.0),
+            "{t}"
+        );
+        // Later counts add only what is new.
+        sn.folios.insert((7, 0, ReportClass::Copy, 0), 5);
+        m.update(&sn, kind, redis);
+        let t = m.encode();
+        assert_eq!(
+            sample(&t, "faultscope_cow_copied_bytes_total{folio_size=\"4K\",phase_kind=\"before-fork\",comm=\"redis-server\"}"),
+            Some(5.0 * 4096.0)
         );
     }
 

@@ -426,8 +426,61 @@ pub struct Measured {
     pub origins: Option<Origins>,
     #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
     pub latency: Option<Latency>,
+    /// `copy` and `not_present`: the new anon folios their faults mapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folios: Option<Folios>,
     /// How it was measured on that kernel.
     pub source: String,
+}
+
+/// The new anon folios a class's faults mapped (`copy`: what each COW
+/// copy allocated; `not_present`: first touches of anon memory, first
+/// writes to a private file page, swap-ins into a new folio), by size as
+/// `bench --folio` names it (`4K`, `16K`, `64K`, `2M`), and their bytes.
+/// Absent: not measurable here (no probe where a new anon folio is
+/// mapped, or no folio order in the kernel's BTF).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Folios {
+    pub sizes: BTreeMap<String, u64>,
+    pub bytes: u64,
+}
+
+impl Folios {
+    /// From counts by folio order (0: a base page).
+    pub fn from_orders(by_order: &BTreeMap<u32, u64>) -> Folios {
+        let mut out = Folios::default();
+        for (order, n) in by_order {
+            let bytes = crate::units::PAGE << order.min(&30);
+            *out.sizes.entry(crate::units::size(bytes)).or_default() += n;
+            out.bytes += bytes * n;
+        }
+        out
+    }
+
+    pub fn add(&mut self, o: &Folios) {
+        for (size, n) in &o.sizes {
+            *self.sizes.entry(size.clone()).or_default() += n;
+        }
+        self.bytes += o.bytes;
+    }
+
+    /// The folios of one size (`64K`); none of a size measured is 0.
+    pub fn of_size(&self, name: &str) -> u64 {
+        let want = crate::units::parse_size(name).ok();
+        self.sizes.iter().filter(|(s, _)| crate::units::parse_size(s).ok() == want).map(|(_, n)| n).sum()
+    }
+
+    /// The sizes, smallest first.
+    pub fn by_size(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .sizes
+            .iter()
+            .filter_map(|(s, n)| crate::units::parse_size(s).ok().map(|b| (b, *n)))
+            .collect();
+        v.sort_unstable();
+        v
+    }
 }
 
 /// A class's count by origin: `user` (a fault in user mode), `kernel` (the
@@ -785,6 +838,9 @@ pub fn sum_classes<'a>(phases: impl IntoIterator<Item = &'a Classes>) -> Classes
                     if let (Some(x), Some(y)) = (a.origins.as_mut(), b.origins.as_ref()) {
                         x.add(y);
                     }
+                    if let (Some(x), Some(y)) = (a.folios.as_mut(), b.folios.as_ref()) {
+                        x.add(y);
+                    }
                 }
                 _ => {}
             }
@@ -905,7 +961,7 @@ pub mod testing {
     use super::*;
 
     pub fn measured(count: u64) -> ClassValue {
-        ClassValue::Measured(Measured { count, origins: None, latency: None, source: "test".into() })
+        ClassValue::Measured(Measured { count, source: "test".into(), ..Measured::default() })
     }
 
     pub fn not_measurable(reason: &str) -> ClassValue {

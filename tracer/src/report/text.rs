@@ -115,9 +115,19 @@ fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str, c: Col
                 let [u, k, g] = origin_cells(x);
                 let _ =
                     writeln!(out, "{}", row(c, [m.name(), &count(x.count), &u, &k, &g, &p50, &p99, &max]));
+                if let Some(f) = x.folios.as_ref().filter(|f| f.bytes > 0) {
+                    let _ = writeln!(out, "{}", folios_line(f));
+                }
             }
         }
     }
+}
+
+/// Under a class's row: the new anon folios its faults mapped, by size.
+fn folios_line(f: &super::schema::Folios) -> String {
+    let sizes: Vec<String> =
+        f.by_size().iter().map(|(b, n)| format!("{} {}", crate::units::size(*b), count(*n))).collect();
+    format!("    {:<20} {} ({})", "new folios", sizes.join(", "), crate::units::bytes(f.bytes))
 }
 
 fn any_count(c: &Classes) -> bool {

@@ -2,7 +2,8 @@
 //! report for CI, e.g.
 //! `--expect contpte_unfold=0`, `--expect 'spurious<=1%'`,
 //! `--expect 'reuse/folio<=1'`, `--expect 'copy.kernel<=10'` (one origin
-//! of a class). Exit 0 when all hold, 1 when one fails (with the numbers),
+//! of a class), `--expect 'copy.bytes<=64M'`, `--expect 'copy.size.64K>=1'`
+//! (the new anon folios a class's faults mapped). Exit 0 when all hold, 1 when one fails (with the numbers),
 //! 3 when a class is not measurable on that kernel.
 
 use anyhow::Result;
@@ -38,12 +39,60 @@ pub enum Op {
 pub struct Expect {
     pub text: String,
     pub class: ReportClass,
-    /// `user`, `kernel` or `gup`: only the class's faults of that origin.
-    pub origin: Option<&'static str>,
+    /// What of the class is compared.
+    pub part: Part,
     pub per: Option<Per>,
     pub op: Op,
     pub value: f64,
     pub percent: bool,
+}
+
+/// What of a class an expectation reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Part {
+    /// Its count.
+    Count,
+    /// `.user`, `.kernel`, `.gup`: its faults of that origin.
+    Origin(&'static str),
+    /// `.bytes`: the bytes of the new anon folios its faults mapped.
+    Bytes,
+    /// `.size.64K`: its new anon folios of that size (in bytes).
+    Size(u64),
+}
+
+impl Part {
+    /// `.kernel`, `.bytes`, `.size.64K`, or nothing: as written after the
+    /// class.
+    fn suffix(self) -> String {
+        match self {
+            Part::Count => String::new(),
+            Part::Origin(o) => format!(".{o}"),
+            Part::Bytes => ".bytes".into(),
+            Part::Size(b) => format!(".size.{}", crate::units::size(b)),
+        }
+    }
+
+    fn parse(text: &str, s: &str) -> Result<Part, String> {
+        if s == "bytes" {
+            return Ok(Part::Bytes);
+        }
+        if let Some(size) = s.strip_prefix("size.") {
+            return crate::units::parse_size(size)
+                .ok()
+                .filter(|b| b.is_power_of_two() && *b >= crate::units::PAGE)
+                .map(Part::Size)
+                .ok_or_else(|| {
+                    format!("{text:?}: .size.{size}: a folio size is a power of two from 4K (4K, 64K, 2M)")
+                });
+        }
+        match ORIGINS.iter().find(|x| **x == s) {
+            Some(o) => Ok(Part::Origin(o)),
+            None => Err(format!(
+                "{text:?}: .{s}: after a class come an origin ({}), .bytes or .size.SIZE",
+                ORIGINS.join(", ")
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,14 +126,9 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         Some((c, "page")) => (c, Some(Per::Page)),
         Some((_, other)) => return Err(format!("{text:?}: /{other}: only /folio and /page are known")),
     };
-    let (class, origin) = match class.split_once('.') {
-        None => (class, None),
-        Some((c, o)) => match ORIGINS.iter().find(|x| **x == o) {
-            Some(o) => (c, Some(*o)),
-            None => {
-                return Err(format!("{text:?}: .{o}: the origins are {}", ORIGINS.join(", ")));
-            }
-        },
+    let (class, part) = match class.split_once('.') {
+        None => (class, Part::Count),
+        Some((c, o)) => (c, Part::parse(text, o)?),
     };
     let Some(class) = ReportClass::from_name(class) else {
         let known: Vec<&str> = ReportClass::ALL.iter().map(|m| m.name()).collect();
@@ -97,6 +141,15 @@ pub fn parse(text: &str) -> Result<Expect, String> {
     if percent && per.is_some() {
         return Err(format!("{text:?}: a percentage cannot be per folio or page"));
     }
+    if percent && matches!(part, Part::Bytes | Part::Size(_)) {
+        return Err(format!("{text:?}: new folios and their bytes are compared as numbers, not percentages"));
+    }
+    // A byte count may have a size's suffix (64M).
+    if part == Part::Bytes {
+        if let Ok(b) = crate::units::parse_size(num) {
+            return Ok(Expect { text: text.to_string(), class, part, per, op, value: b as f64, percent });
+        }
+    }
     // Finite numbers only: nan compares false with everything, and inf
     // (also from 1e999) true or false with every count.
     let value = num
@@ -104,7 +157,7 @@ pub fn parse(text: &str) -> Result<Expect, String> {
         .ok()
         .filter(|v| v.is_finite() && !num.contains(char::is_whitespace))
         .ok_or_else(|| format!("{text:?}: {num:?} is not a number"))?;
-    Ok(Expect { text: text.to_string(), class, origin, per, op, value, percent })
+    Ok(Expect { text: text.to_string(), class, part, per, op, value, percent })
 }
 
 /// The origins a class splits into (the report's `origins` keys).
@@ -118,9 +171,9 @@ pub enum Verdict {
     NotMeasurable(String),
 }
 
-/// The class `m`, or its faults of `origin`, summed over the processes
+/// The class `m`, or the part of it asked for, summed over the processes
 /// and phases asked for.
-fn sum_class(r: &Report, m: ReportClass, origin: Option<&str>, o: &Scope) -> Result<u64, Verdict> {
+fn sum_class(r: &Report, m: ReportClass, part: Part, o: &Scope) -> Result<u64, Verdict> {
     let mut total: u64 = 0;
     let mut found = false;
     for p in &r.processes {
@@ -136,14 +189,24 @@ fn sum_class(r: &Report, m: ReportClass, origin: Option<&str>, o: &Scope) -> Res
         };
         match value {
             Some(ClassValue::Measured(x)) => {
-                let n = match origin {
-                    None => x.count,
-                    Some(or) => x.origins.as_ref().and_then(|os| os.get(or)).ok_or_else(|| {
+                let folios = || {
+                    x.folios.as_ref().ok_or_else(|| {
+                        Verdict::NotMeasurable(format!(
+                            "{m}{} is not measurable on this kernel: the new folios' sizes are not read (see the report's probes: new_anon_rmap)",
+                            part.suffix()
+                        ))
+                    })
+                };
+                let n = match part {
+                    Part::Count => x.count,
+                    Part::Origin(or) => x.origins.as_ref().and_then(|os| os.get(or)).ok_or_else(|| {
                         Verdict::NotMeasurable(format!(
                             "{m}.{or} is not measurable on this kernel: {m} is counted from {}, which does not see that origin",
                             x.source
                         ))
                     })?,
+                    Part::Bytes => folios()?.bytes,
+                    Part::Size(b) => folios()?.of_size(&crate::units::size(b)),
                 };
                 total = total.checked_add(n).ok_or_else(|| {
                     Verdict::Fail(format!("{m}: the counts of the report overflow when summed"))
@@ -167,15 +230,15 @@ fn sum_class(r: &Report, m: ReportClass, origin: Option<&str>, o: &Scope) -> Res
 }
 
 pub fn check(r: &Report, e: &Expect, o: &Scope) -> Verdict {
-    let v = match sum_class(r, e.class, e.origin, o) {
+    let v = match sum_class(r, e.class, e.part, o) {
         Ok(v) => v as f64,
         Err(verdict) => return verdict,
     };
     let (lhs, what) = if e.percent {
         // An origin: of its class; spurious: of write faults on present
         // pages; others: of all faults.
-        let denom = if e.origin.is_some() {
-            match sum_class(r, e.class, None, o) {
+        let denom = if e.part != Part::Count {
+            match sum_class(r, e.class, Part::Count, o) {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
@@ -184,11 +247,11 @@ pub fn check(r: &Report, e: &Expect, o: &Scope) -> Verdict {
                 if m == ReportClass::Spurious {
                     Some(v as u64)
                 } else {
-                    sum_class(r, m, None, o).ok()
+                    sum_class(r, m, Part::Count, o).ok()
                 }
             }) as f64
         } else {
-            match sum_class(r, ReportClass::Faults, None, o) {
+            match sum_class(r, ReportClass::Faults, Part::Count, o) {
                 Ok(n) => n as f64,
                 Err(verdict) => return verdict,
             }
@@ -221,10 +284,7 @@ pub fn check(r: &Report, e: &Expect, o: &Scope) -> Verdict {
         Op::Gt => lhs > e.value,
         Op::Ge => lhs >= e.value,
     };
-    let name = match e.origin {
-        Some(or) => format!("{}.{or}", e.class),
-        None => e.class.to_string(),
-    };
+    let name = format!("{}{}", e.class, e.part.suffix());
     let msg = format!("{}: {name} is {what}", e.text);
     if ok {
         Verdict::Pass(msg)
@@ -343,9 +403,11 @@ mod tests {
         // A typo is refused, not read as a failed check.
         assert!(parse("resue=0").unwrap_err().contains("not a class"));
         let e = parse("copy.kernel<=10").unwrap();
-        assert_eq!((e.class, e.origin, e.value), (ReportClass::Copy, Some("kernel"), 10.0));
+        assert_eq!((e.class, e.part, e.value), (ReportClass::Copy, Part::Origin("kernel"), 10.0));
         assert_eq!(parse("reuse.gup/page<=1").unwrap().per, Some(Per::Page));
-        assert!(parse("copy.kernal<=1").unwrap_err().contains("the origins are user, kernel, gup"));
+        assert!(parse("copy.kernal<=1")
+            .unwrap_err()
+            .contains("an origin (user, kernel, gup), .bytes or .size.SIZE"));
     }
 
     #[test]
@@ -357,6 +419,7 @@ mod tests {
                 count: 100 + kernel + gup.unwrap_or(0),
                 origins: Some(Origins { user: 100, kernel: Some(kernel), gup }),
                 latency: None,
+                folios: None,
                 source: "kprobe".into(),
             })
         };
@@ -371,6 +434,35 @@ mod tests {
         // GUP unseen (tracepoint mode): not measurable, never 0.
         r.processes[0].classes.insert(ReportClass::Copy, copy(30, None));
         assert!(matches!(v("copy.gup=0", &r), Verdict::NotMeasurable(m) if m.contains("copy.gup")));
+    }
+
+    #[test]
+    fn new_folios_by_size_and_bytes() {
+        use crate::report::schema::{Folios, Measured};
+        let e = parse("copy.bytes<=64M").unwrap();
+        assert_eq!((e.part, e.value), (Part::Bytes, (64u64 << 20) as f64));
+        let e = parse("copy.size.64K>=1").unwrap();
+        assert_eq!((e.part, e.value), (Part::Size(64 << 10), 1.0));
+        assert!(parse("copy.size.3K>=1").unwrap_err().contains("power of two from 4K"));
+        assert!(parse("copy.bytes<=10%").unwrap_err().contains("not percentages"));
+        let mut r = report(not_measurable("arm64 only"));
+        // 16 copies of 4K and 2 of 64K: 192K.
+        let by_order = [(0u32, 16u64), (4, 2)].into();
+        let copy = |folios: Option<Folios>| {
+            ClassValue::Measured(Measured { count: 18, folios, source: "k".into(), ..Measured::default() })
+        };
+        r.processes[0].classes.insert(ReportClass::Copy, copy(Some(Folios::from_orders(&by_order))));
+        let o = opts(None);
+        let v = |t: &str, r: &Report| check(r, &parse(t).unwrap(), &o);
+        assert!(matches!(v("copy.bytes=192K", &r), Verdict::Pass(m) if m.contains("copy.bytes is 196608")));
+        assert!(matches!(v("copy.size.64K=2", &r), Verdict::Pass(_)));
+        assert!(matches!(v("copy.size.4K=16", &r), Verdict::Pass(_)));
+        // A size none was mapped of is 0, where sizes are measured.
+        assert!(matches!(v("copy.size.2M=0", &r), Verdict::Pass(_)));
+        assert!(matches!(v("copy.size.16K>=1", &r), Verdict::Fail(m) if m.contains("copy.size.16K is 0")));
+        // Not read on this kernel: not measurable, never 0.
+        r.processes[0].classes.insert(ReportClass::Copy, copy(None));
+        assert!(matches!(v("copy.bytes=0", &r), Verdict::NotMeasurable(m) if m.contains("copy.bytes")));
     }
 
     #[test]

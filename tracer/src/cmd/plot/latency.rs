@@ -320,7 +320,7 @@ mod tests {
         });
         ph.classes.insert(
             class,
-            ClassValue::Measured(Measured { count, origins: None, latency, source: "t".into() }),
+            ClassValue::Measured(Measured { count, latency, source: "t".into(), ..Measured::default() }),
         );
         r
     }
