@@ -72,6 +72,18 @@ thp_mode() {
 	esac
 }
 
+# thp_allocs: the kernel's own count of the anonymous THPs its faults
+# allocated, a line a size: "64K N" from each multi-size THP's
+# anon_fault_alloc (6.10 on), "pmd N" from /proc/vmstat's thp_fault_alloc.
+thp_allocs() {
+	for f in $MM/hugepages-*kB/stats/anon_fault_alloc; do
+		[ -r "$f" ] || continue
+		s=${f#*/hugepages-}; s=${s%%kB/*}
+		echo "${s}K $(cat $f)"
+	done
+	awk '$1 == "thp_fault_alloc" {print "pmd", $2}' /proc/vmstat
+}
+
 # shipped_binary: the static faultscope that dist ships, run from an
 # initramfs with no C library: its version, and `probes` (its first line
 # names the mode a run gets here).

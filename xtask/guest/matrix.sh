@@ -19,12 +19,18 @@ bench_case() {
 	echo > $T/trace
 	echo 1 > $T/tracing_on
 	up "$name.start"
+	thp_allocs > /tmp/$name.alloc0
 	/faultscope bench "$@" --backend $BACKEND --json /tmp/$name.json > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
+	thp_allocs > /tmp/$name.alloc1
 	echo 0 > $T/tracing_on
-	oracle_and_emit $name out json
+	oracle_and_emit $name out json alloc0 alloc1
 }
 
+# No THP but the bench's own (bench sets its size's knob): faultscope's
+# own memory then gets base pages, and the kernel's per-size allocation
+# counts are the bench's.
+thp_mode 4K
 S=${SIZE:-16M}
 # $CASES: NAME:BENCH ARGS, separated by ";" (xtask's matrix::CASES).
 echo "$CASES" | tr ';' '\n' > /tmp/cases

@@ -358,8 +358,17 @@ pub mod testing {
                 ReportClass::WpFaults => reuse + copy,
                 _ => 0,
             };
+            // Every fault not a write-protect one maps a new 4K folio.
+            let new_folios = match m {
+                ReportClass::NotPresent => Some(faults - reuse - copy),
+                ReportClass::Copy => Some(copy),
+                _ => None,
+            };
             let v = if m.name().starts_with("contpte") {
                 json!({"measurable": false, "reason": "arm64 only"})
+            } else if let Some(f) = new_folios {
+                json!({"count": n.max(f), "source": "test",
+                       "folios": {"sizes": {"4K": f}, "bytes": f * 4096}})
             } else {
                 json!({"count": n, "source": "test"})
             };
