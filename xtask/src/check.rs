@@ -367,8 +367,13 @@ pub mod testing {
             let v = if m.name().starts_with("contpte") {
                 json!({"measurable": false, "reason": "arm64 only"})
             } else if let Some(f) = new_folios {
-                json!({"count": n.max(f), "source": "test",
-                       "folios": {"sizes": {"4K": f}, "bytes": f * 4096}})
+                let mut v = json!({"count": n.max(f), "source": "test",
+                                   "folios": {"sizes": {"4K": f}, "bytes": f * 4096}});
+                // The copies are in a private file mapping.
+                if m == ReportClass::Copy {
+                    v["sources"] = json!({"anon": 0, "file": copy, "file_exec": 0, "unattributed": 0});
+                }
+                v
             } else {
                 json!({"count": n, "source": "test"})
             };

@@ -8,7 +8,7 @@
 use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{Attribution, Process},
+    report::schema::{Attribution, ClassValue, Process},
 };
 use serde::Deserialize;
 
@@ -128,9 +128,54 @@ pub fn check(
     let folded = a.mappings_other.as_ref().map_or(0, |o| o.entries);
     cl.line(format!("  {} mapping rows, {folded} folded into other", a.mappings.len()));
     check_sums(&mut cl, p);
+    check_sources(&mut cl, p, &oracle, &regions);
     check_sites(&mut cl, p, &regions);
     check_stacks(&mut cl, run, case, p, &regions);
     Ok(())
+}
+
+/// `copy` split by the kind of mapping: the parts add up to the count; the
+/// file region's copies (the oracle in its range) are in `file` and the
+/// anonymous regions' in `anon`; nothing writes an executable mapping;
+/// unattributed copies are at most those of the rows the report could not
+/// name or folded.
+fn check_sources(cl: &mut Checklist, p: &Process, oracle: &Oracle, regions: &[Region]) {
+    let Some(ClassValue::Measured(copy)) = p.classes.get(&ReportClass::Copy) else {
+        cl.expect(false, "copy is not measured");
+        return;
+    };
+    let Some(s) = copy.sources.as_ref() else {
+        cl.expect(false, "copy has no split by mapping (sources)");
+        return;
+    };
+    let in_oracle = |file: bool| -> u64 {
+        regions
+            .iter()
+            .filter(|r| (r.role == "file") == file)
+            .filter_map(|r| oracle.range(p.pid, "ALL", &r.vma_range()))
+            .filter_map(|l| l.get(ReportClass::Copy.name()).copied().flatten())
+            .sum()
+    };
+    let a = &p.attribution;
+    let unnamed: u64 = a
+        .mappings
+        .iter()
+        .filter(|m| m.mapping.starts_with("unresolved"))
+        .map(|m| m.counts.get(&ReportClass::Copy).copied().unwrap_or(0))
+        .chain(a.mappings_other.iter().map(|o| o.counts.get(&ReportClass::Copy).copied().unwrap_or(0)))
+        .sum();
+    let (file, anon) = (in_oracle(true), in_oracle(false));
+    cl.expect(
+        s.anon + s.file + s.unattributed == copy.count
+            && s.file >= file
+            && s.anon >= anon
+            && s.file_exec == 0
+            && s.unattributed <= unnamed,
+        format!(
+            "copy {} in: anon {} (>= oracle's {anon} in the anonymous regions), private file {} (>= oracle's {file} in the file region), exec {} = 0, no mapping {} (<= {unnamed} unnamed or folded)",
+            copy.count, s.anon, s.file, s.file_exec, s.unattributed
+        ),
+    );
 }
 
 /// The anonymous region's name: what the kernel can do, from its config.
@@ -443,6 +488,7 @@ mod tests {
             "ok   file: copy sites in write_file_mapping (1 instruction(s), in [\"/fs-workload\"]) = 1 = pages 1",
             "ok   mapping rows + other = class totals (whole run and 0 phases)",
             "ok   flame graph: 900 bytes, 3 frame titles",
+            "ok   copy 1 in: anon 0 (>= oracle's 0 in the anonymous regions), private file 1 (>= oracle's 1 in the file region), exec 0 = 0",
         ] {
             assert!(r.table.contains(line), "no {line:?} in\n{}", r.table);
         }
@@ -461,6 +507,11 @@ mod tests {
         );
         assert!(
             r.failures.iter().any(|f| f.contains("file: oracle in the region: copy 2 = pages 1")),
+            "{:?}",
+            r.failures
+        );
+        assert!(
+            r.failures.iter().any(|f| f.contains("private file 1 (>= oracle's 2 in the file region)")),
             "{:?}",
             r.failures
         );

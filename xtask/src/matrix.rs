@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{Attribution, ClassValue, Folios, StackRow},
+    report::schema::{Attribution, ClassValue, Folios, Measured, StackRow},
     units::{parse_size, PAGE, PMD_SIZE},
 };
 use faultscope_common::Program;
@@ -222,9 +222,36 @@ fn expect_kernel_choice(
                 ),
             );
         }
-        "2m-pmd-exit" => {
+        "2m-pmd-exit" | "2m-pmd-alive" => {
             let h = get(ReportClass::HugePmdWp);
             cl.expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
+            let Some(ClassValue::Measured(Measured { outcomes: Some(o), .. })) =
+                write.classes.get(&ReportClass::HugePmdWp)
+            else {
+                cl.expect(false, "huge_pmd_wp has no outcomes");
+                return;
+            };
+            if case == "2m-pmd-exit" {
+                // An exclusive THP: the PMD made writable in place.
+                cl.expect(
+                    o.reused == h && o.split == 0 && o.copied == 0,
+                    format!(
+                        "huge_pmd_wp: reused {} = {h}, split {} = 0, THP copied {} = 0",
+                        o.reused, o.split, o.copied
+                    ),
+                );
+            } else {
+                // Shared with the child: the kernel splits the PMD and
+                // copies page by page (the first page in the same fault).
+                let c = get(ReportClass::Copy);
+                cl.expect(
+                    o.split == h && o.reused == 0 && o.copied == 0 && within(c, pages),
+                    format!(
+                        "huge_pmd_wp: split {} = {h}, reused {} = 0, THP copied {} = 0; copy {c} = pages {pages} (+{SLACK})",
+                        o.split, o.reused, o.copied
+                    ),
+                );
+            }
         }
         "4k-alive" | "64k-alive" => {
             let c = get(ReportClass::Copy);
@@ -418,7 +445,7 @@ fn expect_folios(
             format!("populate: new {} folios {f} = folios {} (+{SLACK})", b.folio, b.folios),
         );
     }
-    if case.ends_with("-alive") {
+    if matches!(case, "4k-alive" | "64k-alive" | "2m-pmd-alive") {
         let (copy, f) =
             (per_step[2].count(ReportClass::Copy).unwrap_or(0), get(&per_step[2], ReportClass::Copy));
         cl.expect(
@@ -770,6 +797,7 @@ pub const CASES: &[(&str, &str)] = &[
     ("64k-exit", "seq --folio 64K --child exit --stacks contpte_unfold"),
     ("2m-pte-exit", "seq --folio 2M --child exit"),
     ("2m-pmd-exit", "seq --folio 2M --pmd --child exit"),
+    ("2m-pmd-alive", "seq --folio 2M --pmd --child alive"),
     ("4k-alive", "seq --folio 4K --child alive"),
     ("64k-alive", "seq --folio 64K --child alive"),
     ("spurious-race", "threads-same --threads 4 --folio 4K --child exit"),
@@ -779,7 +807,7 @@ pub const CASES: &[(&str, &str)] = &[
 
 /// Cases run on every kernel by default (`cargo xtask test`).
 pub const DEFAULT_CASES: &[&str] =
-    &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "4k-alive", "spurious-race"];
+    &["4k-exit", "64k-exit", "2m-pte-exit", "2m-pmd-exit", "2m-pmd-alive", "4k-alive", "spurious-race"];
 
 /// `cases` as the guest runs them: `NAME:BENCH ARGS` joined by `;`.
 pub fn case_lines(cases: &[String]) -> Result<String> {

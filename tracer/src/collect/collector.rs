@@ -24,7 +24,7 @@ use faultscope_common::{
     KernelClass, PhaseId, Stat, StatKey,
 };
 
-use crate::kernel::classes::ReportClass;
+use crate::kernel::classes::{PmdOutcome, ReportClass};
 
 /// Counts per [`Origin`], in `Origin::ALL` order.
 pub type ByOrigin = [u64; Origin::COUNT];
@@ -77,6 +77,9 @@ pub struct Snapshot {
     /// Per (process, phase, class, folio order): the new anon folios the
     /// class's faults mapped (see [`per_folio`]).
     pub folios: BTreeMap<FolioKey, u64>,
+    /// Per (process, phase, outcome): the write-protect faults on
+    /// PMD-mapped THPs by what came of them.
+    pub pmd_outcomes: BTreeMap<(u32, PhaseId, PmdOutcome), u64>,
     /// Per (process, phase, kind of `classes::FAULT_KINDS`): the faults,
     /// partitioned.
     pub kinds: BTreeMap<(u32, PhaseId, &'static str), u64>,
@@ -319,6 +322,18 @@ pub fn per_folio(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<FolioKey, u64> 
     out
 }
 
+/// The write-protect faults on PMD-mapped THPs of each (process, phase),
+/// by outcome.
+pub fn per_pmd_outcome(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, PmdOutcome), u64> {
+    let mut out = BTreeMap::new();
+    for (k, v) in sets {
+        if let Some(o) = PmdOutcome::of(ClassSet(k.set)) {
+            *out.entry((k.tgid, k.phase, o)).or_default() += v.count;
+        }
+    }
+    out
+}
+
 /// The faults of each (process, phase) by kind (a partition).
 pub fn per_kind(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, &'static str), u64> {
     let mut out = BTreeMap::new();
@@ -363,6 +378,7 @@ impl Snapshot {
             stats: per_class(&sets),
             origins: per_origin(&sets),
             folios: per_folio(&sets),
+            pmd_outcomes: per_pmd_outcome(&sets),
             kinds: per_kind(&sets),
             accounted: accounted(&sets),
             stat_sets,
@@ -456,6 +472,7 @@ impl Snapshot {
         self.stats.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.origins.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.folios.retain(|k, _| !(k.0 == tgid && k.1 == phase));
+        self.pmd_outcomes.retain(|k, _| !(k.0 == tgid && k.1 == phase));
         self.accounted.remove(&(tgid, phase));
         self.mappings.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
         self.sites.retain(|k, _| !(k.tgid == tgid && k.phase == phase));
@@ -517,20 +534,38 @@ impl Snapshot {
                 origins.insert(*k, d);
             }
         }
-        let folios = self
-            .folios
-            .iter()
-            .map(|(k, v)| (*k, v.saturating_sub(earlier.folios.get(k).copied().unwrap_or(0))))
-            .filter(|(_, v)| *v > 0)
-            .collect();
+        let folios = counts_since(&self.folios, &earlier.folios);
+        let pmd_outcomes = counts_since(&self.pmd_outcomes, &earlier.pmd_outcomes);
         let accounted = self
             .accounted
             .iter()
             .map(|(k, v)| (*k, earlier.accounted.get(k).map_or(*v, |e| v.sub(e))))
             .collect();
         // Intervals show class counts only.
-        Snapshot { stats, origins, folios, accounted, ..Snapshot::default() }
+        Snapshot { stats, origins, folios, pmd_outcomes, accounted, ..Snapshot::default() }
     }
+
+    /// The PMD write-protect faults of `tgid` by outcome, over the run or
+    /// in one phase.
+    pub fn pmd_outcomes_in(&self, tgid: u32, phase: Option<PhaseId>) -> BTreeMap<PmdOutcome, u64> {
+        let mut out = BTreeMap::new();
+        for ((_, p, o), n) in
+            self.pmd_outcomes.range((tgid, 0, PmdOutcome::Reused)..).take_while(|(k, _)| k.0 == tgid)
+        {
+            if phase.is_none_or(|want| want == *p) {
+                *out.entry(*o).or_default() += n;
+            }
+        }
+        out
+    }
+}
+
+/// `now - earlier` per key, the keys left at 0 dropped.
+fn counts_since<K: Ord + Copy>(now: &BTreeMap<K, u64>, earlier: &BTreeMap<K, u64>) -> BTreeMap<K, u64> {
+    now.iter()
+        .map(|(k, v)| (*k, v.saturating_sub(earlier.get(k).copied().unwrap_or(0))))
+        .filter(|(_, v)| *v > 0)
+        .collect()
 }
 
 /// The frames of a stack in `STACK_TRACES` (leaf first), or none when the

@@ -470,6 +470,54 @@ pub fn fault_kinds_here(avail: &[(ReportClass, Availability)]) -> Vec<&'static s
     out
 }
 
+/// What came of a write-protect fault on a PMD-mapped THP
+/// (`do_huge_pmd_wp_page`), told from the rest of its fault's set. The
+/// kernel reuses the PMD (an exclusive THP: made writable in place), or
+/// copies the THP into a new one (a new anon folio in the same fault), or
+/// splits the PMD and returns `VM_FAULT_FALLBACK`, after which the same
+/// `handle_mm_fault` takes the page's write-protect fault on the PTEs
+/// (`do_wp_page`: counted as the reuse or copy it is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PmdOutcome {
+    Reused,
+    Copied,
+    Split,
+    /// Retried or failed: no outcome yet.
+    Other,
+}
+
+impl PmdOutcome {
+    pub const ALL: [PmdOutcome; 4] =
+        [PmdOutcome::Reused, PmdOutcome::Copied, PmdOutcome::Split, PmdOutcome::Other];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PmdOutcome::Reused => "reused",
+            PmdOutcome::Copied => "copied",
+            PmdOutcome::Split => "split",
+            PmdOutcome::Other => "other",
+        }
+    }
+
+    /// The outcome of a fault of set `set`, if it reached
+    /// `do_huge_pmd_wp_page`. A copy is seen by its new folio's order,
+    /// which is read only where folio sizes are measured.
+    pub fn of(set: ClassSet) -> Option<PmdOutcome> {
+        if !set.is_fault() || !set.has(KernelClass::HugePmdWp) {
+            return None;
+        }
+        Some(if set.has(KernelClass::Retry) || set.has(KernelClass::Error) {
+            PmdOutcome::Other
+        } else if set.has(KernelClass::WpFaults) {
+            PmdOutcome::Split
+        } else if set.folio_order().is_some() {
+            PmdOutcome::Copied
+        } else {
+            PmdOutcome::Reused
+        })
+    }
+}
+
 /// A short, bounded code for a reason `availability` gave: the need that
 /// is missing (`needs:wp_page`), for a metric label; the prose goes to
 /// the log.
@@ -567,6 +615,20 @@ pub fn measured_line(avail: &[(ReportClass, Availability)]) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_pmd_faults_outcome_from_the_rest_of_its_set() {
+        use faultscope_common::class::ClassSet;
+        let pmd = ClassSet::default().with(KernelClass::Faults).with(KernelClass::HugePmdWp);
+        assert_eq!(PmdOutcome::of(pmd), Some(PmdOutcome::Reused));
+        // The PTE fault after the split is the same handle_mm_fault.
+        let split = pmd.with(KernelClass::WpFaults).with(KernelClass::Copy).with_folio(1);
+        assert_eq!(PmdOutcome::of(split), Some(PmdOutcome::Split));
+        assert_eq!(fault_kind(split), Some("copy"));
+        assert_eq!(PmdOutcome::of(pmd.with_folio(10)), Some(PmdOutcome::Copied));
+        assert_eq!(PmdOutcome::of(pmd.with(KernelClass::Retry)), Some(PmdOutcome::Other));
+        assert_eq!(PmdOutcome::of(ClassSet::default().with(KernelClass::Faults)), None);
+    }
     use super::*;
 
     #[test]

@@ -11,10 +11,10 @@ use faultscope_common::{
     KernelClass, PhaseId,
 };
 
-use super::schema::{Attribution, Folded, FoldedSites, MappingRow, SiteRow, StackRow};
+use super::schema::{Attribution, CopySources, Folded, FoldedSites, MappingRow, SiteRow, StackRow};
 use crate::{
     attrib::{
-        mapping::{top_n, MapsHistory},
+        mapping::{top_n, Mapping, MapsHistory},
         sites::SiteSymbolizer,
         stacks::FoldedStacks,
     },
@@ -74,12 +74,8 @@ pub fn attribution(
 
     // Mappings: sum per key over the span, name each, merge the keys that
     // name one mapping (address granules), rank by total, fold the rest.
-    let mut by_start: BTreeMap<u64, ClassCounts> = BTreeMap::new();
-    for (k, v) in snap.mappings.iter().filter(|(k, _)| in_span(k.tgid, k.phase)) {
-        by_start.entry(k.start).or_insert(ClassCounts::ZERO).merge(v);
-    }
     let mut rows: Vec<MappingRow> = Vec::new();
-    for (start, c) in &by_start {
+    for (start, c) in &by_start(snap, tgid, phase) {
         let counts = n.counts(c);
         if counts.is_empty() {
             continue;
@@ -193,14 +189,11 @@ fn without_trampolines(frames: Vec<String>) -> Vec<String> {
     out
 }
 
-fn mapping_row(
-    history: Option<&MapsHistory>,
-    start: u64,
-    at: u64,
-    counts: BTreeMap<ReportClass, u64>,
-) -> MappingRow {
+/// The mapping a `MAPPINGS` key's start names at time `at`, and whether
+/// it is exact (see [`MappingRow::exact`]).
+fn resolve(history: Option<&MapsHistory>, start: u64, at: u64) -> Option<(&Mapping, bool)> {
     let addr = start & !START_IS_ADDR;
-    let found = history.and_then(|h| {
+    history.and_then(|h| {
         if start & START_IS_ADDR != 0 {
             // A granule: the mapping it falls in, else the first it overlaps.
             h.containing(addr, at).map(|r| (r.mapping, false)).or_else(|| {
@@ -214,7 +207,56 @@ fn mapping_row(
         } else {
             h.resolve(start, at).map(|r| (r.mapping, r.exact))
         }
-    });
+    })
+}
+
+/// The copies of `tgid` over `phase` (the whole run when `None`) by the
+/// kind of mapping they were in; `count` is the class's total, the rest of
+/// which no mapping was found for.
+pub fn copy_sources(
+    snap: &Snapshot,
+    n: &Namer<'_>,
+    (tgid, phase): (u32, Option<PhaseId>),
+    at: u64,
+    count: u64,
+) -> Option<CopySources> {
+    let class = n.metrics().find(|(m, _)| *m == ReportClass::Copy)?.1 as usize;
+    n.attrib.mappings.as_ref().ok()?;
+    let history = n.attrib.histories.get(&tgid);
+    let mut out = CopySources::default();
+    for (start, c) in by_start(snap, tgid, phase) {
+        let copies = c.counts.get(class).copied().unwrap_or(0);
+        match resolve(history, start, at) {
+            _ if copies == 0 => {}
+            Some((m, _)) if m.inode != 0 => {
+                out.file += copies;
+                out.file_exec += if m.perms.exec { copies } else { 0 };
+            }
+            Some(_) => out.anon += copies,
+            None => {}
+        }
+    }
+    out.unattributed = count.saturating_sub(out.anon + out.file);
+    Some(out)
+}
+
+/// A process's per-mapping counts over a span, summed per key start.
+fn by_start(snap: &Snapshot, tgid: u32, phase: Option<PhaseId>) -> BTreeMap<u64, ClassCounts> {
+    let mut out: BTreeMap<u64, ClassCounts> = BTreeMap::new();
+    for (k, v) in snap.mappings.iter().filter(|(k, _)| k.tgid == tgid && phase.is_none_or(|x| x == k.phase)) {
+        out.entry(k.start).or_insert(ClassCounts::ZERO).merge(v);
+    }
+    out
+}
+
+fn mapping_row(
+    history: Option<&MapsHistory>,
+    start: u64,
+    at: u64,
+    counts: BTreeMap<ReportClass, u64>,
+) -> MappingRow {
+    let addr = start & !START_IS_ADDR;
+    let found = resolve(history, start, at);
     match found {
         Some((m, exact)) => MappingRow {
             mapping: m.name.to_string(),
@@ -489,6 +531,36 @@ mod tests {
         // Resolved later, the heap's start names the mapping there then.
         let r = attribution(&snap, &n, 7, Some(1), 400);
         assert!(r.mappings.iter().any(|m| m.mapping == "[anon:later]"));
+    }
+
+    #[test]
+    fn copies_split_by_the_kind_of_mapping_and_the_rest_is_unattributed() {
+        let (mut snap, mut a, avail) = fixture(1);
+        // An executable private file mapping (a hot-patched text), and a
+        // start no snapshot has.
+        let text = "7f1000000000-7f1000200000 r-xp 00000000 08:01 78                         /usr/bin/x\n";
+        a.histories.get_mut(&7).unwrap().push(120, "exec", parse_maps(text).unwrap());
+        snap.mappings.insert(
+            MappingKey { tgid: 7, phase: 1, start: 0x7f1000000000 },
+            counts(&[(KernelClass::Copy, 4)]),
+        );
+        snap.mappings
+            .insert(MappingKey { tgid: 7, phase: 1, start: 0x1000 }, counts(&[(KernelClass::Copy, 3)]));
+        let frames = |_: i32| Vec::new();
+        let n = Namer::new(&a, &avail, &frames);
+        // Phase 1's copies: [heap] 2 and the anonymous region 5; the
+        // private mapping of /tmp/data 512 and the text 4; 3 unresolved;
+        // 2 the class counted that no mapping did.
+        let s = copy_sources(&snap, &n, (7, Some(1)), 150, 2 + 5 + 512 + 4 + 3 + 2).unwrap();
+        assert_eq!(s, CopySources { anon: 7, file: 516, file_exec: 4, unattributed: 5 });
+        // The whole run adds phase 2's copy in /tmp/data; folding the rows
+        // (max_mappings 1) loses nothing.
+        let s = copy_sources(&snap, &n, (7, None), 150, 529).unwrap();
+        assert_eq!((s.anon, s.file, s.unattributed), (7, 517, 5));
+        // Without per-mapping counts there is no split.
+        let b = Attrib::new(AttribOpts::default(), Err("off".into()));
+        let n = Namer::new(&b, &avail, &frames);
+        assert_eq!(copy_sources(&snap, &n, (7, None), 150, 529), None);
     }
 
     #[test]

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use faultscope_common::{hist, KernelClass, Origin, PhaseId, Program, Stat};
 
 use super::{
-    attribution::{attribution, Namer},
+    attribution::{attribution, copy_sources, Namer},
     schema::{
         sum_classes, Attribution, AttributionInfo, CheckResult, ClassValue, Classes, Folios, Interval,
         IntervalOthers, IntervalProcess, KernelCheck, Latency, Measured, Mode, NotMeasurable, Origins,
-        OtherProcesses, Phase, ProbeStatus, Process, RawLatency, Report, SystemWide, SCHEMA,
+        OtherProcesses, Phase, PmdOutcomes, ProbeStatus, Process, RawLatency, Report, SystemWide, SCHEMA,
     },
 };
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
         select::Bound,
     },
     kernel::{
-        classes::{Availability, ReportClass},
+        classes::{Availability, PmdOutcome, ReportClass},
         footprint::{self, Sizes},
         latency::LatencyTier,
         session,
@@ -49,6 +49,9 @@ pub struct Context<'a> {
     /// The order of each new anon folio is read (`copy` and `not_present`
     /// then have their folios by size).
     pub folio_sizes: bool,
+    /// What came of a PMD write-protect fault can be told: a THP copy by
+    /// its new folio's order, a split by the PTE fault after it.
+    pub pmd_outcomes: bool,
     pub drops: Drops,
     pub duration_ns: u64,
     pub timeline: &'a Timeline,
@@ -104,10 +107,14 @@ fn class_value(
             };
             let folios = (ctx.folio_sizes && matches!(m, ReportClass::Copy | ReportClass::NotPresent))
                 .then(|| Folios::from_orders(&snap.folios_in(tgid, phase, m)));
+            let outcomes = (ctx.pmd_outcomes && m == ReportClass::HugePmdWp)
+                .then(|| pmd_outcomes(&snap.pmd_outcomes_in(tgid, phase)));
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
                 origins: Some(origins),
                 folios,
+                sources: None,
+                outcomes,
                 latency: latency.map(|(l, buckets, raw)| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
@@ -126,6 +133,16 @@ fn class_value(
                 source: source.to_string(),
             })
         }
+    }
+}
+
+fn pmd_outcomes(by: &BTreeMap<PmdOutcome, u64>) -> PmdOutcomes {
+    let n = |o| by.get(&o).copied().unwrap_or(0);
+    PmdOutcomes {
+        reused: n(PmdOutcome::Reused),
+        copied: n(PmdOutcome::Copied),
+        split: n(PmdOutcome::Split),
+        other: n(PmdOutcome::Other),
     }
 }
 
@@ -280,6 +297,21 @@ fn derive_gup(c: &mut KernelCheck, (lo, hi): (u64, u64), dropped: Option<String>
     );
 }
 
+/// `c` with its copies split by the kind of mapping they were in, the
+/// mappings named as of `at`.
+fn with_sources(
+    mut c: Classes,
+    snap: &Snapshot,
+    ctx: &Context<'_>,
+    span: (u32, Option<u32>),
+    at: u64,
+) -> Classes {
+    if let (Some(n), Some(ClassValue::Measured(x))) = (ctx.namer, c.get_mut(&ReportClass::Copy)) {
+        x.sources = copy_sources(snap, n, span, at, x.count);
+    }
+    c
+}
+
 fn attrib(snap: &Snapshot, ctx: &Context<'_>, tgid: u32, phase: Option<u32>, at: u64) -> Attribution {
     match ctx.namer {
         Some(n) => attribution(snap, n, tgid, phase, at),
@@ -342,7 +374,7 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
         .map(|tgid| Process {
             pid: tgid,
             comm: ctx.comms.get(&tgid).cloned().unwrap_or_default(),
-            classes: classes(snap, tgid, None, ctx),
+            classes: with_sources(classes(snap, tgid, None, ctx), snap, ctx, (tgid, None), ctx.now_ns),
             attribution: attrib(snap, ctx, tgid, None, ctx.now_ns),
             kernel_check: kernel_check(snap, tgid, ctx),
             container: ctx.containers.get(&tgid).filter(|c| c.is_known()).cloned(),
@@ -358,10 +390,16 @@ pub fn build(snap: &Snapshot, ctx: &Context<'_>) -> Report {
                         start_ns: ph.start_ns,
                         end_ns: ph.end_ns,
                         children_alive: ph.children_alive as u64,
-                        classes: classes(snap, tgid, Some(ph.id), ctx),
                         // Named as of the phase's end: the maps snapshot
                         // of a phase is taken once its event is read, after
                         // its start, and a mapping may grow (brk) before it.
+                        classes: with_sources(
+                            classes(snap, tgid, Some(ph.id), ctx),
+                            snap,
+                            ctx,
+                            (tgid, Some(ph.id)),
+                            ph.end_ns.unwrap_or(ctx.now_ns),
+                        ),
                         attribution: attrib(snap, ctx, tgid, Some(ph.id), ph.end_ns.unwrap_or(ctx.now_ns)),
                     }
                 })
@@ -524,6 +562,9 @@ impl Recorder {
             accounting: &self.accounting,
             kernel_exceptions: self.session.attached(Program::PageFaultKernel),
             folio_sizes: self.session.attached(Program::NewAnonRmap) && self.session.folio_order.is_ok(),
+            pmd_outcomes: self.session.attached(Program::NewAnonRmap)
+                && self.session.folio_order.is_ok()
+                && self.session.attached(Program::WpPage),
             drops: self.drops()?,
             duration_ns: self.started.elapsed().as_nanos() as u64,
             timeline: &self.timeline,
@@ -618,6 +659,7 @@ mod tests {
             accounting,
             kernel_exceptions: false,
             folio_sizes: false,
+            pmd_outcomes: false,
             drops: Drops::default(),
             duration_ns: 1,
             timeline,

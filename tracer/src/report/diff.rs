@@ -326,9 +326,8 @@ mod tests {
             let v = ClassValue::Measured(Measured {
                 count: 100,
                 origins: Some(Origins { user: 100 - kernel, kernel: Some(kernel), gup: Some(0) }),
-                latency: None,
-                folios: None,
                 source: "k".into(),
+                ..Measured::default()
             });
             l.report.processes[0].classes.insert(ReportClass::Copy, v);
             l

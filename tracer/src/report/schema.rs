@@ -429,6 +429,12 @@ pub struct Measured {
     /// `copy` and `not_present`: the new anon folios their faults mapped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub folios: Option<Folios>,
+    /// `copy`: the copies by the kind of mapping they were made in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sources: Option<CopySources>,
+    /// `huge_pmd_wp`: what came of the faults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcomes: Option<PmdOutcomes>,
     /// How it was measured on that kernel.
     pub source: String,
 }
@@ -480,6 +486,68 @@ impl Folios {
             .collect();
         v.sort_unstable();
         v
+    }
+}
+
+/// Write-protect faults on PMD-mapped THPs by what the kernel did
+/// (`reused + copied + split + other = count`): the PMD made writable in
+/// place, the THP copied into a new one, or the PMD split into PTEs (the
+/// fault then goes on as a PTE write-protect fault, counted also as the
+/// `reuse` or `copy` it is); `other`: retried or failed. Absent where a
+/// copy cannot be told (folio sizes not read) or the PTE fault is not seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PmdOutcomes {
+    pub reused: u64,
+    pub copied: u64,
+    pub split: u64,
+    pub other: u64,
+}
+
+impl PmdOutcomes {
+    pub fn add(&mut self, o: &PmdOutcomes) {
+        self.reused += o.reused;
+        self.copied += o.copied;
+        self.split += o.split;
+        self.other += o.other;
+    }
+
+    /// The count of the outcome named `name`
+    /// ([`crate::kernel::classes::PmdOutcome::name`]).
+    pub fn get(&self, name: &str) -> Option<u64> {
+        Some(match name {
+            "reused" => self.reused,
+            "copied" => self.copied,
+            "split" => self.split,
+            "other" => self.other,
+            _ => return None,
+        })
+    }
+}
+
+/// COW copies by the mapping the fault was in, from the per-mapping counts
+/// (`anon + file + unattributed = count`): anonymous memory (heap, stack,
+/// mmap), a private file mapping (of those, `file_exec`: executable, where
+/// a hot patch or a uprobe writes), and copies in no mapping the maps
+/// history holds (a process gone before its maps were read, a full
+/// per-mapping map). A copy in a file mapping may copy a page that an
+/// earlier copy made anonymous; the first write to a file page that was
+/// not mapped yet is `not_present`. Absent: per-mapping counts are off.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CopySources {
+    pub anon: u64,
+    pub file: u64,
+    pub file_exec: u64,
+    pub unattributed: u64,
+}
+
+impl CopySources {
+    pub fn add(&mut self, o: &CopySources) {
+        self.anon += o.anon;
+        self.file += o.file;
+        self.file_exec += o.file_exec;
+        self.unattributed += o.unattributed;
     }
 }
 
@@ -839,6 +907,12 @@ pub fn sum_classes<'a>(phases: impl IntoIterator<Item = &'a Classes>) -> Classes
                         x.add(y);
                     }
                     if let (Some(x), Some(y)) = (a.folios.as_mut(), b.folios.as_ref()) {
+                        x.add(y);
+                    }
+                    if let (Some(x), Some(y)) = (a.sources.as_mut(), b.sources.as_ref()) {
+                        x.add(y);
+                    }
+                    if let (Some(x), Some(y)) = (a.outcomes.as_mut(), b.outcomes.as_ref()) {
                         x.add(y);
                     }
                 }

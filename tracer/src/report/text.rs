@@ -118,6 +118,24 @@ fn class_rows(out: &mut String, classes: &Classes, all: bool, arch: &str, c: Col
                 if let Some(f) = x.folios.as_ref().filter(|f| f.bytes > 0) {
                     let _ = writeln!(out, "{}", folios_line(f));
                 }
+                if let Some(s) = x.sources.as_ref().filter(|_| x.count > 0) {
+                    let _ = writeln!(out, "{}", sources_line(s));
+                }
+                if let Some(o) = x.outcomes.as_ref().filter(|_| x.count > 0) {
+                    let _ = writeln!(
+                        out,
+                        "    {:<20} reused {}, THP copied {}, split to PTEs {}{}",
+                        "outcome",
+                        count(o.reused),
+                        count(o.copied),
+                        count(o.split),
+                        if o.other > 0 {
+                            format!(", retried or failed {}", count(o.other))
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
             }
         }
     }
@@ -128,6 +146,18 @@ fn folios_line(f: &super::schema::Folios) -> String {
     let sizes: Vec<String> =
         f.by_size().iter().map(|(b, n)| format!("{} {}", crate::units::size(*b), count(*n))).collect();
     format!("    {:<20} {} ({})", "new folios", sizes.join(", "), crate::units::bytes(f.bytes))
+}
+
+/// Under `copy`: the kinds of mapping the copies were made in.
+fn sources_line(s: &super::schema::CopySources) -> String {
+    let mut parts = vec![format!("anon {}", count(s.anon)), format!("private file {}", count(s.file))];
+    if s.file_exec > 0 {
+        parts[1] += &format!(" (exec {})", count(s.file_exec));
+    }
+    if s.unattributed > 0 {
+        parts.push(format!("no mapping {}", count(s.unattributed)));
+    }
+    format!("    {:<20} {}", "copied in", parts.join(", "))
 }
 
 fn any_count(c: &Classes) -> bool {

@@ -3,7 +3,9 @@
 //! `--expect contpte_unfold=0`, `--expect 'spurious<=1%'`,
 //! `--expect 'reuse/folio<=1'`, `--expect 'copy.kernel<=10'` (one origin
 //! of a class), `--expect 'copy.bytes<=64M'`, `--expect 'copy.size.64K>=1'`
-//! (the new anon folios a class's faults mapped). Exit 0 when all hold, 1 when one fails (with the numbers),
+//! (the new anon folios a class's faults mapped), `--expect
+//! 'copy.source.file_exec=0'` (copies by the kind of mapping), `--expect
+//! 'huge_pmd_wp.outcome.split=0'` (what came of PMD write-protect faults). Exit 0 when all hold, 1 when one fails (with the numbers),
 //! 3 when a class is not measurable on that kernel.
 
 use anyhow::Result;
@@ -12,7 +14,10 @@ use super::{
     file::Loaded,
     schema::{present_write_faults, ClassValue, Report},
 };
-use crate::{error::Refusal, kernel::classes::ReportClass};
+use crate::{
+    error::Refusal,
+    kernel::classes::{PmdOutcome, ReportClass},
+};
 
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_NOT_MEASURABLE: i32 = 3;
@@ -58,6 +63,12 @@ pub enum Part {
     Bytes,
     /// `.size.64K`: its new anon folios of that size (in bytes).
     Size(u64),
+    /// `copy.source.file`: its copies in that kind of mapping
+    /// ([`SOURCES`]).
+    Source(&'static str),
+    /// `huge_pmd_wp.outcome.split`: its faults of that outcome
+    /// ([`PmdOutcome::name`]).
+    Outcome(&'static str),
 }
 
 impl Part {
@@ -69,6 +80,8 @@ impl Part {
             Part::Origin(o) => format!(".{o}"),
             Part::Bytes => ".bytes".into(),
             Part::Size(b) => format!(".size.{}", crate::units::size(b)),
+            Part::Source(k) => format!(".source.{k}"),
+            Part::Outcome(o) => format!(".outcome.{o}"),
         }
     }
 
@@ -85,10 +98,26 @@ impl Part {
                     format!("{text:?}: .size.{size}: a folio size is a power of two from 4K (4K, 64K, 2M)")
                 });
         }
+        if let Some(o) = s.strip_prefix("outcome.") {
+            return PmdOutcome::ALL.iter().map(|x| x.name()).find(|x| *x == o).map(Part::Outcome).ok_or_else(
+                || {
+                    let names: Vec<&str> = PmdOutcome::ALL.iter().map(|x| x.name()).collect();
+                    format!(
+                        "{text:?}: .outcome.{o}: an outcome of huge_pmd_wp is one of {}",
+                        names.join(", ")
+                    )
+                },
+            );
+        }
+        if let Some(kind) = s.strip_prefix("source.") {
+            return SOURCES.iter().find(|x| **x == kind).map(|k| Part::Source(k)).ok_or_else(|| {
+                format!("{text:?}: .source.{kind}: a copy's source is one of {}", SOURCES.join(", "))
+            });
+        }
         match ORIGINS.iter().find(|x| **x == s) {
             Some(o) => Ok(Part::Origin(o)),
             None => Err(format!(
-                "{text:?}: .{s}: after a class come an origin ({}), .bytes or .size.SIZE",
+                "{text:?}: .{s}: after a class come an origin ({}), .bytes, .size.SIZE, .source.KIND or .outcome.OUTCOME",
                 ORIGINS.join(", ")
             )),
         }
@@ -141,6 +170,12 @@ pub fn parse(text: &str) -> Result<Expect, String> {
     if percent && per.is_some() {
         return Err(format!("{text:?}: a percentage cannot be per folio or page"));
     }
+    if matches!(part, Part::Source(_)) && class != ReportClass::Copy {
+        return Err(format!("{text:?}: only copy is split by source"));
+    }
+    if matches!(part, Part::Outcome(_)) && class != ReportClass::HugePmdWp {
+        return Err(format!("{text:?}: only huge_pmd_wp is split by outcome"));
+    }
     if percent && matches!(part, Part::Bytes | Part::Size(_)) {
         return Err(format!("{text:?}: new folios and their bytes are compared as numbers, not percentages"));
     }
@@ -162,6 +197,9 @@ pub fn parse(text: &str) -> Result<Expect, String> {
 
 /// The origins a class splits into (the report's `origins` keys).
 pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
+
+/// The kinds of mapping `copy` splits into (the report's `sources` keys).
+pub const SOURCES: [&str; 4] = ["anon", "file", "file_exec", "unattributed"];
 
 /// The verdict on one expectation.
 #[derive(Debug, PartialEq)]
@@ -207,6 +245,24 @@ fn sum_class(r: &Report, m: ReportClass, part: Part, o: &Scope) -> Result<u64, V
                     })?,
                     Part::Bytes => folios()?.bytes,
                     Part::Size(b) => folios()?.of_size(&crate::units::size(b)),
+                    Part::Source(k) => {
+                        let s = x.sources.as_ref().ok_or_else(|| {
+                            Verdict::NotMeasurable(format!(
+                                "{m}.source.{k} is not measurable in this report: per-mapping counts were off"
+                            ))
+                        })?;
+                        match k {
+                            "anon" => s.anon,
+                            "file" => s.file,
+                            "file_exec" => s.file_exec,
+                            _ => s.unattributed,
+                        }
+                    }
+                    Part::Outcome(o) => x.outcomes.as_ref().and_then(|os| os.get(o)).ok_or_else(|| {
+                        Verdict::NotMeasurable(format!(
+                            "{m}.outcome.{o} is not measurable on this kernel: a THP copy or a split cannot be told (see the report's probes: new_anon_rmap, wp_page)"
+                        ))
+                    })?,
                 };
                 total = total.checked_add(n).ok_or_else(|| {
                     Verdict::Fail(format!("{m}: the counts of the report overflow when summed"))
@@ -407,7 +463,7 @@ mod tests {
         assert_eq!(parse("reuse.gup/page<=1").unwrap().per, Some(Per::Page));
         assert!(parse("copy.kernal<=1")
             .unwrap_err()
-            .contains("an origin (user, kernel, gup), .bytes or .size.SIZE"));
+            .contains("an origin (user, kernel, gup), .bytes, .size.SIZE, .source.KIND or .outcome.OUTCOME"));
     }
 
     #[test]
@@ -418,9 +474,8 @@ mod tests {
             ClassValue::Measured(Measured {
                 count: 100 + kernel + gup.unwrap_or(0),
                 origins: Some(Origins { user: 100, kernel: Some(kernel), gup }),
-                latency: None,
-                folios: None,
                 source: "kprobe".into(),
+                ..Measured::default()
             })
         };
         r.processes[0].classes.insert(ReportClass::Copy, copy(30, Some(20)));
@@ -463,6 +518,53 @@ mod tests {
         // Not read on this kernel: not measurable, never 0.
         r.processes[0].classes.insert(ReportClass::Copy, copy(None));
         assert!(matches!(v("copy.bytes=0", &r), Verdict::NotMeasurable(m) if m.contains("copy.bytes")));
+    }
+
+    #[test]
+    fn copies_by_the_kind_of_mapping() {
+        use crate::report::schema::{CopySources, Measured};
+        assert_eq!(parse("copy.source.file_exec=0").unwrap().part, Part::Source("file_exec"));
+        assert!(parse("copy.source.shm=0").unwrap_err().contains("one of anon, file, file_exec"));
+        assert!(parse("reuse.source.file=0").unwrap_err().contains("only copy"));
+        let mut r = report(not_measurable("arm64 only"));
+        let copy = |sources: Option<CopySources>| {
+            ClassValue::Measured(Measured { count: 10, sources, source: "k".into(), ..Measured::default() })
+        };
+        let s = CopySources { anon: 6, file: 3, file_exec: 1, unattributed: 1 };
+        r.processes[0].classes.insert(ReportClass::Copy, copy(Some(s)));
+        let o = opts(None);
+        let v = |t: &str, r: &Report| check(r, &parse(t).unwrap(), &o);
+        assert!(matches!(v("copy.source.file=3", &r), Verdict::Pass(_)));
+        assert!(matches!(v("copy.source.file_exec=0", &r), Verdict::Fail(m) if m.contains("is 1")));
+        assert!(matches!(v("copy.source.unattributed<=1", &r), Verdict::Pass(_)));
+        r.processes[0].classes.insert(ReportClass::Copy, copy(None));
+        assert!(
+            matches!(v("copy.source.anon=0", &r), Verdict::NotMeasurable(m) if m.contains("per-mapping"))
+        );
+    }
+
+    #[test]
+    fn pmd_faults_by_outcome() {
+        use crate::report::schema::{Measured, PmdOutcomes};
+        assert_eq!(parse("huge_pmd_wp.outcome.split=0").unwrap().part, Part::Outcome("split"));
+        assert!(parse("huge_pmd_wp.outcome.moved=0")
+            .unwrap_err()
+            .contains("one of reused, copied, split, other"));
+        assert!(parse("copy.outcome.split=0").unwrap_err().contains("only huge_pmd_wp"));
+        let mut r = report(not_measurable("arm64 only"));
+        let wp = |outcomes: Option<PmdOutcomes>| {
+            ClassValue::Measured(Measured { count: 8, outcomes, source: "k".into(), ..Measured::default() })
+        };
+        r.processes[0].classes.insert(
+            ReportClass::HugePmdWp,
+            wp(Some(PmdOutcomes { reused: 6, split: 2, ..PmdOutcomes::default() })),
+        );
+        let o = opts(None);
+        let v = |t: &str, r: &Report| check(r, &parse(t).unwrap(), &o);
+        assert!(matches!(v("huge_pmd_wp.outcome.reused=6", &r), Verdict::Pass(_)));
+        assert!(matches!(v("huge_pmd_wp.outcome.split=0", &r), Verdict::Fail(m) if m.contains("is 2")));
+        r.processes[0].classes.insert(ReportClass::HugePmdWp, wp(None));
+        assert!(matches!(v("huge_pmd_wp.outcome.copied=0", &r), Verdict::NotMeasurable(_)));
     }
 
     #[test]
