@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
     file::Loaded,
-    schema::{Attribution, Classes, MappingRow, Process, Report},
+    schema::{Attribution, ClassValue, Classes, MappingRow, Process, Report},
 };
 use crate::kernel::classes::ReportClass;
 
@@ -155,6 +155,7 @@ pub fn diff(la: &Loaded, lb: &Loaded) -> String {
             };
             let _ = writeln!(out, "{name:<34} {:<16} {ta:>12} {tb:>12} {ratio:>9}", m.name());
             origin_rows(&mut out, &name, m, ca, cb);
+            part_rows(&mut out, &name, m, ca, cb);
         }
     }
     if !by_mapping.is_empty() {
@@ -230,6 +231,69 @@ fn origin_rows(out: &mut String, scope: &str, m: ReportClass, a: Option<&Classes
         };
         let _ =
             writeln!(out, "{scope:<34} {:<16} {:>12} {:>12} {r:>9}", format!("{m}.{o}"), cell(va), cell(vb));
+    }
+}
+
+/// The parts of a class's count (`copy.bytes`, `copy.size.64K`,
+/// `copy.source.file`, `huge_pmd_wp.outcome.split`: as `verify` names
+/// them), A beside B, where either run has some.
+fn part_rows(out: &mut String, scope: &str, m: ReportClass, a: Option<&Classes>, b: Option<&Classes>) {
+    let parts = |c: Option<&Classes>| -> BTreeMap<(u8, u64, String), u64> {
+        let Some(ClassValue::Measured(x)) = c.and_then(|c| c.get(&m)) else { return BTreeMap::new() };
+        let mut out = BTreeMap::new();
+        if let Some(f) = &x.folios {
+            out.insert((0, 0, "bytes".into()), f.bytes);
+            for (size, n) in f.by_size() {
+                out.insert((1, size, format!("size.{}", crate::units::size(size))), n);
+            }
+        }
+        if let Some(s) = &x.sources {
+            for (i, (k, n)) in [
+                ("anon", s.anon),
+                ("file", s.file),
+                ("file_exec", s.file_exec),
+                ("unattributed", s.unattributed),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                out.insert((2, i as u64, format!("source.{k}")), n);
+            }
+        }
+        if let Some(o) = &x.outcomes {
+            for (i, (k, n)) in
+                [("reused", o.reused), ("copied", o.copied), ("split", o.split), ("other", o.other)]
+                    .into_iter()
+                    .enumerate()
+            {
+                out.insert((3, i as u64, format!("outcome.{k}")), n);
+            }
+        }
+        out
+    };
+    let (pa, pb) = (parts(a), parts(b));
+    let keys: std::collections::BTreeSet<&(u8, u64, String)> = pa.keys().chain(pb.keys()).collect();
+    for k in keys {
+        // A size none was mapped of is 0 where sizes were read.
+        let get = |p: &BTreeMap<(u8, u64, String), u64>| {
+            p.get(k).copied().or_else(|| (k.0 == 1 && p.contains_key(&(0, 0, "bytes".into()))).then_some(0))
+        };
+        let (va, vb) = (get(&pa), get(&pb));
+        if va.unwrap_or(0) + vb.unwrap_or(0) == 0 {
+            continue;
+        }
+        let cell = |v: Option<u64>| v.map_or_else(|| "n/m".to_string(), |n| n.to_string());
+        let r = match (va, vb) {
+            (Some(x), Some(y)) => ratio(x, y),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{scope:<34} {:<16} {:>12} {:>12} {r:>9}",
+            format!("{m}.{}", k.2),
+            cell(va),
+            cell(vb)
+        );
     }
 }
 
@@ -339,6 +403,28 @@ mod tests {
         // A user-only class has no origin rows.
         let d = diff(&with(0), &with(0));
         assert!(!d.contains("copy.user"), "{d}");
+    }
+
+    #[test]
+    fn what_copies_allocated_side_by_side() {
+        use crate::report::schema::{ClassValue, Folios, Measured};
+        // A stock kernel copies 4K pages; one with mTHP for wp copies 64K.
+        let with = |order: u32, n: u64| {
+            let mut l = bench("7.3", "64K", 100);
+            let v = ClassValue::Measured(Measured {
+                count: n,
+                folios: Some(Folios::from_orders(&[(order, n)].into())),
+                source: "k".into(),
+                ..Measured::default()
+            });
+            l.report.processes[0].classes.insert(ReportClass::Copy, v);
+            l
+        };
+        let d = diff(&with(0, 4096), &with(4, 256));
+        let row = |part: &str| d.lines().find(|l| l.starts_with("whole run") && l.contains(part)).unwrap();
+        assert!(row("copy.bytes ").contains(" 16777216 ") && row("copy.bytes ").contains("1.000"), "{d}");
+        assert!(row("copy.size.4K ").contains(" 4096 ") && row("copy.size.4K ").contains(" 0 "), "{d}");
+        assert!(row("copy.size.64K ").contains(" 256 ") && row("copy.size.64K ").contains("new"), "{d}");
     }
 
     #[test]
