@@ -112,9 +112,9 @@ fn class_value(
             ClassValue::Measured(Measured {
                 count: s.map(|s| s.count).unwrap_or(0),
                 origins: Some(origins),
-                folios,
+                folios: folios.map(Box::new),
                 sources: None,
-                outcomes,
+                outcomes: outcomes.map(Box::new),
                 latency: latency.map(|(l, buckets, raw)| Latency {
                     p50_ns: l.p50_ns,
                     p99_ns: l.p99_ns,
@@ -307,7 +307,7 @@ fn with_sources(
     at: u64,
 ) -> Classes {
     if let (Some(n), Some(ClassValue::Measured(x))) = (ctx.namer, c.get_mut(&ReportClass::Copy)) {
-        x.sources = copy_sources(snap, n, span, at, x.count);
+        x.sources = copy_sources(snap, n, span, at, x.count).map(Box::new);
     }
     c
 }

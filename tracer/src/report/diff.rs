@@ -413,7 +413,7 @@ mod tests {
             let mut l = bench("7.3", "64K", 100);
             let v = ClassValue::Measured(Measured {
                 count: n,
-                folios: Some(Folios::from_orders(&[(order, n)].into())),
+                folios: Some(Box::new(Folios::from_orders(&[(order, n)].into()))),
                 source: "k".into(),
                 ..Measured::default()
             });

@@ -428,13 +428,13 @@ pub struct Measured {
     pub latency: Option<Latency>,
     /// `copy` and `not_present`: the new anon folios their faults mapped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub folios: Option<Folios>,
+    pub folios: Option<Box<Folios>>,
     /// `copy`: the copies by the kind of mapping they were made in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sources: Option<CopySources>,
+    pub sources: Option<Box<CopySources>>,
     /// `huge_pmd_wp`: what came of the faults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outcomes: Option<PmdOutcomes>,
+    pub outcomes: Option<Box<PmdOutcomes>>,
     /// How it was measured on that kernel.
     pub source: String,
 }

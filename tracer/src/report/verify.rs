@@ -504,7 +504,12 @@ mod tests {
         // 16 copies of 4K and 2 of 64K: 192K.
         let by_order = [(0u32, 16u64), (4, 2)].into();
         let copy = |folios: Option<Folios>| {
-            ClassValue::Measured(Measured { count: 18, folios, source: "k".into(), ..Measured::default() })
+            ClassValue::Measured(Measured {
+                count: 18,
+                folios: folios.map(Box::new),
+                source: "k".into(),
+                ..Measured::default()
+            })
         };
         r.processes[0].classes.insert(ReportClass::Copy, copy(Some(Folios::from_orders(&by_order))));
         let o = opts(None);
@@ -528,7 +533,12 @@ mod tests {
         assert!(parse("reuse.source.file=0").unwrap_err().contains("only copy"));
         let mut r = report(not_measurable("arm64 only"));
         let copy = |sources: Option<CopySources>| {
-            ClassValue::Measured(Measured { count: 10, sources, source: "k".into(), ..Measured::default() })
+            ClassValue::Measured(Measured {
+                count: 10,
+                sources: sources.map(Box::new),
+                source: "k".into(),
+                ..Measured::default()
+            })
         };
         let s = CopySources { anon: 6, file: 3, file_exec: 1, unattributed: 1 };
         r.processes[0].classes.insert(ReportClass::Copy, copy(Some(s)));
@@ -553,7 +563,12 @@ mod tests {
         assert!(parse("copy.outcome.split=0").unwrap_err().contains("only huge_pmd_wp"));
         let mut r = report(not_measurable("arm64 only"));
         let wp = |outcomes: Option<PmdOutcomes>| {
-            ClassValue::Measured(Measured { count: 8, outcomes, source: "k".into(), ..Measured::default() })
+            ClassValue::Measured(Measured {
+                count: 8,
+                outcomes: outcomes.map(Box::new),
+                source: "k".into(),
+                ..Measured::default()
+            })
         };
         r.processes[0].classes.insert(
             ReportClass::HugePmdWp,
