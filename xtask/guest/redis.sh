@@ -170,6 +170,26 @@ for r in ${RUNS:-run1 run2}; do
 		info run2 end
 		stop_redis run2
 		;;
+	# COW during a save: the child slowed to COW_SAVE_DELAY_US a key
+	# (rdb-key-save-delay), SETs while it saves, which must end before it
+	# does (@@FS-SAVING-AFTER-SETS 1): the child's last measure of its
+	# private dirty memory (rdb_last_cow_size) then follows every copy.
+	cow)
+		start_redis cow
+		info cow before
+		cli CONFIG SET rdb-key-save-delay ${COW_SAVE_DELAY_US:-100} > /dev/null
+		record_start cow
+		t0=$(uptime_s)
+		r=$(cli BGSAVE)
+		bench cow ${COW_REQUESTS:-20000}
+		echo "@@FS-SAVING-AFTER-SETS cow $(info_field persistence rdb_bgsave_in_progress)"
+		wait_until 300 bgsave_done || fail "cow: BGSAVE did not end"
+		t1=$(uptime_s)
+		echo "@@FS-BGSAVE cow $t0 $t1 $r"
+		record_stop cow
+		info cow end
+		stop_redis cow
+		;;
 	# Run 1 on 64K mTHP: Redis keeps THP on for itself (disable-thp no), so
 	# its heap gets 64K folios, which the kernel reuses after the BGSAVE
 	# page by page or whole. @@FS-MTHP-ALLOC: 64K folios allocated in all.

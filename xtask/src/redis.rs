@@ -21,7 +21,7 @@ use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{Mode, Phase},
+    report::schema::{ClassValue, Mode, Phase},
 };
 
 use crate::{
@@ -44,9 +44,10 @@ const UPTIME_RES_NS: u64 = 10_000_000;
 pub const MTHP_KERNELS: [&str; 3] = ["6.12-amd64", "7.3-amd64", "7.3-folio-reuse-amd64"];
 
 /// The runs of redis.sh, with what each does.
-const RUNS: [(&str, &str); 3] = [
+const RUNS: [(&str, &str); 4] = [
     ("run1", "attach after BGSAVE (the child has exited), then SETs"),
     ("run2", "attach, then BGSAVE, then SETs"),
+    ("cow", "attach, then a slowed BGSAVE, SETs while the child saves"),
     ("mthp", "64K mTHP: attach after BGSAVE, then SETs"),
 ];
 
@@ -54,6 +55,18 @@ const RUNS: [(&str, &str); 3] = [
 /// the keys fill (so each kernel's shape shows), in a third of the time of
 /// the walk-through's 100k. The demo's row sends `requests`.
 const TEST_MTHP_REQUESTS: u64 = 30_000;
+
+/// SETs of the COW run, sent while the child saves: about 2 s under TCG.
+const COW_REQUESTS: u64 = 20_000;
+
+/// The COW run's child sleeps this long a key (`rdb-key-save-delay`, µs):
+/// 10 s or more over 100k keys, several times the SETs' time.
+const COW_SAVE_DELAY_US: u64 = 100;
+
+/// What a parent's copies may add that the child's private dirty memory
+/// does not: a copy of the zero page (memory read before it was written)
+/// leaves the child nothing. 256 pages.
+const ZERO_PAGE_COPIES: u64 = 256 * 4096;
 
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     let mthp_requests = requests.min(TEST_MTHP_REQUESTS);
@@ -65,7 +78,7 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
             continue;
         }
         // The 4K walk-through runs in the first kernel's guest too.
-        let runs: &[&str] = if i == 0 { &["run1", "run2", "mthp"] } else { &["mthp"] };
+        let runs: &[&str] = if i == 0 { &["run1", "run2", "cow", "mthp"] } else { &["mthp"] };
         match guest(k, runs, keys, value_size, requests, mthp_requests) {
             Ok((row, mut f)) => {
                 rows.push(row);
@@ -131,6 +144,8 @@ fn guest(
         ("VALUE_SIZE", value_size.to_string()),
         ("REQUESTS", requests.to_string()),
         ("MTHP_REQUESTS", mthp_requests.to_string()),
+        ("COW_REQUESTS", COW_REQUESTS.to_string()),
+        ("COW_SAVE_DELAY_US", COW_SAVE_DELAY_US.to_string()),
         ("RUNS", runs.join(" ")),
     ];
     let name = format!("redis/{}", k.name);
@@ -454,6 +469,9 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
     } else {
         check_bgsave_phases(run, name, phases, &forks, (t0, t1), &mut cl)?;
     }
+    if name == "cow" {
+        check_cow(run, name, phases, &mut cl)?;
+    }
     if name == "run2" {
         for (file, block, text) in walkthroughs(&report) {
             let checked = crate::walkthrough::check(file, block, &text);
@@ -563,6 +581,50 @@ fn phase_table(cl: &mut Checklist, p: &faultscope::report::schema::Process) {
     }
 }
 
+/// The COW run: the bytes the parent's copies allocated while the child
+/// saved, beside Redis's own measure of them, `rdb_last_cow_size`: the
+/// child's private dirty memory (smaps) when it finished. Each copy leaves
+/// the child the old page, dirty and its own, so the copies' bytes are at
+/// most that (plus [`ZERO_PAGE_COPIES`]); the rest is the child's own
+/// memory and pages the parent freed while the child lived.
+fn check_cow(run: &vm::GuestRun, name: &str, phases: &[Phase], cl: &mut Checklist) -> Result<()> {
+    let saving = run.marker("SAVING-AFTER-SETS", name).unwrap_or_default();
+    cl.expect(
+        saving == "1",
+        format!("the child still saved when the SETs ended (rdb_bgsave_in_progress {saving:?}; if 0, raise COW_SAVE_DELAY_US)"),
+    );
+    let info = parse_info(run.section(&format!("{name}.info.end"))?);
+    let rdb: u64 =
+        info.get("rdb_last_cow_size").and_then(|v| v.parse().ok()).context("no rdb_last_cow_size")?;
+    let Some(alive) = phases.iter().find(|ph| ph.name == "fork#1 child-alive") else {
+        cl.expect(false, "no child-alive phase");
+        return Ok(());
+    };
+    let Some(ClassValue::Measured(copy)) = alive.classes.get(&ReportClass::Copy) else {
+        cl.expect(false, "copy is not measured");
+        return Ok(());
+    };
+    let Some(bytes) = copy.folios.as_ref().map(|f| f.bytes) else {
+        cl.expect(false, "copy has no folio sizes");
+        return Ok(());
+    };
+    cl.line(format!(
+        "  COW while the child saved: faultscope {} copies, {} copied ({bytes} bytes); Redis rdb_last_cow_size {rdb} bytes; the difference {} (the child's own memory, pages the parent freed)",
+        copy.count,
+        faultscope::units::bytes(bytes),
+        rdb as i64 - bytes as i64
+    ));
+    cl.expect(
+        copy.count > 0 && bytes == copy.count * 4096,
+        format!("the SETs copied pages, each 4K (Redis turns THP off): {} copies, {bytes} bytes", copy.count),
+    );
+    cl.expect(
+        bytes <= rdb + ZERO_PAGE_COPIES,
+        format!("copied {bytes} <= rdb_last_cow_size {rdb} + {ZERO_PAGE_COPIES} (zero-page copies)"),
+    );
+    Ok(())
+}
+
 /// Run 2: the fork phases against Redis' own account of the BGSAVE:
 /// exactly one fork while attached (INFO total_forks and rdb_saves +1), the
 /// BGSAVE ended ok, the child lived within the BGSAVE command's window (one
@@ -655,11 +717,14 @@ fn check_bgsave_phases(
         cl.expect(false, "INFO has no latest_fork_usec or rdb_last_bgsave_time_sec");
     }
     check_child_alive_attribution(alive, cl);
-    let reuse_after = count(&exit.classes, ReportClass::Reuse).unwrap_or(0);
-    cl.expect(
-        reuse_after > 0,
-        format!("the SETs after the child's exit reuse write-protected pages: reuse {reuse_after}"),
-    );
+    // The COW run's SETs end before the child does.
+    if name != "cow" {
+        let reuse_after = count(&exit.classes, ReportClass::Reuse).unwrap_or(0);
+        cl.expect(
+            reuse_after > 0,
+            format!("the SETs after the child's exit reuse write-protected pages: reuse {reuse_after}"),
+        );
+    }
     Ok(())
 }
 
