@@ -322,27 +322,30 @@ pub fn per_folio(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<FolioKey, u64> 
     out
 }
 
-/// The write-protect faults on PMD-mapped THPs of each (process, phase),
-/// by outcome.
-pub fn per_pmd_outcome(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, PmdOutcome), u64> {
+/// The faults of each (process, phase) summed by what `of` makes of their
+/// class set (sets it makes nothing of left out).
+fn tally<K: Ord>(
+    sets: &BTreeMap<ClassSetKey, Stat>,
+    of: impl Fn(ClassSet) -> Option<K>,
+) -> BTreeMap<(u32, PhaseId, K), u64> {
     let mut out = BTreeMap::new();
     for (k, v) in sets {
-        if let Some(o) = PmdOutcome::of(ClassSet(k.set)) {
-            *out.entry((k.tgid, k.phase, o)).or_default() += v.count;
+        if let Some(x) = of(ClassSet(k.set)) {
+            *out.entry((k.tgid, k.phase, x)).or_default() += v.count;
         }
     }
     out
 }
 
+/// The write-protect faults on PMD-mapped THPs of each (process, phase),
+/// by outcome.
+pub fn per_pmd_outcome(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, PmdOutcome), u64> {
+    tally(sets, PmdOutcome::of)
+}
+
 /// The faults of each (process, phase) by kind (a partition).
 pub fn per_kind(sets: &BTreeMap<ClassSetKey, Stat>) -> BTreeMap<(u32, PhaseId, &'static str), u64> {
-    let mut out = BTreeMap::new();
-    for (k, v) in sets {
-        if let Some(kind) = crate::kernel::classes::fault_kind(ClassSet(k.set)) {
-            *out.entry((k.tgid, k.phase, kind)).or_default() += v.count;
-        }
-    }
-    out
+    tally(sets, crate::kernel::classes::fault_kind)
 }
 
 /// Per (process, phase), the faults the kernel accounts as

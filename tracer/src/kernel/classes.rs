@@ -487,18 +487,6 @@ pub enum PmdOutcome {
 }
 
 impl PmdOutcome {
-    pub const ALL: [PmdOutcome; 4] =
-        [PmdOutcome::Reused, PmdOutcome::Copied, PmdOutcome::Split, PmdOutcome::Other];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PmdOutcome::Reused => "reused",
-            PmdOutcome::Copied => "copied",
-            PmdOutcome::Split => "split",
-            PmdOutcome::Other => "other",
-        }
-    }
-
     /// The outcome of a fault of set `set`, if it reached
     /// `do_huge_pmd_wp_page`. A copy is seen by its new folio's order,
     /// which is read only where folio sizes are measured.

@@ -7,7 +7,7 @@ use crate::term::safe;
 use std::{cell::RefCell, collections::BTreeMap, fmt::Write as _};
 
 use faultscope_common::{
-    attrib::{ClassCounts, ADDR_GRANULE, START_IS_ADDR},
+    attrib::{ClassCounts, MappingKey, ADDR_GRANULE, START_IS_ADDR},
     KernelClass, PhaseId,
 };
 
@@ -243,7 +243,12 @@ pub fn copy_sources(
 /// A process's per-mapping counts over a span, summed per key start.
 fn by_start(snap: &Snapshot, tgid: u32, phase: Option<PhaseId>) -> BTreeMap<u64, ClassCounts> {
     let mut out: BTreeMap<u64, ClassCounts> = BTreeMap::new();
-    for (k, v) in snap.mappings.iter().filter(|(k, _)| k.tgid == tgid && phase.is_none_or(|x| x == k.phase)) {
+    // The keys sort by process first: its own, not every process's.
+    let own = snap
+        .mappings
+        .range(MappingKey { tgid, ..MappingKey::default() }..)
+        .take_while(|(k, _)| k.tgid == tgid);
+    for (k, v) in own.filter(|(k, _)| phase.is_none_or(|x| x == k.phase)) {
         out.entry(k.start).or_insert(ClassCounts::ZERO).merge(v);
     }
     out

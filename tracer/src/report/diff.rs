@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
     file::Loaded,
-    schema::{Attribution, ClassValue, Classes, MappingRow, Process, Report},
+    schema::{Attribution, ClassValue, Classes, CopySources, MappingRow, PmdOutcomes, Process, Report},
 };
 use crate::kernel::classes::ReportClass;
 
@@ -248,25 +248,13 @@ fn part_rows(out: &mut String, scope: &str, m: ReportClass, a: Option<&Classes>,
             }
         }
         if let Some(s) = &x.sources {
-            for (i, (k, n)) in [
-                ("anon", s.anon),
-                ("file", s.file),
-                ("file_exec", s.file_exec),
-                ("unattributed", s.unattributed),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                out.insert((2, i as u64, format!("source.{k}")), n);
+            for (i, k) in CopySources::NAMES.iter().enumerate() {
+                out.insert((2, i as u64, format!("source.{k}")), s.get(k).unwrap_or(0));
             }
         }
         if let Some(o) = &x.outcomes {
-            for (i, (k, n)) in
-                [("reused", o.reused), ("copied", o.copied), ("split", o.split), ("other", o.other)]
-                    .into_iter()
-                    .enumerate()
-            {
-                out.insert((3, i as u64, format!("outcome.{k}")), n);
+            for (i, k) in PmdOutcomes::NAMES.iter().enumerate() {
+                out.insert((3, i as u64, format!("outcome.{k}")), o.get(k).unwrap_or(0));
             }
         }
         out

@@ -505,6 +505,9 @@ pub struct PmdOutcomes {
 }
 
 impl PmdOutcomes {
+    /// The outcomes' names (the JSON keys).
+    pub const NAMES: [&'static str; 4] = ["reused", "copied", "split", "other"];
+
     pub fn add(&mut self, o: &PmdOutcomes) {
         self.reused += o.reused;
         self.copied += o.copied;
@@ -512,8 +515,7 @@ impl PmdOutcomes {
         self.other += o.other;
     }
 
-    /// The count of the outcome named `name`
-    /// ([`crate::kernel::classes::PmdOutcome::name`]).
+    /// The count of the outcome named `name` (one of [`Self::NAMES`]).
     pub fn get(&self, name: &str) -> Option<u64> {
         Some(match name {
             "reused" => self.reused,
@@ -543,6 +545,20 @@ pub struct CopySources {
 }
 
 impl CopySources {
+    /// The parts' names (the JSON keys), as `verify` and `diff` name them.
+    pub const NAMES: [&'static str; 4] = ["anon", "file", "file_exec", "unattributed"];
+
+    /// The part named `name` (one of [`Self::NAMES`]).
+    pub fn get(&self, name: &str) -> Option<u64> {
+        Some(match name {
+            "anon" => self.anon,
+            "file" => self.file,
+            "file_exec" => self.file_exec,
+            "unattributed" => self.unattributed,
+            _ => return None,
+        })
+    }
+
     pub fn add(&mut self, o: &CopySources) {
         self.anon += o.anon;
         self.file += o.file;

@@ -12,12 +12,9 @@ use anyhow::Result;
 
 use super::{
     file::Loaded,
-    schema::{present_write_faults, ClassValue, Report},
+    schema::{present_write_faults, ClassValue, CopySources, PmdOutcomes, Report},
 };
-use crate::{
-    error::Refusal,
-    kernel::classes::{PmdOutcome, ReportClass},
-};
+use crate::{error::Refusal, kernel::classes::ReportClass};
 
 pub const EXIT_FAILED: i32 = 1;
 pub const EXIT_NOT_MEASURABLE: i32 = 3;
@@ -64,10 +61,10 @@ pub enum Part {
     /// `.size.64K`: its new anon folios of that size (in bytes).
     Size(u64),
     /// `copy.source.file`: its copies in that kind of mapping
-    /// ([`SOURCES`]).
+    /// ([`CopySources::NAMES`]).
     Source(&'static str),
     /// `huge_pmd_wp.outcome.split`: its faults of that outcome
-    /// ([`PmdOutcome::name`]).
+    /// ([`PmdOutcomes::NAMES`]).
     Outcome(&'static str),
 }
 
@@ -98,21 +95,19 @@ impl Part {
                     format!("{text:?}: .size.{size}: a folio size is a power of two from 4K (4K, 64K, 2M)")
                 });
         }
-        if let Some(o) = s.strip_prefix("outcome.") {
-            return PmdOutcome::ALL.iter().map(|x| x.name()).find(|x| *x == o).map(Part::Outcome).ok_or_else(
-                || {
-                    let names: Vec<&str> = PmdOutcome::ALL.iter().map(|x| x.name()).collect();
-                    format!(
-                        "{text:?}: .outcome.{o}: an outcome of huge_pmd_wp is one of {}",
-                        names.join(", ")
-                    )
-                },
-            );
-        }
-        if let Some(kind) = s.strip_prefix("source.") {
-            return SOURCES.iter().find(|x| **x == kind).map(|k| Part::Source(k)).ok_or_else(|| {
-                format!("{text:?}: .source.{kind}: a copy's source is one of {}", SOURCES.join(", "))
-            });
+        // A part of a class's split: `.source.KIND` (copy) or
+        // `.outcome.OUTCOME` (huge_pmd_wp).
+        for (prefix, names, part, what) in [
+            ("source.", &CopySources::NAMES, Part::Source as fn(&'static str) -> Part, "a copy's source"),
+            ("outcome.", &PmdOutcomes::NAMES, Part::Outcome, "an outcome of huge_pmd_wp"),
+        ] {
+            if let Some(k) = s.strip_prefix(prefix) {
+                return names
+                    .iter()
+                    .find(|x| **x == k)
+                    .map(|k| part(k))
+                    .ok_or_else(|| format!("{text:?}: .{prefix}{k}: {what} is one of {}", names.join(", ")));
+            }
         }
         match ORIGINS.iter().find(|x| **x == s) {
             Some(o) => Ok(Part::Origin(o)),
@@ -198,9 +193,6 @@ pub fn parse(text: &str) -> Result<Expect, String> {
 /// The origins a class splits into (the report's `origins` keys).
 pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
 
-/// The kinds of mapping `copy` splits into (the report's `sources` keys).
-pub const SOURCES: [&str; 4] = ["anon", "file", "file_exec", "unattributed"];
-
 /// The verdict on one expectation.
 #[derive(Debug, PartialEq)]
 pub enum Verdict {
@@ -245,19 +237,11 @@ fn sum_class(r: &Report, m: ReportClass, part: Part, o: &Scope) -> Result<u64, V
                     })?,
                     Part::Bytes => folios()?.bytes,
                     Part::Size(b) => folios()?.of_size(&crate::units::size(b)),
-                    Part::Source(k) => {
-                        let s = x.sources.as_ref().ok_or_else(|| {
-                            Verdict::NotMeasurable(format!(
-                                "{m}.source.{k} is not measurable in this report: per-mapping counts were off"
-                            ))
-                        })?;
-                        match k {
-                            "anon" => s.anon,
-                            "file" => s.file,
-                            "file_exec" => s.file_exec,
-                            _ => s.unattributed,
-                        }
-                    }
+                    Part::Source(k) => x.sources.as_ref().and_then(|s| s.get(k)).ok_or_else(|| {
+                        Verdict::NotMeasurable(format!(
+                            "{m}.source.{k} is not measurable in this report: per-mapping counts were off"
+                        ))
+                    })?,
                     Part::Outcome(o) => x.outcomes.as_ref().and_then(|os| os.get(o)).ok_or_else(|| {
                         Verdict::NotMeasurable(format!(
                             "{m}.outcome.{o} is not measurable on this kernel: a THP copy or a split cannot be told (see the report's probes: new_anon_rmap, wp_page)"
