@@ -405,7 +405,10 @@ impl ThreadFault {
     ///   not COW), else `copy` if it reached `folio_add_new_anon_rmap` (a
     ///   new anon folio replaced the old one), else `reuse` (`wp_page_reuse`
     ///   is inline and cannot be probed).
-    /// - `huge_pmd_wp`: reached `do_huge_pmd_wp_page`.
+    /// - `huge_pmd_wp`: reached `do_huge_pmd_wp_page`, or within the fault
+    ///   `__split_huge_pmd` (a private file THP) or `do_huge_pmd_exec_cow`;
+    ///   with a new anon folio and no `do_wp_page` it is also a `copy` (the
+    ///   THP copied whole, or a file THP's page copied after the split).
     /// - `spurious`: a write fault, completed (no RETRY, no error), on a page
     ///   that was present (x86: the exception's error code has PROT; else:
     ///   the kernel reached `ptep_set_access_flags` & co.), that reached
@@ -451,6 +454,12 @@ impl ThreadFault {
         }
         if seen & SEEN_HUGE_WP != 0 {
             set = set.with(KernelClass::HugePmdWp);
+            // A new anon folio with no PTE write-protect fault: the THP
+            // itself copied, or a private file THP's PMD dropped and the
+            // page written copied from the file (`do_cow_fault`).
+            if seen & (SEEN_WP | SEEN_NEW_ANON) == SEEN_NEW_ANON {
+                set = set.with(KernelClass::Copy);
+            }
         }
         let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON | SEEN_DIRTY_SHARED) != 0;
         let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
@@ -686,6 +695,13 @@ mod tests {
         assert!(
             s.has(KernelClass::HugePmdWp) && !s.has(KernelClass::WpFaults) && !s.has(KernelClass::Spurious)
         );
+        assert!(!s.has(KernelClass::Copy));
+        // The THP copied whole (exec THP COW): a copy, not a PTE wp fault.
+        let s = fault(&mut t, x86_wp, W, &[SEEN_HUGE_WP, SEEN_NEW_ANON], 0);
+        assert!(s.has(KernelClass::HugePmdWp) && s.has(KernelClass::Copy) && !s.has(KernelClass::WpFaults));
+        // Split, then the PTE's copy: one copy, from do_wp_page.
+        let s = fault(&mut t, x86_wp, W, &[SEEN_HUGE_WP, SEEN_WP, SEEN_NEW_ANON], 0);
+        assert!(s.has(KernelClass::Copy) && s.has(KernelClass::WpFaults));
     }
 
     #[test]

@@ -110,6 +110,12 @@ programs! {
     /// Tracepoint `sched:sched_switch`: a fault's state leaves its CPU's
     /// slot with the thread.
     SchedSwitch = "sched_switch", BtfTracepoint;
+    /// `__split_huge_pmd`: inside a write fault, a PMD-mapped THP split
+    /// so the write is handled on PTEs (a private file THP's COW).
+    SplitHugePmd = "split_huge_pmd", Function;
+    /// `do_huge_pmd_exec_cow` (the exec THP COW series, not mainline): a
+    /// private executable file THP copied into an anonymous THP.
+    HugePmdExecCow = "huge_pmd_exec_cow", Function;
 }
 
 impl Program {

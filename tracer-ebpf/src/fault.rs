@@ -299,6 +299,17 @@ kprobe_and_fentry!(
     huge_pmd_wp, huge_pmd_wp_fe, |_ctx| mark_only(SEEN_HUGE_WP, true).unwrap_or(0)
 );
 kprobe_and_fentry!(
+    /// `__split_huge_pmd`: within a write fault, the write-protect fault of
+    /// a PMD-mapped THP that `wp_huge_pmd` splits without
+    /// `do_huge_pmd_wp_page` (a private file THP); outside a fault, nothing.
+    split_huge_pmd, split_huge_pmd_fe, |_ctx| mark_only(SEEN_HUGE_WP, true).unwrap_or(0)
+);
+kprobe_and_fentry!(
+    /// `do_huge_pmd_exec_cow` (a patched kernel's): the write-protect fault
+    /// of a private executable file THP, copied whole into an anon THP.
+    huge_pmd_exec_cow, huge_pmd_exec_cow_fe, |_ctx| mark_only(SEEN_HUGE_WP, true).unwrap_or(0)
+);
+kprobe_and_fentry!(
     /// `folio_add_new_anon_rmap(folio, ...)` (6.1: `page_add_new_anon_rmap`
     /// of the head page): a new anon folio was mapped, of the order noted;
     /// inside a `do_wp_page` fault that is a COW copy.

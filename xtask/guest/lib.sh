@@ -31,6 +31,11 @@ oracle_setup() {
 	oracle_event hmfr 'r:fso/hmfr handle_mm_fault ret=$retval:u32'
 	oracle_event wp 'p:fso/wp do_wp_page'
 	oracle_event hwp 'p:fso/hwp do_huge_pmd_wp_page'
+	oracle_event shp 'p:fso/shp __split_huge_pmd'
+	# The exec THP COW series' own function: only where it is built in.
+	if grep -qw do_huge_pmd_exec_cow /proc/kallsyms; then
+		oracle_event hec 'p:fso/hec do_huge_pmd_exec_cow'
+	fi
 	# Before 6.3: page_add_new_anon_rmap (faultscope's table has both).
 	oracle_event nar 'p:fso/nar folio_add_new_anon_rmap' 'p:fso/nar page_add_new_anon_rmap'
 	oracle_event dsp 'p:fso/dsp fault_dirty_shared_page'
@@ -74,14 +79,15 @@ thp_mode() {
 
 # thp_allocs: the kernel's own count of the anonymous THPs its faults
 # allocated, a line a size: "64K N" from each multi-size THP's
-# anon_fault_alloc (6.10 on), "pmd N" from /proc/vmstat's thp_fault_alloc.
+# anon_fault_alloc (6.10 on), "pmd N" from /proc/vmstat's thp_fault_alloc,
+# and "split-pmd N", its thp_split_pmd (the PMDs the kernel split).
 thp_allocs() {
 	for f in $MM/hugepages-*kB/stats/anon_fault_alloc; do
 		[ -r "$f" ] || continue
 		s=${f#*/hugepages-}; s=${s%%kB/*}
 		echo "${s}K $(cat $f)"
 	done
-	awk '$1 == "thp_fault_alloc" {print "pmd", $2}' /proc/vmstat
+	awk '$1 == "thp_fault_alloc" {print "pmd", $2} $1 == "thp_split_pmd" {print "split-pmd", $2}' /proc/vmstat
 }
 
 # shipped_binary: the static faultscope that dist ships, run from an
@@ -272,4 +278,22 @@ svg_facts() {
 	echo "@@FS-SVG-BYTES $1 $(wc -c < "$2" 2>/dev/null || echo missing)"
 	grep -o '<title>[^<]*</title>' "$2" 2>/dev/null | head -n 300 > /tmp/$1.svg-titles
 	emit $1.svg-titles /tmp/$1.svg-titles
+}
+
+# hotpatch_dir: /mnt/hotpatch, for bench's hotpatch modes: ext4 (large
+# folios) on a loop device where the kernel has loop and ext4 built in
+# (the kernels built here: the exec THP COW series copies no shmem THP
+# whole), else tmpfs mounted huge=always (Debian's kernels have loop as a
+# module).
+hotpatch_dir() {
+	mkdir -p /mnt/hotpatch
+	truncate -s 96M /tmp/hotpatch.img
+	if l=$(losetup -f 2>/dev/null) && losetup $l /tmp/hotpatch.img 2>/dev/null &&
+		mke2fs -q $l > /dev/null 2>&1 && mount -t ext4 $l /mnt/hotpatch 2>/dev/null; then
+		echo "@@FS-HOTPATCH-FS ext4 $l"
+	else
+		rm -f /tmp/hotpatch.img
+		mount -t tmpfs -o huge=always,size=96M hotpatch /mnt/hotpatch
+		echo "@@FS-HOTPATCH-FS tmpfs"
+	fi
 }

@@ -27,6 +27,8 @@ bench_case() {
 	oracle_and_emit $name out json alloc0 alloc1
 }
 
+case "$CASES" in *hotpatch*) hotpatch_dir ;; esac
+
 # No THP but the bench's own (bench sets its size's knob): faultscope's
 # own memory then gets base pages, and the kernel's per-size allocation
 # counts are the bench's.

@@ -7,6 +7,9 @@
  *   fso/hmf  handle_mm_fault entry (addr=%x flags=%u regs=%u)
  *   fso/hmfr handle_mm_fault return (ret=%u)
  *   fso/wp   do_wp_page          fso/hwp do_huge_pmd_wp_page
+ *   fso/shp  __split_huge_pmd, fso/hec do_huge_pmd_exec_cow (a patched
+ *            kernel's): inside a fault, a PMD write-protect fault too (a
+ *            private file THP split, or copied whole)
  *   fso/nar  folio_add_new_anon_rmap (before 6.3: page_add_new_anon_rmap)
  *   fso/dsp  fault_dirty_shared_page (a shared mapping's page dirtied:
  *            after do_wp_page, write-notify, counted "shared", not reuse)
@@ -410,6 +413,9 @@ int main(int argc, char **argv)
 				if (t->wp) {
 					count_at(p, WP, o, a);
 					count_at(p, t->dsp ? SHARED : t->nar ? COPY : REUSE, o, a);
+				} else if (t->hwp && t->nar) {
+					/* the THP itself copied: no PTE fault */
+					count_at(p, COPY, o, a);
 				}
 				if (t->hwp)
 					count_at(p, HUGE, o, a);
@@ -428,7 +434,7 @@ int main(int argc, char **argv)
 			if (t->in) t->nar = 1;
 		} else if (strstr(ev, " dsp: ")) {
 			if (t->in) t->dsp = 1;
-		} else if (strstr(ev, " hwp: ")) {
+		} else if (strstr(ev, " hwp: ") || strstr(ev, " shp: ") || strstr(ev, " hec: ")) {
 			if (t->in) t->hwp = 1;
 		} else if (strstr(ev, " acc: ") || strstr(ev, " accc: ") || strstr(ev, " hacc: ")) {
 			if (t->in) t->acc = 1;

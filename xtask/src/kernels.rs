@@ -60,6 +60,25 @@ pub struct Patched {
     /// the folio's other pages, so their first stores take no spurious
     /// fault.
     pub local_flush: bool,
+    /// A write fault on a private executable file THP copies it whole into
+    /// an anonymous THP (the exec THP COW series).
+    pub exec_thp_cow: bool,
+}
+
+/// What a kernel chooses on the paths the matrix's cases take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Choices {
+    pub reuse: FolioReuse,
+    /// [`Patched::local_flush`].
+    pub local_flush: bool,
+    /// [`Patched::exec_thp_cow`].
+    pub exec_thp_cow: bool,
+}
+
+impl Choices {
+    /// A kernel as released: page by page, no patch.
+    pub const STOCK: Choices =
+        Choices { reuse: FolioReuse::PageByPage, local_flush: false, exec_thp_cow: false };
 }
 
 /// How a kernel reuses an exclusive anonymous large folio (PTE-mapped) that
@@ -106,6 +125,7 @@ const FOLIO_REUSE: Patched = Patched {
     diffs: &[],
     reuse: FolioReuse::WholeFolio,
     local_flush: false,
+    exec_thp_cow: false,
 };
 
 /// The whole series with the cover letter's experiment on top
@@ -128,11 +148,35 @@ const REUSE_16_PTES: Patched = Patched {
     diffs: &[],
     reuse: FolioReuse::ContpteBlock,
     local_flush: false,
+    exec_thp_cow: false,
 };
 
 /// Debian's 7.3 source with no patch, built as the patched kernels are.
-const STOCK_BUILD: Patched =
-    Patched { change: "stock", series: None, diffs: &[], reuse: FolioReuse::PageByPage, local_flush: false };
+const STOCK_BUILD: Patched = Patched {
+    change: "stock",
+    series: None,
+    diffs: &[],
+    reuse: FolioReuse::PageByPage,
+    local_flush: false,
+    exec_thp_cow: false,
+};
+
+/// The exec THP COW series ("THP COW support for private executable file
+/// mmap", next v2, two patches; the thread is
+/// `xtask/series/exec-thp-cow-v2.thread`), as
+/// `xtask/series/exec-thp-cow-v2-on-7.3.diff`: its two patches onto 7.3.4,
+/// where two lines had to change (docs/kernels.md): the header hunk's
+/// context (`zap_huge_pmd` returns bool in 7.3) and `is_cow_mapping(vm_flags)`,
+/// gone in 7.3, as `vma_is_cow_mapping(vma)`. Not in the matrix or the
+/// suite (a fourth kernel build): `cargo xtask matrix --kernel
+/// 7.3-exec-thp-cow-amd64 --case hotpatch --case hotpatch-mem` runs it.
+const EXEC_THP_COW: Patched = Patched {
+    change: "exec-thp-cow",
+    series: None,
+    diffs: &["xtask/series/exec-thp-cow-v2-on-7.3.diff"],
+    exec_thp_cow: true,
+    ..STOCK_BUILD
+};
 
 pub const KERNELS: &[GuestKernel] = &[
     // bookworm's own 6.1 LTS (the point release's, not -security's): no
@@ -163,6 +207,7 @@ const EXTRA: &[GuestKernel] = &[
     GENERIC_6_12_AMD64,
     GENERIC_7_3_AMD64,
     GuestKernel { name: "7.3-stock-build-amd64", arch: "amd64", source: Source::Built(STOCK_BUILD) },
+    GuestKernel { name: "7.3-exec-thp-cow-amd64", arch: "amd64", source: Source::Built(EXEC_THP_COW) },
     GuestKernel { name: "7.3-stock-build-arm64", arch: "arm64", source: Source::Built(STOCK_BUILD) },
     GuestKernel { name: "7.3-reuse-16-ptes-amd64", arch: "amd64", source: Source::Built(REUSE_16_PTES) },
     GuestKernel { name: "7.3-reuse-16-ptes-arm64", arch: "arm64", source: Source::Built(REUSE_16_PTES) },
@@ -193,6 +238,12 @@ pub fn by_name_or_image(name: &str) -> Result<GuestKernel> {
     Ok(GuestKernel { name: leak(dir), arch, source: Source::Image(leak(p.display().to_string())) })
 }
 
+/// Every kernel's name: the matrix's and the others (the generic ones,
+/// the other builds).
+pub fn all_names() -> impl Iterator<Item = &'static str> {
+    KERNELS.iter().chain(EXTRA).map(|k| k.name)
+}
+
 pub fn by_name(name: &str) -> Result<GuestKernel> {
     KERNELS.iter().chain(EXTRA).copied().find(|k| k.name == name).with_context(|| {
         let names: Vec<&str> = KERNELS.iter().chain(EXTRA).map(|k| k.name).collect();
@@ -221,15 +272,18 @@ impl GuestKernel {
     }
 
     pub fn reuse(&self) -> FolioReuse {
-        match self.source {
-            Source::Package { .. } | Source::Image(_) => FolioReuse::PageByPage,
-            Source::Built(p) => p.reuse,
-        }
+        self.choices().reuse
     }
 
-    /// [`Patched::local_flush`]; never for a kernel not built here.
-    pub fn local_flush(&self) -> bool {
-        matches!(self.source, Source::Built(p) if p.local_flush)
+    /// What the kernel chooses: a stock kernel's, but for a kernel built
+    /// here with a series.
+    pub fn choices(&self) -> Choices {
+        match self.source {
+            Source::Built(p) => {
+                Choices { reuse: p.reuse, local_flush: p.local_flush, exec_thp_cow: p.exec_thp_cow }
+            }
+            _ => Choices::STOCK,
+        }
     }
 
     /// Why this kernel cannot be had here: a built kernel whose patch
@@ -391,6 +445,36 @@ fn vmlinuz(pkg_dir: &Path) -> Result<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    /// The exec THP COW series as built onto 7.3.4 adds the thread's own
+    /// lines, but for the two that 7.3 made change (docs/kernels.md).
+    #[test]
+    fn exec_thp_cow_rebase_adds_the_threads_lines() {
+        let root = crate::util::root();
+        let added = |diffs: Vec<crate::kbuild::Diff>| -> Vec<String> {
+            let mut v: Vec<String> = diffs
+                .iter()
+                .flat_map(|d| d.text.lines())
+                .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+                .map(|l| l.trim_end().to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        let thread = crate::kbuild::read_series(
+            &[root.join("xtask/series/exec-thp-cow-v2.thread")],
+            Some("[PATCH next v2 "),
+        )
+        .unwrap();
+        assert_eq!(thread.len(), 2, "the series' two patches");
+        let mut want = added(thread);
+        let changed = "+\t    is_cow_mapping(vm_flags)) {";
+        let i = want.iter().position(|l| *l == changed).expect("the thread's is_cow_mapping line");
+        want[i] = "+\t    vma_is_cow_mapping(vma)) {".to_string();
+        want.sort();
+        let built = crate::kbuild::read_series(&[root.join(super::EXEC_THP_COW.diffs[0])], None).unwrap();
+        assert_eq!(added(built), want);
+    }
+
     #[test]
     fn versions_and_mthp() {
         let k = |n| super::by_name(n).unwrap();

@@ -175,8 +175,10 @@ enum Cmd {
     /// The kernel matrix: bench cases against the tracefs oracle, on every
     /// kernel x arch (or those given).
     Matrix {
+        /// Kernels (default: the matrix's, kernels::KERNELS; any other
+        /// known kernel may be named).
         #[arg(long = "kernel", value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+              clap::builder::PossibleValuesParser::new(kernels::all_names()))]
         kernels: Vec<String>,
         #[arg(long, default_value = "16M")]
         size: String,
@@ -386,13 +388,14 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 9] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 10] = [
         // First: it builds the static binaries every guest stage runs.
         ("dist packages", &dist::check),
         ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
         ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
+        ("hot patches: private executable file THPs", &matrix::hotpatch),
         ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
         ("A/B, stock 7.3 against the series", &ab::test),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),

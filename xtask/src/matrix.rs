@@ -17,7 +17,7 @@ use faultscope_common::Program;
 
 use crate::{
     check::{self, CaseResult, Checklist, Oracle, LRU_BATCH_COPIES},
-    kernels::{FolioReuse, GuestKernel},
+    kernels::{Choices, FolioReuse, GuestKernel},
     vm::GuestRun,
 };
 
@@ -33,9 +33,9 @@ const STRETCHED_RACES: u64 = 2;
 /// arm64's `do_mem_abort` (fentry only).
 const EXCEPTION_PROGRAMS: [Program; 2] = [Program::PageFaultUser, Program::MemAbort];
 
-/// The bench steps, each compared with the oracle between the same trace
-/// markers.
-const STEPS: [&str; 3] = ["mark:populate", "mark:fork", "mark:write"];
+/// The write step's phase: the last step of every bench run (a hotpatch
+/// run has no fork step).
+const WRITE: &str = "mark:write";
 
 /// How the probes attach in a case's run (`bench --backend`).
 pub const BACKENDS: [&str; 2] = ["kprobe", "fentry"];
@@ -50,17 +50,11 @@ pub fn label(case: &str, backend: &str) -> String {
     format!("{case}@{backend}")
 }
 
-/// Checks one bench case of a guest run of a kernel that reuses large
-/// folios as `reuse` says, `label` being its `CASE@BACKEND`. An error is
+/// Checks one bench case of a guest run of a kernel that chooses as
+/// `choices` says, `label` being its `CASE@BACKEND`. An error is
 /// the harness's (the guest printed no results for the case); wrong counts
 /// are `failures`.
-pub fn check_case(
-    run: &GuestRun,
-    kernel: &str,
-    reuse: FolioReuse,
-    local_flush: bool,
-    label: &str,
-) -> Result<CaseResult> {
+pub fn check_case(run: &GuestRun, kernel: &str, choices: Choices, label: &str) -> Result<CaseResult> {
     let (case, backend) = label.split_once('@').unwrap_or((label, "kprobe"));
     let kernel = &format!("{kernel} {backend}");
     let mut fails = Vec::new();
@@ -90,17 +84,18 @@ pub fn check_case(
     let name = format!("{kernel} {case}");
     let mut table = String::new();
     let per_step = compare_steps(run, label, &name, &oracle, b, p, &mut table, &mut fails)?;
-    let write = &per_step[2];
+    let write = per_step.last().context("no bench step")?;
     let stacks = {
         let mut cl = Checklist::new(&name, &mut table, &mut fails);
         let opened_at_exception = report
             .probes
             .iter()
             .any(|p| p.attached && EXCEPTION_PROGRAMS.iter().any(|e| e.name() == p.program));
-        let kernel = KernelTraits { reuse, local_flush, opened_at_exception };
+        let kernel = KernelTraits { choices, opened_at_exception };
         expect_kernel_choice(&mut cl, case, kernel, b, write);
         expect_folios(&mut cl, case, run, label, &report, &per_step);
-        expect_unfolds(&mut cl, case, reuse, &report.kernel, b, write, &oracle)
+        expect_hotpatch(&mut cl, case, choices, run, label, b, write);
+        expect_unfolds(&mut cl, case, choices.reuse, &report.kernel, b, write, &oracle)
     };
     table.push_str(&stacks);
     if run.marker("OVERRUN", label).as_deref() != Some("0") {
@@ -132,13 +127,14 @@ fn compare_steps(
         run.wall.as_secs_f64()
     );
     let _ = write!(table, "  {:<20}", "faultscope/oracle");
-    for st in STEPS {
+    let steps: Vec<String> = b.steps.iter().map(|s| format!("mark:{}", s.name)).collect();
+    for st in &steps {
         let _ = write!(table, " {st:>21}");
     }
     table.push('\n');
     let sec = format!("{label}.oracle");
     let mut per_step = Vec::new();
-    for st in STEPS {
+    for st in &steps {
         let span = p.span(st).with_context(|| format!("{name}: no phase {st}"))?;
         let cmp = oracle
             .compare(&format!("{name} {st}"), &span.classes, pid, st)
@@ -159,7 +155,7 @@ fn compare_steps(
     for (_, cmp) in &mut per_step {
         fails.append(&mut cmp.failures);
     }
-    for why in &per_step[2].1.unknown {
+    for why in per_step.last().map(|s| &s.1.unknown).into_iter().flatten() {
         let _ = writeln!(table, "  oracle cannot count: {why}");
     }
     Ok(per_step.into_iter().map(|(span, _)| span).collect())
@@ -168,9 +164,7 @@ fn compare_steps(
 /// What a case may expect of a kernel and of how faultscope ran on it.
 #[derive(Clone, Copy)]
 struct KernelTraits {
-    reuse: FolioReuse,
-    /// The reuse flushes the faulting CPU's TLB ([`crate::kernels::Patched::local_flush`]).
-    local_flush: bool,
+    choices: Choices,
     /// Faults open at their exception, not at `handle_mm_fault`.
     opened_at_exception: bool,
 }
@@ -181,10 +175,11 @@ struct KernelTraits {
 fn expect_kernel_choice(
     cl: &mut Checklist,
     case: &str,
-    KernelTraits { reuse, local_flush, opened_at_exception }: KernelTraits,
+    KernelTraits { choices, opened_at_exception }: KernelTraits,
     b: &faultscope::report::schema::Bench,
     write: &faultscope::report::schema::Span,
 ) {
+    let Choices { reuse, local_flush, .. } = choices;
     let (pages, folios, folio) = (b.pages, b.folios, b.folio.as_str());
     let get = |m: ReportClass| write.count(m).unwrap_or(0);
     let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
@@ -376,6 +371,7 @@ fn thp_allocs(run: &GuestRun, label: &str) -> Result<BTreeMap<u64, u64>> {
         for l in run.section(&format!("{label}.{sec}"))?.lines() {
             let Some((size, n)) = l.trim().split_once(' ') else { continue };
             let bytes = match size {
+                "split-pmd" => continue,
                 "pmd" => PMD_SIZE,
                 s => parse_size(s).map_err(anyhow::Error::msg)?,
             };
@@ -416,8 +412,8 @@ fn expect_folios(
     let Some(b) = report.bench.as_ref() else { return };
     let get = |span: &faultscope::report::schema::Span, m| folios_of(&span.classes, m).unwrap_or_default();
     if matches!(case, "4k-alive" | "64k-alive" | "2m-pmd-alive") {
-        let (copy, f) =
-            (per_step[2].count(ReportClass::Copy).unwrap_or(0), get(&per_step[2], ReportClass::Copy));
+        let w = &per_step[per_step.len() - 1];
+        let (copy, f) = (w.count(ReportClass::Copy).unwrap_or(0), get(w, ReportClass::Copy));
         cl.expect(
             f.of_size("4K") == copy && f.bytes == copy * PAGE,
             format!("write: copies {copy}, each a new 4K folio: {:?}, {} bytes", f.sizes, f.bytes),
@@ -458,6 +454,134 @@ fn expect_folios(
         cl.expect(
             (b.folios..=b.folios + SLACK).contains(&f),
             format!("populate: new {} folios {f} = folios {} (+{SLACK})", b.folio, b.folios),
+        );
+    }
+}
+
+/// The kernel's own count of the PMDs it split while a case ran
+/// (`/proc/vmstat` `thp_split_pmd`, the guest's `split-pmd` lines).
+fn pmd_splits(run: &GuestRun, label: &str) -> Result<u64> {
+    let read = |sec: &str| -> Result<u64> {
+        let text = run.section(&format!("{label}.{sec}"))?;
+        let n = text.lines().find_map(|l| l.trim().strip_prefix("split-pmd "));
+        n.context("no split-pmd line")?.trim().parse().with_context(|| format!("{label}.{sec}"))
+    };
+    Ok(read("alloc1")?.saturating_sub(read("alloc0")?))
+}
+
+/// A hot patch of a private executable file mapping of THPs, one byte a
+/// THP: each write is a PMD write-protect fault. A stock kernel splits the
+/// PMD and copies the one 4K page written; a kernel with the exec THP COW
+/// series copies the THP whole into an anonymous one, but only when the
+/// mapping is not writable (`hotpatch-mem`: `is_exec_mapping`) and the file
+/// is not shmem. Checked against the page arithmetic, the mapping's own
+/// `smaps` (anonymous bytes after the write: what the copies made), and the
+/// kernel's counts of PMD splits and new PMD THPs.
+fn expect_hotpatch(
+    cl: &mut Checklist,
+    case: &str,
+    choices: Choices,
+    run: &GuestRun,
+    label: &str,
+    b: &faultscope::report::schema::Bench,
+    write: &faultscope::report::schema::Span,
+) {
+    if !matches!(case, "hotpatch" | "hotpatch-mem") {
+        return;
+    }
+    let Some(h) = &b.hotpatch else {
+        cl.expect(false, "the bench report has no hotpatch");
+        return;
+    };
+    let (folios, size) = (b.folios, b.size);
+    let get = |m: ReportClass| write.count(m).unwrap_or(0);
+    let (copy, hwp) = (get(ReportClass::Copy), get(ReportClass::HugePmdWp));
+    let f = folios_of(&write.classes, ReportClass::Copy).unwrap_or_default();
+    let whole = choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs";
+    cl.line(format!(
+        "  {} file, {} writes by {}: smaps Rss {} -> {} kB, anonymous {} kB ({} kB THP)",
+        h.file_system,
+        h.writes,
+        h.poke,
+        h.before.rss >> 10,
+        h.after.rss >> 10,
+        h.after.anonymous >> 10,
+        h.after.anon_huge >> 10
+    ));
+    cl.expect(
+        h.refused == 0,
+        format!(
+            "the kernel took every write: refused {}{}",
+            h.refused,
+            h.refused_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+        ),
+    );
+    cl.expect(
+        h.before.file_pmd_mapped == size,
+        format!("before the write: file PMD-mapped {} = size {size}", h.before.file_pmd_mapped),
+    );
+    let outcomes = match write.classes.get(&ReportClass::HugePmdWp) {
+        Some(ClassValue::Measured(Measured { outcomes: Some(o), .. })) => Some(o.clone()),
+        _ => None,
+    };
+    let (o_split, o_copied) = outcomes.as_deref().map_or((0, 0), |o| (o.split, o.copied));
+    cl.expect(outcomes.is_some(), "huge_pmd_wp has outcomes");
+    let thp = PMD_SIZE;
+    if whole {
+        cl.expect(
+            hwp == folios && o_copied == folios && o_split == 0,
+            format!("huge_pmd_wp {hwp} = THPs {folios}: copied {o_copied} = {folios}, split {o_split} = 0"),
+        );
+        cl.expect(
+            copy == folios && f.of_size("2M") == folios && f.bytes == folios * thp,
+            format!("copy {copy} = THPs {folios}, each a new 2M folio: {:?}, {} bytes", f.sizes, f.bytes),
+        );
+        cl.expect(
+            h.after.anon_huge == folios * thp && h.after.anonymous == folios * thp,
+            format!(
+                "smaps after: anonymous {} = AnonHugePages {} = copy.bytes {}",
+                h.after.anonymous,
+                h.after.anon_huge,
+                folios * thp
+            ),
+        );
+        match thp_allocs(run, label).map(|k| k.get(&PMD_SIZE).copied().unwrap_or(0)) {
+            Ok(n) => cl.expect(
+                (folios..=folios + UNTRACED_THPS).contains(&n),
+                format!("the kernel's new PMD THPs {n} = THPs copied {folios} (+{UNTRACED_THPS})"),
+            ),
+            Err(e) => cl.expect(false, format!("the kernel's THP counters: {e:#}")),
+        }
+    } else {
+        cl.expect(
+            hwp == folios && o_split == folios && o_copied == 0,
+            format!("huge_pmd_wp {hwp} = THPs {folios}: split {o_split} = {folios}, copied {o_copied} = 0"),
+        );
+        cl.expect(
+            (folios..=folios + SLACK).contains(&copy) && f.of_size("4K") == copy && f.bytes == copy * PAGE,
+            format!(
+                "copy {copy} = writes {folios} (+{SLACK}), each a new 4K folio: {:?}, {} bytes",
+                f.sizes, f.bytes
+            ),
+        );
+        cl.expect(
+            h.after.anonymous == folios * PAGE && h.after.anon_huge == 0,
+            format!(
+                "smaps after: anonymous {} = {folios} pages copied, AnonHugePages {} = 0",
+                h.after.anonymous, h.after.anon_huge
+            ),
+        );
+        match pmd_splits(run, label) {
+            Ok(n) => cl.expect(n >= folios, format!("the kernel's PMD splits {n} >= THPs written {folios}")),
+            Err(e) => cl.expect(false, format!("the kernel's thp_split_pmd: {e:#}")),
+        }
+    }
+    if let Some(ClassValue::Measured(Measured { sources: Some(src), .. })) =
+        write.classes.get(&ReportClass::Copy)
+    {
+        cl.expect(
+            src.file_exec >= folios && src.file >= src.file_exec,
+            format!("copies in an executable file mapping {} >= writes {folios}", src.file_exec),
         );
     }
 }
@@ -726,7 +850,7 @@ fn check_cases(
         let (name, _) = case.split_once('@').unwrap_or((case, ""));
         let result = match expected_refusal(&k, name) {
             Some(why) => check_refusal(run, k.name, case, &why),
-            None => check_case(run, k.name, k.reuse(), k.local_flush(), case),
+            None => check_case(run, k.name, k.choices(), case),
         };
         match result {
             Ok(r) => {
@@ -810,6 +934,11 @@ pub const CASES: &[(&str, &str)] = &[
     ("spurious-race", "threads-same --threads 4 --folio 4K --child exit"),
     ("reader-writer", "reader-writer --folio 4K --child exit"),
     ("read-then-store-64k", "read-then-store --folio 64K --child exit"),
+    // A private executable file mapping of file THPs ($HOTPATCH_DIR: the
+    // guest's), patched one byte a THP as a hot patcher (mprotect, stores)
+    // and as a debugger (/proc/self/mem).
+    ("hotpatch", "hotpatch --folio 2M --file-dir /mnt/hotpatch"),
+    ("hotpatch-mem", "hotpatch-mem --folio 2M --file-dir /mnt/hotpatch"),
 ];
 
 /// Cases run on every kernel by default (`cargo xtask test`).
@@ -862,6 +991,21 @@ pub const GATE_BACKEND: &str = "kprobe";
 pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     let cases: Vec<String> = GATE_CASES.iter().map(|c| c.to_string()).collect();
     run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true).map(drop)
+}
+
+/// The hot-patch cases (private executable file THPs) and their stock
+/// kernels, a stage of `test`: split and 4K copies on every stock kernel.
+/// The exec THP COW kernel (a build of its own) runs them by hand
+/// (docs/kernels.md).
+pub const HOTPATCH_CASES: &[&str] = &["hotpatch", "hotpatch-mem"];
+pub const HOTPATCH_KERNELS: &[&str] = &["6.12-cloud-amd64", "7.3-cloud-amd64", "7.3-cloud-arm64"];
+
+/// The hot-patch stage: [`HOTPATCH_CASES`] on [`HOTPATCH_KERNELS`].
+pub fn hotpatch() -> Result<()> {
+    let ks: Vec<GuestKernel> =
+        HOTPATCH_KERNELS.iter().map(|n| crate::kernels::by_name(n)).collect::<Result<_>>()?;
+    let cases: Vec<String> = HOTPATCH_CASES.iter().map(|c| c.to_string()).collect();
+    run(&ks, "16M", &cases, &[])
 }
 
 /// The stale-TLB model's cases: spurious faults it makes (a reader's stale
@@ -927,7 +1071,7 @@ fn compare_model_off(
     cases: &[String],
 ) -> Result<()> {
     let write_counts = |run: &GuestRun, label: &str| -> Option<Vec<(ReportClass, u64)>> {
-        let w = bench_process(run, label)?.span(STEPS[2])?;
+        let w = bench_process(run, label)?.span(WRITE)?;
         Some(ReportClass::ALL.into_iter().filter_map(|m| Some((m, w.count(m)?))).collect())
     };
     let mut fails = Vec::new();
@@ -1269,10 +1413,8 @@ mod tests {
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
         };
-        let e = check_case(&run, "k", FolioReuse::PageByPage, false, "c")
-            .err()
-            .expect("no JSON: a harness error")
-            .to_string();
+        let e =
+            check_case(&run, "k", Choices::STOCK, "c").err().expect("no JSON: a harness error").to_string();
         assert!(e.contains("no section c.json"), "{e}");
         let gap = check::oracle_gap(&run, "c", "c.oracle", 8, "mark:write");
         assert!(gap.contains("no mark:write phase for pid 8"), "{gap}");
@@ -1347,12 +1489,14 @@ mod tests {
             ],
         );
         // 20 reuse faults for 1 folio (+16 slack is 17): not whole-folio.
-        let r = check_case(&run, "k", FolioReuse::WholeFolio, false, "64k-exit").unwrap();
+        let r =
+            check_case(&run, "k", Choices { reuse: FolioReuse::WholeFolio, ..Choices::STOCK }, "64k-exit")
+                .unwrap();
         assert_eq!(
             r.failures,
             ["k kprobe 64k-exit: reuse 20 + copy 0 = folios 1 (+16), copy <= 62: this kernel reuses a 64K folio whole"]
         );
-        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "64k-exit").unwrap();
+        let r = check_case(&run, "k", Choices::STOCK, "64k-exit").unwrap();
         assert!(r.failures.is_empty(), "{:?}", r.failures);
     }
 
@@ -1374,13 +1518,13 @@ mod tests {
             guest_run(&markers, &sections.iter().map(|(n, b)| (n.as_str(), *b)).collect::<Vec<_>>())
         };
         let run = case_run("4k-exit@kprobe", &oracle);
-        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@kprobe").unwrap();
+        let r = check_case(&run, "k", Choices::STOCK, "4k-exit@kprobe").unwrap();
         assert_eq!(r.failures, ["k kprobe 4k-exit mark:write: reuse: faultscope 20 != oracle 21"]);
         assert!(r.table.contains("  ok   populate: new 4K folios 16 = folios 16 (+16)"), "{}", r.table);
         assert!(r.table.contains("  ok   new 64K folios: faultscope 0, the kernel counted 0"), "{}", r.table);
         // The same run checked as a fentry case: its probes were kprobes.
         let run = case_run("4k-exit@fentry", &oracle);
-        let r = check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@fentry").unwrap();
+        let r = check_case(&run, "k", Choices::STOCK, "4k-exit@fentry").unwrap();
         assert!(
             r.failures[0].contains("--backend fentry, but the probes attached as [\"kretprobe\"]"),
             "{:?}",
@@ -1393,10 +1537,7 @@ mod tests {
         assert!(r.table.contains("oracle cannot count: contpte is arm64 only"), "{}", r.table);
         // A step the oracle did not see is the harness's error.
         let run = case_run("4k-exit@kprobe", "");
-        let e = format!(
-            "{:#}",
-            check_case(&run, "k", FolioReuse::PageByPage, false, "4k-exit@kprobe").err().unwrap()
-        );
+        let e = format!("{:#}", check_case(&run, "k", Choices::STOCK, "4k-exit@kprobe").err().unwrap());
         assert!(e.contains("no mark:populate phase for pid 7"), "{e}");
     }
 }

@@ -275,6 +275,11 @@ fn qemu_command(k: GuestKernel, clock: Clock) -> Result<(PathBuf, Vec<String>)> 
     };
     if let Some(cmdline) = args.last_mut() {
         cmdline.push_str(&model);
+        // bench hotpatch-mem writes its own read-only text through
+        // /proc/self/mem, as a debugger does; a kernel built with
+        // PROC_MEM_FORCE_PTRACE (the 7.3 kernels built here) lets only a
+        // ptracer do that (EIO before any fault). Older kernels ignore it.
+        cmdline.push_str(" proc_mem.force_override=always");
     }
     let qemu: PathBuf = match tlb {
         Tlb::Exact => PathBuf::from(qemu),

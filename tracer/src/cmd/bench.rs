@@ -23,6 +23,7 @@ use clap::{Args, ValueEnum};
 
 use super::{
     folio::{self, FolioCheck, Knobs},
+    hotpatch::{self, Poke},
     record,
 };
 use crate::{
@@ -37,7 +38,7 @@ use crate::{
     report::{
         bench_series::{self, Cell, Series},
         file, findings, provenance,
-        schema::{self, BenchStep, Mode as TraceMode, Report, StoreLatency},
+        schema::{self, BenchStep, ExecMapping, Mode as TraceMode, Report, StoreLatency},
     },
     units::{PAGE, PMD_SIZE},
 };
@@ -68,6 +69,25 @@ pub enum Mode {
     /// to every page: spurious faults wherever its CPU kept the read-only
     /// TLB entries (`--time-stores` times the reader's stores).
     ReaderWriter,
+    /// No fork: a private executable mapping of a file in --file-dir,
+    /// backed by file THPs (--folio 2M), read, then patched as a hot
+    /// patcher does: mprotect() to writable, one store per folio (COW of a
+    /// private file page).
+    Hotpatch,
+    /// The same, written as a debugger or uprobe does: one byte per folio
+    /// through /proc/self/mem, the mapping left read-only and executable.
+    HotpatchMem,
+}
+
+impl Mode {
+    /// The mode's way of patching a file mapping, for the hotpatch modes.
+    fn poke(self) -> Option<Poke> {
+        match self {
+            Mode::Hotpatch => Some(Poke::Mprotect),
+            Mode::HotpatchMem => Some(Poke::ProcMem),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -116,6 +136,10 @@ pub struct BenchOpts {
     /// As `record --max-stats`.
     #[arg(long)]
     pub max_stats: Option<u32>,
+    /// The hotpatch modes' file is created (and its name removed at once)
+    /// here: tmpfs mounted huge=always, or a file system with large folios.
+    #[arg(long, default_value = "/tmp")]
+    pub file_dir: PathBuf,
     /// Run the workload without the tracer (for overhead: compare wall
     /// times with and without, in one session).
     #[arg(long)]
@@ -241,6 +265,11 @@ struct Run<'a> {
     check: FolioCheck,
     child: libc::pid_t,
     stores: Option<Vec<u64>>,
+    /// A hotpatch mode's mapping after populate, and its file system.
+    exec_before: Option<ExecMapping>,
+    file_system: Option<String>,
+    /// A hotpatch mode's writes the kernel refused.
+    refused: hotpatch::Refused,
     /// The start, for the provenance of a run without the tracer.
     anchor: kernel::ClockAnchor,
 }
@@ -286,7 +315,14 @@ impl<'a> Run<'a> {
             PMD_SIZE => Some(libc::MADV_HUGEPAGE),
             _ => None,
         };
-        let mem = Arc::new(Memory { base: map_aligned(len, advice)?, len });
+        let (base, file_system) = match c.mode.poke() {
+            Some(_) => {
+                let (b, fs) = hotpatch::map_exec_file(&o.file_dir, len)?;
+                (b, Some(fs))
+            }
+            None => (map_aligned(len, advice)?, None),
+        };
+        let mem = Arc::new(Memory { base, len });
         Ok(Run {
             o,
             c,
@@ -297,6 +333,9 @@ impl<'a> Run<'a> {
             check: FolioCheck::default(),
             child: 0,
             stores: None,
+            exec_before: None,
+            file_system,
+            refused: hotpatch::Refused::default(),
             anchor: kernel::ClockAnchor::now(),
         })
     }
@@ -314,14 +353,22 @@ impl<'a> Run<'a> {
     fn populate(&mut self) -> Result<()> {
         self.mark("populate")?;
         let from = usage();
-        // SAFETY: the region this run mapped.
-        unsafe { memory::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1) };
+        // SAFETY: the region this run mapped (a file mapping: read only).
+        unsafe {
+            match self.c.mode.poke() {
+                Some(_) => drop(hotpatch::read_pages(self.mem.base, self.mem.len, PAGE as usize)),
+                None => memory::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1),
+            }
+        }
         self.steps.push(Step { label: "populate", from, to: usage() });
-        if self.c.folio == PMD_SIZE && !self.o.pmd {
+        if self.c.mode.poke().is_some() {
+            self.exec_before = Some(hotpatch::exec_mapping(self.mem.base as usize)?);
+        }
+        if self.c.folio == PMD_SIZE && !self.o.pmd && self.c.mode.poke().is_none() {
             split_pmds(self.mem.base, self.mem.len)?;
         }
         self.check = folio::check(self.mem.base as usize, self.o.size, self.c.folio)?;
-        verify(&self.check, self.o, self.c.folio)
+        verify(&self.check, self.o, self.c)
     }
 
     /// Forks; the child exits (and is waited for) or stays alive.
@@ -345,7 +392,14 @@ impl<'a> Run<'a> {
     fn write(&mut self, plan: Plan, lat: Vec<Vec<u64>>) -> Result<()> {
         self.mark("write")?;
         let from = usage();
-        self.stores = write(plan, self.c.folio, &self.mem, lat)?;
+        match plan {
+            Plan::Poke(how, pages) => {
+                let base = self.mem.base as usize;
+                let addrs: Vec<usize> = pages.iter().map(|p| base + p * PAGE as usize).collect();
+                self.refused = hotpatch::poke(how, self.mem.base, self.mem.len, &addrs)?;
+            }
+            plan => self.stores = write(plan, self.c.folio, &self.mem, lat)?,
+        }
         self.steps.push(Step { label: "write", from, to: usage() });
         self.mark("done")
     }
@@ -364,8 +418,8 @@ impl<'a> Run<'a> {
         // A write-protect fault on a THP the live child shares splits its
         // PMD (the kernel's COW of a PMD-mapped THP): fewer PMD-mapped bytes
         // is then the write step's outcome, not a change of scenario.
-        let split_by_cow =
-            self.o.child == Child::Alive && after.pmd_mapped_bytes < self.check.pmd_mapped_bytes;
+        let split_by_cow = (self.o.child == Child::Alive || self.c.mode.poke().is_some())
+            && after.pmd_mapped_bytes < self.check.pmd_mapped_bytes;
         if after.pmd_mapped_bytes != self.check.pmd_mapped_bytes && !split_by_cow {
             bail!(
                 "the memory's mapping changed during the run ({} -> {} bytes PMD-mapped): the counts are not of the scenario asked for; run again",
@@ -373,7 +427,7 @@ impl<'a> Run<'a> {
                 after.pmd_mapped_bytes
             );
         }
-        if self.o.child == Child::Alive {
+        if self.child > 0 && self.o.child == Child::Alive {
             unsafe {
                 libc::kill(self.child, libc::SIGKILL);
                 libc::waitpid(self.child, std::ptr::null_mut(), 0);
@@ -403,7 +457,8 @@ impl<'a> Run<'a> {
             mode: format!("{:?}", c.mode).to_lowercase(),
             size: o.size,
             folio: crate::units::size(c.folio),
-            mapping: if c.folio == PMD_SIZE && o.pmd { "pmd" } else { "pte" }.into(),
+            mapping: if c.folio == PMD_SIZE && (o.pmd || c.mode.poke().is_some()) { "pmd" } else { "pte" }
+                .into(),
             child: format!("{:?}", o.child).to_lowercase(),
             threads: if matches!(c.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
             pages: self.pages as u64,
@@ -413,6 +468,18 @@ impl<'a> Run<'a> {
             child_pid: self.child,
             steps: self.steps.iter().map(Step::schema).collect(),
             store_latency: self.stores.take().map(store_latency),
+            hotpatch: match (c.mode.poke(), self.exec_before) {
+                (Some(how), Some(before)) => Some(schema::Hotpatch {
+                    poke: how.name().into(),
+                    writes: o.size / c.folio,
+                    refused: self.refused.writes,
+                    refused_error: self.refused.first.take(),
+                    file_system: self.file_system.clone().unwrap_or_default(),
+                    before,
+                    after: hotpatch::exec_mapping(self.mem.base as usize)?,
+                }),
+                _ => None,
+            },
         });
         let anchor = self.rec.as_ref().map_or(self.anchor, |r| r.anchor);
         report.provenance = Some(provenance::here(format!("bench {:?}", c.mode).to_lowercase(), anchor));
@@ -460,6 +527,9 @@ fn cells(o: &BenchOpts) -> Result<Vec<CellOpts>, Refusal> {
 pub fn run(o: &BenchOpts) -> Result<i32> {
     let cells = cells(o)?;
     let series = cells.len() > 1 || o.runs > 1;
+    if cells.iter().any(|c| c.mode.poke().is_some() && c.folio != PMD_SIZE) {
+        return Err(Refusal::new("the hotpatch modes map a file's THPs: give --folio 2M").into());
+    }
     if o.pmd && cells.iter().any(|c| c.folio != PMD_SIZE) {
         return Err(Refusal::new("--pmd goes with --folio 2M").into());
     }
@@ -529,7 +599,8 @@ fn one(o: &BenchOpts, c: CellOpts, knobs: &mut HeldKnobs, keep: bool, quiet: boo
     let mut run = Run::start(o, c, knobs, quiet)?;
     run.populate()?;
     let plan = plan(o, c, run.pages);
-    let lat = run.fork(&plan)?;
+    // A hot patch needs no fork: a private file page is copied on write.
+    let lat = if c.mode.poke().is_some() { Vec::new() } else { run.fork(&plan)? };
     run.write(plan, lat)?;
     run.finish(knobs, keep)
 }
@@ -602,22 +673,31 @@ fn split_pmds(base: *mut u8, len: usize) -> Result<()> {
     Ok(())
 }
 
-fn verify(c: &FolioCheck, o: &BenchOpts, folio: u64) -> Result<()> {
+fn verify(c: &FolioCheck, o: &BenchOpts, cell: CellOpts) -> Result<()> {
+    let folio = cell.folio;
     let what = crate::units::size(folio);
+    // A file's THPs come from its file system, not the anon knobs.
+    let remedy = match cell.mode.poke() {
+        Some(_) => format!(
+            "the file in --file-dir {} is not in PMD-mapped THPs: use tmpfs mounted huge=always, or a file system with large folios",
+            safe(&o.file_dir.display().to_string())
+        ),
+        None => "free memory or lower --size".to_string(),
+    };
     if c.whole_folios != c.blocks {
         return Err(Refusal::new(format!(
-            "only {} of {} {what} blocks are backed by one {what} folio (mTHP/THP allocation fell back); \
-             free memory or lower --size",
+            "only {} of {} {what} blocks are backed by one {what} folio (mTHP/THP allocation fell back); {remedy}",
             c.whole_folios, c.blocks
         ))
         .into());
     }
-    let want_pmd = if folio == PMD_SIZE && o.pmd { o.size } else { 0 };
+    let want_pmd = if folio == PMD_SIZE && (o.pmd || cell.mode.poke().is_some()) { o.size } else { 0 };
     if c.pmd_mapped_bytes != want_pmd {
         return Err(Refusal::new(format!(
-            "{} bytes are mapped by PMDs, expected {want_pmd} ({})",
+            "{} bytes are mapped by PMDs, expected {want_pmd} ({}){}",
             c.pmd_mapped_bytes,
-            if want_pmd == 0 { "PTE-mapped" } else { "PMD-mapped" }
+            if want_pmd == 0 { "PTE-mapped" } else { "PMD-mapped" },
+            if cell.mode.poke().is_some() { format!("; {remedy}") } else { String::new() }
         ))
         .into());
     }
@@ -636,6 +716,8 @@ enum Plan {
     },
     /// The pages of `ReaderWriter`.
     ReaderWriter(Vec<usize>),
+    /// A hot patch: one byte written into each of the pages.
+    Poke(Poke, Vec<usize>),
 }
 
 fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
@@ -656,6 +738,10 @@ fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
         }
         Mode::ThreadsSame => (0..n).map(|i| order(o.seed + i as u64)).collect(),
         Mode::ReaderWriter => return Plan::ReaderWriter((0..pages).collect()),
+        Mode::Hotpatch | Mode::HotpatchMem => {
+            let per = (c.folio / PAGE) as usize;
+            return Plan::Poke(c.mode.poke().unwrap_or(Poke::Mprotect), (0..pages).step_by(per).collect());
+        }
     };
     Plan::Stores { writers, read_first: c.mode == Mode::ReadThenStore }
 }
@@ -681,6 +767,7 @@ fn write(plan: Plan, folio: u64, mem: &Arc<Memory>, mut lat: Vec<Vec<u64>>) -> R
         }
         Plan::Stores { writers, read_first } => (writers, read_first),
         Plan::ReaderWriter(pages) => return reader_writer(mem, pages, lat.pop()),
+        Plan::Poke(..) => bail!("a hot patch is written by its run (Run::write)"),
     };
     let per_folio = (folio / PAGE) as usize;
     let timed = !lat.is_empty();
@@ -936,6 +1023,25 @@ fn summary(r: &Report) -> String {
             "store latency (ns): p50 {} p99 {} max {} (n={})",
             s.p50_ns, s.p99_ns, s.max_ns, s.n
         );
+    }
+    if let Some(h) = &b.hotpatch {
+        let kb = |v: u64| v >> 10;
+        let _ = writeln!(
+            out,
+            "exec mapping of a {} file (smaps), {} bytes written by {}: Rss {} -> {} kB, anonymous {} kB ({} kB in THPs), file PMD-mapped {} -> {} kB",
+            safe(&h.file_system),
+            h.writes,
+            h.poke,
+            kb(h.before.rss),
+            kb(h.after.rss),
+            kb(h.after.anonymous),
+            kb(h.after.anon_huge),
+            kb(h.before.file_pmd_mapped),
+            kb(h.after.file_pmd_mapped)
+        );
+        if let Some(e) = &h.refused_error {
+            let _ = writeln!(out, "the kernel refused {} of the writes: {}", h.refused, safe(e));
+        }
     }
     out
 }

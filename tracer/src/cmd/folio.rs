@@ -326,32 +326,43 @@ pub fn check(base: usize, len: u64, folio: u64) -> Result<FolioCheck> {
     Ok(FolioCheck {
         blocks: pages / per as u64,
         whole_folios: whole,
-        pmd_mapped_bytes: anon_huge_bytes(base)?,
+        pmd_mapped_bytes: pmd_mapped_bytes(base)?,
     })
 }
 
-/// `AnonHugePages` of the VMA holding `addr`: memory mapped by PMDs (mTHP
-/// and PTE-mapped THPs are not counted there).
-fn anon_huge_bytes(addr: usize) -> Result<u64> {
+/// The bytes mapped by PMDs in the VMA holding `addr`: anon THPs
+/// (`AnonHugePages`) and file or shmem THPs (`FilePmdMapped`,
+/// `ShmemPmdMapped`); mTHP and PTE-mapped THPs are not counted there.
+fn pmd_mapped_bytes(addr: usize) -> Result<u64> {
+    let f = smaps_fields(addr)?;
+    Ok(["AnonHugePages", "FilePmdMapped", "ShmemPmdMapped"].iter().filter_map(|k| f.get(*k)).sum())
+}
+
+/// The sizes `/proc/self/smaps` gives for the VMA holding `addr`, in
+/// bytes, by field name (`Rss`, `Anonymous`, ...); empty if none holds it.
+pub fn smaps_fields(addr: usize) -> Result<std::collections::BTreeMap<String, u64>> {
     let smaps = fs::read_to_string("/proc/self/smaps").context("reading /proc/self/smaps")?;
+    let mut out = std::collections::BTreeMap::new();
     let mut inside = false;
     for l in smaps.lines() {
         if let Some((range, _)) = l.split_once(' ') {
             if let Some((a, b)) = range.split_once('-') {
                 if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    if inside {
+                        break;
+                    }
                     inside = a <= addr && addr < b;
                     continue;
                 }
             }
         }
-        if inside {
-            if let Some(v) = l.strip_prefix("AnonHugePages:") {
-                let kb: u64 = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
-                return Ok(kb * 1024);
+        if let (true, Some((k, v))) = (inside, l.split_once(':')) {
+            if let Some(kb) = v.trim().strip_suffix("kB").and_then(|n| n.trim().parse::<u64>().ok()) {
+                out.insert(k.to_string(), kb * 1024);
             }
         }
     }
-    Ok(0)
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod diff;
 pub mod folio;
 pub mod generate;
+pub mod hotpatch;
 pub mod mark;
 pub mod plot;
 pub mod probes;

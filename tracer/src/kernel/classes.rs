@@ -317,7 +317,7 @@ pub const CLASSES: &[ClassSpec] = &[
             class: KernelClass::HugePmdWp,
             needs: &[One(FaultEntry), One(FaultReturn), One(HugePmdWp)],
             timed: true,
-            describe: "kprobe do_huge_pmd_wp_page within a user fault",
+            describe: "kprobe do_huge_pmd_wp_page within a user fault (and, where they attach, __split_huge_pmd within a write fault: a private file THP; do_huge_pmd_exec_cow)",
         }],
     },
     ClassSpec {
@@ -471,9 +471,11 @@ pub fn fault_kinds_here(avail: &[(ReportClass, Availability)]) -> Vec<&'static s
 }
 
 /// What came of a write-protect fault on a PMD-mapped THP
-/// (`do_huge_pmd_wp_page`), told from the rest of its fault's set. The
+/// (`do_huge_pmd_wp_page`; a private file THP's `__split_huge_pmd` or
+/// `do_huge_pmd_exec_cow`), told from the rest of its fault's set. The
 /// kernel reuses the PMD (an exclusive THP: made writable in place), or
-/// copies the THP into a new one (a new anon folio in the same fault), or
+/// copies the THP into a new one (a new anon folio in the same fault, no
+/// PTE fault: a `copy`), or
 /// splits the PMD and returns `VM_FAULT_FALLBACK`, after which the same
 /// `handle_mm_fault` takes the page's write-protect fault on the PTEs
 /// (`do_wp_page`: counted as the reuse or copy it is).
@@ -488,8 +490,8 @@ pub enum PmdOutcome {
 
 impl PmdOutcome {
     /// The outcome of a fault of set `set`, if it reached
-    /// `do_huge_pmd_wp_page`. A copy is seen by its new folio's order,
-    /// which is read only where folio sizes are measured.
+    /// a PMD write-protect path. A copy is its new anon folio with no PTE
+    /// write-protect fault (the state machine's `copy`) of the THP's size.
     pub fn of(set: ClassSet) -> Option<PmdOutcome> {
         if !set.is_fault() || !set.has(KernelClass::HugePmdWp) {
             return None;
@@ -498,8 +500,15 @@ impl PmdOutcome {
             PmdOutcome::Other
         } else if set.has(KernelClass::WpFaults) {
             PmdOutcome::Split
-        } else if set.folio_order().is_some() {
-            PmdOutcome::Copied
+        } else if set.has(KernelClass::Copy) {
+            // A THP-sized new folio is the THP copied; a smaller one is a
+            // private file THP's split, after which the page written was
+            // copied from the file into a new page (`do_cow_fault`).
+            let pmd_order = (crate::units::PMD_SIZE / crate::units::PAGE).trailing_zeros();
+            match set.folio_order() {
+                Some(o) if o >= pmd_order => PmdOutcome::Copied,
+                _ => PmdOutcome::Split,
+            }
         } else {
             PmdOutcome::Reused
         })
@@ -613,7 +622,14 @@ mod tests {
         let split = pmd.with(KernelClass::WpFaults).with(KernelClass::Copy).with_folio(1);
         assert_eq!(PmdOutcome::of(split), Some(PmdOutcome::Split));
         assert_eq!(fault_kind(split), Some("copy"));
-        assert_eq!(PmdOutcome::of(pmd.with_folio(10)), Some(PmdOutcome::Copied));
+        // The THP copied whole: the state machine made it a copy.
+        let thp_copy = pmd.with(KernelClass::Copy).with_folio(10);
+        assert_eq!(PmdOutcome::of(thp_copy), Some(PmdOutcome::Copied));
+        assert_eq!(fault_kind(thp_copy), Some("copy"));
+        // A private file THP split, then its page copied from the file.
+        let file_split = pmd.with(KernelClass::Copy).with_folio(1);
+        assert_eq!(PmdOutcome::of(file_split), Some(PmdOutcome::Split));
+        assert_eq!(fault_kind(file_split), Some("copy"));
         assert_eq!(PmdOutcome::of(pmd.with(KernelClass::Retry)), Some(PmdOutcome::Other));
         assert_eq!(PmdOutcome::of(ClassSet::default().with(KernelClass::Faults)), None);
     }

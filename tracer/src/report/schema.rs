@@ -493,8 +493,11 @@ impl Folios {
 /// (`reused + copied + split + other = count`): the PMD made writable in
 /// place, the THP copied into a new one, or the PMD split into PTEs (the
 /// fault then goes on as a PTE write-protect fault, counted also as the
-/// `reuse` or `copy` it is); `other`: retried or failed. Absent where a
-/// copy cannot be told (folio sizes not read) or the PTE fault is not seen.
+/// `reuse` or `copy` it is; a private file THP's PMD is dropped instead,
+/// and the page written copied from the file: a 4K `copy`); `other`:
+/// retried or failed. A THP copied is also a `copy`, of its THP's size. A
+/// private file THP's split is seen where `__split_huge_pmd` attaches. Absent where a copy cannot be told
+/// (folio sizes not read) or the PTE fault is not seen.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PmdOutcomes {
@@ -751,6 +754,46 @@ pub struct Bench {
     pub steps: Vec<BenchStep>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_latency: Option<StoreLatency>,
+    /// `hotpatch` modes: the executable file mapping before and after the
+    /// write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotpatch: Option<Hotpatch>,
+}
+
+/// A hot patch of a private executable file mapping backed by file THPs,
+/// as `/proc/self/smaps` saw the mapping (`Rss` is what the exec THP COW
+/// series' cover letter reports as "Exec mmap Rss").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Hotpatch {
+    /// "mprotect" (then stores) or "proc-mem" (`/proc/self/mem` writes).
+    pub poke: String,
+    /// Bytes written: one per folio.
+    pub writes: u64,
+    /// Of those, the writes the kernel refused (`/proc/self/mem`: EIO),
+    /// and the first one's error.
+    #[serde(default)]
+    pub refused: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_error: Option<String>,
+    /// The file's file system (`statfs`): "tmpfs" (shmem THPs, which the
+    /// exec THP COW series does not copy whole), "ext2/3/4", "xfs", ...
+    pub file_system: String,
+    pub before: ExecMapping,
+    pub after: ExecMapping,
+}
+
+/// One mapping's memory, in bytes, from `/proc/self/smaps`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecMapping {
+    pub rss: u64,
+    /// Anonymous: the pages its COW copies made.
+    pub anonymous: u64,
+    /// Of those, in PMD-mapped THPs.
+    pub anon_huge: u64,
+    /// File (or shmem) THPs mapped by PMDs.
+    pub file_pmd_mapped: u64,
 }
 
 /// How many folio-sized blocks are exactly one folio of that size (head
