@@ -1,7 +1,7 @@
 # One boot of `cargo xtask ab`: each bench of $BENCHES (separated by ';')
 # as a series of $RUNS runs on $SIZE; each series' text and JSON printed.
 . /lib.sh
-case "$BENCHES" in *hotpatch*) hotpatch_dir ;; esac
+case "$BENCHES" in *hotpatch*) hotpatch_dir $SIZE ;; esac
 i=0
 IFS=';'
 set -f

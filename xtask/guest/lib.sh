@@ -285,15 +285,19 @@ svg_facts() {
 # (the kernels built here: the exec THP COW series copies no shmem THP
 # whole), else tmpfs mounted huge=always (Debian's kernels have loop as a
 # module).
+# $1: the bench's --size (NM), which the file system holds with room.
 hotpatch_dir() {
+	mb=${1%M}
+	case "$mb" in '' | *[!0-9]*) mb=256 ;; esac
+	fs_mb=$((mb + mb / 2 + 32))
 	mkdir -p /mnt/hotpatch
-	truncate -s 96M /tmp/hotpatch.img
+	truncate -s ${fs_mb}M /tmp/hotpatch.img
 	if l=$(losetup -f 2>/dev/null) && losetup $l /tmp/hotpatch.img 2>/dev/null &&
 		mke2fs -q $l > /dev/null 2>&1 && mount -t ext4 $l /mnt/hotpatch 2>/dev/null; then
 		echo "@@FS-HOTPATCH-FS ext4 $l"
 	else
 		rm -f /tmp/hotpatch.img
-		mount -t tmpfs -o huge=always,size=96M hotpatch /mnt/hotpatch
+		mount -t tmpfs -o huge=always,size=${fs_mb}M hotpatch /mnt/hotpatch
 		echo "@@FS-HOTPATCH-FS tmpfs"
 	fi
 }

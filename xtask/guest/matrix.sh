@@ -27,13 +27,12 @@ bench_case() {
 	oracle_and_emit $name out json alloc0 alloc1
 }
 
-case "$CASES" in *hotpatch*) hotpatch_dir ;; esac
-
 # No THP but the bench's own (bench sets its size's knob): faultscope's
 # own memory then gets base pages, and the kernel's per-size allocation
 # counts are the bench's.
 thp_mode 4K
 S=${SIZE:-16M}
+case "$CASES" in *hotpatch*) hotpatch_dir $S ;; esac
 # $CASES: NAME:BENCH ARGS, separated by ";" (xtask's matrix::CASES).
 echo "$CASES" | tr ';' '\n' > /tmp/cases
 for BACKEND in ${BACKENDS:-kprobe}; do

@@ -398,9 +398,10 @@ fn folios_of(classes: &faultscope::report::schema::Classes, m: ReportClass) -> O
 /// the child alive, one 4K copy a page (stock kernels copy a base page);
 /// where first touches are measured (x86: the exception's error code), the
 /// kernel's per-size allocation counters over the whole run (each size
-/// faultscope saw first-touched, at most what the kernel counted and at
-/// least that less [`UNTRACED_THPS`]) and the page arithmetic of the
-/// populate step (one new folio of the bench's size a folio).
+/// faultscope saw first-touched or copied whole, at most what the kernel
+/// counted and at least that less [`UNTRACED_THPS`]) and the page
+/// arithmetic of the populate step (one new folio of the bench's size a
+/// folio).
 fn expect_folios(
     cl: &mut Checklist,
     case: &str,
@@ -429,6 +430,10 @@ fn expect_folios(
     for p in &report.processes {
         if let Some(f) = folios_of(&p.classes, ReportClass::NotPresent) {
             seen.add(&f);
+            // A THP copied whole is a fault's THP allocation too.
+            if let Some(c) = folios_of(&p.classes, ReportClass::Copy) {
+                seen.add(&c);
+            }
         } else {
             cl.expect(false, format!("pid {}: not_present has no folio sizes", p.pid));
             return;

@@ -192,7 +192,9 @@ pub fn poke(how: Poke, base: *mut u8, len: usize, addrs: &[usize]) -> Result<Ref
                     } else {
                         ""
                     };
-                    refused.first.get_or_insert_with(|| format!("writing /proc/self/mem at {a:#x}: {e}{why}"));
+                    refused
+                        .first
+                        .get_or_insert_with(|| format!("writing /proc/self/mem at {a:#x}: {e}{why}"));
                 }
             }
         }
