@@ -459,7 +459,12 @@ impl<'a> Run<'a> {
             folio: crate::units::size(c.folio),
             mapping: if c.folio == PMD_SIZE && (o.pmd || c.mode.poke().is_some()) { "pmd" } else { "pte" }
                 .into(),
-            child: format!("{:?}", o.child).to_lowercase(),
+            // A hot patch forks no child.
+            child: if c.mode.poke().is_some() {
+                "none".into()
+            } else {
+                format!("{:?}", o.child).to_lowercase()
+            },
             threads: if matches!(c.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
             pages: self.pages as u64,
             folios: o.size / c.folio,

@@ -41,6 +41,8 @@ fn heading(c: &Cell) -> String {
         "perfolio" => "one byte per folio".into(),
         "readthenstore" => "every page of a folio read, then stored to".into(),
         "readerwriter" => "every page read on one CPU, stored to on another, then on the first".into(),
+        "hotpatch" => "one byte a file THP, after mprotect() to writable".into(),
+        "hotpatchmem" => "one byte a file THP, through /proc/self/mem".into(),
         m => safe(m),
     };
     match b.map(|b| b.child.as_str()) {
@@ -495,10 +497,18 @@ pub fn preamble(cols: &[&LoadedSeries]) -> String {
         ["alive"] => "the child stays alive, ",
         _ => "",
     };
-    let mut s = format!(
-        "{machine}, {} of anonymous memory, fork(), {child}then the parent stores to the memory. ",
-        sizes.join(", ")
-    );
+    // The hot patches fork no child (`bench` says "none").
+    let mut s = if children.as_slice() == ["none"] {
+        format!(
+            "{machine}, {} of a private executable file mapping of file THPs, no fork, one byte written into each THP. ",
+            sizes.join(", ")
+        )
+    } else {
+        format!(
+            "{machine}, {} of anonymous memory, fork(), {child}then the parent stores to the memory. ",
+            sizes.join(", ")
+        )
+    };
     match boots.iter().max().copied().unwrap_or(1) {
         0 | 1 => {
             let _ = write!(s, "Medians of {} runs, one boot of each kernel", range(&runs));

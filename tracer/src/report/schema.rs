@@ -741,7 +741,7 @@ pub struct Bench {
     pub folio: String,
     /// "pte" or "pmd".
     pub mapping: String,
-    /// "exit" or "alive".
+    /// "exit" or "alive"; "none" for a hot patch (no fork).
     pub child: String,
     pub threads: u64,
     pub pages: u64,
