@@ -108,6 +108,22 @@ pub unsafe fn write_pages(base: *mut u8, len: usize, page: usize, val: u8) {
     }
 }
 
+/// Reads one byte of every page (read faults: a file mapping's folios
+/// mapped); returns their sum, so that the reads are not optimised away.
+///
+/// # Safety
+/// `base..base + len` must be readable memory of this process.
+pub unsafe fn read_pages(base: *const u8, len: usize, page: usize) -> u8 {
+    let mut sum = 0u8;
+    let mut off = 0;
+    while off < len {
+        // SAFETY: inside the mapping (the caller's promise).
+        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(base.add(off)) });
+        off += page;
+    }
+    sum
+}
+
 /// Anonymous private memory of `len` bytes aligned to 2M (so THPs and
 /// mTHPs of any order fit), with `advice` applied. Never unmapped: the
 /// process ends after using it.

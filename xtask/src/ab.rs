@@ -282,7 +282,8 @@ pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
 /// and the bytes they allocated, from each run's report (the median run
 /// by bytes; min-max over the runs), then what the seeds measured.
 fn copies(ks: &[GuestKernel], cols: &[Column]) -> String {
-    use faultscope::report::schema::{ClassValue, Folios};
+    use crate::matrix::folios_of;
+    use faultscope::report::schema::Folios;
     use std::fmt::Write as _;
     let mut out =
         String::from("\nCOW copies in the write step, by folio size (median run), and bytes copied:\n");
@@ -293,10 +294,7 @@ fn copies(ks: &[GuestKernel], cols: &[Column]) -> String {
                 .iter()
                 .filter_map(|r| {
                     let span = r.bench_process()?.span("mark:write")?;
-                    match span.classes.get(&ReportClass::Copy)? {
-                        ClassValue::Measured(m) => Some((m.count, m.folios.as_deref()?.clone())),
-                        ClassValue::NotMeasurable(_) => None,
-                    }
+                    Some((span.count(ReportClass::Copy)?, folios_of(&span.classes, ReportClass::Copy)?))
                 })
                 .collect();
             let what = format!("{} {} {}", cell.mode, cell.folio, cell.mapping);

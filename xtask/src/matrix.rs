@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{Attribution, ClassValue, Folios, Measured, StackRow},
+    report::schema::{Attribution, ClassValue, Folios, Measured, PmdOutcomes, StackRow},
     units::{parse_size, PAGE, PMD_SIZE},
 };
 use faultscope_common::Program;
@@ -220,9 +220,7 @@ fn expect_kernel_choice(
         "2m-pmd-exit" | "2m-pmd-alive" => {
             let h = get(ReportClass::HugePmdWp);
             cl.expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
-            let Some(ClassValue::Measured(Measured { outcomes: Some(o), .. })) =
-                write.classes.get(&ReportClass::HugePmdWp)
-            else {
+            let Some(o) = pmd_outcomes_of(&write.classes) else {
                 cl.expect(false, "huge_pmd_wp has no outcomes");
                 return;
             };
@@ -387,9 +385,17 @@ fn thp_allocs(run: &GuestRun, label: &str) -> Result<BTreeMap<u64, u64>> {
 }
 
 /// The new anon folios of a class in a span, as faultscope measured them.
-fn folios_of(classes: &faultscope::report::schema::Classes, m: ReportClass) -> Option<Folios> {
+pub(crate) fn folios_of(classes: &faultscope::report::schema::Classes, m: ReportClass) -> Option<Folios> {
     match classes.get(&m)? {
         ClassValue::Measured(x) => x.folios.as_deref().cloned(),
+        ClassValue::NotMeasurable(_) => None,
+    }
+}
+
+/// What came of a span's PMD write-protect faults, where measured.
+fn pmd_outcomes_of(classes: &faultscope::report::schema::Classes) -> Option<PmdOutcomes> {
+    match classes.get(&ReportClass::HugePmdWp)? {
+        ClassValue::Measured(x) => x.outcomes.as_deref().cloned(),
         ClassValue::NotMeasurable(_) => None,
     }
 }
@@ -525,11 +531,8 @@ fn expect_hotpatch(
         h.before.file_pmd_mapped == size,
         format!("before the write: file PMD-mapped {} = size {size}", h.before.file_pmd_mapped),
     );
-    let outcomes = match write.classes.get(&ReportClass::HugePmdWp) {
-        Some(ClassValue::Measured(Measured { outcomes: Some(o), .. })) => Some(o.clone()),
-        _ => None,
-    };
-    let (o_split, o_copied) = outcomes.as_deref().map_or((0, 0), |o| (o.split, o.copied));
+    let outcomes = pmd_outcomes_of(&write.classes);
+    let (o_split, o_copied) = outcomes.as_ref().map_or((0, 0), |o| (o.split, o.copied));
     cl.expect(outcomes.is_some(), "huge_pmd_wp has outcomes");
     let thp = PMD_SIZE;
     if whole {

@@ -356,7 +356,7 @@ impl<'a> Run<'a> {
         // SAFETY: the region this run mapped (a file mapping: read only).
         unsafe {
             match self.c.mode.poke() {
-                Some(_) => drop(hotpatch::read_pages(self.mem.base, self.mem.len, PAGE as usize)),
+                Some(_) => drop(memory::read_pages(self.mem.base, self.mem.len, PAGE as usize)),
                 None => memory::write_pages(self.mem.base, self.mem.len, PAGE as usize, 1),
             }
         }
@@ -732,21 +732,21 @@ fn plan(o: &BenchOpts, c: CellOpts, pages: usize) -> Plan {
         v
     };
     let n = o.threads.max(1);
+    // One page a folio: its first.
+    let per_folio = || (0..pages).step_by((c.folio / PAGE) as usize).collect::<Vec<usize>>();
     let writers = match c.mode {
         Mode::Memset => return Plan::Memset,
         Mode::Seq | Mode::ReadThenStore => vec![(0..pages).collect()],
         Mode::Random => vec![order(o.seed)],
-        Mode::PerFolio => vec![(0..pages).step_by((c.folio / PAGE) as usize).collect()],
+        Mode::PerFolio => vec![per_folio()],
         Mode::Threads => {
             let all = order(o.seed);
             (0..n).map(|i| all.iter().copied().skip(i).step_by(n).collect()).collect()
         }
         Mode::ThreadsSame => (0..n).map(|i| order(o.seed + i as u64)).collect(),
         Mode::ReaderWriter => return Plan::ReaderWriter((0..pages).collect()),
-        Mode::Hotpatch | Mode::HotpatchMem => {
-            let per = (c.folio / PAGE) as usize;
-            return Plan::Poke(c.mode.poke().unwrap_or(Poke::Mprotect), (0..pages).step_by(per).collect());
-        }
+        Mode::Hotpatch => return Plan::Poke(Poke::Mprotect, per_folio()),
+        Mode::HotpatchMem => return Plan::Poke(Poke::ProcMem, per_folio()),
     };
     Plan::Stores { writers, read_first: c.mode == Mode::ReadThenStore }
 }

@@ -124,21 +124,6 @@ fn file_system(f: &fs::File) -> String {
     }
 }
 
-/// Reads one byte of every page: read faults map the file's folios.
-///
-/// # Safety
-/// `base..base + len` must be readable memory of this process.
-pub unsafe fn read_pages(base: *const u8, len: usize, page: usize) -> u8 {
-    let mut sum = 0u8;
-    let mut off = 0;
-    while off < len {
-        // SAFETY: inside the mapping (the caller's promise).
-        sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(base.add(off)) });
-        off += page;
-    }
-    sum
-}
-
 /// How the patch is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Poke {
