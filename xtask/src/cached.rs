@@ -31,7 +31,7 @@ impl<T> Cache<'_, T> {
         self.parent.join(self.key)
     }
 
-    fn cached(&self) -> Option<T> {
+    pub fn cached(&self) -> Option<T> {
         [self.local(), self.machine.join(self.key)].into_iter().find_map(self.at)
     }
 

@@ -621,32 +621,89 @@ fn localversion(name: &str) -> Result<String> {
     Ok(format!("-{name}"))
 }
 
-/// Builds (or finds cached) the kernel of `diffs` for `arch`, named `name`
-/// in its release string.
-pub fn build(arch: &str, name: &str, diffs: &[Diff]) -> Result<Built> {
+/// One kernel of a build: its name (the release's local version) and the
+/// diffs applied to the source.
+pub struct Variant<'a> {
+    pub name: &'a str,
+    pub diffs: &'a [Diff],
+}
+
+/// Builds (or finds cached) the first kernel of `variants` for `arch`;
+/// where it must be built, the others not cached are built after it, in
+/// its source tree: the tree is patched from the last one's diffs to the
+/// next one's and made again, so kbuild recompiles what those diffs touch
+/// (and what includes it), not the whole kernel. Each is cached under its
+/// own key, the key of a build from a clean tree.
+pub fn build(arch: &str, variants: &[Variant]) -> Result<Built> {
     let recipe = recipe(arch)?;
-    let lv = localversion(name)?;
     let (version, apt) = source_version()?;
-    let recipe_text = recipe.describe(&lv);
-    let key = format!("{}-{arch}", key(&version, diffs, &recipe_text));
-    let cache = crate::cached::Cache {
-        what: "xtask kernel",
-        key: &key,
-        parent: root().join("target/kernels/built"),
-        machine: Path::new(MACHINE_CACHE),
-        at: Built::at,
-    };
+    let mut apt = Some(apt);
     let t0 = Instant::now();
-    let built = cache.get(|scratch| {
-        let tar = fetch_source(&version, apt)?;
-        let tree = scratch.join("linux");
-        fs::create_dir_all(&tree)?;
-        build_in(recipe, &lv, &recipe_text, &version, &tar, diffs, scratch, &tree, t0)
-            .with_context(|| format!("building {name} for {arch}"))?;
-        Ok(fs::remove_dir_all(&tree)?)
-    })?;
-    eprintln!("xtask kernel: {name} {arch}: {}", built.image.display());
-    Ok(built)
+    let keyed = |v: &Variant| -> Result<(String, String, String)> {
+        let lv = localversion(v.name)?;
+        let recipe_text = recipe.describe(&lv);
+        Ok((format!("{}-{arch}", key(&version, v.diffs, &recipe_text)), lv, recipe_text))
+    };
+    fn cache(key: &str) -> crate::cached::Cache<'_, Built> {
+        crate::cached::Cache {
+            what: "xtask kernel",
+            key,
+            parent: root().join("target/kernels/built"),
+            machine: Path::new(MACHINE_CACHE),
+            at: Built::at,
+        }
+    }
+    let first = variants.first().context("no kernel to build")?;
+    if let Some(b) = cache(&keyed(first)?.0).cached() {
+        return Ok(b);
+    }
+    // The tree shared by this call's builds, and the diffs applied in it.
+    let mut shared: Option<(PathBuf, &[Diff])> = None;
+    let mut built = Vec::new();
+    for v in variants {
+        let (key, lv, recipe_text) = keyed(v)?;
+        let b = cache(&key).get(|scratch| {
+            let log = scratch.join("build.log");
+            let out = scratch.join("out");
+            fs::create_dir_all(&out)?;
+            let after = match shared.take() {
+                Some((tree, applied)) => {
+                    repatch(&tree, applied, v.diffs, &out, &version)?;
+                    Some(tree)
+                }
+                None => None,
+            };
+            let fresh = after.is_none();
+            let tree = match after {
+                Some(t) => t,
+                None => {
+                    let tar = fetch_source(&version, apt.take().flatten())?;
+                    let tree = new_tree(arch)?;
+                    run(Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&tree).arg("--strip-components=1"))?;
+                    apply_patches(&tree, v.diffs, &out, &version)?;
+                    tree
+                }
+            };
+            let made = make_in(recipe, &lv, &recipe_text, &version, v.diffs, &tree, &log, &out, t0, fresh)
+                .with_context(|| format!("building {} for {arch}", v.name));
+            match made {
+                Ok(()) => {
+                    shared = Some((tree, v.diffs));
+                    Ok(())
+                }
+                Err(e) => {
+                    let _ = fs::remove_dir_all(&tree);
+                    Err(e)
+                }
+            }
+        })?;
+        eprintln!("xtask kernel: {} {arch}: {}", v.name, b.image.display());
+        built.push(b);
+    }
+    if let Some((tree, _)) = shared {
+        fs::remove_dir_all(&tree)?;
+    }
+    Ok(built.swap_remove(0))
 }
 
 /// Runs a build step with its output to `log`; on failure, its last lines.
@@ -741,31 +798,71 @@ fn configure(recipe: &Recipe, tree: &Path, lv: &str, log: &Path) -> Result<Strin
     Ok(config)
 }
 
+/// A new empty folder for a shared tree, after removing the trees of
+/// builds whose process is gone (killed mid-build).
+fn new_tree(arch: &str) -> Result<PathBuf> {
+    let parent = root().join("target/kernels/built");
+    fs::create_dir_all(&parent)?;
+    for e in fs::read_dir(&parent)?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix(".tree-").and_then(|r| r.rsplit_once('-')).map(|(_, p)| p.to_string());
+        if pid.is_some_and(|p| !Path::new("/proc").join(&p).exists()) {
+            eprintln!("xtask kernel: removing {}, left by a build that did not finish", e.path().display());
+            fs::remove_dir_all(e.path())?;
+        }
+    }
+    let tree = parent.join(format!(".tree-{arch}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tree);
+    fs::create_dir_all(&tree)?;
+    Ok(tree)
+}
+
+/// Takes `tree` from the diffs `applied` (reversed, last first) to `next`,
+/// each kept in `patches`.
+fn repatch(tree: &Path, applied: &[Diff], next: &[Diff], patches: &Path, version: &str) -> Result<()> {
+    for (n, d) in applied.iter().enumerate().rev() {
+        let file = patches.join(format!("reverse-{:04}.diff", n + 1));
+        fs::write(&file, &d.text)?;
+        let out = Command::new("patch")
+            .current_dir(tree)
+            .args(["-p1", "--reverse", "--batch", "--no-backup-if-mismatch", "-i"])
+            .arg(&file)
+            .output()
+            .context("running patch")?;
+        if !out.status.success() {
+            bail!(
+                "taking back {:?} from the shared tree failed:\n{}{}",
+                d.subject,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    apply_patches(tree, next, patches, version)
+}
+
+/// Configures and makes the patched `tree` (`fresh`: its first build),
+/// leaving the image, config and `about.txt` in `out`.
 #[allow(clippy::too_many_arguments)]
-fn build_in(
+fn make_in(
     recipe: &Recipe,
     lv: &str,
     recipe_text: &str,
     version: &str,
-    tar: &Path,
     diffs: &[Diff],
-    scratch: &Path,
     tree: &Path,
+    log: &Path,
+    out: &Path,
     t0: Instant,
+    fresh: bool,
 ) -> Result<()> {
-    let log = scratch.join("build.log");
-    run(Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(tree).arg("--strip-components=1"))?;
-    let patches = scratch.join("out");
-    fs::create_dir_all(&patches)?;
-    apply_patches(tree, diffs, &patches, version)?;
-    let config = configure(recipe, tree, lv, &log)?;
+    let config = configure(recipe, tree, lv, log)?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let tb = Instant::now();
     let cpu0 = children_cpu_s();
-    logged(recipe.make(tree).arg(format!("-j{jobs}")).arg(recipe.target), &log, "the kernel build")?;
+    logged(recipe.make(tree).arg(format!("-j{jobs}")).arg(recipe.target), log, "the kernel build")?;
     let build_s = tb.elapsed().as_secs_f64();
     let cpu_s = children_cpu_s().zip(cpu0).map(|(a, b)| a - b);
-    let out = scratch.join("out");
     fs::copy(tree.join(recipe.image), out.join("vmlinuz"))?;
     fs::write(out.join("config"), &config)?;
     let release = fs::read_to_string(tree.join("include/config/kernel.release")).unwrap_or_default();
@@ -775,8 +872,9 @@ fn build_in(
         writeln!(about, "patch {:04}.diff: {}", n + 1, d.subject)?;
     }
     let cpu = cpu_s.map_or(String::new(), |c| format!(", {c:.0}s of CPU"));
+    let how = if fresh { "" } else { ", again in the tree of the build before it" };
     let said = format!(
-        "make -j{jobs} {} took {build_s:.0}s{cpu} ({:.0}s in all)",
+        "make -j{jobs} {}{how} took {build_s:.0}s{cpu} ({:.0}s in all)",
         recipe.target,
         t0.elapsed().as_secs_f64()
     );

@@ -330,7 +330,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 kbuild::read_series(&patches, subject.as_deref())?
             };
             let name = name.unwrap_or_else(|| if diffs.is_empty() { "stock" } else { "patched" }.to_string());
-            let b = kbuild::build(&arch, &name, &diffs)?;
+            let b = kbuild::build(&arch, &[kbuild::Variant { name: &name, diffs: &diffs }])?;
             println!("{}", b.image.display());
             Ok(())
         }
