@@ -679,7 +679,12 @@ pub fn build(arch: &str, variants: &[Variant]) -> Result<Built> {
                 None => {
                     let tar = fetch_source(&version, apt.take().flatten())?;
                     let tree = new_tree(arch)?;
-                    run(Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&tree).arg("--strip-components=1"))?;
+                    run(Command::new("tar")
+                        .arg("-xf")
+                        .arg(&tar)
+                        .arg("-C")
+                        .arg(&tree)
+                        .arg("--strip-components=1"))?;
                     apply_patches(&tree, v.diffs, &out, &version)?;
                     tree
                 }
@@ -825,7 +830,7 @@ fn repatch(tree: &Path, applied: &[Diff], next: &[Diff], patches: &Path, version
         fs::write(&file, &d.text)?;
         let out = Command::new("patch")
             .current_dir(tree)
-            .args(["-p1", "--reverse", "--batch", "--no-backup-if-mismatch", "-i"])
+            .args(["-p1", "--reverse", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
             .arg(&file)
             .output()
             .context("running patch")?;
@@ -1040,6 +1045,35 @@ base-commit: 1234
         assert!(format!("{:#}", check_paths_in_tree(&tree, d).unwrap_err()).contains("outside the tree"));
         let _ = fs::remove_dir_all(&tree);
         let _ = fs::remove_dir_all(&outside);
+    }
+
+    /// A shared tree goes from one kernel's diffs to the next one's: the
+    /// first taken back (last first), the next applied; only the files
+    /// either touches change.
+    #[test]
+    fn repatch_takes_a_tree_from_one_series_to_the_next() {
+        let tree = tempfile_dir("kbuild-repatch");
+        fs::create_dir_all(tree.join("mm")).unwrap();
+        fs::write(tree.join("mm/a.c"), "one\ntwo\nthree\n").unwrap();
+        fs::write(tree.join("mm/b.h"), "x\n").unwrap();
+        let diff = |text: &str| Diff { subject: String::new(), text: text.to_string() };
+        let first = [
+            diff("--- a/mm/a.c\n+++ b/mm/a.c\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"),
+            diff("--- a/mm/a.c\n+++ b/mm/a.c\n@@ -1,3 +1,3 @@\n one\n TWO\n-three\n+THREE\n"),
+        ];
+        let next = [diff("--- a/mm/b.h\n+++ b/mm/b.h\n@@ -1 +1,2 @@\n x\n+y\n")];
+        let patches = tempfile_dir("kbuild-repatch-out");
+        apply_patches(&tree, &first, &patches, "test").unwrap();
+        assert_eq!(fs::read_to_string(tree.join("mm/a.c")).unwrap(), "one\nTWO\nTHREE\n");
+        repatch(&tree, &first, &next, &patches, "test").unwrap();
+        assert_eq!(fs::read_to_string(tree.join("mm/a.c")).unwrap(), "one\ntwo\nthree\n");
+        assert_eq!(fs::read_to_string(tree.join("mm/b.h")).unwrap(), "x\ny\n");
+        // Taking back what is not applied fails, naming the diff.
+        let e = repatch(&tree, &first, &[], &patches, "test").unwrap_err();
+        assert!(format!("{e:#}").contains("taking back"), "{e:#}");
+        assert_eq!(fs::read_to_string(tree.join("mm/a.c")).unwrap(), "one\ntwo\nthree\n");
+        let _ = fs::remove_dir_all(&tree);
+        let _ = fs::remove_dir_all(&patches);
     }
 
     fn tempfile_dir(name: &str) -> PathBuf {

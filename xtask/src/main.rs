@@ -395,7 +395,7 @@ fn test() -> Result<()> {
         ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
-        ("hot patches: private executable file THPs", &matrix::hotpatch),
+        ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),
         ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
         ("A/B, stock 7.3 against the series", &ab::test),
         ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),

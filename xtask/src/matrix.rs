@@ -93,7 +93,7 @@ pub fn check_case(run: &GuestRun, kernel: &str, choices: Choices, label: &str) -
             .any(|p| p.attached && EXCEPTION_PROGRAMS.iter().any(|e| e.name() == p.program));
         let kernel = KernelTraits { choices, opened_at_exception };
         expect_kernel_choice(&mut cl, case, kernel, b, write);
-        expect_folios(&mut cl, case, run, label, &report, &per_step);
+        expect_folios(&mut cl, run, label, &report, &per_step);
         expect_hotpatch(&mut cl, case, choices, run, label, b, write);
         expect_unfolds(&mut cl, case, choices.reuse, &report.kernel, b, write, &oracle)
     };
@@ -246,7 +246,7 @@ fn expect_kernel_choice(
                 );
             }
         }
-        "4k-alive" | "64k-alive" => {
+        "4k-alive" | "16k-alive" | "64k-alive" => {
             let c = get(ReportClass::Copy);
             cl.expect(within(c, pages), format!("copy {c} = pages {pages} (child alive)"))
         }
@@ -401,7 +401,8 @@ fn pmd_outcomes_of(classes: &faultscope::report::schema::Classes) -> Option<PmdO
 }
 
 /// The folio sizes faultscope read, against counts made another way: with
-/// the child alive, one 4K copy a page (stock kernels copy a base page);
+/// the child alive, the copies' sizes against the folios the region maps
+/// after the write (pagemap and kpageflags; stock kernels copy a base page);
 /// where first touches are measured (x86: the exception's error code), the
 /// kernel's per-size allocation counters over the whole run (each size
 /// faultscope saw first-touched or copied whole, at most what the kernel
@@ -410,7 +411,6 @@ fn pmd_outcomes_of(classes: &faultscope::report::schema::Classes) -> Option<PmdO
 /// folio).
 fn expect_folios(
     cl: &mut Checklist,
-    case: &str,
     run: &GuestRun,
     label: &str,
     report: &faultscope::report::schema::Report,
@@ -418,12 +418,27 @@ fn expect_folios(
 ) {
     let Some(b) = report.bench.as_ref() else { return };
     let get = |span: &faultscope::report::schema::Span, m| folios_of(&span.classes, m).unwrap_or_default();
-    if matches!(case, "4k-alive" | "64k-alive" | "2m-pmd-alive") {
+    if let Some(after) = &b.after_write {
+        // Every page of the region was copied: the folios it maps after
+        // the write (pagemap, kpageflags) are the copies' new folios, size
+        // by size, the bench's own pages' copies aside (+SLACK).
         let w = &per_step[per_step.len() - 1];
         let (copy, f) = (w.count(ReportClass::Copy).unwrap_or(0), get(w, ReportClass::Copy));
+        let m = &after.mapped;
+        let sizes: BTreeSet<&String> = m.sizes.keys().chain(f.sizes.keys()).collect();
+        let each = sizes.iter().all(|s| (m.of_size(s)..=m.of_size(s) + SLACK).contains(&f.of_size(s)));
         cl.expect(
-            f.of_size("4K") == copy && f.bytes == copy * PAGE,
-            format!("write: copies {copy}, each a new 4K folio: {:?}, {} bytes", f.sizes, f.bytes),
+            each && f.sizes.values().sum::<u64>() == copy && m.bytes == b.size,
+            format!(
+                "write: copies {copy} by size {:?} ({} bytes) = the folios mapped after it {:?} ({} bytes of {}) (+{SLACK})",
+                f.sizes, f.bytes, m.sizes, m.bytes, b.size
+            ),
+        );
+        // A stock kernel copies a base page (the mTHP copy series is not
+        // available to build).
+        cl.expect(
+            f.of_size("4K") == copy,
+            format!("write: each copy a new 4K folio on this kernel: {:?}", f.sizes),
         );
     }
     // First touches are told from other new folios by the exception's
@@ -938,6 +953,7 @@ pub const CASES: &[(&str, &str)] = &[
     ("2m-pmd-exit", "seq --folio 2M --pmd --child exit"),
     ("2m-pmd-alive", "seq --folio 2M --pmd --child alive"),
     ("4k-alive", "seq --folio 4K --child alive"),
+    ("16k-alive", "seq --folio 16K --child alive"),
     ("64k-alive", "seq --folio 64K --child alive"),
     ("spurious-race", "threads-same --threads 4 --folio 4K --child exit"),
     ("reader-writer", "reader-writer --folio 4K --child exit"),
@@ -1001,19 +1017,31 @@ pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true).map(drop)
 }
 
-/// The hot-patch cases (private executable file THPs) and their stock
-/// kernels, a stage of `test`: split and 4K copies on every stock kernel.
-/// The exec THP COW kernel (a build of its own) runs them by hand
-/// (docs/kernels.md).
-pub const HOTPATCH_CASES: &[&str] = &["hotpatch", "hotpatch-mem"];
-pub const HOTPATCH_KERNELS: &[&str] = &["6.12-cloud-amd64", "7.3-cloud-amd64", "7.3-cloud-arm64"];
+/// What a COW fault costs in memory, a stage of `test`, by kernel: the
+/// hot-patch cases (private executable file THPs: split and 4K copies on
+/// stock kernels, THPs copied whole with the exec THP COW series) and
+/// copies with the child alive from two mTHP sizes (the default cases have
+/// 4K and the PMD's on every kernel), one on arm64 (contpte).
+pub const COW_MEMORY: &[(&str, &[&str])] = &[
+    ("6.12-cloud-amd64", &["hotpatch", "hotpatch-mem", "16k-alive", "64k-alive"]),
+    ("7.3-cloud-amd64", &["hotpatch", "hotpatch-mem", "16k-alive", "64k-alive"]),
+    ("7.3-exec-thp-cow-amd64", &["hotpatch", "hotpatch-mem"]),
+    ("7.3-cloud-arm64", &["hotpatch", "hotpatch-mem", "64k-alive"]),
+];
 
-/// The hot-patch stage: [`HOTPATCH_CASES`] on [`HOTPATCH_KERNELS`].
-pub fn hotpatch() -> Result<()> {
-    let ks: Vec<GuestKernel> =
-        HOTPATCH_KERNELS.iter().map(|n| crate::kernels::by_name(n)).collect::<Result<_>>()?;
-    let cases: Vec<String> = HOTPATCH_CASES.iter().map(|c| c.to_string()).collect();
-    run(&ks, "16M", &cases, &[])
+/// The COW memory stage: [`COW_MEMORY`], one boot a kernel.
+pub fn cow_memory() -> Result<()> {
+    let mut failed = Vec::new();
+    for (name, cases) in COW_MEMORY {
+        let k = crate::kernels::by_name(name)?;
+        let cases: Vec<String> = cases.iter().map(|c| c.to_string()).collect();
+        if let Err(e) = run(&[k], "16M", &cases, &[]) {
+            eprintln!("{e:#}");
+            failed.push(*name);
+        }
+    }
+    anyhow::ensure!(failed.is_empty(), "COW memory: failed on {}", failed.join(", "));
+    Ok(())
 }
 
 /// The stale-TLB model's cases: spurious faults it makes (a reader's stale

@@ -415,6 +415,7 @@ impl<'a> Run<'a> {
         if !keep {
             knobs.release();
         }
+        let after_write = (self.o.child == Child::Alive).then(|| after.clone());
         // A write-protect fault on a THP the live child shares splits its
         // PMD (the kernel's COW of a PMD-mapped THP): fewer PMD-mapped bytes
         // is then the write step's outcome, not a change of scenario.
@@ -468,7 +469,8 @@ impl<'a> Run<'a> {
             threads: if matches!(c.mode, Mode::Threads | Mode::ThreadsSame) { o.threads as u64 } else { 1 },
             pages: self.pages as u64,
             folios: o.size / c.folio,
-            folio_check: self.check,
+            folio_check: self.check.clone(),
+            after_write,
             pid: std::process::id(),
             child_pid: self.child,
             steps: self.steps.iter().map(Step::schema).collect(),

@@ -282,7 +282,7 @@ const KPF_COMPOUND_TAIL: u64 = 1 << 16;
 
 /// What backs a range (how many folio-sized blocks are exactly one folio
 /// of that size): the report's type.
-pub use crate::report::schema::FolioCheck;
+pub use crate::report::schema::{FolioCheck, Folios};
 
 /// Reads /proc/self/pagemap and /proc/kpageflags (root only) for the range.
 pub fn check(base: usize, len: u64, folio: u64) -> Result<FolioCheck> {
@@ -327,7 +327,30 @@ pub fn check(base: usize, len: u64, folio: u64) -> Result<FolioCheck> {
         blocks: pages / per as u64,
         whole_folios: whole,
         pmd_mapped_bytes: pmd_mapped_bytes(base)?,
+        mapped: mapped_folios(&pfns, |p| flags_of(p, &mut kflags))?,
     })
+}
+
+/// The folios of the mapped pages `pfns`, by size: a page that is neither
+/// head nor tail is a 4K folio; a head's folio runs over the tails that
+/// follow it physically (at most a PMD's). A folio whose head is not among
+/// `pfns` is not counted.
+fn mapped_folios(pfns: &[u64], mut flags_of: impl FnMut(u64) -> Result<u64>) -> Result<Folios> {
+    let mut by_order = std::collections::BTreeMap::<u32, u64>::new();
+    for &pfn in pfns.iter().filter(|&&p| p != 0) {
+        let f = flags_of(pfn)?;
+        if f & KPF_COMPOUND_TAIL != 0 {
+            continue;
+        }
+        let mut pages = 1u64;
+        if f & KPF_COMPOUND_HEAD != 0 {
+            while pages < PMD_SIZE / PAGE && flags_of(pfn + pages).is_ok_and(|t| t & KPF_COMPOUND_TAIL != 0) {
+                pages += 1;
+            }
+        }
+        *by_order.entry(pages.ilog2()).or_default() += 1;
+    }
+    Ok(Folios::from_orders(&by_order))
 }
 
 /// The bytes mapped by PMDs in the VMA holding `addr`: anon THPs
@@ -368,6 +391,24 @@ pub fn smaps_fields(addr: usize) -> Result<std::collections::BTreeMap<String, u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Folios counted at their heads, sized by the tails that follow; a
+    /// tail whose head is not mapped is left out, unmapped pages too.
+    #[test]
+    fn mapped_folios_by_head_and_tails() {
+        // pfn 10: a 4K folio; 20-23: a 16K folio; 31: a tail of a folio
+        // whose head (30) is not mapped; 0: not present.
+        let flags = |p: u64| -> Result<u64> {
+            Ok(match p {
+                20 | 30 => KPF_COMPOUND_HEAD,
+                21..=23 | 31 => KPF_COMPOUND_TAIL,
+                _ => 0,
+            })
+        };
+        let f = mapped_folios(&[10, 20, 21, 22, 23, 31, 0], flags).unwrap();
+        assert_eq!(f.sizes, [("16K".to_string(), 1), ("4K".to_string(), 1)].into());
+        assert_eq!(f.bytes, 20 << 10);
+    }
 
     #[test]
     fn folio_sizes() {

@@ -263,6 +263,8 @@ pub struct Metrics {
     cow_bytes: Family<Labels, Counter>,
     /// The last count of each (process, phase, class, folio order).
     last_folios: HashMap<FolioKey, u64>,
+    pmd_outcomes: Family<Labels, Counter>,
+    last_pmd_outcomes: HashMap<(u32, PhaseId, classes::PmdOutcome), u64>,
     /// The kinds that can occur here.
     kinds: Vec<&'static str>,
     last_drops: Drops,
@@ -284,6 +286,11 @@ impl Metrics {
             r,
             "faultscope_cow_copied_bytes",
             "Bytes of the new anon folios COW copies allocated, by folio size, phase kind and process name",
+        );
+        let pmd_outcomes = metric(
+            r,
+            "faultscope_huge_pmd_wp_outcomes",
+            "Write-protect faults on a PMD-mapped THP (huge_pmd_wp) by what came of each: reused (the PMD made writable), copied (a THP copied whole), split (the PMD split, the page written then copied by PTE), other (retried or failed); by phase kind and process name",
         );
         let origins = metric(r, "faultscope_fault_origins", "Page faults by class and origin (user: user mode; kernel: the kernel inside a system call; gup: get_user_pages), phase kind and process name");
         let durations = metric(r, "faultscope_fault_duration_seconds", "Time in handle_mm_fault, in the kernel's log-linear buckets (le is each bucket's last nanosecond)");
@@ -310,6 +317,8 @@ impl Metrics {
             new_folios,
             cow_bytes,
             last_folios: HashMap::new(),
+            pmd_outcomes,
+            last_pmd_outcomes: HashMap::new(),
             kinds: classes::fault_kinds_here(avail),
             durations,
             drops,
@@ -434,6 +443,33 @@ impl Metrics {
         }
         self.update_kinds(snap, &kind, &proc);
         self.update_folios(snap, &kind, &proc);
+        self.update_pmd_outcomes(snap, &kind, &proc);
+    }
+
+    /// The outcomes of PMD write-protect faults; `outcome` is bounded (four
+    /// values).
+    fn update_pmd_outcomes(
+        &mut self,
+        snap: &Snapshot,
+        kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
+        proc: &impl Fn(u32) -> Option<ProcLabels>,
+    ) {
+        for (&key, &v) in &snap.pmd_outcomes {
+            let (tgid, phase, outcome) = key;
+            let Some(p) = proc(tgid) else { continue };
+            let Some(kind) = kind(tgid, phase) else { continue };
+            let d = delta(&mut self.last_pmd_outcomes, key, v);
+            if d == 0 {
+                continue;
+            }
+            let mut labels: Labels = vec![
+                ("outcome", super::schema::PmdOutcomes::NAMES[outcome as usize].to_string()),
+                ("phase_kind", kind_name(kind).to_string()),
+                ("comm", esc(&p.comm)),
+            ];
+            self.opts.extend(&mut labels, tgid, &p);
+            self.pmd_outcomes.get_or_create(&labels).inc_by(d);
+        }
     }
 
     /// The partition by kind.
@@ -903,6 +939,33 @@ mod tests {
             sample(&t, "faultscope_cow_copied_bytes_total{folio_size=\"4K\",phase_kind=\"before-fork\",comm=\"redis-server\"}"),
             Some(5.0 * 4096.0)
         );
+    }
+
+    /// Each outcome under its report name; later counts add what is new.
+    #[test]
+    fn huge_pmd_wp_outcomes_by_name() {
+        use crate::kernel::classes::PmdOutcome;
+        let mut m = metrics();
+        let mut sn = snap(&[(7, 0, KernelClass::Copy, stat(&[100, 200, 300]))]);
+        let all = [
+            (PmdOutcome::Reused, 1),
+            (PmdOutcome::Copied, 2),
+            (PmdOutcome::Split, 3),
+            (PmdOutcome::Other, 4),
+        ];
+        for (o, n) in all {
+            sn.pmd_outcomes.insert((7, 0, o), n);
+        }
+        m.update(&sn, kind, redis);
+        sn.pmd_outcomes.insert((7, 0, PmdOutcome::Split), 10);
+        m.update(&sn, kind, redis);
+        let t = m.encode();
+        for (name, want) in [("reused", 1.0), ("copied", 2.0), ("split", 10.0), ("other", 4.0)] {
+            let series = format!(
+                "faultscope_huge_pmd_wp_outcomes_total{{outcome=\"{name}\",phase_kind=\"before-fork\",comm=\"redis-server\"}}"
+            );
+            assert_eq!(sample(&t, &series), Some(want), "{series} in\n{t}");
+        }
     }
 
     #[test]

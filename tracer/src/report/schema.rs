@@ -747,6 +747,10 @@ pub struct Bench {
     pub pages: u64,
     pub folios: u64,
     pub folio_check: FolioCheck,
+    /// The same after the write step (the child still alive): the folios
+    /// the copies left mapped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_write: Option<FolioCheck>,
     pub pid: u32,
     pub child_pid: i32,
     /// populate, fork, write: each the span of the mark `mark:STEP` and the
@@ -798,12 +802,17 @@ pub struct ExecMapping {
 
 /// How many folio-sized blocks are exactly one folio of that size (head
 /// page first, physically contiguous tails), and how much is PMD-mapped.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FolioCheck {
     pub blocks: u64,
     pub whole_folios: u64,
     pub pmd_mapped_bytes: u64,
+    /// The folios mapped in the range by size, each counted once at its
+    /// head page (pagemap and kpageflags): made another way than
+    /// faultscope's folio sizes, from the pages themselves.
+    #[serde(default)]
+    pub mapped: Folios,
 }
 
 /// A bench step as the workload saw it (getrusage, wall clock, CPU time).
