@@ -659,56 +659,65 @@ pub fn build(arch: &str, variants: &[Variant]) -> Result<Built> {
     }
     // The tree shared by this call's builds, and the diffs applied in it.
     let mut shared: Option<(PathBuf, &[Diff])> = None;
-    let mut built = Vec::new();
+    let mut first_built = None;
     for v in variants {
         let (key, lv, recipe_text) = keyed(v)?;
-        let b = cache(&key).get(|scratch| {
-            let log = scratch.join("build.log");
-            let out = scratch.join("out");
+        let got = cache(&key).get(|scratch| {
+            let (log, out) = (scratch.join("build.log"), scratch.join("out"));
             fs::create_dir_all(&out)?;
-            let after = match shared.take() {
-                Some((tree, applied)) => {
-                    repatch(&tree, applied, v.diffs, &out, &version)?;
-                    Some(tree)
-                }
-                None => None,
-            };
-            let fresh = after.is_none();
-            let tree = match after {
-                Some(t) => t,
-                None => {
-                    let tar = fetch_source(&version, apt.take().flatten())?;
-                    let tree = new_tree(arch)?;
-                    run(Command::new("tar")
-                        .arg("-xf")
-                        .arg(&tar)
-                        .arg("-C")
-                        .arg(&tree)
-                        .arg("--strip-components=1"))?;
-                    apply_patches(&tree, v.diffs, &out, &version)?;
-                    tree
-                }
-            };
-            let made = make_in(recipe, &lv, &recipe_text, &version, v.diffs, &tree, &log, &out, t0, fresh)
-                .with_context(|| format!("building {} for {arch}", v.name));
-            match made {
-                Ok(()) => {
-                    shared = Some((tree, v.diffs));
-                    Ok(())
-                }
+            let fresh = shared.is_none();
+            // A tree that failed to take its diffs is removed.
+            let kept = |tree: PathBuf, r: Result<()>| match r {
+                Ok(()) => Ok(tree),
                 Err(e) => {
                     let _ = fs::remove_dir_all(&tree);
                     Err(e)
                 }
+            };
+            let tree = match shared.take() {
+                Some((tree, applied)) => {
+                    let r = repatch(&tree, applied, v.diffs, &out, &version);
+                    kept(tree, r)
+                }
+                None => {
+                    let tar = fetch_source(&version, apt.take().flatten())?;
+                    let tree = new_tree(arch)?;
+                    let r = run(Command::new("tar")
+                        .arg("-xf")
+                        .arg(&tar)
+                        .arg("-C")
+                        .arg(&tree)
+                        .arg("--strip-components=1"))
+                    .and_then(|()| apply_patches(&tree, v.diffs, &out, &version));
+                    kept(tree, r)
+                }
+            }?;
+            let made = make_in(recipe, &lv, &recipe_text, &version, v.diffs, &tree, &log, &out, t0, fresh);
+            match made {
+                Ok(()) => shared = Some((tree, v.diffs)),
+                Err(_) => drop(fs::remove_dir_all(&tree)),
             }
-        })?;
-        eprintln!("xtask kernel: {} {arch}: {}", v.name, b.image.display());
-        built.push(b);
+            made.with_context(|| format!("building {} for {arch}", v.name))
+        });
+        match (got, first_built.is_none()) {
+            (Ok(b), first) => {
+                eprintln!("xtask kernel: {} {arch}: {}", v.name, b.image.display());
+                if first {
+                    first_built = Some(b);
+                }
+            }
+            (Err(e), true) => return Err(e),
+            // The kernel asked for is built: a later one is for later.
+            (Err(e), false) => {
+                eprintln!("xtask kernel: {} {arch} not built with the others: {e:#}", v.name);
+                break;
+            }
+        }
     }
     if let Some((tree, _)) = shared {
-        fs::remove_dir_all(&tree)?;
+        let _ = fs::remove_dir_all(&tree);
     }
-    Ok(built.swap_remove(0))
+    first_built.context("no kernel built")
 }
 
 /// Runs a build step with its output to `log`; on failure, its last lines.

@@ -454,22 +454,9 @@ impl Metrics {
         kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
         proc: &impl Fn(u32) -> Option<ProcLabels>,
     ) {
-        for (&key, &v) in &snap.pmd_outcomes {
-            let (tgid, phase, outcome) = key;
-            let Some(p) = proc(tgid) else { continue };
-            let Some(kind) = kind(tgid, phase) else { continue };
-            let d = delta(&mut self.last_pmd_outcomes, key, v);
-            if d == 0 {
-                continue;
-            }
-            let mut labels: Labels = vec![
-                ("outcome", super::schema::PmdOutcomes::NAMES[outcome as usize].to_string()),
-                ("phase_kind", kind_name(kind).to_string()),
-                ("comm", esc(&p.comm)),
-            ];
-            self.opts.extend(&mut labels, tgid, &p);
-            self.pmd_outcomes.get_or_create(&labels).inc_by(d);
-        }
+        let name = |o: classes::PmdOutcome| super::schema::PmdOutcomes::NAMES[o as usize];
+        let parts = Parts { family: &self.pmd_outcomes, label: "outcome", opts: &self.opts };
+        parts.add(&snap.pmd_outcomes, &mut self.last_pmd_outcomes, name, kind, proc);
     }
 
     /// The partition by kind.
@@ -479,21 +466,8 @@ impl Metrics {
         kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
         proc: &impl Fn(u32) -> Option<ProcLabels>,
     ) {
-        for (&(tgid, phase, fault_kind), &v) in &snap.kinds {
-            let Some(p) = proc(tgid) else { continue };
-            let Some(kind) = kind(tgid, phase) else { continue };
-            let d = delta(&mut self.last_kinds, (tgid, phase, fault_kind), v);
-            if d == 0 {
-                continue;
-            }
-            let mut labels: Labels = vec![
-                ("kind", fault_kind.to_string()),
-                ("phase_kind", kind_name(kind).to_string()),
-                ("comm", esc(&p.comm)),
-            ];
-            self.opts.extend(&mut labels, tgid, &p);
-            self.faults.get_or_create(&labels).inc_by(d);
-        }
+        let parts = Parts { family: &self.faults, label: "kind", opts: &self.opts };
+        parts.add(&snap.kinds, &mut self.last_kinds, |k| k, kind, proc);
     }
 
     /// The new anon folios by size, and the bytes COW copies allocated.
@@ -746,6 +720,45 @@ pub fn kind_name(k: PhaseKind) -> &'static str {
 
 /// What a cumulative count `v` of `key` added since the last one seen
 /// (kept in `last`); an entry the kernel recreated counts from 0 again.
+/// A counter family of the parts of something counted per process and
+/// phase (`(tgid, phase, part)`), the part under `label`.
+struct Parts<'a> {
+    family: &'a Family<Labels, Counter>,
+    label: &'static str,
+    opts: &'a LabelOpts,
+}
+
+impl Parts<'_> {
+    /// Adds each count's change since `last` under its part's `name`, its
+    /// phase's kind and its process's name; a phase or process not known
+    /// yet waits.
+    fn add<P: Copy + Ord + std::hash::Hash>(
+        &self,
+        counts: &std::collections::BTreeMap<(u32, PhaseId, P), u64>,
+        last: &mut HashMap<(u32, PhaseId, P), u64>,
+        name: impl Fn(P) -> &'static str,
+        kind: &impl Fn(u32, PhaseId) -> Option<PhaseKind>,
+        proc: &impl Fn(u32) -> Option<ProcLabels>,
+    ) {
+        for (&key, &v) in counts {
+            let (tgid, phase, part) = key;
+            let Some(p) = proc(tgid) else { continue };
+            let Some(kind) = kind(tgid, phase) else { continue };
+            let d = delta(last, key, v);
+            if d == 0 {
+                continue;
+            }
+            let mut labels: Labels = vec![
+                (self.label, name(part).to_string()),
+                ("phase_kind", kind_name(kind).to_string()),
+                ("comm", esc(&p.comm)),
+            ];
+            self.opts.extend(&mut labels, tgid, &p);
+            self.family.get_or_create(&labels).inc_by(d);
+        }
+    }
+}
+
 fn delta<K: std::hash::Hash + Eq>(last: &mut HashMap<K, u64>, key: K, v: u64) -> u64 {
     let before = last.insert(key, v).unwrap_or(0);
     if v < before {
