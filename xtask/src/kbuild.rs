@@ -746,16 +746,9 @@ fn apply_patches(tree: &Path, diffs: &[Diff], patches: &Path, version: &str) -> 
         let file = patches.join(format!("{:04}.diff", n + 1));
         fs::write(&file, &d.text)?;
         check_paths_in_tree(tree, d)?;
-        let out = Command::new("patch")
-            .current_dir(tree)
-            .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
-            .arg(&file)
-            .output()
-            .context("running patch")?;
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let (ok, said) = patch(tree, &file, &[])?;
         let subject = if d.subject.is_empty() { "(no subject)" } else { &d.subject };
-        if !out.status.success() {
+        if !ok {
             bail!(
                 "patch {} of {}, {subject}, does not apply to {SOURCE_PACKAGE} {version}:\n{}",
                 n + 1,
@@ -837,22 +830,28 @@ fn repatch(tree: &Path, applied: &[Diff], next: &[Diff], patches: &Path, version
     for (n, d) in applied.iter().enumerate().rev() {
         let file = patches.join(format!("reverse-{:04}.diff", n + 1));
         fs::write(&file, &d.text)?;
-        let out = Command::new("patch")
-            .current_dir(tree)
-            .args(["-p1", "--reverse", "--forward", "--batch", "--no-backup-if-mismatch", "-i"])
-            .arg(&file)
-            .output()
-            .context("running patch")?;
-        if !out.status.success() {
-            bail!(
-                "taking back {:?} from the shared tree failed:\n{}{}",
-                d.subject,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        let (ok, said) = patch(tree, &file, &["--reverse"])?;
+        if !ok {
+            bail!("taking back {:?} from the shared tree failed:\n{said}", d.subject);
         }
     }
     apply_patches(tree, next, patches, version)
+}
+
+/// Runs GNU patch on `tree` with the diff `file`: never a diff that looks
+/// applied the other way (`--forward`), no questions, no backups. Returns
+/// whether it applied, and what patch said.
+fn patch(tree: &Path, file: &Path, extra: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("patch")
+        .current_dir(tree)
+        .args(["-p1", "--forward", "--batch", "--no-backup-if-mismatch"])
+        .args(extra)
+        .arg("-i")
+        .arg(file)
+        .output()
+        .context("running patch")?;
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.success(), said))
 }
 
 /// Configures and makes the patched `tree` (`fresh`: its first build),

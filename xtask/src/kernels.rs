@@ -333,13 +333,12 @@ const BUILT_TOGETHER: &[&str] = &[
 fn built(k: GuestKernel, p: Patched) -> Result<kbuild::Built> {
     let mut family = vec![(p.change, diffs_of(p)?)];
     if BUILT_TOGETHER.contains(&k.name) {
-        for other in BUILT_TOGETHER.iter().filter(|n| **n != k.name).map(|n| by_name(n)) {
-            let other = other?;
-            if let (true, Source::Built(q)) = (other.arch == k.arch, other.source) {
-                // A fixture that is missing leaves that kernel out.
-                if let Ok(d) = diffs_of(q) {
-                    family.push((q.change, d));
-                }
+        for other in BUILT_TOGETHER.iter().filter(|n| **n != k.name) {
+            let other = by_name(other)?;
+            let Source::Built(q) = other.source else { continue };
+            // A fixture that is missing leaves that kernel out.
+            if let (true, Ok(d)) = (other.arch == k.arch, diffs_of(q)) {
+                family.push((q.change, d));
             }
         }
     }

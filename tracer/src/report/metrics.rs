@@ -718,8 +718,6 @@ pub fn kind_name(k: PhaseKind) -> &'static str {
     }
 }
 
-/// What a cumulative count `v` of `key` added since the last one seen
-/// (kept in `last`); an entry the kernel recreated counts from 0 again.
 /// A counter family of the parts of something counted per process and
 /// phase (`(tgid, phase, part)`), the part under `label`.
 struct Parts<'a> {
@@ -759,6 +757,8 @@ impl Parts<'_> {
     }
 }
 
+/// What a cumulative count `v` of `key` added since the last one seen
+/// (kept in `last`); an entry the kernel recreated counts from 0 again.
 fn delta<K: std::hash::Hash + Eq>(last: &mut HashMap<K, u64>, key: K, v: u64) -> u64 {
     let before = last.insert(key, v).unwrap_or(0);
     if v < before {
