@@ -16,7 +16,22 @@ use faultscope::{
 };
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,usvg=error")).init();
+    // Each line with the seconds since start: `RUST_LOG=faultscope=debug`
+    // then shows where a start-up or an end goes.
+    let started = std::time::Instant::now();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,usvg=error"))
+        .format(move |buf, r| {
+            use std::io::Write;
+            writeln!(
+                buf,
+                "[{:8.3} {} {}] {}",
+                started.elapsed().as_secs_f64(),
+                r.level(),
+                r.target(),
+                r.args()
+            )
+        })
+        .init();
     let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|e| e.exit());
     // Commands that only print end quietly on a closed stdout (`| head`),
     // as Unix filters do; record and bench handle it and keep their report.

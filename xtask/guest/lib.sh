@@ -264,7 +264,6 @@ oracle_and_emit() {
 	up "$name.recorded"
 	/oracle $(cat /tmp/$name.ranges 2>/dev/null) < $T/trace > /tmp/$name.oracle
 	up "$name.oracle"
-	grep -c . $T/trace | sed "s/^/@@FS-TRACE-LINES $name /"
 	grep -h overrun $T/per_cpu/cpu*/stats | awk -v n=$name '{s+=$2} END {print "@@FS-OVERRUN", n, s+0}'
 	for s in "$@"; do
 		emit $name.$s /tmp/$name.$s

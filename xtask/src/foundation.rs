@@ -101,8 +101,11 @@ pub fn check_case(
     fails.extend(run_is_clean(run, case, &fs));
     let _ = writeln!(
         table,
-        "  trace lines: {}, kprobes left after faultscope: {}",
-        run.marker("TRACE-LINES", case).unwrap_or_default(),
+        "  {}, kprobes left after faultscope: {}",
+        run.section(&format!("{case}.oracle"))
+            .ok()
+            .and_then(|o| o.lines().find_map(|l| l.strip_prefix("oracle: ")?.split(',').next()))
+            .unwrap_or("no oracle summary"),
         run.marker("KPROBES-LEFT", case).unwrap_or_default()
     );
     Ok(CaseResult { table, failures: fails })

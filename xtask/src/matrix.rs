@@ -993,9 +993,24 @@ pub fn backends_for(kernel: &str, asked: &[String]) -> Vec<String> {
 }
 
 /// Boots each kernel once and runs `cases` in it, under each of its
-/// backends (`backends_for`).
+/// backends (`backends_for`), after the verifier check.
 pub fn run(kernels: &[GuestKernel], size: &str, cases: &[String], backends: &[String]) -> Result<()> {
-    run_with(kernels, size, cases, backends, false).map(drop)
+    run_with(kernels, size, cases, backends, Boot::Matrix).map(drop)
+}
+
+/// What a boot runs besides its cases.
+#[derive(Clone, Copy, PartialEq)]
+enum Boot {
+    /// The verifier check first (`probes --load`, every program through the
+    /// kernel's verifier): `cargo xtask matrix` and the suite's matrix
+    /// stage, which boots every kernel.
+    Matrix,
+    /// The gates' `verify` runs instead.
+    Gates,
+    /// The cases alone: the suite's later stages, on kernels whose verifier
+    /// check the matrix stage made (the same programs, the same kernel: 12
+    /// to 20 s a boot under TCG).
+    Cases,
 }
 
 /// The cases of the whole-folio reuse gates, at the size the issue's
@@ -1014,7 +1029,7 @@ pub const GATE_BACKEND: &str = "kprobe";
 /// patched kernels, fail with the count on stock 7.3.
 pub fn gates(kernels: &[GuestKernel]) -> Result<()> {
     let cases: Vec<String> = GATE_CASES.iter().map(|c| c.to_string()).collect();
-    run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], true).map(drop)
+    run_with(kernels, GATE_SIZE, &cases, &[GATE_BACKEND.to_string()], Boot::Gates).map(drop)
 }
 
 /// What a COW fault costs in memory, a stage of `test`, by kernel: the
@@ -1035,7 +1050,7 @@ pub fn cow_memory() -> Result<()> {
     for (name, cases) in COW_MEMORY {
         let k = crate::kernels::by_name(name)?;
         let cases: Vec<String> = cases.iter().map(|c| c.to_string()).collect();
-        if let Err(e) = run(&[k], "16M", &cases, &[]) {
+        if let Err(e) = run_with(&[k], "16M", &cases, &[], Boot::Cases) {
             eprintln!("{e:#}");
             failed.push(*name);
         }
@@ -1074,9 +1089,9 @@ pub fn stale_tlb() -> Result<()> {
     let unmodelled = names(&STALE_TLB_CASES[..2]);
     let mut parts = Vec::new();
     set_tlb(Tlb::Exact);
-    let exact = run_with(&[k612], "16M", &unmodelled, &[], false);
+    let exact = run_with(&[k612], "16M", &unmodelled, &[], Boot::Cases);
     set_tlb(Tlb::ModelOff);
-    let off = run_with(&[k612], "16M", &unmodelled, &[], false);
+    let off = run_with(&[k612], "16M", &unmodelled, &[], Boot::Cases);
     parts.push((
         "QEMU as shipped, and patched with the model off",
         match (exact, off) {
@@ -1085,11 +1100,10 @@ pub fn stale_tlb() -> Result<()> {
         },
     ));
     set_tlb(Tlb::Stale);
-    parts.push(("the model, x86", run(&kernels(STALE_TLB_KERNELS)?, "16M", &names(STALE_TLB_CASES), &[])));
-    parts.push((
-        "the model, arm64",
-        run(&kernels(STALE_TLB_ARM64_KERNELS)?, "16M", &names(&STALE_TLB_CASES[..1]), &[]),
-    ));
+    let cases =
+        |ks: &[&str], cs: &[&str]| run_with(&kernels(ks)?, "16M", &names(cs), &[], Boot::Cases).map(drop);
+    parts.push(("the model, x86", cases(STALE_TLB_KERNELS, STALE_TLB_CASES)));
+    parts.push(("the model, arm64", cases(STALE_TLB_ARM64_KERNELS, &STALE_TLB_CASES[..1])));
     set_tlb(was);
     let failed: Vec<String> =
         parts.iter().filter_map(|(what, r)| r.as_ref().err().map(|e| format!("{what}: {e:#}"))).collect();
@@ -1220,8 +1234,9 @@ fn run_with(
     size: &str,
     cases: &[String],
     backends: &[String],
-    gates: bool,
+    what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
+    let gates = what == Boot::Gates;
     use crate::{kernels, util::root, vm};
     let mut failures = Vec::new();
     let mut boots = Vec::new();
@@ -1248,6 +1263,9 @@ fn run_with(
         let boot = |cases: &[String], bs: &[String]| -> Result<GuestRun> {
             let mut env =
                 vec![("SIZE", size.to_string()), ("CASES", case_lines(cases)?), ("BACKENDS", bs.join(" "))];
+            if what != Boot::Matrix {
+                env.push(("VERIFIER", "0".to_string()));
+            }
             if gates {
                 // 256M of 64K folios reused page by page on arm64 is ~6
                 // events per fault in one CPU's buffer.
@@ -1263,7 +1281,7 @@ fn run_with(
             failures.extend(check_model_count(&run, k.name, &labels));
         }
         failures.extend(check_verify(&run, k, gates));
-        if !gates {
+        if what == Boot::Matrix {
             let rc = run.marker("RC", "verifier").unwrap_or_default();
             let (line, fails) = check_verifier(k.name, &rc, run.section("verifier.out").unwrap_or(""));
             println!("{line}");

@@ -401,6 +401,7 @@ impl<'a> Run<'a> {
             plan => self.stores = write(plan, self.c.folio, &self.mem, lat)?,
         }
         self.steps.push(Step { label: "write", from, to: usage() });
+        log::debug!("bench: steps done");
         self.mark("done")
     }
 
@@ -442,6 +443,7 @@ impl<'a> Run<'a> {
             Some(r) => {
                 let reading = r.timeline.current().id;
                 let snap = r.snapshot()?.without_phase(std::process::id(), reading);
+                log::debug!("bench: counts read");
                 r.timeline.drop_current();
                 r.finish(&snap)?
             }
@@ -589,11 +591,13 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
         return run_series(o, &cells, &signals, &mut knobs);
     }
     let mut report = one(o, cells[0], &mut knobs, false, false)?;
+    log::debug!("bench: report built");
     let found = findings::attach(&mut report);
     // A closed stdout (`| head`) costs the tables, not the report.
     let _ = crate::term::out(&format!("{}{found}", summary(&report)));
     if let Some(p) = &o.json {
         file::write(p, &report)?;
+        log::debug!("bench: JSON written");
     }
     // After the report: a failure here must not cost it.
     super::record::write_stacks(&o.attrib, &report)?;
@@ -604,6 +608,7 @@ pub fn run(o: &BenchOpts) -> Result<i32> {
 /// stay set for the next run; `quiet`: see [`Run::start`].
 fn one(o: &BenchOpts, c: CellOpts, knobs: &mut HeldKnobs, keep: bool, quiet: bool) -> Result<Report> {
     let mut run = Run::start(o, c, knobs, quiet)?;
+    log::debug!("bench: started");
     run.populate()?;
     let plan = plan(o, c, run.pages);
     // A hot patch needs no fork: a private file page is copied on write.

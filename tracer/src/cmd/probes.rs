@@ -18,9 +18,9 @@ use crate::{
 pub fn run(load: bool, backend: BackendChoice) -> anyhow::Result<i32> {
     kernel::require_root()?;
     let tracefs = kernel::tracefs()?;
-    let btf = probes::kernel_btf();
-    let resolved = probes::resolve_here(&tracefs, &btf, backend);
-    let verdicts = session::load_all(&tracefs, &resolved, &btf, backend);
+    let kernel = probes::read_kernel(backend);
+    let resolved = probes::resolve_here(&tracefs, &kernel, backend);
+    let verdicts = session::load_all(&tracefs, &resolved, &kernel.btf, backend);
     let refused_at_load = |name: &str| match &verdicts {
         Ok(v) => v.iter().find(|(p, _)| *p == name).and_then(|(_, v)| match v {
             Verdict::NotHere(e) => Some(e.clone()),

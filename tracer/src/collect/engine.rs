@@ -212,10 +212,11 @@ impl Recorder {
         kernel::require_btf()?;
         // Read and parsed once for the whole start-up; BTF that cannot be
         // read or parsed is refused as a missing one is.
-        let btf = probes::kernel_btf();
+        let kernel = probes::read_kernel(probe.backend);
+        let btf = &kernel.btf;
         btf.require()?;
-        let flt_offsets = session::task_flt_offsets(&btf).map(|_| ());
-        let resolved = probes::resolve_here(&tracefs, &btf, probe.backend);
+        let flt_offsets = session::task_flt_offsets(btf).map(|_| ());
+        let resolved = probes::resolve_here(&tracefs, &kernel, probe.backend);
         let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
         let sizes = Sizes {
             stats: max_stats,
@@ -228,7 +229,8 @@ impl Recorder {
             sites: !attrib.sites.0.is_empty(),
             stacks_counted: !attrib.stacks.0.is_empty(),
         };
-        let mut session = attach_session(&tracefs, &resolved, sizes, &btf, probe, filters)?;
+        let mut session = attach_session(&tracefs, &resolved, sizes, btf, probe, filters)?;
+        log::debug!("start: attached");
         let avail = classes::availability(|p| session.attached(p), |p| session.reason(p).map(str::to_string));
         let fault_probe = session.attached(Program::FaultEntry) && session.attached(Program::FaultReturn);
         let no_mappings = attrib.no_mappings;

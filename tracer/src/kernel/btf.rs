@@ -18,7 +18,7 @@ pub struct KernelBtf {
 
 impl KernelBtf {
     /// Reads and parses `/sys/kernel/btf/vmlinux`, and which of `wanted`
-    /// (the probe table's functions: `probes::kernel_btf`) it describes; an
+    /// (the probe table's functions: `probes::read_kernel`) it describes; an
     /// error is kept (and said where it matters), not raised.
     pub fn load(wanted: &BTreeSet<String>) -> KernelBtf {
         KernelBtf::from(Btf::from_file(BTF_VMLINUX).map_err(|e| format!("{e:#}")), wanted)

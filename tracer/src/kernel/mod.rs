@@ -14,7 +14,7 @@ pub mod prog_info;
 pub mod session;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     fs,
     path::{Path, PathBuf},
 };
@@ -151,26 +151,40 @@ pub fn release() -> String {
 }
 
 /// Text symbols of /proc/kallsyms, by name (names are listed to root even
-/// when kptr_restrict hides addresses).
+/// when kptr_restrict hides addresses): those of the functions asked for and
+/// their compiler clones only. A kernel lists 60,000 to 150,000 symbols, and
+/// their text is most of a start-up under emulation: each line is looked at
+/// as bytes, and only a kept name is copied.
+#[derive(Default)]
 pub struct Kallsyms {
     names: HashMap<String, ()>,
 }
 
 impl Kallsyms {
-    pub fn load() -> Result<Kallsyms> {
-        let text = fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
-        Ok(Kallsyms::parse(&text))
+    /// The symbols of `wanted` functions and their clones (`f.isra.0`).
+    pub fn load(wanted: &BTreeSet<String>) -> Result<Kallsyms> {
+        let text = fs::read("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        Ok(Kallsyms::parse(&text, |f| wanted.contains(f)))
     }
 
-    pub fn parse(text: &str) -> Kallsyms {
+    /// The text symbols of `text` whose name, up to its first `.`, `keep`
+    /// takes.
+    pub fn parse(text: &[u8], keep: impl Fn(&str) -> bool) -> Kallsyms {
         let mut names = HashMap::new();
-        for line in text.lines() {
-            let mut it = line.split_whitespace();
+        for line in text.split(|&b| b == b'\n') {
+            let mut it = line.split(|b| b.is_ascii_whitespace()).filter(|f| !f.is_empty());
             let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
                 continue;
             };
-            if matches!(kind, "t" | "T" | "w" | "W") {
-                names.insert(name.to_string(), ());
+            if !matches!(kind, b"t" | b"T" | b"w" | b"W") {
+                continue;
+            }
+            let base = name.split(|&b| b == b'.').next().unwrap_or(name);
+            match (std::str::from_utf8(base), std::str::from_utf8(name)) {
+                (Ok(base), Ok(name)) if keep(base) => {
+                    names.insert(name.to_string(), ());
+                }
+                _ => {}
             }
         }
         Kallsyms { names }
@@ -268,12 +282,25 @@ mod tests {
     #[test]
     fn kallsyms_clones() {
         let k = Kallsyms::parse(
-            "ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff T handle_mm_fault\nffff d some_data\nffff t foo.cold\n",
+            b"ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff T handle_mm_fault\nffff d some_data\nffff t foo.cold\n",
+            |_| true,
         );
         assert_eq!(k.resolve("do_wp_page").as_deref(), Some("do_wp_page"));
         assert_eq!(k.resolve("wp_page_copy").as_deref(), Some("wp_page_copy.isra.0"));
         assert_eq!(k.resolve("some_data"), None);
         assert_eq!(k.resolve("foo"), None);
         assert_eq!(k.resolve("missing"), None);
+    }
+
+    #[test]
+    fn kallsyms_keeps_the_wanted_and_their_clones() {
+        let wanted: BTreeSet<String> = ["wp_page_copy".to_string()].into();
+        let k = Kallsyms::parse(
+            b"ffff t do_wp_page\nffff t wp_page_copy.isra.0\nffff t wp_page_copy_x\n\n bad\nffff \xff\xfe t\n",
+            |f| wanted.contains(f),
+        );
+        assert_eq!(k.resolve("wp_page_copy").as_deref(), Some("wp_page_copy.isra.0"));
+        assert_eq!(k.resolve("do_wp_page"), None);
+        assert_eq!(k.names.len(), 1);
     }
 }

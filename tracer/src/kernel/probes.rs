@@ -440,25 +440,46 @@ pub fn functions() -> BTreeSet<String> {
         .collect()
 }
 
-/// The running kernel's BTF, with which of the table's functions it
-/// describes.
-pub fn kernel_btf() -> KernelBtf {
-    KernelBtf::load(&functions())
+/// What resolution reads of the running kernel, once per run: its BTF
+/// (with which of the table's functions it describes) and its symbols.
+pub struct KernelReadings {
+    pub btf: KernelBtf,
+    kallsyms: Option<Kallsyms>,
+    blacklist: Vec<String>,
 }
 
-/// Resolves the table against the running kernel (reads kallsyms, the
-/// kprobe blacklist, the PMU and lockdown once; BTF is the caller's, read
-/// once per run).
-pub fn resolve_here(tracefs: &Path, btf: &KernelBtf, backend: BackendChoice) -> Vec<Resolved> {
-    let kallsyms = Kallsyms::load().ok();
-    let blacklist = kernel::kprobe_blacklist();
+/// Reads the kernel's BTF and kallsyms side by side: kallsyms on a thread
+/// of its own (the kernel formats every symbol; under emulation it is most
+/// of a start-up) while this one parses BTF, and also aya's parse of it
+/// where fentry may be used (`backend`).
+pub fn read_kernel(backend: BackendChoice) -> KernelReadings {
+    let wanted = functions();
+    std::thread::scope(|s| {
+        let symbols = std::thread::Builder::new()
+            .spawn_scoped(s, || (Kallsyms::load(&wanted).ok(), kernel::kprobe_blacklist()))
+            .ok();
+        let btf = KernelBtf::load(&wanted);
+        if backend != BackendChoice::Kprobe {
+            // An error is kept in `btf` and said where fentry needs it.
+            let _ = btf.aya();
+        }
+        log::debug!("start: kernel BTF parsed");
+        let (kallsyms, blacklist) = symbols.and_then(|t| t.join().ok()).unwrap_or_default();
+        log::debug!("start: kallsyms read");
+        KernelReadings { btf, kallsyms, blacklist }
+    })
+}
+
+/// Resolves the table against the running kernel (`k`, and the PMU and
+/// lockdown read here).
+pub fn resolve_here(tracefs: &Path, k: &KernelReadings, backend: BackendChoice) -> Vec<Resolved> {
     resolve(&KernelFacts {
         tracefs,
-        kallsyms: kallsyms.as_ref(),
+        kallsyms: k.kallsyms.as_ref(),
         kprobe_pmu: kernel::has_kprobe_pmu(),
-        blacklist: &blacklist,
+        blacklist: &k.blacklist,
         lockdown: kernel::lockdown(),
-        btf_functions: btf.functions(),
+        btf_functions: k.btf.functions(),
         backend,
     })
 }
@@ -600,7 +621,10 @@ mod tests {
 
     #[test]
     fn fallback_symbol_is_used() {
-        let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n");
+        let k = Kallsyms::parse(
+            b"0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T page_add_new_anon_rmap\n",
+            |_| true,
+        );
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, true, dir.path()));
         let get = |p: Program| r.iter().find(|r| r.spec.program == p).unwrap().resolution.clone();
@@ -618,7 +642,7 @@ mod tests {
 
     #[test]
     fn no_pmu_means_no_kprobes() {
-        let k = Kallsyms::parse("0 T handle_mm_fault\n");
+        let k = Kallsyms::parse(b"0 T handle_mm_fault\n", |_| true);
         let dir = tempfile::tempdir().unwrap();
         let r = resolve(&facts(&k, false, dir.path()));
         let e = r.iter().find(|r| r.spec.program == Program::FaultEntry).unwrap();
@@ -627,7 +651,7 @@ mod tests {
 
     #[test]
     fn blacklisted_is_refused() {
-        let k = Kallsyms::parse("0 T handle_mm_fault\n");
+        let k = Kallsyms::parse(b"0 T handle_mm_fault\n", |_| true);
         let dir = tempfile::tempdir().unwrap();
         let bl = vec!["handle_mm_fault".to_string()];
         let mut f = facts(&k, true, dir.path());
@@ -674,7 +698,10 @@ mod tests {
     /// asks BTF; tracepoints stay tracepoints.
     #[test]
     fn backend_choice_follows_btf() {
-        let k = Kallsyms::parse("0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T folio_add_new_anon_rmap\n");
+        let k = Kallsyms::parse(
+            b"0 T handle_mm_fault\n0 t do_wp_page.isra.0\n0 T folio_add_new_anon_rmap\n",
+            |_| true,
+        );
         let dir = tempfile::tempdir().unwrap();
         let btf: BTreeSet<String> = ["handle_mm_fault", "do_wp_page"].map(String::from).into();
         let mut f = facts(&k, true, dir.path());

@@ -101,9 +101,11 @@ pub struct Session {
 /// host, 0.9 s in a TCG guest, to every run's end).
 impl Drop for Session {
     fn drop(&mut self) {
+        log::debug!("end: detaching");
         std::thread::scope(|scope| {
-            for (_, p) in self.bpf.programs_mut() {
+            for (name, p) in self.bpf.programs_mut() {
                 let _ = std::thread::Builder::new().spawn_scoped(scope, move || {
+                    let t0 = std::time::Instant::now();
                     let _ = match p {
                         aya::programs::Program::KProbe(p) => p.unload(),
                         aya::programs::Program::FEntry(p) => p.unload(),
@@ -113,9 +115,11 @@ impl Drop for Session {
                         // The rest close when the object is dropped.
                         _ => Ok(()),
                     };
+                    log::debug!("end: {name} unloaded in {:?}", t0.elapsed());
                 });
             }
         });
+        log::debug!("end: programs detached");
     }
 }
 
@@ -402,6 +406,7 @@ fn loader(
         }
         offsets.extend(mm_lock_seq_offsets(btf));
     }
+    log::debug!("start: offsets read (tracefs formats, BTF)");
     let mut l = EbpfLoader::new();
     // THREADS is task-local storage, which aya 0.14 creates but has no
     // user-space type for (user space never reads it).
@@ -461,8 +466,10 @@ impl Session {
         let vma_offset = vma_start_offset(btf);
         let exit_only = aya_btf.is_some() && probes::exit_only(resolved);
         let mut bpf = loader(tracefs, sizes, vma_offset.as_ref().ok().copied(), btf, aya_btf, exit_only)?;
+        log::debug!("start: object parsed, maps created");
         let logger = aya_log::EbpfLogger::init(&mut bpf).ok();
         preload(&mut bpf, resolved, exit_only, aya_btf);
+        log::debug!("start: programs loaded (verified)");
         let mut status = Vec::new();
         for r in resolved {
             let spec = r.spec;
