@@ -128,38 +128,34 @@ fn on_page_fault<C: StackIdContext>(
     // Only the classes the report takes from here: all of them without the
     // fault path probed, not_present alone with it (a page not present).
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses)).with_origin(origin);
-    if conf.get(Config::Exceptions) == 0 {
-        if set.classes() != 0 {
-            if traced_thread_not_noted(id, epoch).is_some() {
-                let phase = counted(ctx, &conf, tgid, set, origin, ip);
-                // No fault path: the VMA the kernel finds at the address
-                // (a user-mode fault's only: the mmap lock stays held until
-                // interrupts are back on, which a kernel-mode fault may
-                // not turn on), else the address's granule, named by user
-                // space from the maps snapshots.
-                if conf.get(Config::Mappings) != 0 {
-                    let a = addr()?;
-                    let start = if origin == Origin::User { vma_start_at(tgid, a) } else { 0 };
-                    let key = if start != 0 { start } else { addr_key(a) };
-                    count_mapping(tgid, phase, key, set.classes(), 0);
-                }
-            }
-        }
+    // With the kprobes (or fentry) counting the fault, this leaves its error
+    // code for the fault's return (an untraced thread never gets a state,
+    // and a record left by one no longer traced is never used: only a
+    // traced fault's entry opens a fault), and counts not_present. In
+    // exit-only mode it opens the fault. Without them it counts every
+    // class. One path for both, so that the verifier walks `counted` once.
+    let exceptions = conf.get(Config::Exceptions) != 0;
+    if set.classes() == 0 && !exceptions {
         return Ok(0);
     }
-    // The kprobes (or fentry) count the fault; this leaves its error code
-    // for the fault's return (an untraced thread never gets a state, and a
-    // record left by one no longer traced is never used: only a traced
-    // fault's entry opens a fault), and counts not_present. In exit-only
-    // mode it opens the fault: the clock last, so that the fault's time
-    // starts where this program's ends.
-    let addr = addr()?;
-    if let Some(s) = traced_thread_not_noted(id, epoch) {
-        // not_present: a page not present.
-        if set.classes() != 0 {
-            counted(ctx, &conf, tgid, set, origin, ip);
+    let Some(s) = traced_thread_not_noted(id, epoch) else {
+        return Ok(0);
+    };
+    if set.classes() != 0 {
+        let phase = counted(ctx, &conf, tgid, set, origin, ip);
+        // No fault path: the VMA the kernel finds at the address (a
+        // user-mode fault's only: the mmap lock stays held until interrupts
+        // are back on, which a kernel-mode fault may not turn on), else the
+        // address's granule, named by user space from the maps snapshots.
+        if !exceptions && conf.get(Config::Mappings) != 0 {
+            let a = addr()?;
+            let start = if origin == Origin::User { vma_start_at(tgid, a) } else { 0 };
+            let key = if start != 0 { start } else { addr_key(a) };
+            count_mapping(tgid, phase, key, set.classes(), 0);
         }
-        on_exception(s, id, addr, code, conf.get(Config::LatencyEvery));
+    }
+    if exceptions {
+        on_exception(s, id, addr()?, code, conf.get(Config::LatencyEvery));
     }
     Ok(0)
 }
