@@ -4,7 +4,9 @@
 //! same bytes, which loads those programs (aya keeps struct members
 //! private, so the offsets need the reader in `attrib::btf`).
 
-use std::{cell::OnceCell, collections::BTreeSet};
+use std::{cell::OnceCell, collections::BTreeSet, sync::Mutex};
+
+use aya::EbpfLoader;
 
 use crate::{attrib::btf::Btf, error::Refusal, kernel::BTF_VMLINUX};
 
@@ -14,6 +16,11 @@ pub struct KernelBtf {
     /// that BTF describes.
     functions: Result<BTreeSet<String>, String>,
     aya: OnceCell<Result<aya::Btf, String>>,
+    /// aya's loader, made ahead: `EbpfLoader::new` parses the kernel's BTF
+    /// yet again (aya 0.14 has no constructor without; `loader` then sets
+    /// the parse it uses), so `probes::read_kernel` makes it on a thread
+    /// beside the other readings.
+    loader: Mutex<Option<EbpfLoader<'static>>>,
 }
 
 impl KernelBtf {
@@ -29,7 +36,19 @@ impl KernelBtf {
             Ok(b) => b.functions_among(wanted).map_err(|e| format!("{e:#}")),
             Err(e) => Err(e.clone()),
         };
-        KernelBtf { parsed, functions, aya: OnceCell::new() }
+        KernelBtf { parsed, functions, aya: OnceCell::new(), loader: Mutex::new(None) }
+    }
+
+    /// Keeps a loader made ahead for [`KernelBtf::take_loader`].
+    pub fn keep_loader(&self, l: EbpfLoader<'static>) {
+        if let Ok(mut slot) = self.loader.lock() {
+            *slot = Some(l);
+        }
+    }
+
+    /// The loader made ahead, else a new one.
+    pub fn take_loader<'a>(&self) -> EbpfLoader<'a> {
+        self.loader.lock().ok().and_then(|mut slot| slot.take()).unwrap_or_default()
     }
 
     /// A run needs the kernel's BTF: one that cannot be read or parsed (an

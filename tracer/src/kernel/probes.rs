@@ -450,20 +450,25 @@ pub struct KernelReadings {
 
 /// Reads the kernel's BTF and kallsyms side by side: kallsyms on a thread
 /// of its own (the kernel formats every symbol; under emulation it is most
-/// of a start-up) while this one parses BTF, and also aya's parse of it
-/// where fentry may be used (`backend`).
+/// of a start-up) and aya's loader on another (it parses BTF when made)
+/// while this one parses BTF, and also aya's parse of it where fentry may
+/// be used (`backend`).
 pub fn read_kernel(backend: BackendChoice) -> KernelReadings {
     let wanted = functions();
     std::thread::scope(|s| {
         let symbols = std::thread::Builder::new()
             .spawn_scoped(s, || (Kallsyms::load(&wanted).ok(), kernel::kprobe_blacklist()))
             .ok();
+        let loader = std::thread::Builder::new().spawn_scoped(s, aya::EbpfLoader::new).ok();
         let btf = KernelBtf::load(&wanted);
         if backend != BackendChoice::Kprobe {
             // An error is kept in `btf` and said where fentry needs it.
             let _ = btf.aya();
         }
         log::debug!("start: kernel BTF parsed");
+        if let Some(l) = loader.and_then(|t| t.join().ok()) {
+            btf.keep_loader(l);
+        }
         let (kallsyms, blacklist) = symbols.and_then(|t| t.join().ok()).unwrap_or_default();
         log::debug!("start: kallsyms read");
         KernelReadings { btf, kallsyms, blacklist }

@@ -10,7 +10,7 @@ use aya::maps::Array;
 use aya::{
     maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, FEntry, FExit, KProbe, TracePoint},
-    Ebpf, EbpfLoader,
+    Ebpf,
 };
 use faultscope_common::{
     maps::{
@@ -407,7 +407,7 @@ fn loader(
         offsets.extend(mm_lock_seq_offsets(btf));
     }
     log::debug!("start: offsets read (tracefs formats, BTF)");
-    let mut l = EbpfLoader::new();
+    let mut l = btf.take_loader();
     // THREADS is task-local storage, which aya 0.14 creates but has no
     // user-space type for (user space never reads it).
     l.allow_unsupported_maps();
