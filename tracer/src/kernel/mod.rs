@@ -152,7 +152,7 @@ pub fn release() -> String {
 
 /// Text symbols of /proc/kallsyms, by name (names are listed to root even
 /// when kptr_restrict hides addresses): those of the functions asked for and
-/// their compiler clones only. A kernel lists 60,000 to 150,000 symbols, and
+/// their compiler clones only. A kernel lists about 120,000 symbols, and
 /// their text is most of a start-up under emulation: each line is looked at
 /// as bytes, and only a kept name is copied.
 #[derive(Default)]
