@@ -1236,8 +1236,8 @@ fn run_with(
     backends: &[String],
     what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
-    let gates = what == Boot::Gates;
     use crate::{kernels, util::root, vm};
+    let gates = what == Boot::Gates;
     let mut failures = Vec::new();
     let mut boots = Vec::new();
     for &k in kernels {

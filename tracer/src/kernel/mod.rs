@@ -180,11 +180,11 @@ impl Kallsyms {
                 continue;
             }
             let base = name.split(|&b| b == b'.').next().unwrap_or(name);
-            match (std::str::from_utf8(base), std::str::from_utf8(name)) {
-                (Ok(base), Ok(name)) if keep(base) => {
-                    names.insert(name.to_string(), ());
-                }
-                _ => {}
+            if !std::str::from_utf8(base).is_ok_and(&keep) {
+                continue;
+            }
+            if let Ok(name) = std::str::from_utf8(name) {
+                names.insert(name.to_string(), ());
             }
         }
         Kallsyms { names }
