@@ -31,11 +31,18 @@ fn bench_counts_its_write_phase_exactly() {
         assert!((pages..=pages + 8).contains(&minflt), "{folio}: getrusage {minflt}");
         assert_eq!(b.store_latency.unwrap().n, pages);
     }
-    // PMD-mapped THPs: one write-protect fault per 2M, not per page.
+    // PMD-mapped THPs: at least one write-protect fault per 2M, at most
+    // one per page. Where in between is the kernel's choice: it reuses a
+    // THP whole, or splits the PMD where the folio holds another
+    // reference (a CPU's LRU batch; 41 to 62 faults for 16 THPs on a
+    // 6.18 host). The workload's own count of the step is the oracle.
     let r = bench(&["seq", "--size", "32M", "--folio", "2M", "--pmd"], &d.path().join("pmd.json"));
-    assert_eq!(r.bench.as_ref().unwrap().folio_check.pmd_mapped_bytes, 32 << 20);
-    let (wp, _) = bench_write(&r);
-    assert!(wp <= 16 + 8, "PMD-mapped: {wp} write-protect faults for 16 THPs");
+    let b = r.bench.as_ref().unwrap();
+    assert_eq!(b.folio_check.pmd_mapped_bytes, 32 << 20);
+    let (wp, pages) = bench_write(&r);
+    let minflt = b.step("write").unwrap().minflt as u64;
+    assert!((16..=pages).contains(&wp), "PMD-mapped: {wp} write-protect faults for 16 THPs, {pages} pages");
+    assert!(wp.abs_diff(minflt) <= 8, "PMD-mapped: wp {wp} against the write step's getrusage {minflt}");
 }
 
 #[test]
