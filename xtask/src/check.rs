@@ -16,6 +16,8 @@ use faultscope::{
     },
 };
 
+pub use faultscope_expect::Checklist;
+
 use crate::vm::GuestRun;
 
 /// The most pages the kernel may copy where it could reuse them: a folio
@@ -466,34 +468,6 @@ pub mod testing {
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
         }
-    }
-}
-
-/// What a guest check found: each expectation an `ok` or `FAIL` line of
-/// the case's table, and the failures, named after the case.
-pub struct Checklist<'a> {
-    case: &'a str,
-    table: &'a mut String,
-    fails: &'a mut Vec<String>,
-}
-
-impl<'a> Checklist<'a> {
-    pub fn new(case: &'a str, table: &'a mut String, fails: &'a mut Vec<String>) -> Checklist<'a> {
-        Checklist { case, table, fails }
-    }
-
-    /// One expectation: its line in the table, and a failure when not `ok`.
-    pub fn expect(&mut self, ok: bool, what: impl AsRef<str>) {
-        let what = what.as_ref();
-        let _ = writeln!(self.table, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            self.fails.push(format!("{}: {what}", self.case));
-        }
-    }
-
-    /// A line of the table that checks nothing (a heading, a row).
-    pub fn line(&mut self, text: impl AsRef<str>) {
-        let _ = writeln!(self.table, "{}", text.as_ref());
     }
 }
 

@@ -10,6 +10,7 @@ use faultscope::{
     kernel::{classes::ReportClass, latency::LatencyTier},
     report::schema::{CheckResult, ClassValue, Mode, PhaseKind, Process, Report},
 };
+use faultscope_expect::{Workload, TOLERANCE};
 use serde_json::Value;
 
 use crate::{
@@ -18,11 +19,6 @@ use crate::{
     util::root,
     vm,
 };
-
-/// Faults of the workload outside its write phase that land in the same
-/// classes (binary data COW, stack and heap after fork): 20-40 seen. The
-/// write phase itself is exact.
-pub const TOLERANCE: u64 = 64;
 
 /// Checks a case: faultscope against the oracle (whole process), the page
 /// arithmetic of `folio` (4K, 64K, shared; "mappings": per mapping, see
@@ -69,35 +65,19 @@ pub fn check_case(
         }
         _ => (ReportClass::Copy, "no large-folio reuse before 6.16: every page is copied"),
     };
-    let got = p.count(class).unwrap_or(0);
+    let mut cl = Checklist::new(case, &mut table, &mut fails);
     if folio != "mappings" {
-        let _ = writeln!(
-            table,
-            "  arithmetic: {class} = {got}, pages = {pages} ({what}; tolerance +{TOLERANCE})"
-        );
-        if got < pages || got > pages + TOLERANCE {
-            fails.push(format!("{case}: {class} = {got}, expected pages {pages} (+{TOLERANCE})"));
-        }
+        cl.per_page(format!("{class} ({what})"), p.count(class).unwrap_or(0), pages);
     }
     if folio == "64K" {
         let alloc: u64 = run.marker("MTHP64-ALLOC", case).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let _ = writeln!(table, "  64K mTHP folios allocated: {alloc} (pages/16 = {})", pages / 16);
-        if alloc < pages / 16 {
-            fails.push(format!("{case}: only {alloc} 64K folios allocated; the memory was not 64K mTHP"));
-        }
+        cl.expect(
+            alloc >= pages / 16,
+            format!("64K mTHP folios allocated: {alloc} (pages/16 = {})", pages / 16),
+        );
     }
-    // getrusage: all of the workload's faults since exec.
-    let minflt = wl["minflt_total"].as_u64().unwrap_or(0) + wl["majflt_total"].as_u64().unwrap_or(0);
-    let faults = p.count(ReportClass::Faults).unwrap_or(0);
-    let retries = p.count(ReportClass::Retry).unwrap_or(0);
-    let _ = writeln!(
-        table,
-        "  getrusage: minflt+majflt = {minflt}; faultscope faults - retries = {}",
-        faults - retries.min(faults)
-    );
-    if (faults - retries.min(faults)).abs_diff(minflt) > TOLERANCE {
-        fails.push(format!("{case}: faults {faults} (retries {retries}) vs getrusage {minflt}"));
-    }
+    // All of the workload's faults since exec.
+    cl.getrusage(p, Workload(&wl).faults_since_exec());
     fails.extend(run_is_clean(run, case, &fs));
     let _ = writeln!(
         table,
@@ -161,33 +141,17 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
             ));
         }
         let n = |ph: &faultscope::report::schema::Phase, m| check::count(&ph.classes, m).unwrap_or(0);
-        let (reuse, copy) = (n(after, ReportClass::Reuse), n(after, ReportClass::Copy));
-        let _ = writeln!(
-            table,
-            "  arithmetic: after the child's exit reuse = {reuse}, copy = {copy}, pages = {pages}; while it lived wp_faults = {}",
-            n(alive, ReportClass::WpFaults)
+        let mut cl = Checklist::new(case, &mut table, &mut fails);
+        let wp_alive = n(alive, ReportClass::WpFaults);
+        cl.per_page("reuse after the child's exit", n(after, ReportClass::Reuse), pages);
+        cl.expect(
+            wp_alive <= TOLERANCE,
+            format!("wp_faults while the child lived = {wp_alive} (the writes come after its exit; <= {TOLERANCE})"),
         );
-        if reuse < pages || reuse > pages + TOLERANCE {
-            fails.push(format!(
-                "{case}: reuse after the child's exit {reuse}, expected pages {pages} (+{TOLERANCE})"
-            ));
-        }
-        if n(alive, ReportClass::WpFaults) > TOLERANCE {
-            fails.push(format!(
-                "{case}: {} write-protect faults while the child lived",
-                n(alive, ReportClass::WpFaults)
-            ));
-        }
         // getrusage of the write phase: every page, all after the exit.
-        let minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap_or(0);
-        let faults = n(after, ReportClass::Faults);
-        let _ = writeln!(
-            table,
-            "  getrusage: write phase minflt = {minflt}; faultscope faults after the exit = {faults}"
-        );
-        if minflt < pages || faults < minflt || faults > minflt + TOLERANCE {
-            fails.push(format!("{case}: faults after the exit {faults} vs getrusage write phase {minflt}"));
-        }
+        let minflt = Workload(&wl).write_faults();
+        cl.per_page("getrusage: write phase minflt", minflt, pages);
+        cl.per_page("faults after the exit", n(after, ReportClass::Faults), minflt);
     }
     fails.extend(run_is_clean(run, case, &fs));
     Ok(CaseResult { table, failures: fails })
@@ -649,10 +613,6 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
 /// The cases `foundation.sh` runs, one per backend.
 pub const STORM_CASES: [&str; 2] = ["storm4k@kprobe", "storm4k@fentry"];
 
-/// The phases the workload's segments of writes land in, in order.
-const SEGMENT_PHASES: [&str; 3] =
-    ["fork#1 child-alive", "fork#1 after-child-exit", "fork#2 after-child-exit"];
-
 pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
     let (fs, wl, pid) = case_outputs(run, case)?;
     let p = check::process(&fs, pid).with_context(|| case.to_string())?;
@@ -666,20 +626,6 @@ pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
     for r in region_rows(&mut cl, p, &oracle, &wl, &classes)? {
         let (wp, pages) = (r.get(ReportClass::WpFaults), r.pages);
         cl.expect(wp == pages, format!("{}: wp_faults {wp} = its pages {pages}", r.role));
-    }
-    // Each segment of writes in the phase the workload's marks put it in.
-    let segments: Vec<u64> =
-        wl["segments"].as_array().context("workload segments")?.iter().filter_map(|v| v.as_u64()).collect();
-    for (name, pages) in SEGMENT_PHASES.iter().zip(&segments) {
-        let got = p
-            .phases
-            .iter()
-            .find(|ph| ph.name.starts_with(name))
-            .and_then(|ph| ph.classes.get(&ReportClass::WpFaults).and_then(|v| v.count()));
-        cl.expect(
-            got.is_some_and(|g| (*pages..=pages + TOLERANCE).contains(&g)),
-            format!("phase {name}: wp_faults {got:?} for the {pages} pages written in it (+{TOLERANCE})"),
-        );
     }
     // The latency tier: counts of every fault (the oracle above), and
     // either no latency at all or one timed fault in N on each CPU: each
@@ -708,23 +654,8 @@ pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
         }
         t => cl.expect(false, format!("latency tier {t:?}: the case asks for off or sample=N")),
     }
-    // The intervals and the phases add up to the run, class by class.
-    let intervals = fs.intervals.as_deref().unwrap_or_default();
-    cl.expect(intervals.len() >= 2, format!("{} intervals", intervals.len()));
-    for m in ReportClass::ALL {
-        let Some(whole) = p.count(m) else { continue };
-        let series: u64 = intervals
-            .iter()
-            .flat_map(|i| i.processes.iter())
-            .filter(|x| x.pid == pid)
-            .map(|x| x.counts.get(&m).copied().unwrap_or(0))
-            .sum();
-        let phases: u64 = p.phases.iter().filter_map(|ph| ph.classes.get(&m).and_then(|v| v.count())).sum();
-        cl.expect(
-            series == whole && phases == whole,
-            format!("{m}: run {whole} = intervals {series} = phases {phases}"),
-        );
-    }
+    // The segments' phases; the intervals and the phases add up to the run.
+    faultscope_expect::threaded_storm(&mut cl, &fs, p, &Workload(&wl));
     Ok(CaseResult { table, failures: fails })
 }
 
@@ -748,15 +679,19 @@ mod tests {
         );
         let r = check_case(&run, "fork4k", "4K", None).unwrap();
         assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
-        assert!(r.table.contains("  arithmetic: reuse = 20, pages = 16"), "{}", r.table);
         assert!(
-            r.table.contains("  getrusage: minflt+majflt = 39; faultscope faults - retries = 39"),
+            r.table.contains("ok   arithmetic: reuse (4K pages are reused one by one) = 20, pages = 16"),
             "{}",
             r.table
         );
+        assert!(r.table.contains("ok   getrusage: minflt+majflt = 39; faults 39 - retries 0"), "{}", r.table);
         // Before 6.16 a 64K folio is copied page by page: copy 1 is not 16.
         let r = check_case(&run, "fork4k", "64K", None).unwrap();
-        assert!(r.failures.iter().any(|f| f.contains("copy = 1, expected pages 16")), "{:?}", r.failures);
+        assert!(
+            r.failures.iter().any(|f| f.contains("arithmetic: copy (") && f.contains(" = 1, pages = 16")),
+            "{:?}",
+            r.failures
+        );
     }
 
     #[test]
@@ -779,7 +714,11 @@ mod tests {
         let good = attach_json();
         let r = check_attach_case(&run_with(&good, &oracle_line("attach", 20, 16, 0)), "attach4k").unwrap();
         assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
-        assert!(r.table.contains("after the child's exit reuse = 16, copy = 0, pages = 16"), "{}", r.table);
+        assert!(
+            r.table.contains("ok   arithmetic: reuse after the child's exit = 16, pages = 16"),
+            "{}",
+            r.table
+        );
         // A count the oracle does not share.
         let r = check_attach_case(&run_with(&good, &oracle_line("attach", 21, 16, 0)), "attach4k").unwrap();
         assert!(

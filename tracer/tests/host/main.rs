@@ -29,12 +29,10 @@ use faultscope::{
     },
 };
 use faultscope_common::Program;
+use faultscope_expect::{Checklist, Workload, TOLERANCE};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
-/// The workload's faults outside the write phase that share its classes
-/// (exec-time COW of data pages, stack/heap pages after fork): 20-50 here.
-const TOLERANCE: u64 = 64;
 /// Names of faultscope's BPF programs, from the one catalogue.
 fn programs() -> impl Iterator<Item = &'static str> {
     Program::ALL.iter().map(|p| p.name())

@@ -15,9 +15,16 @@ fn phase_count(p: &Phase, m: ReportClass) -> u64 {
 /// `attached_late`: faultscope attached with -p while the workload slept, so
 /// the faults of its start-up are not in the report.
 fn check_fork_write(report: &Report, wl: &Value, attached_late: bool) {
-    let pid = wl["pid"].as_u64().unwrap();
-    let pages = wl["pages"].as_u64().unwrap();
-    let p = process(report, pid);
+    let w = Workload(wl);
+    let pages = w.pages();
+    let p = process(report, wl["pid"].as_u64().unwrap());
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let mut cl = Checklist::new("fork-write", &mut table, &mut fails);
+    cl.line(format!(
+        "{:?} mode; phases {:?}",
+        report.mode,
+        p.phases.iter().map(|ph| &ph.name).collect::<Vec<_>>()
+    ));
     // The writes come after the child's exit: that phase's count, not the
     // whole process's (its start-up's COW faults vary with the machine).
     let wp: u64 = p
@@ -26,48 +33,38 @@ fn check_fork_write(report: &Report, wl: &Value, attached_late: bool) {
         .filter(|ph| ph.name.ends_with("after-child-exit"))
         .map(|ph| phase_count(ph, ReportClass::WpFaults))
         .sum();
-    assert!(
-        (pages..=pages + TOLERANCE).contains(&wp),
-        "wp_faults {wp} after the child's exit for {pages} pages written after fork ({:?} mode; phases {:?})",
-        report.mode,
-        p.phases.iter().map(|ph| ph.name.as_str()).collect::<Vec<_>>()
-    );
+    cl.per_page("wp_faults after the child's exit", wp, pages);
     // The workload's own count of write-phase faults: exactly one per page.
-    let write_minflt = wl["phases"]["write"]["minflt"].as_u64().unwrap();
-    assert!((pages..=pages + 2).contains(&write_minflt), "getrusage write phase {write_minflt}");
-    // All faults since exec against getrusage (which also counts the few
-    // faults of the forked child before its exec).
-    let faults = count(p, ReportClass::Faults);
-    let retries = p.count(ReportClass::Retry).unwrap_or(0);
-    let minflt = if attached_late {
-        wl["minflt_since_main"].as_u64().unwrap()
-    } else {
-        wl["minflt_total"].as_u64().unwrap() + wl["majflt_total"].as_u64().unwrap()
-    };
-    assert!(
-        (faults - retries).abs_diff(minflt) <= TOLERANCE,
-        "faults {faults} (retries {retries}) vs getrusage minflt+majflt {minflt}"
+    let write = w.write_faults();
+    cl.expect(
+        (pages..=pages + 2).contains(&write),
+        format!("getrusage write phase {write}, pages {pages} (+2)"),
     );
+    // All faults since exec (or since main) against getrusage, which also
+    // counts the few faults of the forked child before its exec.
+    cl.getrusage(p, if attached_late { w.faults_since_main() } else { w.faults_since_exec() });
     match report.mode {
         Mode::Tracepoint => {
             // The kprobe-only classes say so, never 0.
             for m in [ReportClass::Reuse, ReportClass::Copy, ReportClass::Spurious, ReportClass::HugePmdWp] {
-                match &p.classes[&m] {
+                let said = match &p.classes[&m] {
                     faultscope::report::schema::ClassValue::NotMeasurable(n) => {
-                        assert!(!n.measurable && n.reason.len() > 10, "{m}: {n:?}")
+                        !n.measurable && n.reason.len() > 10
                     }
-                    v => panic!("{m} is measured in tracepoint mode: {v:?}"),
-                }
+                    _ => false,
+                };
+                cl.expect(
+                    said,
+                    format!("{m}: not measurable in tracepoint mode, with a reason: {:?}", p.classes[&m]),
+                );
             }
-            let ft = count(p, ReportClass::NotPresent);
-            assert!(ft >= pages, "not_present {ft}");
+            let np = count(p, ReportClass::NotPresent);
+            cl.expect(np >= pages, format!("not_present {np} >= pages {pages}"));
         }
-        Mode::Kprobe => {
-            let reuse = count(p, ReportClass::Reuse);
-            assert!((pages..=pages + TOLERANCE).contains(&reuse), "reuse {reuse}");
-        }
-        m => panic!("unexpected mode {m:?}"),
+        Mode::Kprobe => cl.per_page("reuse", count(p, ReportClass::Reuse), pages),
+        m => cl.expect(false, format!("mode {m:?}: tracepoint or kprobe expected")),
     }
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
 }
 
 #[test]
@@ -720,49 +717,12 @@ fn a_threaded_storm_across_phases_loses_nothing() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (report, wl) = (read_report(&fs), read_json(&wl));
     let p = process(&report, wl["pid"].as_u64().unwrap());
-    let measured: Vec<ReportClass> = ReportClass::ALL.into_iter().filter(|&m| p.count(m).is_some()).collect();
-    assert!(measured.contains(&ReportClass::WpFaults), "{measured:?}");
-    // Each phase's count of a class, `None` where the phase has none.
-    let in_phase = |ph: &Phase, m: ReportClass| ph.classes.get(&m).and_then(|v| v.count());
-    // A class counted per fault is in every phase. `major` in tracepoint
-    // mode is the kernel's maj_flt over the whole run: no phases, no
-    // intervals to add up (a run may take a major fault or not).
-    let (per_fault, whole_run): (Vec<ReportClass>, Vec<ReportClass>) =
-        measured.iter().partition(|&&m| p.phases.iter().any(|ph| in_phase(ph, m).is_some()));
-    assert!(
-        whole_run.iter().all(|m| *m == ReportClass::Major),
-        "measured over the whole run only: {whole_run:?}"
-    );
-    let intervals = report.intervals.as_ref().expect("intervals");
-    for &m in &per_fault {
-        let series: u64 = intervals
-            .iter()
-            .flat_map(|i| i.processes.iter())
-            .filter(|x| x.pid == p.pid)
-            .map(|x| x.counts.get(&m).copied().unwrap_or(0))
-            .sum();
-        let phases: u64 = p.phases.iter().map(|ph| in_phase(ph, m).unwrap_or(0)).sum();
-        assert_eq!(series, count(p, m), "{m}: the intervals ({} of them)", intervals.len());
-        assert_eq!(phases, count(p, m), "{m}: the phases");
-    }
-    // Each segment's writes, one write-protect fault per page, in the phase
-    // its mark put it in (plus the process's own few COW faults there).
-    let segments: Vec<u64> = wl["segments"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-    let wp = |name: &str| phase_count(phase(p, name), ReportClass::WpFaults);
-    for (name, pages) in [
-        ("fork#1 child-alive", segments[0]),
-        ("fork#1 after-child-exit", segments[1]),
-        ("fork#2 after-child-exit", segments[2]),
-    ] {
-        let got = wp(name);
-        assert!(
-            (pages..=pages + TOLERANCE).contains(&got),
-            "{name}: wp_faults {got} for {pages} pages written"
-        );
-    }
-    let minflt = wl["minflt_total"].as_u64().unwrap();
-    let faults = count(p, ReportClass::Faults);
-    assert!(faults.abs_diff(minflt) <= TOLERANCE, "faults {faults} vs getrusage {minflt}");
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let mut cl = Checklist::new("threaded storm", &mut table, &mut fails);
+    let w = Workload(&wl);
+    faultscope_expect::threaded_storm(&mut cl, &report, p, &w);
+    cl.getrusage(p, w.faults_since_exec());
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
 }
 
 /// Output like perf's: with a command, the tables go to standard error
