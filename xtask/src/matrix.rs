@@ -1046,17 +1046,13 @@ pub const COW_MEMORY: &[(&str, &[&str])] = &[
 
 /// The COW memory stage: [`COW_MEMORY`], one boot a kernel.
 pub fn cow_memory() -> Result<()> {
-    let mut failed = Vec::new();
-    for (name, cases) in COW_MEMORY {
-        let k = crate::kernels::by_name(name)?;
-        let cases: Vec<String> = cases.iter().map(|c| c.to_string()).collect();
-        if let Err(e) = run_with(&[k], "16M", &cases, &[], Boot::Cases) {
-            eprintln!("{e:#}");
-            failed.push(*name);
-        }
-    }
-    anyhow::ensure!(failed.is_empty(), "COW memory: failed on {}", failed.join(", "));
-    Ok(())
+    let plan = COW_MEMORY
+        .iter()
+        .map(|(name, cases)| {
+            Ok((crate::kernels::by_name(name)?, cases.iter().map(|c| c.to_string()).collect()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    run_each(&plan, "16M", &[], Boot::Cases).map(drop).context("COW memory")
 }
 
 /// The stale-TLB model's cases: spurious faults it makes (a reader's stale
@@ -1229,6 +1225,63 @@ fn check_verifier(kernel: &str, rc: &str, out: &str) -> (String, Vec<String>) {
     (line, fails)
 }
 
+/// One kernel's guest, ready to boot: its kernel, the faultscope build for
+/// its architecture, its directory, cases and backends.
+struct Guest {
+    k: GuestKernel,
+    vmlinuz: std::path::PathBuf,
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    cases: Vec<String>,
+    backends: Vec<String>,
+}
+
+impl Guest {
+    /// Boots it with `cases` under `backends`, the check's options `what`.
+    fn boot(&self, size: &str, what: Boot, cases: &[String], backends: &[String]) -> Result<GuestRun> {
+        let mut env =
+            vec![("SIZE", size.to_string()), ("CASES", case_lines(cases)?), ("BACKENDS", backends.join(" "))];
+        if what != Boot::Matrix {
+            env.push(("VERIFIER", "0".to_string()));
+        }
+        if what == Boot::Gates {
+            // 256M of 64K folios reused page by page on arm64 is ~6
+            // events per fault in one CPU's buffer.
+            env.extend([("GATES", "1".to_string()), ("TRACE_KB", "98304".to_string())]);
+        }
+        let cpio = crate::vm::initramfs(&self.dir, self.k.arch, &self.bin, "matrix.sh", &env)?;
+        crate::vm::boot(self.k, &self.vmlinuz, &cpio, &self.dir, std::time::Duration::from_secs(900))
+    }
+}
+
+/// How many guests boot at once: `XTASK_GUESTS`, else one per host CPU, at
+/// most 4 (each has 2 vCPUs and 2 GiB). A guest keeps about one host CPU
+/// busy (its own single-threaded work, and idle waits such as the kernel's
+/// grace periods at detach), so two guests on two CPUs share them well.
+fn guests_at_once() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    std::env::var("XTASK_GUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus).max(1)
+}
+
+/// Runs `boot` on each of `items`, [`guests_at_once`] at a time; the
+/// results in the order of `items`.
+fn boot_each<T: Sync, R: Send>(items: &[T], boot: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..guests_at_once().min(items.len()) {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = boot(item);
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    results.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+}
+
+/// [`run_each`] with the same `cases` on every kernel.
 fn run_with(
     kernels: &[GuestKernel],
     size: &str,
@@ -1236,11 +1289,24 @@ fn run_with(
     backends: &[String],
     what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
+    let plan: Vec<(GuestKernel, Vec<String>)> = kernels.iter().map(|&k| (k, cases.to_vec())).collect();
+    run_each(&plan, size, backends, what)
+}
+
+/// Boots each kernel of `plan` with its cases (several guests at once),
+/// under each of its backends ([`backends_for`]), and checks them in order.
+fn run_each(
+    plan: &[(GuestKernel, Vec<String>)],
+    size: &str,
+    backends: &[String],
+    what: Boot,
+) -> Result<Vec<(GuestKernel, GuestRun)>> {
     use crate::{kernels, util::root, vm};
-    let gates = what == Boot::Gates;
     let mut failures = Vec::new();
-    let mut boots = Vec::new();
-    for &k in kernels {
+    // Downloads and builds first, one at a time.
+    let mut guests = Vec::new();
+    for (k, cases) in plan {
+        let k = *k;
         if k.skipped(&format!("matrix {}", cases.join(" "))) {
             continue;
         }
@@ -1254,33 +1320,38 @@ fn run_with(
             }
         };
         let bin = vm::build_faultscope(k.arch)?;
-        let sub = if gates { "gates" } else { "matrix" };
+        let sub = if what == Boot::Gates { "gates" } else { "matrix" };
         let dir = root().join("target/vm").join(sub).join(k.name);
         std::fs::create_dir_all(&dir)?;
-        let bs = backends_for(k.name, backends);
-        // A rerun names its cases as labels (CASE@BACKEND): each boot runs
-        // the cases it is given under the backends it is given.
-        let boot = |cases: &[String], bs: &[String]| -> Result<GuestRun> {
-            let mut env =
-                vec![("SIZE", size.to_string()), ("CASES", case_lines(cases)?), ("BACKENDS", bs.join(" "))];
-            if what != Boot::Matrix {
-                env.push(("VERIFIER", "0".to_string()));
+        guests.push(Guest {
+            k,
+            vmlinuz,
+            bin,
+            dir,
+            cases: cases.clone(),
+            backends: backends_for(k.name, backends),
+        });
+    }
+    // The boots, several at once; then their checks, in order.
+    let runs = boot_each(&guests, |g| g.boot(size, what, &g.cases, &g.backends));
+    let mut boots = Vec::new();
+    for (g, run) in guests.iter().zip(runs) {
+        let (k, bs) = (g.k, &g.backends);
+        // A guest that could not run fails the stage; the others are
+        // still checked.
+        let run = match run {
+            Ok(run) => run,
+            Err(e) => {
+                failures.push(format!("{}: {e:#}", k.name));
+                continue;
             }
-            if gates {
-                // 256M of 64K folios reused page by page on arm64 is ~6
-                // events per fault in one CPU's buffer.
-                env.extend([("GATES", "1".to_string()), ("TRACE_KB", "98304".to_string())]);
-            }
-            let cpio = vm::initramfs(&dir, k.arch, &bin, "matrix.sh", &env)?;
-            vm::boot(k, &vmlinuz, &cpio, &dir, std::time::Duration::from_secs(900))
         };
-        let run = boot(cases, &bs)?;
-        let labels: Vec<String> = bs.iter().flat_map(|b| cases.iter().map(move |c| label(c, b))).collect();
+        let labels: Vec<String> = bs.iter().flat_map(|b| g.cases.iter().map(move |c| label(c, b))).collect();
         let harness_errors = check_cases(&run, k, &labels, &mut failures);
         if stale_tlb_model() {
             failures.extend(check_model_count(&run, k.name, &labels));
         }
-        failures.extend(check_verify(&run, k, gates));
+        failures.extend(check_verify(&run, k, what == Boot::Gates));
         if what == Boot::Matrix {
             let rc = run.marker("RC", "verifier").unwrap_or_default();
             let (line, fails) = check_verifier(k.name, &rc, run.section("verifier.out").unwrap_or(""));
@@ -1313,7 +1384,7 @@ fn run_with(
                 v.dedup();
                 v
             };
-            let rerun = boot(&split(0), &split(1))?;
+            let rerun = g.boot(size, what, &split(0), &split(1))?;
             for (_, e) in check_cases(&rerun, k, &again, &mut failures) {
                 failures.push(format!("{e} (twice)"));
             }
@@ -1331,6 +1402,17 @@ fn run_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_each_keeps_the_order_of_its_items() {
+        let items: Vec<u64> = (0..7).collect();
+        let out = boot_each(&items, |&i| {
+            // The later items finish first.
+            std::thread::sleep(std::time::Duration::from_millis(20 * (7 - i)));
+            i * 2
+        });
+        assert_eq!(out, vec![0, 2, 4, 6, 8, 10, 12]);
+    }
 
     #[test]
     fn the_verifier_check_reads_probes_load() {
