@@ -1238,6 +1238,8 @@ struct Guest {
 
 impl Guest {
     /// Boots it with `cases` under `backends`, the check's options `what`.
+    /// A rerun names its cases as labels (CASE@BACKEND): each boot runs the
+    /// cases it is given under the backends it is given.
     fn boot(&self, size: &str, what: Boot, cases: &[String], backends: &[String]) -> Result<GuestRun> {
         let mut env =
             vec![("SIZE", size.to_string()), ("CASES", case_lines(cases)?), ("BACKENDS", backends.join(" "))];
