@@ -596,7 +596,10 @@ fn check_image_runs() -> Result<()> {
     let own =
         wl["minflt_total"].as_u64().context("no minflt_total")? + wl["majflt_total"].as_u64().unwrap_or(0);
     let id = String::from_utf8(podman().args(["inspect", "-f", "{{.Id}}", WORKLOAD]).output()?.stdout)?;
-    let labels = format!("comm=\"fs-workload\",container_id=\"{}\"", id.trim());
+    // The container's label alone: its init's faults before the exec into
+    // the workload are served under the init's own comm when a tick saw
+    // the process before its exec (973 faults, once, on a 6.18 host).
+    let labels = format!("container_id=\"{}\"", id.trim());
     // Three ticks: the exit, then the fold.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let text = String::from_utf8(scrape().context("the last scrape")?.stdout)?;
