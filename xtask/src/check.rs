@@ -7,25 +7,23 @@ use std::{
     fmt::Write as _,
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::{classes::ReportClass, drops::DropReason},
+    kernel::{
+        classes::ReportClass,
+        drops::{DropKind, DropReason},
+    },
     report::{
         file,
-        schema::{CheckResult, ClassValue, Classes, KernelCheck, Process, Report},
+        schema::{CheckResult, ClassValue, Classes, KernelCheck, Mode, Process, Report},
     },
 };
 
 pub use faultscope_expect::Checklist;
+use serde_json::Value;
 
 use crate::vm::GuestRun;
 
-/// The most pages the kernel may copy where it could reuse them: a folio
-/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
-/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
-/// CPUs; how many are in a batch at the fork depends on timing (a loaded
-/// host saw 8), so the kernel's choice is bounded, and faultscope's count
-/// of it stays exact against the oracle.
 /// What checking one guest case gave: the table it printed (faultscope
 /// beside each count made another way) and its failures, one line each.
 pub struct CaseResult {
@@ -33,6 +31,12 @@ pub struct CaseResult {
     pub failures: Vec<String>,
 }
 
+/// The most pages the kernel may copy where it could reuse them: a folio
+/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
+/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
+/// CPUs; how many are in a batch at the fork depends on timing (a loaded
+/// host saw 8), so the kernel's choice is bounded, and faultscope's count
+/// of it stays exact against the oracle.
 pub const LRU_BATCH_COPIES: u64 = 2 * 31;
 
 /// The counts of one `oracle tgid=N phase=P key=count...` line, by key
@@ -342,6 +346,119 @@ pub fn oracle_gap(run: &GuestRun, case: &str, section: &str, pid: u32, phase: &s
 
 /// A small bench run, report and guest console, for the tests of the
 /// guest checks.
+/// What every case must end with: no kretprobe return lost, no kprobe left
+/// behind by faultscope, no overrun of the oracle's trace buffer.
+pub fn run_is_clean(run: &GuestRun, case: &str, fs: &Report) -> Vec<String> {
+    let mut fails = Vec::new();
+    let lost = fs.drop_count(DropReason::Kernel(DropKind::LostReturn));
+    if lost != 0 {
+        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
+    }
+    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
+        let v = run.marker(tag, case).unwrap_or_default();
+        if v != want {
+            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
+        }
+    }
+    fails
+}
+
+/// A case's faultscope report, the workload's own JSON (`faultscope
+/// workload --out`, not a report) and the workload's pid, once faultscope
+/// ran it and exited with 0 (else its output is the error).
+pub fn case_outputs(run: &GuestRun, case: &str) -> Result<(Report, Value, u32)> {
+    let rc = run.marker("RC", case).unwrap_or_default();
+    if rc != "0" {
+        bail!(
+            "{case}: faultscope exited with {rc:?}:\n{}",
+            run.section(&format!("{case}.out")).unwrap_or("")
+        );
+    }
+    let fs = report(run, &format!("{case}.fs.json"))?;
+    let wl: Value =
+        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
+    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
+    Ok((fs, wl, pid))
+}
+
+/// A case's whole process against the oracle, as its table's start under
+/// `heading`: every class and origin, the run clean, and the mode kprobe.
+/// Returns the oracle (for the ranges), the table and the failures.
+pub fn against_oracle(
+    run: &GuestRun,
+    case: &str,
+    fs: &Report,
+    pid: u32,
+    heading: &str,
+) -> Result<(Oracle, String, Vec<String>)> {
+    let p = process(fs, pid).with_context(|| case.to_string())?;
+    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let cmp = oracle
+        .compare(case, &p.classes, pid, "ALL")
+        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
+    let mut table = format!("{heading}\n{}", cmp.table("class"));
+    let mut fails = cmp.failures;
+    fails.extend(run_is_clean(run, case, fs));
+    Checklist::new(case, &mut table, &mut fails)
+        .expect(fs.mode == Mode::Kprobe, format!("mode {}", mode_name(fs)));
+    Ok((oracle, table, fails))
+}
+
+/// A region of a workload's `--out` (`role`, `start`, `pages`) with the
+/// counts of faultscope's mapping row that starts at it.
+pub struct RegionRow<'a> {
+    pub role: &'a str,
+    pub region: &'a Value,
+    pub pages: u64,
+    counts: &'a std::collections::BTreeMap<ReportClass, u64>,
+}
+
+impl RegionRow<'_> {
+    /// The row's count of `m` (0 when it counted none).
+    pub fn get(&self, m: ReportClass) -> u64 {
+        self.counts.get(&m).copied().unwrap_or(0)
+    }
+}
+
+/// The regions of `wl` with their mapping rows, each of `classes` checked
+/// against the oracle in the region's range; a region without a row fails
+/// and is left out.
+pub fn region_rows<'a>(
+    cl: &mut Checklist<'_>,
+    p: &'a Process,
+    oracle: &Oracle,
+    wl: &'a Value,
+    classes: &[ReportClass],
+) -> Result<Vec<RegionRow<'a>>> {
+    let mut rows = Vec::new();
+    for r in wl["regions"].as_array().context("workload regions")? {
+        let role = r["role"].as_str().unwrap_or("?");
+        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
+        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
+            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
+            continue;
+        };
+        let row = RegionRow { role, region: r, pages, counts: &row.counts };
+        let own = oracle.range(p.pid, "ALL", role);
+        for &m in classes {
+            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
+            cl.expect(
+                o == Some(row.get(m)),
+                format!("{role}: {m} {} = oracle in its range {o:?}", row.get(m)),
+            );
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
+pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
+    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
 #[cfg(test)]
 pub mod testing {
     use serde_json::{json, Value};

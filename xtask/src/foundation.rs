@@ -2,19 +2,21 @@
 //! kprobe oracle of the same run, and against the workload's page
 //! arithmetic and getrusage.
 
-use faultscope::kernel::drops::{DropKind, DropReason};
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::{classes::ReportClass, latency::LatencyTier},
-    report::schema::{CheckResult, ClassValue, Mode, PhaseKind, Process, Report},
+    report::schema::{CheckResult, ClassValue, Mode, PhaseKind},
 };
 use faultscope_expect::{Workload, TOLERANCE};
 use serde_json::Value;
 
 use crate::{
-    check::{self, CaseResult, Checklist, Oracle, LRU_BATCH_COPIES},
+    check::{
+        self, against_oracle, case_outputs, kernel_at_least, region_rows, run_is_clean, CaseResult,
+        Checklist, Oracle, LRU_BATCH_COPIES,
+    },
     kernels, mappings,
     util::root,
     vm,
@@ -308,33 +310,54 @@ fn check_origins_phase(
 
 /// Boots `kernel` and runs only the origins cases (`origins.sh`).
 pub fn run_origins(kernel: &str) -> Result<()> {
+    let (k, run) = boot(kernel, "origins", &[])?;
+    let mut failures = Vec::new();
+    shared_cases(&run, &mut failures)?;
+    finish(k, &run, failures, "origins guest test")
+}
+
+/// Boots `kernel` with `NAME.sh` (and `vars`) in its initramfs.
+fn boot(kernel: &str, name: &str, vars: &[(&str, String)]) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/origins").join(k.name);
+    let dir = root().join("target/vm").join(name).join(k.name);
     std::fs::create_dir_all(&dir)?;
-    let cpio = vm::initramfs(&dir, k.arch, &bin, "origins.sh", &[])?;
-    let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
-    let (table, mut failures) = check_shipped(&run);
+    let cpio = vm::initramfs(&dir, k.arch, &bin, &format!("{name}.sh"), vars)?;
+    Ok((k, vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?))
+}
+
+/// Prints a checked case's table and keeps its failures.
+fn checked(failures: &mut Vec<String>, r: Result<CaseResult>) -> Result<()> {
+    let r = r?;
+    print!("{}", r.table);
+    failures.extend(r.failures);
+    Ok(())
+}
+
+/// The shipped binary and the cases both scripts run (`lib.sh`): every
+/// origin, the threaded storm and the sleeping faults, per backend.
+fn shared_cases(run: &vm::GuestRun, failures: &mut Vec<String>) -> Result<()> {
+    let (table, fails) = check_shipped(run);
     print!("{table}");
+    failures.extend(fails);
     for case in ORIGIN_CASES {
-        let r = check_origins_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
+        checked(failures, check_origins_case(run, case))?;
     }
     for case in STORM_CASES {
-        let r = check_storm_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
+        checked(failures, check_storm_case(run, case))?;
     }
     for case in crate::userfault::USERFAULT_CASES {
-        let r = crate::userfault::check_userfault_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
+        checked(failures, crate::userfault::check_userfault_case(run, case))?;
     }
+    Ok(())
+}
+
+/// The guest's time, then the stage's failures if any.
+fn finish(k: kernels::GuestKernel, run: &vm::GuestRun, failures: Vec<String>, what: &str) -> Result<()> {
     println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !failures.is_empty() {
-        bail!("origins guest test failed:\n  {}", failures.join("\n  "));
+        bail!("{what} failed:\n  {}", failures.join("\n  "));
     }
     Ok(())
 }
@@ -376,26 +399,6 @@ fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
 /// The cases `origins_cases` runs (lib.sh), one per backend.
 const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
 
-/// What every case must end with: no kretprobe return lost, no kprobe left
-/// behind by faultscope, no overrun of the oracle's trace buffer.
-pub fn run_is_clean(run: &vm::GuestRun, case: &str, fs: &Report) -> Vec<String> {
-    let mut fails = Vec::new();
-    let lost = fs.drop_count(DropReason::Kernel(DropKind::LostReturn));
-    if lost != 0 {
-        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
-    }
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
-        }
-    }
-    fails
-}
-
-/// A case's faultscope report, the workload's own JSON (`faultscope
-/// workload --out`, not a report) and the workload's pid, once faultscope
-/// ran it and exited with 0 (else its output is the error).
 /// The short-lived runs under `backend` (`short_cases` in lib.sh): each
 /// process exited before faultscope could read its maps, so its mappings
 /// are named from the kernel's descriptions: every fault in a row, at
@@ -455,148 +458,24 @@ fn check_short_cases(run: &vm::GuestRun, backend: &str) -> Result<CaseResult> {
     Ok(CaseResult { table, failures: fails })
 }
 
-pub fn case_outputs(run: &vm::GuestRun, case: &str) -> Result<(Report, Value, u32)> {
-    let rc = run.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        bail!(
-            "{case}: faultscope exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
-    }
-    let fs = check::report(run, &format!("{case}.fs.json"))?;
-    let wl: Value =
-        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
-    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
-    Ok((fs, wl, pid))
-}
-
-/// A case's whole process against the oracle, as its table's start under
-/// `heading`: every class and origin, the run clean, and the mode kprobe.
-/// Returns the oracle (for the ranges), the table and the failures.
-pub fn against_oracle(
-    run: &vm::GuestRun,
-    case: &str,
-    fs: &Report,
-    pid: u32,
-    heading: &str,
-) -> Result<(Oracle, String, Vec<String>)> {
-    let p = check::process(fs, pid).with_context(|| case.to_string())?;
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
-    let cmp = oracle
-        .compare(case, &p.classes, pid, "ALL")
-        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
-    let mut table = format!("{heading}\n{}", cmp.table("class"));
-    let mut fails = cmp.failures;
-    fails.extend(run_is_clean(run, case, fs));
-    check::Checklist::new(case, &mut table, &mut fails)
-        .expect(fs.mode == Mode::Kprobe, format!("mode {}", check::mode_name(fs)));
-    Ok((oracle, table, fails))
-}
-
-/// A region of a workload's `--out` (`role`, `start`, `pages`) with the
-/// counts of faultscope's mapping row that starts at it.
-pub struct RegionRow<'a> {
-    pub role: &'a str,
-    pub region: &'a Value,
-    pub pages: u64,
-    counts: &'a std::collections::BTreeMap<ReportClass, u64>,
-}
-
-impl RegionRow<'_> {
-    /// The row's count of `m` (0 when it counted none).
-    pub fn get(&self, m: ReportClass) -> u64 {
-        self.counts.get(&m).copied().unwrap_or(0)
-    }
-}
-
-/// The regions of `wl` with their mapping rows, each of `classes` checked
-/// against the oracle in the region's range; a region without a row fails
-/// and is left out.
-pub fn region_rows<'a>(
-    cl: &mut check::Checklist<'_>,
-    p: &'a Process,
-    oracle: &Oracle,
-    wl: &'a Value,
-    classes: &[ReportClass],
-) -> Result<Vec<RegionRow<'a>>> {
-    let mut rows = Vec::new();
-    for r in wl["regions"].as_array().context("workload regions")? {
-        let role = r["role"].as_str().unwrap_or("?");
-        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
-        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
-            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
-            continue;
-        };
-        let row = RegionRow { role, region: r, pages, counts: &row.counts };
-        let own = oracle.range(p.pid, "ALL", role);
-        for &m in classes {
-            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
-            cl.expect(
-                o == Some(row.get(m)),
-                format!("{role}: {m} {} = oracle in its range {o:?}", row.get(m)),
-            );
-        }
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
-/// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
-pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
-    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
-    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-    (a, b) >= (major, minor)
-}
-
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
 /// cases, the shared-memory soft-dirty case, the attach case and the
 /// attribution case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
-    let k = kernels::by_name(kernel)?;
-    let vmlinuz = kernels::fetch(k)?;
-    let bin = vm::build_faultscope(k.arch)?;
-    let dir = root().join("target/vm/foundation").join(k.name);
-    std::fs::create_dir_all(&dir)?;
-    let cpio = vm::initramfs(&dir, k.arch, &bin, "foundation.sh", &[("SIZE", size.to_string())])?;
-    let anon_vma_name = kernels::config_option(k, "CONFIG_ANON_VMA_NAME")?;
-    let run = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?;
-    let (table, mut failures) = check_shipped(&run);
-    print!("{table}");
+    let anon_vma_name = kernels::config_option(kernels::by_name(kernel)?, "CONFIG_ANON_VMA_NAME")?;
+    let (k, run) = boot(kernel, "foundation", &[("SIZE", size.to_string())])?;
+    let mut failures = Vec::new();
     for (case, folio) in
         [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")]
     {
-        let r = check_case(&run, case, folio, anon_vma_name)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
+        checked(&mut failures, check_case(&run, case, folio, anon_vma_name))?;
     }
-    let r = check_attach_case(&run, "attach4k")?;
-    print!("{}", r.table);
-    failures.extend(r.failures);
+    checked(&mut failures, check_attach_case(&run, "attach4k"))?;
     for backend in ["kprobe", "fentry"] {
-        let r = check_short_cases(&run, backend)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
+        checked(&mut failures, check_short_cases(&run, backend))?;
     }
-    for case in ORIGIN_CASES {
-        let r = check_origins_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
-    }
-    for case in STORM_CASES {
-        let r = check_storm_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
-    }
-    for case in crate::userfault::USERFAULT_CASES {
-        let r = crate::userfault::check_userfault_case(&run, case)?;
-        print!("{}", r.table);
-        failures.extend(r.failures);
-    }
-    println!("guest {} booted, ran and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
-    if !failures.is_empty() {
-        bail!("guest test failed:\n  {}", failures.join("\n  "));
-    }
-    Ok(())
+    shared_cases(&run, &mut failures)?;
+    finish(k, &run, failures, "guest test")
 }
 
 // ---- The threaded-storm guest case (`storm4k@BACKEND` of the foundation

@@ -524,28 +524,7 @@ fn expect_hotpatch(
     let (copy, hwp) = (get(ReportClass::Copy), get(ReportClass::HugePmdWp));
     let f = folios_of(&write.classes, ReportClass::Copy).unwrap_or_default();
     let whole = choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs";
-    cl.line(format!(
-        "  {} file, {} writes by {}: smaps Rss {} -> {} kB, anonymous {} kB ({} kB THP)",
-        h.file_system,
-        h.writes,
-        h.poke,
-        h.before.rss >> 10,
-        h.after.rss >> 10,
-        h.after.anonymous >> 10,
-        h.after.anon_huge >> 10
-    ));
-    cl.expect(
-        h.refused == 0,
-        format!(
-            "the kernel took every write: refused {}{}",
-            h.refused,
-            h.refused_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
-        ),
-    );
-    cl.expect(
-        h.before.file_pmd_mapped == size,
-        format!("before the write: file PMD-mapped {} = size {size}", h.before.file_pmd_mapped),
-    );
+    expect_hotpatch_taken(cl, h, size);
     let outcomes = pmd_outcomes_of(&write.classes);
     let (o_split, o_copied) = outcomes.as_ref().map_or((0, 0), |o| (o.split, o.copied));
     cl.expect(outcomes.is_some(), "huge_pmd_wp has outcomes");
@@ -607,6 +586,33 @@ fn expect_hotpatch(
             format!("copies in an executable file mapping {} >= writes {folios}", src.file_exec),
         );
     }
+}
+
+/// The hot patch's smaps before and after, every write taken, and the file
+/// PMD-mapped whole before the writes.
+fn expect_hotpatch_taken(cl: &mut Checklist, h: &faultscope::report::schema::Hotpatch, size: u64) {
+    cl.line(format!(
+        "  {} file, {} writes by {}: smaps Rss {} -> {} kB, anonymous {} kB ({} kB THP)",
+        h.file_system,
+        h.writes,
+        h.poke,
+        h.before.rss >> 10,
+        h.after.rss >> 10,
+        h.after.anonymous >> 10,
+        h.after.anon_huge >> 10
+    ));
+    cl.expect(
+        h.refused == 0,
+        format!(
+            "the kernel took every write: refused {}{}",
+            h.refused,
+            h.refused_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+        ),
+    );
+    cl.expect(
+        h.before.file_pmd_mapped == size,
+        format!("before the write: file PMD-mapped {} = size {size}", h.before.file_pmd_mapped),
+    );
 }
 
 /// Whether the guests run under QEMU's stale-TLB model (`--tlb stale`).
@@ -725,8 +731,7 @@ fn unfold_stacks(
         ),
     ));
     let version = UNFOLD_CALLERS.iter().find(|((a, b), _, _)| {
-        crate::foundation::kernel_at_least(kernel, *a, *b)
-            && !crate::foundation::kernel_at_least(kernel, *a, *b + 1)
+        crate::check::kernel_at_least(kernel, *a, *b) && !crate::check::kernel_at_least(kernel, *a, *b + 1)
     });
     match version {
         Some((_, caller, next)) => {
@@ -1303,17 +1308,44 @@ fn run_each(
     backends: &[String],
     what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
-    use crate::{kernels, util::root, vm};
     let mut failures = Vec::new();
-    // Downloads and builds first, one at a time.
+    let guests = prepare(plan, backends, what, &mut failures)?;
+    // The boots, several at once; then their checks, in order.
+    let runs = boot_each(&guests, |g| g.boot(size, what, &g.cases, &g.backends));
+    let mut boots = Vec::new();
+    for (g, run) in guests.iter().zip(runs) {
+        // A guest that could not run fails the stage; the others are
+        // still checked.
+        match run {
+            Ok(run) => {
+                check_guest(g, &run, size, what, &mut failures)?;
+                boots.push((g.k, run));
+            }
+            Err(e) => failures.push(format!("{}: {e:#}", g.k.name)),
+        }
+    }
+    if !failures.is_empty() {
+        anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));
+    }
+    Ok(boots)
+}
+
+/// Each kernel of `plan` with what its boot needs, downloaded and built one
+/// at a time. A kernel that cannot be had (a build that failed) fails the
+/// run; the other kernels still run.
+fn prepare(
+    plan: &[(GuestKernel, Vec<String>)],
+    backends: &[String],
+    what: Boot,
+    failures: &mut Vec<String>,
+) -> Result<Vec<Guest>> {
+    use crate::{kernels, util::root, vm};
     let mut guests = Vec::new();
     for (k, cases) in plan {
         let k = *k;
         if k.skipped(&format!("matrix {}", cases.join(" "))) {
             continue;
         }
-        // A kernel that cannot be had (a build that failed) fails the run;
-        // the other kernels still run.
         let vmlinuz = match kernels::fetch(k) {
             Ok(v) => v,
             Err(e) => {
@@ -1334,71 +1366,59 @@ fn run_each(
             backends: backends_for(k.name, backends),
         });
     }
-    // The boots, several at once; then their checks, in order.
-    let runs = boot_each(&guests, |g| g.boot(size, what, &g.cases, &g.backends));
-    let mut boots = Vec::new();
-    for (g, run) in guests.iter().zip(runs) {
-        let (k, bs) = (g.k, &g.backends);
-        // A guest that could not run fails the stage; the others are
-        // still checked.
-        let run = match run {
-            Ok(run) => run,
-            Err(e) => {
-                failures.push(format!("{}: {e:#}", k.name));
-                continue;
-            }
-        };
-        let labels: Vec<String> = bs.iter().flat_map(|b| g.cases.iter().map(move |c| label(c, b))).collect();
-        let harness_errors = check_cases(&run, k, &labels, &mut failures);
-        if stale_tlb_model() {
-            failures.extend(check_model_count(&run, k.name, &labels));
-        }
-        failures.extend(check_verify(&run, k, what == Boot::Gates));
-        if what == Boot::Matrix {
-            let rc = run.marker("RC", "verifier").unwrap_or_default();
-            let (line, fails) = check_verifier(k.name, &rc, run.section("verifier.out").unwrap_or(""));
-            println!("{line}");
-            failures.extend(fails);
-        }
-        println!(
-            "guest {} ran {} cases ({}) in {:.1}s",
-            k.name,
-            labels.len(),
-            bs.join(", "),
-            run.wall.as_secs_f64()
-        );
-        print_complaints(&run);
-        // A case without results (no bench output, no oracle counts for it)
-        // measured nothing, right or wrong: it runs once more in a fresh
-        // guest, and the first error stays in the log. Count mismatches are
-        // never rerun.
-        if !harness_errors.is_empty() {
-            let again: Vec<String> = harness_errors.iter().map(|(c, _)| c.clone()).collect();
-            for (_, e) in &harness_errors {
-                println!("HARNESS ERROR (the case runs again in a new guest): {e}");
-            }
-            // The failed labels' cases under the failed labels' backends
-            // (a few more cases than failed, at most, never fewer).
-            let split = |i: usize| -> Vec<String> {
-                let mut v: Vec<String> =
-                    again.iter().filter_map(|l| l.split('@').nth(i).map(String::from)).collect();
-                v.sort();
-                v.dedup();
-                v
-            };
-            let rerun = g.boot(size, what, &split(0), &split(1))?;
-            for (_, e) in check_cases(&rerun, k, &again, &mut failures) {
-                failures.push(format!("{e} (twice)"));
-            }
-            println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
-            print_complaints(&rerun);
-        }
-        boots.push((k, run));
+    Ok(guests)
+}
+
+/// One guest's cases, its verifier and `verify` checks, and a rerun of the
+/// cases that measured nothing.
+fn check_guest(g: &Guest, run: &GuestRun, size: &str, what: Boot, failures: &mut Vec<String>) -> Result<()> {
+    let (k, bs) = (g.k, &g.backends);
+    let labels: Vec<String> = bs.iter().flat_map(|b| g.cases.iter().map(move |c| label(c, b))).collect();
+    let harness_errors = check_cases(run, k, &labels, failures);
+    if stale_tlb_model() {
+        failures.extend(check_model_count(run, k.name, &labels));
     }
-    if !failures.is_empty() {
-        anyhow::bail!("matrix failed:\n  {}", failures.join("\n  "));
+    failures.extend(check_verify(run, k, what == Boot::Gates));
+    if what == Boot::Matrix {
+        let rc = run.marker("RC", "verifier").unwrap_or_default();
+        let (line, fails) = check_verifier(k.name, &rc, run.section("verifier.out").unwrap_or(""));
+        println!("{line}");
+        failures.extend(fails);
     }
-    Ok(boots)
+    println!(
+        "guest {} ran {} cases ({}) in {:.1}s",
+        k.name,
+        labels.len(),
+        bs.join(", "),
+        run.wall.as_secs_f64()
+    );
+    print_complaints(run);
+    // A case without results (no bench output, no oracle counts for it)
+    // measured nothing, right or wrong: it runs once more in a fresh
+    // guest, and the first error stays in the log. Count mismatches are
+    // never rerun.
+    if harness_errors.is_empty() {
+        return Ok(());
+    }
+    let again: Vec<String> = harness_errors.iter().map(|(c, _)| c.clone()).collect();
+    for (_, e) in &harness_errors {
+        println!("HARNESS ERROR (the case runs again in a new guest): {e}");
+    }
+    // The failed labels' cases under the failed labels' backends (a few
+    // more cases than failed, at most, never fewer).
+    let split = |i: usize| -> Vec<String> {
+        let mut v: Vec<String> = again.iter().filter_map(|l| l.split('@').nth(i).map(String::from)).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let rerun = g.boot(size, what, &split(0), &split(1))?;
+    for (_, e) in check_cases(&rerun, k, &again, failures) {
+        failures.push(format!("{e} (twice)"));
+    }
+    println!("guest {} reran {} cases in {:.1}s", k.name, again.len(), rerun.wall.as_secs_f64());
+    print_complaints(&rerun);
+    Ok(())
 }
 
 #[cfg(test)]

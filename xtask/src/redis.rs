@@ -234,7 +234,7 @@ fn mthp_table(rows: &[MthpRow], keys: u64, value_size: u64, requests: u64) -> St
 fn mthp_shape(rows: &[MthpRow]) -> Vec<String> {
     let mut f = Vec::new();
     let stock73 = rows.iter().find(|r| {
-        r.kernel.reuse() == FolioReuse::PageByPage && crate::foundation::kernel_at_least(&r.release, 6, 16)
+        r.kernel.reuse() == FolioReuse::PageByPage && crate::check::kernel_at_least(&r.release, 6, 16)
     });
     for r in rows {
         let n = r.kernel.name;
@@ -242,7 +242,7 @@ fn mthp_shape(rows: &[MthpRow]) -> Vec<String> {
             f.push(format!("{n} mthp: Redis got no 64K folios"));
         }
         match r.kernel.reuse() {
-            FolioReuse::PageByPage if crate::foundation::kernel_at_least(&r.release, 6, 16) => {
+            FolioReuse::PageByPage if crate::check::kernel_at_least(&r.release, 6, 16) => {
                 if r.reuse <= r.copy {
                     f.push(format!(
                         "{n} mthp: reuse {} <= copy {}: 7.3 reuses 64K folios page by page",

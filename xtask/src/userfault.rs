@@ -10,8 +10,7 @@ use anyhow::{Context as _, Result};
 use faultscope::{kernel::classes::ReportClass, report::schema::ClassValue};
 
 use crate::{
-    check::{self, CaseResult, Checklist},
-    foundation::{against_oracle, case_outputs, region_rows},
+    check::{self, against_oracle, case_outputs, region_rows, CaseResult, Checklist},
     vm,
 };
 

@@ -519,6 +519,13 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if let Some(path) = &o.map_file {
         return map_file(path);
     }
+    run_fork_write(o)
+}
+
+/// The default workload: populate, fork, the child's exit or life, one
+/// write per page (`--mappings`: per mapping), and the storm of
+/// `--repeat-for`.
+fn run_fork_write(o: &WorkloadOpts) -> Result<()> {
     let repeat_for = faultscope::units::seconds("--repeat-for", o.repeat_for, 1e-3)?;
     if repeat_for.is_some() && o.child == Child::Alive {
         return Err(Refusal::new("--repeat-for goes with --child exit").into());
@@ -529,11 +536,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     if !len.is_multiple_of(page) {
         bail!("--size must be a multiple of the page size ({page})");
     }
-    let advice = match o.thp {
-        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
-        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
-        Thp::System => None,
-    };
+    let advice = thp_advice(o.thp);
     if o.mappings && !matches!(o.thp, Thp::Never) {
         bail!("--mappings counts 4K pages: use --thp never");
     }
@@ -547,16 +550,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
     let mappings = if o.mappings { Some(Mappings::new(base, len, page)?) } else { None };
     let t1 = usage();
 
-    let child = fork_child(match o.child {
-        Child::Alive => ChildLife::Stay,
-        Child::Exit => {
-            ChildLife::Exit(o.child_lifetime.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
-        }
-    })?;
-    if o.child == Child::Exit {
-        let mut st = 0;
-        unsafe { libc::waitpid(child, &mut st, 0) };
-    }
+    let child = fork_as_asked(o)?;
     if o.clear_soft_dirty {
         clear_soft_dirty(base)?;
     }
@@ -626,12 +620,7 @@ fn run_here(o: &WorkloadOpts) -> Result<()> {
         report["regions"] = rows;
         report["anon_name"] = anon_name;
     }
-    let text = serde_json::to_string_pretty(&report)?;
-    match &o.out {
-        Some(p) => faultscope::output::write(p, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    emit(o, &report)
 }
 
 /// The ways `--origins` writes a third of a half, in order.
@@ -683,11 +672,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
     if n == 0 || len != n * 6 * page {
         bail!("--origins needs --size a multiple of 6 pages");
     }
-    let advice = match o.thp {
-        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
-        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
-        Thp::System => None,
-    };
+    let advice = thp_advice(o.thp);
     let base = map_aligned(len, advice)?;
     // Everything the writes use exists before the fork: no fault of their
     // own after it.
@@ -731,12 +716,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
         "minflt_total": t5.minflt,
         "majflt_total": t5.majflt,
     });
-    let text = serde_json::to_string_pretty(&report)?;
-    match &o.out {
-        Some(p) => faultscope::output::write(p, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    emit(o, &report)
 }
 
 /// `--repeat-for`: rounds of `by` and one byte written per page, until
@@ -788,24 +768,8 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
     if half == 0 || !half.is_multiple_of(page) {
         bail!("--threads needs --size a multiple of two pages");
     }
-    let advice = match o.thp {
-        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
-        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
-        Thp::System => None,
-    };
-    // One mapping cut by PROT_NONE guards into guard, `a`, guard, `b`,
-    // guard: `a` and `b` stay two VMAs of their own whatever the kernel
-    // merges (the threads' stacks are mapped next to them later), `b` as
-    // aligned as `a`.
-    const GUARD: usize = 2 << 20;
-    let base = map_aligned(2 * half + 3 * GUARD, advice)?;
-    for at in [0, GUARD + half, 2 * (GUARD + half)] {
-        // SAFETY: each guard is inside the mapping just made.
-        if unsafe { libc::mprotect(base.add(at).cast(), GUARD, libc::PROT_NONE) } != 0 {
-            bail!("mprotect of a guard: {}", std::io::Error::last_os_error());
-        }
-    }
-    let (a, b) = unsafe { (base.add(GUARD), base.add(2 * GUARD + half)) };
+    let advice = thp_advice(o.thp);
+    let (a, b) = map_two_guarded(half, advice)?;
     let pages = half / page;
     let t0 = usage();
     // SAFETY: the two mappings just made.
@@ -819,8 +783,10 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
     // Thread t writes pages t, t+n, ...: its share ends its segments at a
     // half and three quarters of it, where it waits for the main thread's
     // phase change (`stage`), so that each segment's pages are known.
-    let share = |t: usize| (pages + n - 1 - t) / n;
-    let ends = |k: usize| [k / 2, k * 3 / 4, k];
+    let share_ends = |t: usize| {
+        let k = (pages + n - 1 - t) / n;
+        [k / 2, k * 3 / 4, k]
+    };
     let arrived = AtomicUsize::new(0);
     let stage = AtomicUsize::new(0);
     let (a_at, b_at) = (a as usize, b as usize);
@@ -830,7 +796,7 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
             let (arrived, stage) = (&arrived, &stage);
             sc.spawn(move || {
                 let mut j = 0;
-                for (seg, end) in ends(share(t)).into_iter().enumerate() {
+                for (seg, end) in share_ends(t).into_iter().enumerate() {
                     while stage.load(Ordering::Acquire) < seg {
                         std::thread::yield_now();
                     }
@@ -869,15 +835,7 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
         let ranges = format!("a={a_at:#x}-{:#x}\nb={b_at:#x}-{:#x}\n", a_at + half, b_at + half);
         faultscope::output::write(p, ranges.as_bytes())?;
     }
-    // Pages written (both mappings) in each segment: while the first child
-    // lived, after its exit, after the second child's exit.
-    let mut segments = [0usize; 3];
-    for t in 0..n {
-        let e = ends(share(t));
-        for (k, s) in segments.iter_mut().enumerate() {
-            *s += 2 * (e[k] - if k == 0 { 0 } else { e[k - 1] });
-        }
-    }
+    let segments = segment_pages(n, share_ends);
     let report = json!({
         "workload": "threads",
         "pid": std::process::id(),
@@ -895,12 +853,71 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
         "minflt_total": t3.minflt,
         "majflt_total": t3.majflt,
     });
-    let text = serde_json::to_string_pretty(&report)?;
+    emit(o, &report)
+}
+
+/// The child of `--child`: forked, and waited for if it exits.
+fn fork_as_asked(o: &WorkloadOpts) -> Result<libc::pid_t> {
+    let child = fork_child(match o.child {
+        Child::Alive => ChildLife::Stay,
+        Child::Exit => {
+            ChildLife::Exit(o.child_lifetime.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))))
+        }
+    })?;
+    if o.child == Child::Exit {
+        let mut st = 0;
+        unsafe { libc::waitpid(child, &mut st, 0) };
+    }
+    Ok(child)
+}
+
+/// The report's JSON to `--out`, else to stdout.
+fn emit(o: &WorkloadOpts, report: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
     match &o.out {
         Some(p) => faultscope::output::write(p, text.as_bytes())?,
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// The madvise that `--thp` asks of a mapping.
+fn thp_advice(thp: Thp) -> Option<libc::c_int> {
+    match thp {
+        Thp::Never => Some(libc::MADV_NOHUGEPAGE),
+        Thp::Madvise => Some(libc::MADV_HUGEPAGE),
+        Thp::System => None,
+    }
+}
+
+/// `--threads`' two mappings of `half` bytes each: one mapping cut by
+/// PROT_NONE guards into guard, `a`, guard, `b`, guard, so that `a` and `b`
+/// stay two VMAs of their own whatever the kernel merges (the threads'
+/// stacks are mapped next to them later), `b` as aligned as `a`.
+fn map_two_guarded(half: usize, advice: Option<libc::c_int>) -> Result<(*mut u8, *mut u8)> {
+    const GUARD: usize = 2 << 20;
+    let base = map_aligned(2 * half + 3 * GUARD, advice)?;
+    for at in [0, GUARD + half, 2 * (GUARD + half)] {
+        // SAFETY: each guard is inside the mapping just made.
+        if unsafe { libc::mprotect(base.add(at).cast(), GUARD, libc::PROT_NONE) } != 0 {
+            bail!("mprotect of a guard: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(unsafe { (base.add(GUARD), base.add(2 * GUARD + half)) })
+}
+
+/// Pages written (both mappings) in each of `--threads`' segments: while
+/// the first child lived, after its exit, after the second child's exit.
+/// `ends(t)` is where thread `t`'s share ends each segment.
+fn segment_pages(n: usize, ends: impl Fn(usize) -> [usize; 3]) -> [usize; 3] {
+    let mut segments = [0usize; 3];
+    for t in 0..n {
+        let e = ends(t);
+        for (k, s) in segments.iter_mut().enumerate() {
+            *s += 2 * (e[k] - if k == 0 { 0 } else { e[k - 1] });
+        }
+    }
+    segments
 }
 
 #[cfg(test)]

@@ -206,10 +206,5 @@ pub fn run(o: &WorkloadOpts, hold_ms: f64) -> Result<()> {
         "minflt_total": t1.minflt,
         "majflt_total": t1.majflt,
     });
-    let text = serde_json::to_string_pretty(&report)?;
-    match &o.out {
-        Some(p) => faultscope::output::write(p, text.as_bytes())?,
-        None => println!("{text}"),
-    }
-    Ok(())
+    crate::emit(o, &report)
 }

@@ -26,7 +26,7 @@ use plotters::{coord::Shift, prelude::*};
 
 use crate::{
     error::Refusal,
-    kernel::classes::ReportClass,
+    kernel::classes::{ReportClass, FAULT_KINDS},
     report::{
         bench_series::{self, LoadedSeries},
         file,
@@ -59,15 +59,22 @@ pub struct Series {
     pub end_s: f64,
 }
 
-/// The classes that partition the faults, bottom of the stack first.
-const PARTITION: [ReportClass; 6] = [
-    ReportClass::Reuse,
-    ReportClass::Copy,
-    ReportClass::WpShared,
-    ReportClass::Spurious,
-    ReportClass::HugePmdWp,
-    ReportClass::NotPresent,
-];
+/// The classes that partition the faults, bottom of the stack first: the
+/// fault kinds that are classes of their own, in `FAULT_KINDS`' order (a
+/// fault is of the first kind it matches), then the pages not present.
+/// Interval counts are per class, so a THP copied (`copy` and
+/// `huge_pmd_wp`) is in two layers: `other` then takes what is left, not
+/// less than 0.
+fn partition() -> Vec<ReportClass> {
+    let mut out: Vec<ReportClass> = Vec::new();
+    for m in FAULT_KINDS.iter().filter_map(|(kind, _)| ReportClass::from_name(kind)) {
+        if m != ReportClass::Faults && !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    out.push(ReportClass::NotPresent);
+    out
+}
 
 /// The series of a report: refuses a report without intervals.
 pub fn series(r: &Report) -> Result<Series, Refusal> {
@@ -157,7 +164,7 @@ pub fn series(r: &Report) -> Result<Series, Refusal> {
 pub fn layers(s: &Series) -> Vec<(String, Vec<Step>)> {
     let Some(all) = s.rates.get(&ReportClass::Faults) else { return Vec::new() };
     let outcomes = [ReportClass::Reuse, ReportClass::Copy, ReportClass::WpShared];
-    let mut classes: Vec<ReportClass> = PARTITION.into_iter().filter(|m| s.rates.contains_key(m)).collect();
+    let mut classes: Vec<ReportClass> = partition().into_iter().filter(|m| s.rates.contains_key(m)).collect();
     if !outcomes.iter().any(|m| s.rates.contains_key(m)) && s.rates.contains_key(&ReportClass::WpFaults) {
         classes.insert(0, ReportClass::WpFaults);
         classes.retain(|m| *m != ReportClass::Spurious);
@@ -704,11 +711,22 @@ mod tests {
         assert_eq!(s.phases[1].start_s, 1.0);
         assert_eq!(s.phases[3].end_s, 5.0);
         assert_eq!(s.p99_us[&ReportClass::Copy][0], (0.0, 0.5, 40.0));
-        // The partition stacked: reuse, copy, and the rest of the faults.
+        // The partition stacked: copy, reuse, and the rest of the faults.
         let l = layers(&s);
         let names: Vec<&str> = l.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["reuse", "copy", "other"]);
+        assert_eq!(names, ["copy", "reuse", "other"]);
         assert_eq!(l[2].1[2], (1.0, 1.5, 10.0));
+        assert_eq!(
+            partition(),
+            [
+                ReportClass::Copy,
+                ReportClass::Reuse,
+                ReportClass::WpShared,
+                ReportClass::HugePmdWp,
+                ReportClass::Spurious,
+                ReportClass::NotPresent
+            ]
+        );
         assert_eq!(compact(45000.0), "45k");
         assert_eq!(compact(1_500_000.0), "1.5M");
         let none = Report { intervals: None, ..synthetic() };
