@@ -1,8 +1,10 @@
-# The foundation test: fork / child exit / one byte per page, 4K and 64K mTHP.
+# The foundation test: the host tests with the oracle; fork / child exit /
+# one byte per page in 64K mTHPs, shared memory, attach, every origin.
 . /lib.sh
 shipped_binary
 oracle_setup
-run_case fork4k 4K --size ${SIZE:-64M} --thp never --child exit
+# The host tests named in foundation.rs (HOST_TESTS), against the oracle.
+host_tests $HOST_TESTS
 run_case fork64k 64K --size ${SIZE:-64M} --thp system --child exit
 # Shared memory, soft-dirty cleared before the write phase: every write is
 # write-notify through wp_page_shared (wp_shared), not COW.

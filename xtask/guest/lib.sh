@@ -20,8 +20,16 @@ oracle_event() {
 	sym=${def#* }; sym=${sym%% *}
 	why=$(grep 'error:' $T/error_log 2>/dev/null | tail -n 1 | sed 's/^.*error: //')
 	grep -qw "$sym" /sys/kernel/debug/kprobes/blacklist && why="$why; $sym is on the kprobe blacklist"
-	echo "@@FS-ORACLE-MISSING $name kprobe $sym refused: ${why:-no reason given}"
+	oracle_missing $name kprobe $sym refused: ${why:-no reason given}
 	return 1
+}
+
+# oracle_missing EVENT WHY...: the oracle lacks EVENT, said on the console
+# and in $ORACLE_REFUSED (for the host tests' oracle, a line each).
+ORACLE_REFUSED=/tmp/oracle-refused
+oracle_missing() {
+	echo "@@FS-ORACLE-MISSING $*"
+	echo "$*" >> $ORACLE_REFUSED
 }
 
 # The oracle's kprobe events. $argN works on x86-64 and arm64 alike.
@@ -52,11 +60,11 @@ oracle_setup() {
 	else
 		oracle_event acc 'p:fso/acc ptep_set_access_flags'
 		echo 1 > $T/events/exceptions/page_fault_user/enable ||
-			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_user refused"
+			oracle_missing exc tracepoint exceptions:page_fault_user refused
 		# The kernel-mode faults' error code (a copy_to_user on a user page).
 		echo 1 > $T/events/exceptions/page_fault_kernel/enable ||
-			echo "@@FS-ORACLE-MISSING exc tracepoint exceptions:page_fault_kernel refused"
-		for e in unfold conv fold accc; do echo "@@FS-ORACLE-MISSING $e contpte is arm64 only"; done
+			oracle_missing exc tracepoint exceptions:page_fault_kernel refused
+		for e in unfold conv fold accc; do oracle_missing $e contpte is arm64 only; done
 	fi
 	echo 1 > $T/options/record-tgid
 	echo ${TRACE_KB:-32768} > $T/buffer_size_kb
@@ -101,6 +109,21 @@ shipped_binary() {
 	/faultscope probes > /tmp/probes.out 2>&1
 	echo "@@FS-RC probes $?"
 	emit probes.out /tmp/probes.out
+}
+
+# host_tests TEST...: the host tests (tracer/tests/host, the same binary
+# as on the build host, static) run here, one at a time, against the
+# oracle (oracle_setup first); libtest's own output as the section
+# host-tests.out.
+host_tests() {
+	thp_mode 4K
+	mkdir -p /run
+	up host-tests.start
+	FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
+		/host-tests --exact --test-threads=1 --show-output "$@" > /tmp/host-tests.out 2>&1
+	echo "@@FS-RC host-tests $?"
+	up host-tests.end
+	emit host-tests.out /tmp/host-tests.out
 }
 
 # up LABEL: seconds since boot, for the guest's own timing.

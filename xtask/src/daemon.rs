@@ -35,7 +35,7 @@ use faultscope::{
 use serde_json::Value;
 
 use crate::{
-    check::{self, Checklist, Oracle},
+    check::{self, Checklist},
     kernels, redis,
     util::root,
     vm,
@@ -215,7 +215,7 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
     );
     let delta = |metric: &str, class: &str, kind: &str| delta(&c0, &c1, metric, class, kind);
     let sec = format!("{name}.oracle");
-    let oracle = Oracle::from_run(run, &sec)?;
+    let oracle = check::oracle_of(run, &sec)?;
     let cmp = oracle
         .compare(name, &p.classes, pid, "window")
         .with_context(|| format!("redis-server: {}", check::oracle_gap(run, name, &sec, pid, "window")))?

@@ -89,25 +89,41 @@ pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// The x86-64 build, linked static like cross.rs's arm64 one.
-fn build_x86_64() -> Result<PathBuf> {
-    run(Command::new("cargo")
-        .current_dir(root())
+/// `cargo SUBCOMMAND --release --target HOST_TARGET`, linked static.
+fn static_cargo(subcommand: &str) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(root())
         // RUSTFLAGS would override the target's flags (and drop crt-static).
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "faultscope",
-            "-p",
-            "faultscope-workload",
-            "--target",
-            HOST_TARGET,
-        ]))?;
+        .args([subcommand, "--release", "--target", HOST_TARGET]);
+    c
+}
+
+/// The x86-64 build, linked static like cross.rs's arm64 one.
+fn build_x86_64() -> Result<PathBuf> {
+    run(static_cargo("build").args(["-p", "faultscope", "-p", "faultscope-workload"]))?;
     Ok(root().join("target").join(HOST_TARGET).join("release/faultscope"))
+}
+
+/// The host tests (`tracer/tests/host`) as one static x86-64 binary, for a
+/// guest to run beside the static faultscope: its path, from cargo's
+/// report of the artifact.
+pub fn static_host_tests() -> Result<PathBuf> {
+    let out = static_cargo("test")
+        .args(["--no-run", "-p", "faultscope", "--test", "host", "--message-format", "json"])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "building the host tests static failed");
+    let exe = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "host")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .context("cargo named no host test executable")?;
+    check_static(&exe, arch("amd64")?)?;
+    Ok(exe)
 }
 
 /// Fails unless `bin` is a 64-bit little-endian ELF for `a` without a

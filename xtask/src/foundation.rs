@@ -4,7 +4,7 @@
 
 use std::{fmt::Write as _, time::Duration};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use faultscope::{
     kernel::{classes::ReportClass, latency::LatencyTier},
     report::schema::{CheckResult, ClassValue, Mode, PhaseKind},
@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::{
     check::{
         self, against_oracle, case_outputs, kernel_at_least, region_rows, run_is_clean, CaseResult,
-        Checklist, Oracle, LRU_BATCH_COPIES,
+        Checklist, LRU_BATCH_COPIES,
     },
     kernels, mappings,
     util::root,
@@ -39,7 +39,7 @@ pub fn check_case(
     if fs.mode != Mode::Kprobe {
         fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
     }
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let oracle = check::oracle_of(run, &format!("{case}.oracle"))?;
     let cmp = oracle
         .compare(case, &p.classes, pid, "ALL")
         .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
@@ -61,7 +61,6 @@ pub fn check_case(
         "shared" => {
             (ReportClass::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
         }
-        "4K" => (ReportClass::Reuse, "4K pages are reused one by one"),
         _ if kernel_at_least(&fs.kernel, 6, 16) => {
             (ReportClass::Reuse, "large folios are reused, one page per fault")
         }
@@ -118,7 +117,7 @@ pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
     }
     let mut table = String::new();
     let _ = writeln!(table, "{case} (pid {pid}, child {child} forked before attach, {pages} pages of 4K)");
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let oracle = check::oracle_of(run, &format!("{case}.oracle"))?;
     match oracle.compare(case, &p.classes, pid, "attach") {
         Some(cmp) => {
             table.push_str(&cmp.table("class (attach..detach)"));
@@ -188,7 +187,7 @@ pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> 
     }
     let mut table = String::new();
     let _ = writeln!(table, "{case} (pid {pid}, {n} pages per origin and half, fault_return by {want})");
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let oracle = check::oracle_of(run, &format!("{case}.oracle"))?;
     match oracle.compare(case, &p.classes, pid, "ALL") {
         Some(cmp) => {
             table.push_str(&cmp.table("class (whole run)"));
@@ -310,20 +309,31 @@ fn check_origins_phase(
 
 /// Boots `kernel` and runs only the origins cases (`origins.sh`).
 pub fn run_origins(kernel: &str) -> Result<()> {
-    let (k, run) = boot(kernel, "origins", &[])?;
+    let (k, run) = boot(kernel, "origins", &[], false)?;
     let mut failures = Vec::new();
     shared_cases(&run, &mut failures)?;
     finish(k, &run, failures, "origins guest test")
 }
 
-/// Boots `kernel` with `NAME.sh` (and `vars`) in its initramfs.
-fn boot(kernel: &str, name: &str, vars: &[(&str, String)]) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
+/// Boots `kernel` with `NAME.sh` (and `vars`) in its initramfs, and the
+/// host tests' static binary as `/host-tests` where `host_tests`.
+fn boot(
+    kernel: &str,
+    name: &str,
+    vars: &[(&str, String)],
+    host_tests: bool,
+) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm").join(name).join(k.name);
     std::fs::create_dir_all(&dir)?;
-    let cpio = vm::initramfs(&dir, k.arch, &bin, &format!("{name}.sh"), vars)?;
+    let mut extra = Vec::new();
+    if host_tests {
+        ensure!(k.arch == "amd64", "the host tests are built for amd64 guests only");
+        extra.push((crate::dist::static_host_tests()?, "/host-tests".to_string()));
+    }
+    let cpio = vm::initramfs_with(&dir, k.arch, &bin, &format!("{name}.sh"), vars, &extra)?;
     Ok((k, vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?))
 }
 
@@ -351,6 +361,57 @@ fn shared_cases(run: &vm::GuestRun, failures: &mut Vec<String>) -> Result<()> {
         checked(failures, crate::userfault::check_userfault_case(run, case))?;
     }
     Ok(())
+}
+
+/// The host tests that run in the foundation guest too, where the oracle
+/// adds its equality (`FAULTSCOPE_ORACLE`): those whose workload faultscope
+/// records from start to end.
+const HOST_TESTS: [&str; 4] = [
+    "record::record_command_counts_write_protect_faults",
+    "record::automatic_phases_split_the_fork_scenario",
+    "attribution::attribution_is_measured_or_says_why_not",
+    "attribution::each_mapping_carries_its_own_pages_writes",
+];
+
+/// The host tests' run in the guest (`host_tests` in lib.sh): libtest's
+/// line for each test, every one asked for passed, and its summary.
+fn check_host_tests(run: &vm::GuestRun) -> CaseResult {
+    let out = run.section("host-tests.out").unwrap_or("");
+    let mut fails = Vec::new();
+    let results: Vec<(&str, &str)> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("test ")?.rsplit_once(" ... "))
+        .filter(|(name, _)| !name.starts_with("result"))
+        .collect();
+    let mut table = format!("host tests in the guest, against the oracle ({} run):\n", results.len());
+    for (name, result) in &results {
+        table.push_str(&format!("  {result:<7} {name}\n"));
+        if *result != "ok" {
+            fails.push(format!("host test {name}: {result}"));
+        }
+    }
+    for name in HOST_TESTS {
+        if !results.iter().any(|(n, _)| *n == name) {
+            fails.push(format!("host test {name}: did not run"));
+        }
+    }
+    let rc = run.marker("RC", "host-tests").unwrap_or_default();
+    let summary = out.lines().find(|l| l.starts_with("test result:")).unwrap_or("no summary");
+    table.push_str(&format!("  {summary}\n"));
+    // Each test's own output (--show-output): its process against the oracle.
+    if let Some((_, shown)) = out.split_once("\nsuccesses:\n") {
+        let shown = shown.rsplit_once("\nsuccesses:\n").map_or(shown, |(s, _)| s);
+        table.push_str(shown.trim_end());
+        table.push('\n');
+    }
+    if rc != "0" || results.is_empty() || !fails.is_empty() {
+        fails.push(format!(
+            "host tests exited {rc:?} after {} tests:\n{}",
+            results.len(),
+            crate::util::tail(out, 80)
+        ));
+    }
+    CaseResult { table, failures: fails }
 }
 
 /// The guest's time, then the stage's failures if any.
@@ -463,11 +524,15 @@ fn check_short_cases(run: &vm::GuestRun, backend: &str) -> Result<CaseResult> {
 /// attribution case.
 pub fn run(kernel: &str, size: &str) -> Result<()> {
     let anon_vma_name = kernels::config_option(kernels::by_name(kernel)?, "CONFIG_ANON_VMA_NAME")?;
-    let (k, run) = boot(kernel, "foundation", &[("SIZE", size.to_string())])?;
+    let (k, run) = boot(
+        kernel,
+        "foundation",
+        &[("SIZE", size.to_string()), ("HOST_TESTS", HOST_TESTS.join(" "))],
+        true,
+    )?;
     let mut failures = Vec::new();
-    for (case, folio) in
-        [("fork4k", "4K"), ("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")]
-    {
+    checked(&mut failures, Ok(check_host_tests(&run)))?;
+    for (case, folio) in [("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")] {
         checked(&mut failures, check_case(&run, case, folio, anon_vma_name))?;
     }
     checked(&mut failures, check_attach_case(&run, "attach4k"))?;

@@ -114,7 +114,7 @@ pub fn check(
         serde_json::from_value(wl["regions"].clone()).context("the workload's regions[]")?;
     let anon: AnonName =
         serde_json::from_value(wl["anon_name"].clone()).context("the workload's anon_name")?;
-    let oracle = Oracle::from_run(run, &format!("{case}.oracle"))?;
+    let oracle = crate::check::oracle_of(run, &format!("{case}.oracle"))?;
     let mut cl = Checklist::new(case, table, fails);
     check_anon_name(&mut cl, &anon, anon_vma_name);
     cl.line(format!(

@@ -78,7 +78,7 @@ pub fn check_case(run: &GuestRun, kernel: &str, choices: Choices, label: &str) -
         fails.push(format!("{kernel} {case}: --backend {backend}, but the probes attached as {kinds:?}"));
     }
     let sec = format!("{label}.oracle");
-    let oracle = Oracle::from_run(run, &sec)?;
+    let oracle = check::oracle_of(run, &sec)?;
     let b = report.bench.as_ref().context("no bench in the report")?;
     let p = check::process(&report, b.pid)?;
     let name = format!("{kernel} {case}");
@@ -817,7 +817,7 @@ fn check_gates(run: &GuestRun, k: GuestKernel) -> Vec<String> {
         let counts = (|| -> Option<(u64, u64, u64)> {
             let report = check::report(run, &format!("{case}.json")).ok()?;
             let b = report.bench.as_ref()?;
-            let oracle = Oracle::from_run(run, &format!("{case}.oracle")).ok()?;
+            let oracle = check::oracle_of(run, &format!("{case}.oracle")).ok()?;
             let reuse =
                 oracle.line(b.pid, "mark:write")?.get(ReportClass::Reuse.name()).copied().flatten()?;
             let copy = oracle.line(b.pid, "mark:write")?.get(ReportClass::Copy.name()).copied().flatten()?;

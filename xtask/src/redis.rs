@@ -25,7 +25,7 @@ use faultscope::{
 };
 
 use crate::{
-    check::{self, count, Checklist, Oracle},
+    check::{self, count, Checklist},
     kernels::{self, FolioReuse, GuestKernel, Source},
     setup,
     util::root,
@@ -399,7 +399,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
         fails.push(format!("{name}: pid {pid} is {:?}, not redis-server", p.comm));
     }
     let sec = format!("{name}.oracle");
-    let cmp = Oracle::from_run(run, &sec)?
+    let cmp = check::oracle_of(run, &sec)?
         .compare(name, &p.classes, pid, "attach")
         .with_context(|| format!("redis-server: {}", check::oracle_gap(run, name, &sec, pid, "attach")))?
         .allowing_skipped(name, &report);

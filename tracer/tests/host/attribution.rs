@@ -207,7 +207,7 @@ fn kallsyms_is_read_once_per_run() {
     let out = Command::new("strace")
         .args(["-f", "-qq", "-e", "trace=openat,open", "-o"])
         .arg(&log)
-        .args([BIN, "record", "--json", fs.to_str().unwrap(), "--stacks", "faults", "--"])
+        .args([bin(), "record", "--json", fs.to_str().unwrap(), "--stacks", "faults", "--"])
         .args(["sh", "-c", "ls / > /dev/null; cat /dev/null; true"])
         .output()
         .expect("strace (cargo xtask setup installs it)");

@@ -73,7 +73,7 @@ fn bench_reader_writer_counts_the_writers_reuses_and_the_readers_stores() {
     }
     // One CPU: refused before anything runs.
     let out = Command::new("taskset")
-        .args(["-c", "0", BIN, "bench", "reader-writer", "--size", "16M"])
+        .args(["-c", "0", bin(), "bench", "reader-writer", "--size", "16M"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -90,7 +90,7 @@ fn bench_restores_sysfs_knobs_when_terminated() {
         "/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
     ];
     let before: Vec<String> = knobs.iter().map(|k| std::fs::read_to_string(k).unwrap()).collect();
-    let child = Command::new(BIN)
+    let child = Command::new(bin())
         .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -128,7 +128,7 @@ impl Drop for RestoreThp {
 
 /// A `bench --folio 64K` over 1G, SIGKILLed once it has set the knobs.
 fn bench_killed_with_knobs_set() {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(["bench", "seq", "--size", "1G", "--folio", "64K"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -191,7 +191,7 @@ fn bench_that_cannot_start_a_thread_says_so() {
         return;
     };
     let procs = std::ffi::CString::new(cg.0.join("cgroup.procs").to_str().unwrap()).unwrap();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["bench", "threads", "--threads", "8", "--size", "16M"]);
     // SAFETY: open/write/close only, between fork and exec.
     unsafe {
@@ -222,7 +222,7 @@ fn is_gone(pid: u32) -> bool {
 #[test]
 fn bench_child_alive_dies_with_the_bench() {
     let _t = host_test();
-    let mut bench = Command::new(BIN)
+    let mut bench = Command::new(bin())
         .args(["bench", "seq", "--child", "alive", "--size", "1G"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

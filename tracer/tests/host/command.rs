@@ -45,7 +45,7 @@ fn a_closed_stdout_ends_the_run_and_keeps_the_report() {
     assert!(!Path::new(&format!("/run/faultscope/record-{tpid}.sock")).exists(), "socket left");
     // bench | (nothing reads)
     let bj = d.path().join("bench.json");
-    let mut bench = Command::new(BIN)
+    let mut bench = Command::new(bin())
         .args(["bench", "seq", "--size", "4M", "--json", bj.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -89,7 +89,7 @@ fn stale_sockets_are_removed() {
     // A recorder killed by SIGKILL leaves its socket; the next command
     // removes it.
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let mut tracer = Command::new(BIN)
+    let mut tracer = Command::new(bin())
         .args(["record", "-p", &target.id().to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -126,7 +126,7 @@ fn stale_sockets_are_removed() {
 #[test]
 fn the_recorded_command_starts_with_default_signals() {
     let _t = host_test();
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(["record", "--", "cat", "/proc/self/status"]);
     // faultscope itself starts with SIGUSR2 blocked.
     // SAFETY: signal-mask calls only, between fork and exec.
@@ -192,7 +192,16 @@ fn mark_serves_clients_without_stalling_and_needs_root() {
     assert!(reply.starts_with("error timed out"), "{reply:?}");
     // Another user is told that mark needs root, not that no recorder runs.
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "mark", "--recorder", &recorder, "x"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            bin(),
+            "mark",
+            "--recorder",
+            &recorder,
+            "x",
+        ])
         .output()
         .unwrap();
     assert_refused(&out, "needs root");
@@ -286,7 +295,7 @@ fn no_mark_socket_no_run() {
     let d = tmp();
     let marker = d.path().join("ran");
     let script =
-        format!("mount -t tmpfs -o ro fs-run /run && exec {BIN} record -- touch {}", marker.display());
+        format!("mount -t tmpfs -o ro fs-run /run && exec {} record -- touch {}", bin(), marker.display());
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .output()
@@ -302,7 +311,7 @@ fn a_mark_signal_without_mark_on_signal_is_ignored() {
     let _t = host_test();
     let d = tmp();
     let json = d.path().join("r.json");
-    let tracer = Command::new(BIN)
+    let tracer = Command::new(bin())
         .args(["record", "--json", json.to_str().unwrap(), "--", "sleep", "2"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -324,7 +333,7 @@ fn a_mark_signal_without_mark_on_signal_is_ignored() {
 #[test]
 fn verify_passes_an_interrupt_to_its_run() {
     let _t = host_test();
-    let verify = Command::new(BIN)
+    let verify = Command::new(bin())
         .args(["verify", "--expect", "faults>0", "--", "record", "--", "sleep", "120"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -29,14 +29,14 @@ fn bad_input_is_refused_with_one_line() {
     );
     // Not root: drop to nobody.
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN, "record", "-p", "1"])
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", bin(), "record", "-p", "1"])
         .output()
         .expect("setpriv (util-linux)");
     assert_refused(&out, "needs root");
     // Root without the BPF capabilities (a container's dropped set): said,
     // rather than a map-creation error.
     let out = Command::new("setpriv")
-        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin", BIN, "record", "-p", "1"])
+        .args(["--inh-caps=-all", "--bounding-set=-bpf,-perfmon,-sys_admin", bin(), "record", "-p", "1"])
         .output()
         .expect("setpriv (util-linux)");
     assert_refused(&out, "without CAP_BPF and CAP_PERFMON");
@@ -113,7 +113,7 @@ cd {dir}
 test -L /dev/stdout && test -L /dev/stderr
 "#,
         dir = d.path().display(),
-        bin = BIN
+        bin = bin()
     );
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
@@ -160,7 +160,7 @@ fn unwritable_outputs_are_refused_before_the_command_starts() {
     let script = format!(
         "mount -t tmpfs -o ro fs-ro {ro} && exec {bin} record --json {ro}/r.json -- touch {m}",
         ro = ro.display(),
-        bin = BIN
+        bin = bin()
     );
     let out = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
@@ -170,7 +170,7 @@ fn unwritable_outputs_are_refused_before_the_command_starts() {
     let long = d.path().join("x".repeat(256));
     assert_refused(&faultscope(&["record", "--json", long.to_str().unwrap(), "--", "touch", m]), "too long");
     std::fs::create_dir(d.path().join("of")).unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .current_dir(d.path())
         .args(["record", "--json", "./of/x.json", "--folded", "of/x.json", "--", "touch", m])
         .output()
@@ -327,14 +327,14 @@ fn control_characters_never_reach_the_terminal() {
     // The live view, on a terminal (script gives it one): its own
     // cursor-home and clear sequences are the only escapes.
     if Path::new("/usr/bin/script").exists() {
-        let cmd = format!("{BIN} record -p {pid} --interval 0.3 --duration 1.5");
+        let cmd = format!("{} record -p {pid} --interval 0.3 --duration 1.5", bin());
         let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("phase: before-fork"), "{text:?}");
         assert!(!text.contains("\x1b]") && !text.contains('\x07') && !text.contains("\x1b[2J"), "{text:?}");
         assert_nothing_left();
     }
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["record", "-p", &pid.to_string(), "--interval", "0.5", "--json"])
         .arg(&fs)
         .output()

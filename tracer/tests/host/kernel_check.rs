@@ -16,7 +16,7 @@ fn faultscope_with_btf(file: &Path, args: &[&str]) -> Output {
     Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
         .arg(file)
-        .arg(BIN)
+        .arg(bin())
         .args(args)
         .output()
         .expect("running unshare")

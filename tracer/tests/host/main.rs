@@ -32,7 +32,14 @@ use faultscope_common::Program;
 use faultscope_expect::{Checklist, Workload, TOLERANCE};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_faultscope");
+/// The faultscope under test: `FAULTSCOPE_BIN` where the tests run away
+/// from their build (a guest's initramfs), else this build's.
+fn bin() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        std::env::var("FAULTSCOPE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_faultscope").into())
+    })
+}
 /// Names of faultscope's BPF programs, from the one catalogue.
 fn programs() -> impl Iterator<Item = &'static str> {
     Program::ALL.iter().map(|p| p.name())
@@ -46,7 +53,7 @@ fn tmp() -> tempfile::TempDir {
 }
 
 fn faultscope(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("running faultscope")
+    Command::new(bin()).args(args).output().expect("running faultscope")
 }
 
 /// The workload's own report (not faultscope's).
@@ -136,7 +143,7 @@ fn assert_nothing_left() {
 fn workload() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let p = Path::new(BIN).with_file_name("fs-workload");
+        let p = Path::new(bin()).with_file_name("fs-workload");
         assert!(p.exists(), "{} is missing: run `cargo build -p faultscope-workload` first", p.display());
         p.display().to_string()
     })
@@ -155,10 +162,25 @@ fn record_workload_with(d: &Path, size: &str, more: &[&str]) -> (Output, Report,
     args.extend(["--size", size, "--thp", "never", "--child", "exit"]);
     args.extend(more);
     args.extend(["--out", wl.to_str().unwrap()]);
+    let tracing = faultscope_expect::tracefs::start();
     let out = faultscope(&args);
+    let traced = tracing.map(|t| t.finish(&[]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (report, wl) = (read_report(&fs), read_json(&wl));
+    if let Some(t) = traced {
+        assert_oracle_agrees(&t, &report, Workload(&wl).pid());
+    }
     (out, report, wl)
+}
+
+/// Where the kernel has kprobes and the tests run with the oracle (a
+/// guest): the process's every class and origin equal to the oracle's.
+fn assert_oracle_agrees(t: &faultscope_expect::tracefs::Traced, report: &Report, pid: u32) {
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    t.check(&mut Checklist::new("oracle", &mut table, &mut fails), report, pid);
+    // Printed for the guest's log (libtest shows it with --nocapture).
+    println!("pid {pid} against the oracle:\n{table}");
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
 }
 
 fn assert_refused(out: &Output, needle: &str) {
@@ -270,7 +292,7 @@ fn children(pid: u32) -> Vec<u32> {
 
 /// `faultscope record -p PID ARGS --json JSON`, its output piped.
 fn record_pid(pid: &str, json: &Path, args: &[&str]) -> std::process::Child {
-    Command::new(BIN)
+    Command::new(bin())
         .args(["record", "-p", pid])
         .args(args)
         .arg("--json")

@@ -153,7 +153,7 @@ fn the_readmes_first_run_prints_what_the_readme_shows() {
     assert_eq!(argv.first().map(String::as_str), Some("record"), "{argv:?}");
     let pages = dd_pages(&argv);
 
-    let out = Command::new(BIN).args(&argv).output().expect("running faultscope");
+    let out = Command::new(bin()).args(&argv).output().expect("running faultscope");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("$ faultscope {}\n{stderr}{stdout}", argv.join(" "));
     assert!(out.status.success(), "exit {:?}: {stderr}", out.status);

@@ -209,7 +209,7 @@ fn marks_from_the_command_line_and_signals() {
     let d = tmp();
     let fs = d.path().join("fs.json");
     let mut target = Command::new("sleep").arg("30").spawn().unwrap();
-    let tracer = Command::new(BIN)
+    let tracer = Command::new(bin())
         .args([
             "record",
             "-p",
@@ -227,7 +227,7 @@ fn marks_from_the_command_line_and_signals() {
     // machine): until then mark says there is none, and is asked again.
     let mut tries = 0;
     let out = loop {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .args(["mark", "--recorder", &tracer.id().to_string(), "BGSAVE done"])
             .output()
             .unwrap();
@@ -267,7 +267,7 @@ fn marks_are_never_lost_among_forks() {
     let fs = d.path().join("fs.json");
     let script = "import os,time\nt=time.time()+2\nwhile time.time()<t:\n  b=bytearray(8*4096)\n  \
 for j in range(0,len(b),4096): b[j]=1\n  p=os.fork()\n  if p==0: os._exit(0)\n  os.waitpid(p,0)\n";
-    let tracer = Command::new(BIN)
+    let tracer = Command::new(bin())
         .args(["record", "--mark-on-signal", "USR1", "--json", fs.to_str().unwrap(), "--"])
         .args(["/usr/bin/python3", "-c", script])
         .stdout(Stdio::null())
@@ -304,7 +304,7 @@ for j in range(0,len(b),4096): b[j]=1\n  p=os.fork()\n  if p==0: os._exit(0)\n  
 /// The faultscope these tests run: `FAULTSCOPE_HOST_TEST_BIN` (an older
 /// build, to see them fail there), else this build.
 fn fs_bin() -> String {
-    std::env::var("FAULTSCOPE_HOST_TEST_BIN").unwrap_or_else(|_| BIN.to_string())
+    std::env::var("FAULTSCOPE_HOST_TEST_BIN").unwrap_or_else(|_| bin().to_string())
 }
 
 /// The child processes of `pid`.
@@ -598,7 +598,7 @@ fn record_comm_and_cgroup_trace_what_starts_later() {
     std::os::unix::fs::symlink(std::fs::canonicalize("/usr/bin/python3").unwrap(), &exe).unwrap();
     let (cg, rm) = test_cgroup("-rec");
     let json = d.path().join("r.json");
-    let rec = Command::new(BIN)
+    let rec = Command::new(bin())
         .args(["record", "--comm", "fs-reccomm", "--cgroup", cg.to_str().unwrap(), "-d", "6", "-j"])
         .arg(&json)
         .stdout(Stdio::null())
@@ -662,7 +662,7 @@ fn major_faults_are_counted_in_every_mode() {
 f.flush()\nos.fsync(f.fileno())\nfd=os.open(p,os.O_RDONLY)\nos.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)\n\
 m=mmap.mmap(fd,8<<20,prot=mmap.PROT_READ)\nm.madvise(mmap.MADV_RANDOM)\ns=0\n\
 for i in range(0,8<<20,4096): s+=m[i]\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_majflt,flush=True)\n";
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["record", "-j", json.to_str().unwrap(), "--", "/usr/bin/python3", "-c", script])
         .arg(&data)
         .output()

@@ -97,7 +97,7 @@ fn faults_with(text: &str, label: &str) -> u64 {
 struct Served(Option<std::process::Child>);
 impl Served {
     fn start(args: &[&str]) -> Served {
-        let c = Command::new(BIN).arg("serve").args(args).stderr(Stdio::piped()).spawn().unwrap();
+        let c = Command::new(bin()).arg("serve").args(args).stderr(Stdio::piped()).spawn().unwrap();
         Served(Some(c))
     }
     /// SIGTERM, and its stderr; it must end cleanly.
@@ -355,7 +355,7 @@ fn serve_says_its_port_answers_head_caps_idle_clients_and_ends_on_sighup() {
     let out = faultscope(&["serve", "-p", "1", "--tick", "1e-10"]);
     assert_eq!(out.status.code(), Some(2));
     let mut target = Command::new("sleep").arg("60").spawn().unwrap();
-    let mut serve = Command::new(BIN)
+    let mut serve = Command::new(bin())
         .args(["serve", "-p", &target.id().to_string(), "--port", "0", "--tick", "0.2"])
         .stderr(Stdio::piped())
         .spawn()

@@ -58,7 +58,7 @@ fn kernel_thread() -> Option<u32> {
 
 /// `record ARGS --json JSON`, its stderr piped.
 fn record_with(args: &[&str], json: &Path) -> std::process::Child {
-    Command::new(BIN)
+    Command::new(bin())
         .arg("record")
         .args(args)
         .arg("--json")

@@ -67,7 +67,7 @@ fn verify_run_uses_a_private_directory_and_never_a_planted_one() {
     }
     let planted = entries(&tmpdir);
     let verify = |args: &[&str]| {
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("verify")
             .args(args)
             .env("TMPDIR", &tmpdir)

@@ -3,6 +3,9 @@
 //! definition for the host tests (`tracer/tests/host`) and the guest
 //! stages (`xtask`), so that a scenario is held to one rule in both.
 
+pub mod oracle;
+pub mod tracefs;
+
 use std::fmt::Write;
 
 use faultscope::{
@@ -79,6 +82,11 @@ impl Workload<'_> {
     /// The pages of its buffer, each written once in its write step.
     pub fn pages(&self) -> u64 {
         self.get("pages")
+    }
+
+    /// The workload's process.
+    pub fn pid(&self) -> u32 {
+        self.get("pid") as u32
     }
 
     /// Its faults from exec to the end (getrusage: minor + major).

@@ -1,0 +1,263 @@
+//! The tracefs kprobe oracle's counts (`xtask/guest/oracle.c`, which reads
+//! the kernel's trace of its own kprobes and tracepoints, with none of
+//! faultscope's code) and their comparison with a report's classes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+};
+
+use faultscope::{
+    kernel::{classes::ReportClass, drops::DropReason},
+    report::schema::{ClassValue, Classes, Report},
+};
+
+/// The counts of one `oracle tgid=N phase=P key=count...` line, by key
+/// (oracle.c prints the classes under their report names); `None` for
+/// "key=?": the guest lacks the events the oracle needs to count it.
+pub type Line = BTreeMap<String, Option<u64>>;
+
+/// The oracle's output of one case, and the events the guest kernel refused.
+#[derive(Default)]
+pub struct Oracle {
+    /// Lines by (tgid, phase).
+    pub lines: BTreeMap<(u32, String), Line>,
+    /// `oracle-range` lines (the faults in an address range given to the
+    /// oracle) by (tgid, phase, range).
+    pub ranges: BTreeMap<(u32, String, String), Line>,
+    /// `oracle-origin` lines (the faults of one origin: user, kernel,
+    /// gup) by (tgid, phase, origin).
+    pub origins: BTreeMap<(u32, String, String), Line>,
+    /// The events each count the oracle cannot count misses ("a|b": both),
+    /// from its `oracle unknown KEY: EVENT...` lines.
+    pub missing: BTreeMap<String, Vec<String>>,
+    /// Refused events and why (`@@FS-ORACLE-MISSING EVENT WHY`).
+    pub refused: BTreeMap<String, String>,
+}
+
+impl Oracle {
+    pub fn parse(text: &str, refused: BTreeMap<String, String>) -> Oracle {
+        let (mut lines, mut ranges, mut missing) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        let mut origins = BTreeMap::new();
+        for l in text.lines() {
+            if let Some((key, events)) = l.strip_prefix("oracle unknown ").and_then(|r| r.split_once(':')) {
+                missing.insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
+                continue;
+            }
+            let (rest, is_range) = match (l.strip_prefix("oracle "), l.strip_prefix("oracle-range ")) {
+                (Some(r), _) => (r, false),
+                (_, Some(r)) => (r, true),
+                _ => match l.strip_prefix("oracle-origin ") {
+                    Some(r) => (r, true),
+                    None => continue,
+                },
+            };
+            let (mut tgid, mut phase, mut range, mut counts) = (None, None, None, Line::new());
+            for kv in rest.split_whitespace() {
+                let Some((k, v)) = kv.split_once('=') else { continue };
+                match (k, v) {
+                    ("tgid", _) => tgid = v.parse().ok(),
+                    ("phase", _) => phase = Some(v.to_string()),
+                    // An origin line is a range line keyed by its origin.
+                    ("range" | "origin", _) => range = Some(v.to_string()),
+                    (_, "?") => {
+                        counts.insert(k.to_string(), None);
+                    }
+                    _ => {
+                        if let Ok(n) = v.parse() {
+                            counts.insert(k.to_string(), Some(n));
+                        }
+                    }
+                }
+            }
+            match (tgid, phase, range) {
+                (Some(t), Some(p), Some(r)) if l.starts_with("oracle-origin ") => {
+                    origins.insert((t, p, r), counts);
+                }
+                (Some(t), Some(p), Some(r)) if is_range => {
+                    ranges.insert((t, p, r), counts);
+                }
+                (Some(t), Some(p), None) if !is_range => {
+                    lines.insert((t, p), counts);
+                }
+                _ => {}
+            }
+        }
+        Oracle { lines, ranges, origins, missing, refused }
+    }
+
+    pub fn line(&self, tgid: u32, phase: &str) -> Option<&Line> {
+        self.lines.get(&(tgid, phase.to_string()))
+    }
+
+    /// The faults of (`tgid`, `phase`) in the address range named `range`.
+    pub fn range(&self, tgid: u32, phase: &str, range: &str) -> Option<&Line> {
+        self.ranges.get(&(tgid, phase.to_string(), range.to_string()))
+    }
+
+    /// The faults of (`tgid`, `phase`) of one origin (`user`, `kernel`,
+    /// `gup`).
+    pub fn origin(&self, tgid: u32, phase: &str, origin: &str) -> Option<&Line> {
+        self.origins.get(&(tgid, phase.to_string(), origin.to_string()))
+    }
+
+    /// Why the oracle cannot count `key`: the refusals of the events it
+    /// misses, alternatives joined by "; ".
+    pub fn unknown(&self, key: &str) -> Vec<String> {
+        let Some(events) = self.missing.get(key) else {
+            return vec![format!("{key}: the oracle named no missing event")];
+        };
+        let why = |e: &str| self.refused.get(e).cloned().unwrap_or_else(|| format!("no event {e}"));
+        events.iter().map(|alts| alts.split('|').map(why).collect::<Vec<_>>().join("; ")).collect()
+    }
+
+    /// Compares `classes` (a span's or a whole process's) with the line of
+    /// (`tgid`, `phase`): every class of the catalogue the line counts, in
+    /// `ReportClass::ALL` order; `None` when the oracle has no such line.
+    /// Failures are prefixed with `what`.
+    pub fn compare(&self, what: &str, classes: &Classes, tgid: u32, phase: &str) -> Option<Comparison> {
+        let line = self.line(tgid, phase)?;
+        let mut c = Comparison::default();
+        for metric in ReportClass::ALL {
+            let Some(&oracle) = line.get(metric.name()) else { continue };
+            // Unknown to the oracle is not 0: faultscope must then say
+            // "not measurable" too.
+            c.push(what, Row { metric, origin: None, faultscope: count(classes, metric), oracle });
+            if oracle.is_none() {
+                c.unknown.extend(self.unknown(metric.name()));
+            }
+        }
+        // Each origin too, where the oracle split the counts by origin: a
+        // row for every class either side counted.
+        for origin in ORIGINS {
+            let Some(line) = self.origin(tgid, phase, origin) else { continue };
+            for metric in ReportClass::ALL {
+                let Some(&Some(oracle)) = line.get(metric.name()) else { continue };
+                let faultscope = classes.get(&metric).and_then(|v| v.origin_count(origin));
+                if oracle == 0 && faultscope.unwrap_or(0) == 0 {
+                    continue;
+                }
+                c.push(what, Row { metric, origin: Some(origin), faultscope, oracle: Some(oracle) });
+            }
+        }
+        Some(c)
+    }
+}
+
+/// The origins the oracle splits faults by (the report's names).
+pub const ORIGINS: [&str; 3] = ["user", "kernel", "gup"];
+
+/// One class compared (or one origin of it): `None` is "not measurable" on
+/// faultscope's side, "cannot count" (a refused event) on the oracle's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub metric: ReportClass,
+    /// `user`, `kernel`, `gup`: the class's faults of that origin.
+    pub origin: Option<&'static str>,
+    pub faultscope: Option<u64>,
+    pub oracle: Option<u64>,
+}
+
+impl Row {
+    /// `class`, or `class.origin`.
+    pub fn name(&self) -> String {
+        match self.origin {
+            Some(o) => format!("{}.{o}", self.metric.name()),
+            None => self.metric.name().to_string(),
+        }
+    }
+
+    pub fn agrees(&self) -> bool {
+        self.faultscope == self.oracle
+    }
+
+    /// The failure line of a row that does not agree, prefixed with `what`.
+    fn failure(&self, what: &str) -> String {
+        format!(
+            "{what}: {}: faultscope {} != oracle {}",
+            self.name(),
+            self.faultscope_cell(),
+            self.oracle_cell()
+        )
+    }
+
+    pub fn faultscope_cell(&self) -> String {
+        self.faultscope.map_or_else(|| "n/m".into(), |v| v.to_string())
+    }
+
+    pub fn oracle_cell(&self) -> String {
+        self.oracle.map_or_else(|| "-".into(), |v| v.to_string())
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Comparison {
+    /// One per class the oracle's line names, in `ReportClass::ALL` order.
+    pub rows: Vec<Row>,
+    pub failures: Vec<String>,
+    /// Why the oracle cannot count some of the classes (`?` rows).
+    pub unknown: BTreeSet<String>,
+}
+
+impl Comparison {
+    /// Rows short of the oracle's count by no more than the runs of
+    /// faultscope's programs the kernel skipped (`report`'s
+    /// `program_runs_skipped`) are the kernel's doing: noted, not failed.
+    /// Only short: a skipped run never adds a count.
+    pub fn allowing_skipped(mut self, what: &str, report: &Report) -> Self {
+        let skipped = skipped_runs(report);
+        if skipped == 0 {
+            return self;
+        }
+        let short =
+            |r: &Row| matches!((r.faultscope, r.oracle), (Some(f), Some(o)) if f < o && o - f <= skipped);
+        self.failures =
+            self.rows.iter().filter(|r| !r.agrees() && !short(r)).map(|r| r.failure(what)).collect();
+        self.unknown.extend(self.rows.iter().filter(|r| short(r)).map(|r| {
+            format!(
+                "{}: short by no more than the {skipped} program runs the kernel skipped (program_runs_skipped)",
+                r.name()
+            )
+        }));
+        self
+    }
+
+    fn push(&mut self, what: &str, row: Row) {
+        if !row.agrees() {
+            self.failures.push(row.failure(what));
+        }
+        self.rows.push(row);
+    }
+
+    pub fn row(&self, m: ReportClass) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric == m && r.origin.is_none())
+    }
+
+    /// The row of one origin of a class.
+    pub fn origin_row(&self, m: ReportClass, origin: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.metric == m && r.origin == Some(origin))
+    }
+
+    /// The comparison as a table of three columns, `title` over the classes.
+    pub fn table(&self, title: &str) -> String {
+        let mut t = String::new();
+        let _ = writeln!(t, "  {title:<20} {:>10} {:>10}", "faultscope", "oracle");
+        for r in &self.rows {
+            let _ = writeln!(t, "  {:<20} {:>10} {:>10}", r.name(), r.faultscope_cell(), r.oracle_cell());
+        }
+        for why in &self.unknown {
+            let _ = writeln!(t, "  oracle cannot count: {why}");
+        }
+        t
+    }
+}
+
+/// Runs of faultscope's programs the kernel skipped in `report`'s run.
+pub fn skipped_runs(report: &Report) -> u64 {
+    report.drops.get(DropReason::SkippedRuns)
+}
+
+/// A class's count in `classes`; `None` when not measurable.
+pub fn count(classes: &Classes, m: ReportClass) -> Option<u64> {
+    classes.get(&m).and_then(ClassValue::count)
+}
