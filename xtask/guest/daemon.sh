@@ -78,7 +78,8 @@ serve_start() {
 	skp0=$(grep -c . /sys/kernel/debug/kprobes/list)
 	# Every fault timed (serve's default times one in 16): each timed class's
 	# histogram _count is compared with record's count, fault for fault.
-	# The sampled tier's bound is the foundation storm case's.
+	# The sampled tier's bound is faultscope_expect::latency_tier's (the
+	# host tests' threaded storm in the foundation guest).
 	/faultscope serve --comm redis-server --latency all --port $PORT --tick $TICK > /tmp/serve.out 2>&1 &
 	serve=$!
 	if ! wait_until 120 serving_or_gone || ! answers http://127.0.0.1:$PORT/metrics; then

@@ -111,19 +111,24 @@ shipped_binary() {
 	emit probes.out /tmp/probes.out
 }
 
-# host_tests TEST...: the host tests (tracer/tests/host, the same binary
-# as on the build host, static) run here, one at a time, against the
-# oracle (oracle_setup first); libtest's own output as the section
-# host-tests.out.
+# host_tests: the host tests (tracer/tests/host, the same binary as on the
+# build host, static) run here one at a time against the oracle
+# (oracle_setup first): $HOST_TESTS, once for each BACKEND:TIER of
+# $HOST_TEST_RUNS, which every record and bench of the tests then use;
+# libtest's own output as the section host-tests@BACKEND.out.
 host_tests() {
 	thp_mode 4K
 	mkdir -p /run
-	up host-tests.start
-	FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
-		/host-tests --exact --test-threads=1 --show-output "$@" > /tmp/host-tests.out 2>&1
-	echo "@@FS-RC host-tests $?"
+	for r in $HOST_TEST_RUNS; do
+		b=${r%%:*}
+		up host-tests@$b.start
+		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
+			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} FAULTSCOPE_TEST_REPEAT=3 \
+			/host-tests --exact --test-threads=1 --show-output $HOST_TESTS > /tmp/host-tests.out 2>&1
+		echo "@@FS-RC host-tests@$b $?"
+		emit host-tests@$b.out /tmp/host-tests.out
+	done
 	up host-tests.end
-	emit host-tests.out /tmp/host-tests.out
 }
 
 # up LABEL: seconds since boot, for the guest's own timing.
@@ -186,20 +191,6 @@ run_case() {
 	emit $name.kprobe_profile $T/kprobe_profile
 }
 
-# short_cases: `fs-workload --map-file` (map, fault, unmap, exit) recorded
-# $SHORT_RUNS times under each backend, as shortN@BACKEND.
-short_cases() {
-	for b in kprobe fentry; do
-		for i in $(seq 1 ${SHORT_RUNS:-3}); do
-			name=short$i@$b
-			/faultscope record --backend $b --max-mappings 1000 --json /tmp/$name.fs.json -- /fs-workload --map-file /fs-workload > /tmp/$name.out 2>&1
-			echo "@@FS-RC $name $?"
-			emit $name.out /tmp/$name.out
-			emit $name.fs.json /tmp/$name.fs.json
-		done
-	done
-}
-
 # origins_cases: the workload's --origins (a third of each half written by
 # read(2) from /dev/zero, by pwrite(2) to /proc/self/mem and by user
 # stores; the first half while a child is alive, the second after it is
@@ -212,71 +203,6 @@ origins_cases() {
 	done
 	RECORD_ARGS=
 }
-
-# userfault_cases: the workload's --userfault (faults held 2 ms each by a
-# handler thread) under each backend of $USERFAULT_BACKENDS, as
-# userfault4k@BACKEND.
-userfault_cases() {
-	for b in ${USERFAULT_BACKENDS:-kprobe fentry}; do
-		RECORD_ARGS="--backend $b"
-		run_case userfault4k@$b 4K --userfault 2 --size ${USERFAULT_SIZE:-256K} --thp never \
-			--regions-out /tmp/userfault4k@$b.ranges
-	done
-	RECORD_ARGS=
-}
-
-# storm_cases: the workload's --threads storm recorded with --interval
-# under each backend of $STORM_BACKENDS, as storm4k@BACKEND; the kprobe
-# one counts only (--latency off), the fentry one times one fault in 4.
-storm_cases() {
-	for b in ${STORM_BACKENDS:-kprobe fentry}; do
-		case $b in kprobe) tier=off ;; *) tier=sample=4 ;; esac
-		RECORD_ARGS="--backend $b --interval 0.1 --latency $tier"
-		run_case storm4k@$b 4K --threads ${STORM_THREADS:-4} --size ${STORM_SIZE:-16M} --thp never \
-			--regions-out /tmp/storm4k@$b.ranges
-	done
-	RECORD_ARGS=
-}
-
-# run_attach_case NAME WORKLOAD-ARGS...: the workload starts (exec'd while
-# tracing is on, for the oracle), populates and forks a child that lives
-# until killed (--child-lifetime); faultscope attaches with -p while the
-# child is alive; then the child is killed and the parent writes. Prints
-# what run_case prints, and @@FS-CHILD NAME PID.
-run_attach_case() {
-	name=$1; shift
-	thp_mode 4K
-	echo > $T/trace
-	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
-	echo 1 > $T/tracing_on
-	up "$name.start"
-	/fs-workload --out /tmp/$name.wl.json "$@" &
-	wl=$!
-	wait_until 120 forked $wl || { echo "@@FS-FAIL $name: the workload forked no child"; return 1; }
-	child=$(cat /proc/$wl/task/$wl/children | tr -d ' ')
-	echo "@@FS-CHILD $name $child"
-	/faultscope record -p $wl --json /tmp/$name.fs.json > /tmp/$name.out 2>&1 &
-	fs=$!
-	if ! wait_until 120 recorder_up $fs || ! attached $fs; then
-		emit $name.out /tmp/$name.out
-		echo "@@FS-FAIL $name: faultscope did not attach within 120 s"
-		return 1
-	fi
-	up "$name.attached"
-	echo "@@FS-CHILD-ALIVE-AT-ATTACH $name $(kill -0 $child 2>/dev/null && echo yes || echo no)"
-	kill -KILL $child
-	wait $wl
-	echo "@@FS-WORKLOAD-RC $name $?"
-	wait $fs
-	echo "@@FS-RC $name $?"
-	echo 0 > $T/tracing_on
-	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
-	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
-	oracle_and_emit $name out fs.json wl.json
-}
-
-# forked PID: PID has a child.
-forked() { [ -n "$(cat /proc/$1/task/$1/children 2>/dev/null | tr -d ' ')" ]; }
 
 # oracle_and_emit NAME SUFFIX...: after a case, the oracle over the trace
 # (split by /tmp/NAME.ranges when the case wrote them), the trace's size

@@ -1,10 +1,8 @@
-# Every origin of a fault (see origins_cases in lib.sh), the threaded
-# storm across phase changes (storm_cases) and faults that sleep
-# (userfault_cases), on their own: the arm64 guest's stage of the origin,
-# storm and sleeping-fault tests.
+# The host tests named in foundation.rs for arm64 (the threaded storm
+# across phase changes, faults that sleep) and every origin of a fault
+# (see origins_cases in lib.sh), on their own: the arm64 guest's stage.
 . /lib.sh
 shipped_binary
 oracle_setup
+host_tests
 origins_cases
-storm_cases
-userfault_cases

@@ -4,13 +4,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::{
-        classes::ReportClass,
-        drops::{DropKind, DropReason},
-    },
+    kernel::drops::{DropKind, DropReason},
     report::{
         file,
-        schema::{CheckResult, KernelCheck, Mode, Process, Report},
+        schema::{CheckResult, KernelCheck, Process, Report},
     },
 };
 
@@ -126,77 +123,6 @@ pub fn case_outputs(run: &GuestRun, case: &str) -> Result<(Report, Value, u32)> 
     Ok((fs, wl, pid))
 }
 
-/// A case's whole process against the oracle, as its table's start under
-/// `heading`: every class and origin, the run clean, and the mode kprobe.
-/// Returns the oracle (for the ranges), the table and the failures.
-pub fn against_oracle(
-    run: &GuestRun,
-    case: &str,
-    fs: &Report,
-    pid: u32,
-    heading: &str,
-) -> Result<(Oracle, String, Vec<String>)> {
-    let p = process(fs, pid).with_context(|| case.to_string())?;
-    let oracle = oracle_of(run, &format!("{case}.oracle"))?;
-    let cmp = oracle
-        .compare(case, &p.classes, pid, "ALL")
-        .with_context(|| format!("{case}: the oracle saw no faults of pid {pid}"))?;
-    let mut table = format!("{heading}\n{}", cmp.table("class"));
-    let mut fails = cmp.failures;
-    fails.extend(run_is_clean(run, case, fs));
-    Checklist::new(case, &mut table, &mut fails)
-        .expect(fs.mode == Mode::Kprobe, format!("mode {}", mode_name(fs)));
-    Ok((oracle, table, fails))
-}
-
-/// A region of a workload's `--out` (`role`, `start`, `pages`) with the
-/// counts of faultscope's mapping row that starts at it.
-pub struct RegionRow<'a> {
-    pub role: &'a str,
-    pub region: &'a Value,
-    pub pages: u64,
-    counts: &'a std::collections::BTreeMap<ReportClass, u64>,
-}
-
-impl RegionRow<'_> {
-    /// The row's count of `m` (0 when it counted none).
-    pub fn get(&self, m: ReportClass) -> u64 {
-        self.counts.get(&m).copied().unwrap_or(0)
-    }
-}
-
-/// The regions of `wl` with their mapping rows, each of `classes` checked
-/// against the oracle in the region's range; a region without a row fails
-/// and is left out.
-pub fn region_rows<'a>(
-    cl: &mut Checklist<'_>,
-    p: &'a Process,
-    oracle: &Oracle,
-    wl: &'a Value,
-    classes: &[ReportClass],
-) -> Result<Vec<RegionRow<'a>>> {
-    let mut rows = Vec::new();
-    for r in wl["regions"].as_array().context("workload regions")? {
-        let role = r["role"].as_str().unwrap_or("?");
-        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
-        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
-            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
-            continue;
-        };
-        let row = RegionRow { role, region: r, pages, counts: &row.counts };
-        let own = oracle.range(p.pid, "ALL", role);
-        for &m in classes {
-            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
-            cl.expect(
-                o == Some(row.get(m)),
-                format!("{role}: {m} {} = oracle in its range {o:?}", row.get(m)),
-            );
-        }
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
 /// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
 pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
     let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
@@ -208,6 +134,7 @@ pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
 /// guest checks.
 #[cfg(test)]
 pub mod testing {
+    use faultscope::kernel::classes::ReportClass;
     use serde_json::{json, Value};
 
     use super::*;
@@ -281,21 +208,6 @@ pub mod testing {
         .to_string()
     }
 
-    /// `record -p` of pid 7, attached while its child 8 (forked before
-    /// attach) lived; 16 pages written after the child's exit.
-    pub fn attach_json() -> String {
-        let mut v = json!({
-            "schema": "faultscope/1", "kernel": "6.12.0", "arch": "x86_64", "mode": "kprobe",
-            "duration_ns": 9, "probes": [], "drops": {"lost_kretprobe_returns": 0},
-            "processes": [{"pid": 7, "comm": "faultscope", "classes": classes(20, 16, 0), "phases": [
-                phase(1, "attached: child-alive (pid 8, forked before attach)", "child-alive", classes(0, 0, 0)),
-                phase(2, "after-child-exit (pid 8, forked before attach)", "after-child-exit", classes(20, 16, 0)),
-            ]}],
-        });
-        v["processes"][0]["phases"][0]["children_alive"] = json!(1);
-        v.to_string()
-    }
-
     /// An oracle line of pid 7 as oracle.c prints it in an x86 guest: the
     /// contpte classes unknown (`?`), nowp (not a class) 0.
     pub fn oracle_line(phase: &str, faults: u64, reuse: u64, copy: u64) -> String {
@@ -339,7 +251,7 @@ pub mod testing {
 mod tests {
     use std::{collections::BTreeMap, path::Path, process::Command};
 
-    use faultscope::report::schema::Classes;
+    use faultscope::{kernel::classes::ReportClass, report::schema::Classes};
     use faultscope_expect::oracle::Row;
 
     use super::{testing::*, *};

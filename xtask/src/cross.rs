@@ -16,23 +16,28 @@ pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// The C cross compiler (gcc-aarch64-linux-gnu): linker and oracle builds.
 pub const CC: &str = "aarch64-linux-gnu-gcc";
 
-/// Builds the static aarch64 faultscope into target/cross (its own target
-/// folder, so it never invalidates the host build), with Debian's toolchain
-/// for this one cargo invocation only.
-pub fn build_faultscope() -> Result<PathBuf> {
-    let target_dir = root().join("target/cross");
-    run(Command::new("/usr/bin/cargo")
-        .current_dir(root())
+/// `cargo SUBCOMMAND --release --target aarch64 --target-dir target/cross`
+/// with Debian's toolchain, linked static, for this one invocation only.
+pub fn cargo(subcommand: &str) -> Command {
+    let mut c = Command::new("/usr/bin/cargo");
+    c.current_dir(root())
         .env("RUSTC", "/usr/bin/rustc")
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", CC)
         // RUSTFLAGS would override the target's flags (and drop crt-static).
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
-        .args(["build", "--release", "-p", "faultscope", "-p", "faultscope-workload", "--target", TARGET])
+        .args([subcommand, "--release", "--target", TARGET])
         .arg("--target-dir")
-        .arg(&target_dir))?;
-    Ok(target_dir.join(TARGET).join("release/faultscope"))
+        .arg(root().join("target/cross"));
+    c
+}
+
+/// Builds the static aarch64 faultscope into target/cross (its own target
+/// folder, so it never invalidates the host build).
+pub fn build_faultscope() -> Result<PathBuf> {
+    run(cargo("build").args(["-p", "faultscope", "-p", "faultscope-workload"]))?;
+    Ok(root().join("target/cross").join(TARGET).join("release/faultscope"))
 }
 
 /// Debian's busybox-static for arm64, downloaded (never installed) and

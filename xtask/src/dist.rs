@@ -107,23 +107,33 @@ fn build_x86_64() -> Result<PathBuf> {
     Ok(root().join("target").join(HOST_TARGET).join("release/faultscope"))
 }
 
-/// The host tests (`tracer/tests/host`) as one static x86-64 binary, for a
-/// guest to run beside the static faultscope: its path, from cargo's
-/// report of the artifact.
-pub fn static_host_tests() -> Result<PathBuf> {
-    let out = static_cargo("test")
+/// The host tests (`tracer/tests/host`) as one static binary for
+/// `deb_arch`, for a guest to run beside the static faultscope.
+pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
+    let a = arch(deb_arch)?;
+    let cargo = match a.deb {
+        "arm64" => cross::cargo("test"),
+        _ => static_cargo("test"),
+    };
+    let exe = test_executable(cargo)?;
+    check_static(&exe, a)?;
+    Ok(exe)
+}
+
+/// Builds the host tests with `cargo` (a `cargo test` of a target) and
+/// returns the executable, from cargo's report of the artifact.
+fn test_executable(mut cargo: Command) -> Result<PathBuf> {
+    let out = cargo
         .args(["--no-run", "-p", "faultscope", "--test", "host", "--message-format", "json"])
         .stderr(std::process::Stdio::inherit())
         .output()?;
     ensure!(out.status.success(), "building the host tests static failed");
-    let exe = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "host")
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .context("cargo named no host test executable")?;
-    check_static(&exe, arch("amd64")?)?;
-    Ok(exe)
+        .context("cargo named no host test executable")
 }
 
 /// Fails unless `bin` is a 64-bit little-endian ELF for `a` without a

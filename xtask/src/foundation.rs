@@ -4,19 +4,16 @@
 
 use std::{fmt::Write as _, time::Duration};
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use faultscope::{
-    kernel::{classes::ReportClass, latency::LatencyTier},
-    report::schema::{CheckResult, ClassValue, Mode, PhaseKind},
+    kernel::classes::ReportClass,
+    report::schema::{CheckResult, Mode, PhaseKind},
 };
 use faultscope_expect::{Workload, TOLERANCE};
 use serde_json::Value;
 
 use crate::{
-    check::{
-        self, against_oracle, case_outputs, kernel_at_least, region_rows, run_is_clean, CaseResult,
-        Checklist, LRU_BATCH_COPIES,
-    },
+    check::{self, case_outputs, kernel_at_least, run_is_clean, CaseResult, Checklist, LRU_BATCH_COPIES},
     kernels, mappings,
     util::root,
     vm,
@@ -61,6 +58,7 @@ pub fn check_case(
         "shared" => {
             (ReportClass::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
         }
+        "4K" => (ReportClass::Reuse, "4K pages are reused one by one"),
         _ if kernel_at_least(&fs.kernel, 6, 16) => {
             (ReportClass::Reuse, "large folios are reused, one page per fault")
         }
@@ -89,72 +87,6 @@ pub fn check_case(
             .unwrap_or("no oracle summary"),
         run.marker("KPROBES-LEFT", case).unwrap_or_default()
     );
-    Ok(CaseResult { table, failures: fails })
-}
-
-/// The attach case (`run_attach_case`): `record -p` attached while a child
-/// forked before attach was alive; the child was killed, then the parent
-/// wrote every page. The phases name the child at attach and at its exit,
-/// the writes land after it (one reuse per page), and every count equals
-/// the oracle's between faultscope's `attach` and `detach` markers.
-pub fn check_attach_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
-    let mut fails = Vec::new();
-    for (tag, want) in [("RC", "0"), ("WORKLOAD-RC", "0"), ("CHILD-ALIVE-AT-ATTACH", "yes")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            bail!(
-                "{case}: {tag} = {v:?}, want {want}:\n{}",
-                run.section(&format!("{case}.out")).unwrap_or("")
-            );
-        }
-    }
-    let (fs, wl, pid) = case_outputs(run, case)?;
-    let child = wl["child_pid"].as_u64().context("workload child_pid")?;
-    let pages = wl["pages"].as_u64().context("workload pages")?;
-    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
-    if fs.mode != Mode::Kprobe {
-        fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
-    }
-    let mut table = String::new();
-    let _ = writeln!(table, "{case} (pid {pid}, child {child} forked before attach, {pages} pages of 4K)");
-    let oracle = check::oracle_of(run, &format!("{case}.oracle"))?;
-    match oracle.compare(case, &p.classes, pid, "attach") {
-        Some(cmp) => {
-            table.push_str(&cmp.table("class (attach..detach)"));
-            fails.extend(cmp.failures);
-        }
-        None => fails.push(check::oracle_gap(run, case, &format!("{case}.oracle"), pid, "attach")),
-    }
-    let names: Vec<&str> = p.phases.iter().map(|ph| ph.name.as_str()).collect();
-    let want = [
-        format!("attached: child-alive (pid {child}, forked before attach)"),
-        format!("after-child-exit (pid {child}, forked before attach)"),
-    ];
-    let _ = writeln!(table, "  phases: {names:?}");
-    if names != want {
-        fails.push(format!("{case}: phases {names:?}, want {want:?}"));
-    } else {
-        let (alive, after) = (&p.phases[0], &p.phases[1]);
-        if (alive.kind, alive.children_alive) != (PhaseKind::ChildAlive, 1) {
-            fails.push(format!(
-                "{case}: first phase {:?} with {} children alive",
-                alive.kind, alive.children_alive
-            ));
-        }
-        let n = |ph: &faultscope::report::schema::Phase, m| check::count(&ph.classes, m).unwrap_or(0);
-        let mut cl = Checklist::new(case, &mut table, &mut fails);
-        let wp_alive = n(alive, ReportClass::WpFaults);
-        cl.per_page("reuse after the child's exit", n(after, ReportClass::Reuse), pages);
-        cl.expect(
-            wp_alive <= TOLERANCE,
-            format!("wp_faults while the child lived = {wp_alive} (the writes come after its exit; <= {TOLERANCE})"),
-        );
-        // getrusage of the write phase: every page, all after the exit.
-        let minflt = Workload(&wl).write_faults();
-        cl.per_page("getrusage: write phase minflt", minflt, pages);
-        cl.per_page("faults after the exit", n(after, ReportClass::Faults), minflt);
-    }
-    fails.extend(run_is_clean(run, case, &fs));
     Ok(CaseResult { table, failures: fails })
 }
 
@@ -309,30 +241,22 @@ fn check_origins_phase(
 
 /// Boots `kernel` and runs only the origins cases (`origins.sh`).
 pub fn run_origins(kernel: &str) -> Result<()> {
-    let (k, run) = boot(kernel, "origins", &[], false)?;
+    let (k, run) = boot(kernel, "origins", &host_test_vars(&ARM64_HOST_TESTS))?;
     let mut failures = Vec::new();
+    checked(&mut failures, Ok(check_host_tests(&run, &ARM64_HOST_TESTS)))?;
     shared_cases(&run, &mut failures)?;
     finish(k, &run, failures, "origins guest test")
 }
 
 /// Boots `kernel` with `NAME.sh` (and `vars`) in its initramfs, and the
-/// host tests' static binary as `/host-tests` where `host_tests`.
-fn boot(
-    kernel: &str,
-    name: &str,
-    vars: &[(&str, String)],
-    host_tests: bool,
-) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
+/// host tests' static binary as `/host-tests`.
+fn boot(kernel: &str, name: &str, vars: &[(&str, String)]) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm").join(name).join(k.name);
     std::fs::create_dir_all(&dir)?;
-    let mut extra = Vec::new();
-    if host_tests {
-        ensure!(k.arch == "amd64", "the host tests are built for amd64 guests only");
-        extra.push((crate::dist::static_host_tests()?, "/host-tests".to_string()));
-    }
+    let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, &format!("{name}.sh"), vars, &extra)?;
     Ok((k, vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?))
 }
@@ -354,62 +278,80 @@ fn shared_cases(run: &vm::GuestRun, failures: &mut Vec<String>) -> Result<()> {
     for case in ORIGIN_CASES {
         checked(failures, check_origins_case(run, case))?;
     }
-    for case in STORM_CASES {
-        checked(failures, check_storm_case(run, case))?;
-    }
-    for case in crate::userfault::USERFAULT_CASES {
-        checked(failures, crate::userfault::check_userfault_case(run, case))?;
-    }
     Ok(())
 }
 
 /// The host tests that run in the foundation guest too, where the oracle
 /// adds its equality (`FAULTSCOPE_ORACLE`): those whose workload faultscope
-/// records from start to end.
-const HOST_TESTS: [&str; 4] = [
+/// records from start to end or attaches to, and short lives named.
+const HOST_TESTS: [&str; 8] = [
     "record::record_command_counts_write_protect_faults",
     "record::automatic_phases_split_the_fork_scenario",
+    "record::a_threaded_storm_across_phases_loses_nothing",
+    "record::faults_that_sleep_are_counted_once_and_timed_across_the_sleep",
+    "record::mappings_of_a_process_gone_before_its_maps_are_read_are_named",
+    "record::a_child_forked_before_attach_is_seen",
     "attribution::attribution_is_measured_or_says_why_not",
     "attribution::each_mapping_carries_its_own_pages_writes",
 ];
 
-/// The host tests' run in the guest (`host_tests` in lib.sh): libtest's
-/// line for each test, every one asked for passed, and its summary.
-fn check_host_tests(run: &vm::GuestRun) -> CaseResult {
-    let out = run.section("host-tests.out").unwrap_or("");
-    let mut fails = Vec::new();
-    let results: Vec<(&str, &str)> = out
-        .lines()
-        .filter_map(|l| l.strip_prefix("test ")?.rsplit_once(" ... "))
-        .filter(|(name, _)| !name.starts_with("result"))
-        .collect();
-    let mut table = format!("host tests in the guest, against the oracle ({} run):\n", results.len());
-    for (name, result) in &results {
-        table.push_str(&format!("  {result:<7} {name}\n"));
-        if *result != "ok" {
-            fails.push(format!("host test {name}: {result}"));
-        }
-    }
-    for name in HOST_TESTS {
-        if !results.iter().any(|(n, _)| *n == name) {
-            fails.push(format!("host test {name}: did not run"));
-        }
-    }
-    let rc = run.marker("RC", "host-tests").unwrap_or_default();
-    let summary = out.lines().find(|l| l.starts_with("test result:")).unwrap_or("no summary");
-    table.push_str(&format!("  {summary}\n"));
-    // Each test's own output (--show-output): its process against the oracle.
-    if let Some((_, shown)) = out.split_once("\nsuccesses:\n") {
-        let shown = shown.rsplit_once("\nsuccesses:\n").map_or(shown, |(s, _)| s);
-        table.push_str(shown.trim_end());
-        table.push('\n');
-    }
-    if rc != "0" || results.is_empty() || !fails.is_empty() {
-        fails.push(format!(
-            "host tests exited {rc:?} after {} tests:\n{}",
-            results.len(),
-            crate::util::tail(out, 80)
+/// Those of the arm64 origins stage: the scenarios that move a fault's
+/// state between CPUs and the kernel's per-CPU counts, under each backend.
+const ARM64_HOST_TESTS: [&str; 2] = [
+    "record::a_threaded_storm_across_phases_loses_nothing",
+    "record::faults_that_sleep_are_counted_once_and_timed_across_the_sleep",
+];
+
+/// Each backend the host tests run under in a guest, with the latency
+/// tier of its records (`FAULTSCOPE_BACKEND`, `FAULTSCOPE_LATENCY`): the
+/// kprobe run counts only, the fentry run times one fault in 4.
+const HOST_TEST_RUNS: [(&str, &str); 2] = [("kprobe", "off"), ("fentry", "sample=4")];
+
+/// The guest's variables for the host tests `tests` under every run of
+/// `HOST_TEST_RUNS`.
+fn host_test_vars(tests: &[&str]) -> [(&'static str, String); 2] {
+    let runs: Vec<String> = HOST_TEST_RUNS.iter().map(|(b, t)| format!("{b}:{t}")).collect();
+    [("HOST_TESTS", tests.join(" ")), ("HOST_TEST_RUNS", runs.join(" "))]
+}
+
+/// The host tests' runs in the guest (`host_tests` in lib.sh), one per
+/// backend: libtest's line for each test, every one of `tests` passed, the
+/// summary, and each test's own output (its process against the oracle).
+fn check_host_tests(run: &vm::GuestRun, tests: &[&str]) -> CaseResult {
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    for (backend, tier) in HOST_TEST_RUNS {
+        let label = format!("host-tests@{backend}");
+        let out = run.section(&format!("{label}.out")).unwrap_or("");
+        let results: Vec<(&str, &str)> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("test ")?.rsplit_once(" ... "))
+            .filter(|(name, _)| !name.starts_with("result"))
+            .collect();
+        table.push_str(&format!(
+            "host tests in the guest, --backend {backend} --latency {tier}, against the oracle:\n"
         ));
+        for (name, result) in &results {
+            table.push_str(&format!("  {result:<7} {name}\n"));
+            if *result != "ok" {
+                fails.push(format!("{label}: {name}: {result}"));
+            }
+        }
+        for name in tests {
+            if !results.iter().any(|(n, _)| n == name) {
+                fails.push(format!("{label}: {name}: did not run"));
+            }
+        }
+        let rc = run.marker("RC", &label).unwrap_or_default();
+        let summary = out.lines().find(|l| l.starts_with("test result:")).unwrap_or("no summary");
+        table.push_str(&format!("  {summary}\n"));
+        if let Some((_, shown)) = out.split_once("\nsuccesses:\n") {
+            let shown = shown.rsplit_once("\nsuccesses:\n").map_or(shown, |(s, _)| s);
+            table.push_str(shown.trim_end());
+            table.push('\n');
+        }
+        if rc != "0" {
+            fails.push(format!("{label} exited {rc:?}:\n{}", crate::util::tail(out, 80)));
+        }
     }
     CaseResult { table, failures: fails }
 }
@@ -460,65 +402,6 @@ fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
 /// The cases `origins_cases` runs (lib.sh), one per backend.
 const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
 
-/// The short-lived runs under `backend` (`short_cases` in lib.sh): each
-/// process exited before faultscope could read its maps, so its mappings
-/// are named from the kernel's descriptions: every fault in a row, at
-/// least 95 % of them over the runs in named ones (not `unresolved`),
-/// and the mapped file among them every time.
-fn check_short_cases(run: &vm::GuestRun, backend: &str) -> Result<CaseResult> {
-    let (mut faults, mut unnamed, mut runs) = (0u64, 0u64, 0);
-    let mut fails = Vec::new();
-    for i in 1.. {
-        let case = format!("short{i}@{backend}");
-        let Some(rc) = run.marker("RC", &case) else { break };
-        runs += 1;
-        if rc != "0" {
-            fails.push(format!(
-                "{case}: faultscope exited with {rc}: {}",
-                run.section(&format!("{case}.out")).unwrap_or("")
-            ));
-            continue;
-        }
-        let fs = check::report(run, &format!("{case}.fs.json"))?;
-        let Some(p) = fs.processes.first() else {
-            fails.push(format!("{case}: no process in the report"));
-            continue;
-        };
-        let total = p.classes.get(&ReportClass::Faults).and_then(|v| v.count()).unwrap_or(0);
-        let rows = &p.attribution.mappings;
-        let sum: u64 = rows.iter().filter_map(|m| m.counts.get(&ReportClass::Faults)).sum();
-        if sum != total {
-            fails.push(format!("{case}: the mapping rows hold {sum} faults of {total}"));
-        }
-        let count = |unresolved: bool| -> u64 {
-            rows.iter()
-                .filter(|m| m.mapping.starts_with("unresolved") == unresolved)
-                .filter_map(|m| m.counts.get(&ReportClass::Faults))
-                .sum()
-        };
-        if !rows.iter().any(|m| {
-            m.mapping.ends_with("/fs-workload")
-                && m.counts.get(&ReportClass::WpFaults).is_some_and(|n| *n > 0)
-        }) {
-            fails.push(format!("{case}: no write-protect fault in a mapping of the file it wrote"));
-        }
-        faults += total;
-        unnamed += count(true);
-    }
-    if runs == 0 {
-        bail!("no short-lived run under {backend} in the guest's output");
-    }
-    if faults == 0 || unnamed * 20 > faults {
-        fails.push(format!(
-            "short@{backend}: {unnamed} of {faults} faults in unnamed mappings over {runs} runs"
-        ));
-    }
-    let table = format!(
-        "short-lived runs under {backend}: {runs} runs, {faults} faults, {unnamed} in unnamed mappings\n"
-    );
-    Ok(CaseResult { table, failures: fails })
-}
-
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
 /// cases, the shared-memory soft-dirty case, the attach case and the
 /// attribution case.
@@ -527,80 +410,15 @@ pub fn run(kernel: &str, size: &str) -> Result<()> {
     let (k, run) = boot(
         kernel,
         "foundation",
-        &[("SIZE", size.to_string()), ("HOST_TESTS", HOST_TESTS.join(" "))],
-        true,
+        &[host_test_vars(&HOST_TESTS).as_slice(), &[("SIZE", size.to_string())]].concat(),
     )?;
     let mut failures = Vec::new();
-    checked(&mut failures, Ok(check_host_tests(&run)))?;
+    checked(&mut failures, Ok(check_host_tests(&run, &HOST_TESTS)))?;
     for (case, folio) in [("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")] {
         checked(&mut failures, check_case(&run, case, folio, anon_vma_name))?;
     }
-    checked(&mut failures, check_attach_case(&run, "attach4k"))?;
-    for backend in ["kprobe", "fentry"] {
-        checked(&mut failures, check_short_cases(&run, backend))?;
-    }
     shared_cases(&run, &mut failures)?;
     finish(k, &run, failures, "guest test")
-}
-
-// ---- The threaded-storm guest case (`storm4k@BACKEND` of the foundation
-// test): `fs-workload --threads`, two mappings written alternately by
-// several threads while the phase changes under them (a child killed at
-// half the writes, a second forked and gone at three quarters), recorded
-// with `--interval`. The kernel side keeps recent counts in per-CPU
-// pending slots and flushes them when a phase or mapping takes the slot
-// over; this case checks that nothing is lost or counted twice on the
-// way: against the oracle for the process and in each mapping's range,
-// the page arithmetic of each phase, and the intervals and phases adding
-// up to the run.
-
-/// The cases `foundation.sh` runs, one per backend.
-pub const STORM_CASES: [&str; 2] = ["storm4k@kprobe", "storm4k@fentry"];
-
-pub fn check_storm_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
-    let (fs, wl, pid) = case_outputs(run, case)?;
-    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
-    let threads = wl["threads"].as_u64().unwrap_or(0);
-    let heading = format!("{case} (pid {pid}, {threads} threads, {} pages)", wl["pages"]);
-    let (oracle, mut table, mut fails) = against_oracle(run, case, &fs, pid, &heading)?;
-    let mut cl = Checklist::new(case, &mut table, &mut fails);
-    // Each mapping: faultscope's row against the oracle in its range, and
-    // one write-protect fault per page.
-    let classes = [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse, ReportClass::Copy];
-    for r in region_rows(&mut cl, p, &oracle, &wl, &classes)? {
-        let (wp, pages) = (r.get(ReportClass::WpFaults), r.pages);
-        cl.expect(wp == pages, format!("{}: wp_faults {wp} = its pages {pages}", r.role));
-    }
-    // The latency tier: counts of every fault (the oracle above), and
-    // either no latency at all or one timed fault in N on each CPU: each
-    // CPU times the first of every N faults it opens, so the timed ones
-    // are between faults/N and that plus one per CPU.
-    let timed = |m: ReportClass| match p.classes.get(&m) {
-        Some(ClassValue::Measured(x)) => {
-            x.latency.as_ref().map(|l| l.buckets.iter().map(|b| b[2]).sum::<u64>())
-        }
-        _ => None,
-    };
-    match fs.latency {
-        Some(LatencyTier::Off) => {
-            let any = ReportClass::ALL.into_iter().filter(|m| timed(*m).is_some()).collect::<Vec<_>>();
-            cl.expect(any.is_empty(), format!("--latency off: no class timed ({any:?})"));
-        }
-        Some(LatencyTier::Sample { every }) => {
-            let faults = p.count(ReportClass::Faults).unwrap_or(0);
-            let cpus = fs.kernel_memory.as_ref().map_or(1, |k| k.cpus);
-            let (lo, hi) = (faults / every as u64, faults.div_ceil(every as u64) + cpus);
-            let got = timed(ReportClass::Faults);
-            cl.expect(
-                got.is_some_and(|n| (lo..=hi).contains(&n)),
-                format!("--latency sample={every}: {got:?} of {faults} faults timed, {lo} to {hi}"),
-            );
-        }
-        t => cl.expect(false, format!("latency tier {t:?}: the case asks for off or sample=N")),
-    }
-    // The segments' phases; the intervals and the phases add up to the run.
-    faultscope_expect::threaded_storm(&mut cl, &fs, p, &Workload(&wl));
-    Ok(CaseResult { table, failures: fails })
 }
 
 #[cfg(test)]
@@ -636,49 +454,6 @@ mod tests {
             "{:?}",
             r.failures
         );
-    }
-
-    #[test]
-    fn the_attach_case_against_the_oracle_and_its_phases() {
-        let markers = format!(
-            "@@FS-RC attach4k 0\n@@FS-WORKLOAD-RC attach4k 0\n@@FS-CHILD-ALIVE-AT-ATTACH attach4k yes\n\
-             @@FS-OVERRUN attach4k 0\n@@FS-KPROBES-LEFT attach4k 0\n{X86_REFUSED}"
-        );
-        let wl = r#"{"pid": 7, "child_pid": 8, "pages": 16, "phases": {"write": {"minflt": 16}}}"#;
-        let run_with = |report: &str, oracle: &str| {
-            guest_run(
-                &markers,
-                &[
-                    ("attach4k.fs.json", report),
-                    ("attach4k.wl.json", wl),
-                    ("attach4k.oracle", &format!("{X86_UNKNOWN}{oracle}")),
-                ],
-            )
-        };
-        let good = attach_json();
-        let r = check_attach_case(&run_with(&good, &oracle_line("attach", 20, 16, 0)), "attach4k").unwrap();
-        assert!(r.failures.is_empty(), "{:?}\n{}", r.failures, r.table);
-        assert!(
-            r.table.contains("ok   arithmetic: reuse after the child's exit = 16, pages = 16"),
-            "{}",
-            r.table
-        );
-        // A count the oracle does not share.
-        let r = check_attach_case(&run_with(&good, &oracle_line("attach", 21, 16, 0)), "attach4k").unwrap();
-        assert!(
-            r.failures.iter().any(|f| f.contains("faults: faultscope 20 != oracle 21")),
-            "{:?}",
-            r.failures
-        );
-        // The child unseen: one phase from attach on.
-        let unseen = good
-            .replace("attached: child-alive (pid 8, forked before attach)", "before-fork")
-            .replace("\"kind\":\"child-alive\"", "\"kind\":\"before-fork\"");
-        let r = check_attach_case(&run_with(&unseen, &oracle_line("attach", 20, 16, 0)), "attach4k").unwrap();
-        assert!(r.failures.iter().any(|f| f.contains("phases [\"before-fork\"")), "{:?}", r.failures);
-        // No oracle line for the window.
-        let r = check_attach_case(&run_with(&good, &oracle_line("ALL", 20, 16, 0)), "attach4k").unwrap();
-        assert!(r.failures.iter().any(|f| f.contains("the oracle has no attach phase")), "{:?}", r.failures);
     }
 
     #[test]

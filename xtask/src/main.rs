@@ -18,7 +18,6 @@ mod overhead;
 mod qemu;
 mod redis;
 mod setup;
-mod userfault;
 mod util;
 mod vm;
 mod walkthrough;

@@ -127,6 +127,11 @@ pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
     dist::static_build(arch)
 }
 
+/// The host tests as one static binary for an `arch` guest.
+pub fn build_host_tests(arch: &str) -> Result<PathBuf> {
+    dist::static_host_tests(arch)
+}
+
 fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {
     let to = rootfs.join(dst.trim_start_matches('/'));
     fs::create_dir_all(to.parent().unwrap())?;

@@ -33,7 +33,8 @@ use faultscope_expect::{Checklist, Workload, TOLERANCE};
 use serde_json::Value;
 
 /// The faultscope under test: `FAULTSCOPE_BIN` where the tests run away
-/// from their build (a guest's initramfs), else this build's.
+/// from their build (a guest's initramfs) or against another build (an
+/// older one, to see them fail there), else this build's.
 fn bin() -> &'static str {
     static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
@@ -52,8 +53,29 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// `faultscope ARGS`, run to its end.
 fn faultscope(args: &[&str]) -> Output {
-    Command::new(bin()).args(args).output().expect("running faultscope")
+    fs_command(args).output().expect("running faultscope")
+}
+
+/// `faultscope ARGS`, to run. A `record` or `bench` also gets the backend
+/// and latency tier a guest run asks for (`FAULTSCOPE_BACKEND`,
+/// `FAULTSCOPE_LATENCY`: the same tests once per backend there) unless the
+/// test chose its own; on the host, neither.
+fn fs_command(args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin());
+    let Some((first @ ("record" | "bench"), rest)) = args.split_first().map(|(f, r)| (*f, r)) else {
+        cmd.args(args);
+        return cmd;
+    };
+    cmd.arg(first);
+    for (var, flag) in [("FAULTSCOPE_BACKEND", "--backend"), ("FAULTSCOPE_LATENCY", "--latency")] {
+        if let (Ok(v), false) = (std::env::var(var), rest.contains(&flag)) {
+            cmd.args([flag, &v]);
+        }
+    }
+    cmd.args(rest);
+    cmd
 }
 
 /// The workload's own report (not faultscope's).
@@ -167,10 +189,45 @@ fn record_workload_with(d: &Path, size: &str, more: &[&str]) -> (Output, Report,
     let traced = tracing.map(|t| t.finish(&[]));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (report, wl) = (read_report(&fs), read_json(&wl));
+    assert_backend(&report);
     if let Some(t) = traced {
         assert_oracle_agrees(&t, &report, Workload(&wl).pid());
     }
     (out, report, wl)
+}
+
+/// `faultscope record RECORD -- fs-workload WORKLOAD --regions-out R
+/// --out W` under the oracle where there is one (given the workload's
+/// ranges): the report, the workload's report and what the oracle saw.
+fn record_traced(
+    d: &Path,
+    record: &[&str],
+    workload_args: &[&str],
+) -> (Report, Value, Option<faultscope_expect::tracefs::Traced>) {
+    let (fs, wl, ranges) = (d.join("fs.json"), d.join("wl.json"), d.join("ranges"));
+    let mut args = vec!["record", "--json", fs.to_str().unwrap()];
+    args.extend(record);
+    args.extend(["--", workload()]);
+    args.extend(workload_args);
+    args.extend(["--regions-out", ranges.to_str().unwrap(), "--out", wl.to_str().unwrap()]);
+    let tracing = faultscope_expect::tracefs::start();
+    let out = faultscope(&args);
+    let ranges: Vec<String> =
+        std::fs::read_to_string(&ranges).unwrap_or_default().lines().map(String::from).collect();
+    let traced = tracing.map(|t| t.finish(&ranges));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&fs);
+    assert_backend(&report);
+    (report, read_json(&wl), traced)
+}
+
+/// Where a guest run asks for a backend (`FAULTSCOPE_BACKEND`), the fault
+/// path's return was attached by it: the runs per backend differ.
+fn assert_backend(report: &Report) {
+    let Ok(backend) = std::env::var("FAULTSCOPE_BACKEND") else { return };
+    let want = if backend == "fentry" { "fexit" } else { "kretprobe" };
+    let ret = report.probes.iter().find(|s| s.program == "fault_return").and_then(|s| s.backend.as_deref());
+    assert_eq!(ret, Some(want), "--backend {backend}: fault_return attached by {ret:?}");
 }
 
 /// Where the kernel has kprobes and the tests run with the oracle (a

@@ -9,8 +9,8 @@ pub mod tracefs;
 use std::fmt::Write;
 
 use faultscope::{
-    kernel::classes::ReportClass,
-    report::schema::{Process, Report},
+    kernel::{classes::ReportClass, latency::LatencyTier},
+    report::schema::{ClassValue, Process, Report},
 };
 use serde_json::Value;
 
@@ -151,6 +151,37 @@ pub fn threaded_storm(cl: &mut Checklist, report: &Report, p: &Process, wl: &Wor
             series == whole && phases == whole,
             format!("{m}: run {whole} = intervals {series} = phases {phases}"),
         );
+    }
+}
+
+/// The latency tier `report` states, held to what it promises for process
+/// `p`: `off`, no class timed; `sample=N`, each CPU times the first of
+/// every N faults it opens, so the timed faults are between faults/N and
+/// that plus one per CPU. `all`, or no tier (no fault path here), is not
+/// a sample: nothing to bound.
+pub fn latency_tier(cl: &mut Checklist<'_>, report: &Report, p: &Process) {
+    let timed = |m: ReportClass| match p.classes.get(&m) {
+        Some(ClassValue::Measured(x)) => {
+            x.latency.as_ref().map(|l| l.buckets.iter().map(|b| b[2]).sum::<u64>())
+        }
+        _ => None,
+    };
+    match report.latency {
+        Some(LatencyTier::Off) => {
+            let any = ReportClass::ALL.into_iter().filter(|m| timed(*m).is_some()).collect::<Vec<_>>();
+            cl.expect(any.is_empty(), format!("--latency off: no class timed ({any:?})"));
+        }
+        Some(LatencyTier::Sample { every }) => {
+            let faults = p.count(ReportClass::Faults).unwrap_or(0);
+            let cpus = report.kernel_memory.as_ref().map_or(1, |k| k.cpus);
+            let (lo, hi) = (faults / every as u64, faults.div_ceil(every as u64) + cpus);
+            let got = timed(ReportClass::Faults);
+            cl.expect(
+                got.is_some_and(|n| (lo..=hi).contains(&n)),
+                format!("--latency sample={every}: {got:?} of {faults} faults timed, {lo} to {hi}"),
+            );
+        }
+        Some(LatencyTier::All) | None => {}
     }
 }
 

@@ -9,8 +9,11 @@ use std::{
 
 use faultscope::{
     kernel::{classes::ReportClass, drops::DropReason},
-    report::schema::{ClassValue, Classes, Report},
+    report::schema::{ClassValue, Classes, Process, Report},
 };
+use serde_json::Value;
+
+use crate::Checklist;
 
 /// The counts of one `oracle tgid=N phase=P key=count...` line, by key
 /// (oracle.c prints the classes under their report names); `None` for
@@ -260,4 +263,58 @@ pub fn skipped_runs(report: &Report) -> u64 {
 /// A class's count in `classes`; `None` when not measurable.
 pub fn count(classes: &Classes, m: ReportClass) -> Option<u64> {
     classes.get(&m).and_then(ClassValue::count)
+}
+
+/// A region of a workload's `--out` (`role`, `start`, `pages`) with the
+/// counts of faultscope's mapping row that starts at it.
+pub struct RegionRow<'a> {
+    pub role: &'a str,
+    pub region: &'a Value,
+    pub pages: u64,
+    counts: &'a std::collections::BTreeMap<ReportClass, u64>,
+}
+
+impl RegionRow<'_> {
+    /// The row's count of `m` (0 when it counted none).
+    pub fn get(&self, m: ReportClass) -> u64 {
+        self.counts.get(&m).copied().unwrap_or(0)
+    }
+}
+
+/// The regions of `wl` with their mapping rows, each of `classes` checked
+/// against the oracle in the region's range where there is an oracle; a
+/// region without a row fails and is left out.
+pub fn region_rows<'a>(
+    cl: &mut Checklist<'_>,
+    p: &'a Process,
+    oracle: Option<&Oracle>,
+    wl: &'a Value,
+    classes: &[ReportClass],
+) -> Vec<RegionRow<'a>> {
+    let mut rows = Vec::new();
+    let regions = wl["regions"].as_array().map(Vec::as_slice).unwrap_or_default();
+    cl.expect(!regions.is_empty(), "the workload lists its regions");
+    for r in regions {
+        let role = r["role"].as_str().unwrap_or("?");
+        let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
+        let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
+            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
+            continue;
+        };
+        let row = RegionRow { role, region: r, pages, counts: &row.counts };
+        let Some(oracle) = oracle else {
+            rows.push(row);
+            continue;
+        };
+        let own = oracle.range(p.pid, "ALL", role);
+        for &m in classes {
+            let o = own.and_then(|l| l.get(m.name()).copied().flatten());
+            cl.expect(
+                o == Some(row.get(m)),
+                format!("{role}: {m} {} = oracle in its range {o:?}", row.get(m)),
+            );
+        }
+        rows.push(row);
+    }
+    rows
 }

@@ -118,8 +118,14 @@ impl Traced {
     /// whole run, every class and origin; and the run clean: no kretprobe
     /// return lost, no kprobe left behind, no trace event lost.
     pub fn check(&self, cl: &mut Checklist<'_>, report: &Report, pid: u32) {
+        self.check_phase(cl, report, pid, "ALL");
+    }
+
+    /// [`Traced::check`] against the oracle's `phase` (`attach`: from
+    /// faultscope's attach to its detach, for `record -p`).
+    pub fn check_phase(&self, cl: &mut Checklist<'_>, report: &Report, pid: u32, phase: &str) {
         cl.line(format!("  the oracle: {}", self.summary));
-        match report.process(pid).and_then(|p| self.oracle.compare("oracle", &p.classes, pid, "ALL")) {
+        match report.process(pid).and_then(|p| self.oracle.compare("oracle", &p.classes, pid, phase)) {
             Some(cmp) => {
                 let cmp = cmp.allowing_skipped("oracle", report);
                 cl.line(cmp.table("class").trim_end());
@@ -127,7 +133,9 @@ impl Traced {
                     cl.expect(false, f);
                 }
             }
-            None => cl.expect(false, format!("the oracle has a line for pid {pid} ({})", self.summary)),
+            None => {
+                cl.expect(false, format!("the oracle has a {phase} line for pid {pid} ({})", self.summary))
+            }
         }
         let lost = report.drop_count(DropReason::Kernel(DropKind::LostReturn));
         cl.expect(lost == 0, format!("kretprobe returns lost: {lost}"));
