@@ -20,6 +20,3 @@ RECORD_ARGS=
 emit mappings4k.ranges /tmp/mappings4k.ranges
 emit mappings4k.folded /tmp/mappings4k.folded
 svg_facts mappings4k /tmp/mappings4k.svg
-# Every origin of a fault: copies and reuses made by read(2), by
-# /proc/self/mem (get_user_pages) and by user stores, under both backends.
-origins_cases

@@ -191,18 +191,6 @@ run_case() {
 	emit $name.kprobe_profile $T/kprobe_profile
 }
 
-# origins_cases: the workload's --origins (a third of each half written by
-# read(2) from /dev/zero, by pwrite(2) to /proc/self/mem and by user
-# stores; the first half while a child is alive, the second after it is
-# killed) recorded under each backend of $ORIGIN_BACKENDS, as
-# origins4k@BACKEND.
-origins_cases() {
-	for b in ${ORIGIN_BACKENDS:-kprobe fentry}; do
-		RECORD_ARGS="--backend $b --sites copy,reuse"
-		run_case origins4k@$b 4K --origins --size ${ORIGINS_SIZE:-12M} --thp never
-	done
-	RECORD_ARGS=
-}
 
 # oracle_and_emit NAME SUFFIX...: after a case, the oracle over the trace
 # (split by /tmp/NAME.ranges when the case wrote them), the trace's size

@@ -12,8 +12,8 @@ use faultscope::{
 };
 
 pub use faultscope_expect::{
-    oracle::{count, skipped_runs, Comparison, Line, Oracle, ORIGINS},
-    Checklist,
+    oracle::{count, skipped_runs, Comparison, Line, Oracle},
+    Checklist, LRU_BATCH_COPIES,
 };
 use serde_json::Value;
 
@@ -25,14 +25,6 @@ pub struct CaseResult {
     pub table: String,
     pub failures: Vec<String>,
 }
-
-/// The most pages the kernel may copy where it could reuse them: a folio
-/// still in a CPU's LRU-add batch (`folio_batch`, 31 folios) holds an extra
-/// reference, so `wp_can_reuse_anon_folio` copies it. The guest has 2
-/// CPUs; how many are in a batch at the fork depends on timing (a loaded
-/// host saw 8), so the kernel's choice is bounded, and faultscope's count
-/// of it stays exact against the oracle.
-pub const LRU_BATCH_COPIES: u64 = 2 * 31;
 
 /// The oracle section `section` of a guest run, with the run's refused
 /// events.

@@ -5,15 +5,11 @@
 use std::{fmt::Write as _, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
-use faultscope::{
-    kernel::classes::ReportClass,
-    report::schema::{CheckResult, Mode, PhaseKind},
-};
-use faultscope_expect::{Workload, TOLERANCE};
-use serde_json::Value;
+use faultscope::{kernel::classes::ReportClass, report::schema::Mode};
+use faultscope_expect::Workload;
 
 use crate::{
-    check::{self, case_outputs, kernel_at_least, run_is_clean, CaseResult, Checklist, LRU_BATCH_COPIES},
+    check::{self, case_outputs, kernel_at_least, run_is_clean, CaseResult, Checklist},
     kernels, mappings,
     util::root,
     vm,
@@ -90,155 +86,6 @@ pub fn check_case(
     Ok(CaseResult { table, failures: fails })
 }
 
-/// Faults the kernel takes for the workload besides its measured writes
-/// (its getrusage and kill calls): the kernel's and get_user_pages' own
-/// writes are exact (0 or 1 more seen).
-pub const SLACK: u64 = 16;
-
-/// The origins case (`origins_cases`, `workload --origins`): per origin,
-/// the COW copies made while the child lived and the reuses after its
-/// exit equal the page arithmetic (a third of each half), every count and
-/// every origin equals the oracle's, and the report's kernel check is
-/// exact and equal (the workload's faults against its `min_flt` +
-/// `maj_flt`, read by the kernel at its exec and exit).
-pub fn check_origins_case(run: &vm::GuestRun, case: &str) -> Result<CaseResult> {
-    let mut fails = Vec::new();
-    let (fs, wl, pid) = case_outputs(run, case)?;
-    let n = wl["origins"]["pages_per_origin"].as_u64().context("workload origins.pages_per_origin")?;
-    let p = check::process(&fs, pid).with_context(|| case.to_string())?;
-    if fs.mode != Mode::Kprobe {
-        fails.push(format!("{case}: mode is {}, not kprobe", check::mode_name(&fs)));
-    }
-    // The fault path by the backend asked for: its return (an x86 fexit
-    // has the entry folded into it, exit-only mode).
-    let backend = case.rsplit_once('@').map_or("", |(_, b)| b);
-    let want = if backend == "fentry" { "fexit" } else { "kretprobe" };
-    let ret = fs.probes.iter().find(|s| s.program == "fault_return").and_then(|s| s.backend.clone());
-    if ret.as_deref() != Some(want) {
-        fails.push(format!("{case}: fault_return attached by {ret:?}, not {want}"));
-    }
-    let mut table = String::new();
-    let _ = writeln!(table, "{case} (pid {pid}, {n} pages per origin and half, fault_return by {want})");
-    let oracle = check::oracle_of(run, &format!("{case}.oracle"))?;
-    match oracle.compare(case, &p.classes, pid, "ALL") {
-        Some(cmp) => {
-            table.push_str(&cmp.table("class (whole run)"));
-            fails.extend(cmp.failures);
-        }
-        None => fails.push(check::oracle_gap(run, case, &format!("{case}.oracle"), pid, "ALL")),
-    }
-    // While the child lives every write copies; after its exit a write
-    // reuses, or copies where the kernel still holds an extra reference
-    // to the page (`LRU_BATCH_COPIES`): the arithmetic is on both.
-    for (kind, classes) in [
-        (PhaseKind::ChildAlive, &[ReportClass::Copy][..]),
-        (PhaseKind::AfterChildExit, &[ReportClass::Reuse, ReportClass::Copy][..]),
-    ] {
-        let Some(ph) = p.phases.iter().find(|ph| ph.kind == kind) else {
-            fails.push(format!("{case}: no {kind:?} phase"));
-            continue;
-        };
-        check_origins_phase(case, ph, classes, n, &wl, &mut table, &mut fails);
-    }
-    match &p.kernel_check {
-        Some(k) => {
-            let completed = oracle.line(pid, "ALL").and_then(|l| l.get("completed").copied().flatten());
-            let _ = writeln!(
-                table,
-                "  kernel check: {:?}, min_flt+maj_flt {:?}..{:?}, faultscope {}, oracle completed {completed:?} ({})",
-                k.result,
-                k.kernel_low,
-                k.kernel_high,
-                k.faultscope,
-                k.bracket.as_deref().unwrap_or("-")
-            );
-            if k.result != CheckResult::Equal {
-                fails.push(format!(
-                    "{case}: kernel check {:?}: {}",
-                    k.result,
-                    k.reason.as_deref().unwrap_or("")
-                ));
-            }
-            if completed != Some(k.faultscope) {
-                fails.push(format!(
-                    "{case}: faultscope's completed faults {} != oracle {completed:?}",
-                    k.faultscope
-                ));
-            }
-        }
-        None => fails.push(format!("{case}: the report has no kernel check")),
-    }
-    fails.extend(run_is_clean(run, case, &fs));
-    Ok(CaseResult { table, failures: fails })
-}
-
-/// One phase of the origins case: `classes` (their sum) per origin against
-/// the page arithmetic, the kernel's thirds at their system calls' sites,
-/// the faults against the workload's getrusage.
-fn check_origins_phase(
-    case: &str,
-    ph: &faultscope::report::schema::Phase,
-    classes: &[ReportClass],
-    n: u64,
-    wl: &Value,
-    table: &mut String,
-    fails: &mut Vec<String>,
-) {
-    let kind = ph.kind;
-    let names: Vec<&str> = classes.iter().map(|c| c.name()).collect();
-    let what = names.join(" + ");
-    for origin in check::ORIGINS {
-        // The phase after the exit runs on to the workload's end, whose
-        // user-mode writes reuse more of its pages.
-        let slack = if origin == "user" { TOLERANCE } else { SLACK };
-        let each: Vec<Option<u64>> =
-            classes.iter().map(|c| ph.classes.get(c).and_then(|v| v.origin_count(origin))).collect();
-        // A phase without a copy may not list the class.
-        let copies: u64 = each[1..].iter().map(|c| c.unwrap_or(0)).sum();
-        let got = each[0].map(|g| g + copies);
-        let shown: Vec<String> = each.iter().map(|c| c.map_or("none".into(), |v| v.to_string())).collect();
-        let shown = shown.join(" + ");
-        let _ = writeln!(
-            table,
-            "  arithmetic: {} {what}.{origin} = {shown}, pages = {n} (+{slack}){}",
-            ph.name,
-            if classes.len() > 1 { format!(", copy <= {LRU_BATCH_COPIES}") } else { String::new() }
-        );
-        if !got.is_some_and(|g| (n..=n + slack).contains(&g)) || copies > LRU_BATCH_COPIES {
-            fails.push(format!(
-                "{case}: {} {what}.{origin} = {shown}, expected {n} (+{slack}), copy <= {LRU_BATCH_COPIES}",
-                ph.name
-            ));
-        }
-    }
-    // The kernel's faults are named by their system call: read(2) for
-    // the kernel's copies, pwrite64(2) on /proc/self/mem for GUP's.
-    for (syscall, origin) in [("read(2)", "kernel"), ("pwrite64(2)", "gup")] {
-        let site: u64 = ph
-            .attribution
-            .sites
-            .iter()
-            .filter(|s| classes.contains(&s.class) && s.syscall.as_deref() == Some(syscall))
-            .map(|s| s.count)
-            .sum();
-        let _ = writeln!(table, "  sites: {} {what} in {syscall}: {site} (the {origin} third: {n})", ph.name);
-        if site < n {
-            fails.push(format!("{case}: {} {what} in {syscall} at its sites: {site}, expected {n}", ph.name));
-        }
-    }
-    let key = if kind == PhaseKind::ChildAlive { "alive" } else { "after_exit" };
-    let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
-    let faults = check::count(&ph.classes, ReportClass::Faults).unwrap_or(0);
-    let _ =
-        writeln!(table, "  getrusage: {key} minflt = {minflt}; faultscope faults in {} = {faults}", ph.name);
-    if minflt < 3 * n || faults < minflt || faults > minflt + TOLERANCE {
-        fails.push(format!(
-            "{case}: {} faults {faults} vs the workload's getrusage {minflt} (3 x {n} pages)",
-            ph.name
-        ));
-    }
-}
-
 /// Boots `kernel` and runs only the origins cases (`origins.sh`).
 pub fn run_origins(kernel: &str) -> Result<()> {
     let (k, run) = boot(kernel, "origins", &host_test_vars(&ARM64_HOST_TESTS))?;
@@ -275,29 +122,29 @@ fn shared_cases(run: &vm::GuestRun, failures: &mut Vec<String>) -> Result<()> {
     let (table, fails) = check_shipped(run);
     print!("{table}");
     failures.extend(fails);
-    for case in ORIGIN_CASES {
-        checked(failures, check_origins_case(run, case))?;
-    }
     Ok(())
 }
 
 /// The host tests that run in the foundation guest too, where the oracle
 /// adds its equality (`FAULTSCOPE_ORACLE`): those whose workload faultscope
 /// records from start to end or attaches to, and short lives named.
-const HOST_TESTS: [&str; 8] = [
+const HOST_TESTS: [&str; 9] = [
     "record::record_command_counts_write_protect_faults",
     "record::automatic_phases_split_the_fork_scenario",
     "record::a_threaded_storm_across_phases_loses_nothing",
     "record::faults_that_sleep_are_counted_once_and_timed_across_the_sleep",
     "record::mappings_of_a_process_gone_before_its_maps_are_read_are_named",
     "record::a_child_forked_before_attach_is_seen",
+    "record::every_origin_of_a_fault_is_counted_in_its_phase",
     "attribution::attribution_is_measured_or_says_why_not",
     "attribution::each_mapping_carries_its_own_pages_writes",
 ];
 
-/// Those of the arm64 origins stage: the scenarios that move a fault's
-/// state between CPUs and the kernel's per-CPU counts, under each backend.
-const ARM64_HOST_TESTS: [&str; 2] = [
+/// Those of the arm64 origins stage: every origin of a fault, and the
+/// scenarios that move a fault's state between CPUs and the kernel's
+/// per-CPU counts, under each backend.
+const ARM64_HOST_TESTS: [&str; 3] = [
+    "record::every_origin_of_a_fault_is_counted_in_its_phase",
     "record::a_threaded_storm_across_phases_loses_nothing",
     "record::faults_that_sleep_are_counted_once_and_timed_across_the_sleep",
 ];
@@ -398,9 +245,6 @@ fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
         fails,
     )
 }
-
-/// The cases `origins_cases` runs (lib.sh), one per backend.
-const ORIGIN_CASES: [&str; 2] = ["origins4k@kprobe", "origins4k@fentry"];
 
 /// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
 /// cases, the shared-memory soft-dirty case, the attach case and the

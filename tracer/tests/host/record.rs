@@ -967,3 +967,114 @@ fn mappings_of_a_process_gone_before_its_maps_are_read_are_named() {
     assert!(faults > 0);
     assert!(unnamed * 20 <= faults, "{unnamed} of {faults} faults in unnamed mappings over {runs} runs");
 }
+
+/// Every origin of a fault (`fs-workload --origins`): a third of each half
+/// of its memory written by the kernel (read(2) into it), a third by
+/// get_user_pages (pwrite(2) to /proc/self/mem) and a third by user stores,
+/// the first half while a forked child lives, the second after it is
+/// killed. Per phase and origin, the write classes measured here (copy
+/// while the child lives, reuse + copy after; in tracepoint mode
+/// wp_faults) are a third of the half, and each phase's faults are its
+/// getrusage. get_user_pages raises no exception: in tracepoint mode its
+/// third is the kernel check's derived count; where the fault path is
+/// probed its faults are counted, named by their system call, and the
+/// kernel check is equal.
+#[test]
+fn every_origin_of_a_fault_is_counted_in_its_phase() {
+    use faultscope::report::schema::{CheckResult, PhaseKind};
+    use faultscope_expect::{LRU_BATCH_COPIES, ORIGIN_SLACK};
+    let _t = host_test();
+    let d = tmp();
+    let (report, wl, traced) = record_traced(
+        d.path(),
+        &["--sites", "copy,reuse"],
+        &["--origins", "--size", "12M", "--thp", "never"],
+    );
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let n = wl["origins"]["pages_per_origin"].as_u64().expect("origins.pages_per_origin");
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let mut cl = Checklist::new("origins", &mut table, &mut fails);
+    if let Some(t) = &traced {
+        t.check(&mut cl, &report, p.pid);
+    }
+    let probed = p.count(ReportClass::Copy).is_some();
+    for (kind, key) in [(PhaseKind::ChildAlive, "alive"), (PhaseKind::AfterChildExit, "after_exit")] {
+        let Some(ph) = p.phases.iter().find(|ph| ph.kind == kind) else {
+            cl.expect(false, format!("a {kind:?} phase"));
+            continue;
+        };
+        // While the child lives every write copies; after its exit a write
+        // reuses, or copies where the kernel still holds an extra
+        // reference to the page (`LRU_BATCH_COPIES`).
+        let classes: &[ReportClass] = match (probed, kind) {
+            (false, _) => &[ReportClass::WpFaults],
+            (true, PhaseKind::ChildAlive) => &[ReportClass::Copy],
+            (true, _) => &[ReportClass::Reuse, ReportClass::Copy],
+        };
+        let what = classes.iter().map(|c| c.name()).collect::<Vec<_>>().join(" + ");
+        let of = |c: &ReportClass, origin: &str| ph.classes.get(c).and_then(|v| v.origin_count(origin));
+        for origin in faultscope_expect::oracle::ORIGINS {
+            if !probed && origin == "gup" {
+                continue;
+            }
+            // The phase after the exit runs on to the workload's end, whose
+            // user-mode writes reuse more of its pages.
+            let slack = if origin == "user" { TOLERANCE } else { ORIGIN_SLACK };
+            let got: Option<u64> = classes.iter().map(|c| of(c, origin)).sum();
+            let copies = if classes.len() > 1 { of(&ReportClass::Copy, origin).unwrap_or(0) } else { 0 };
+            cl.expect(
+                got.is_some_and(|g| (n..=n + slack).contains(&g)) && copies <= LRU_BATCH_COPIES,
+                format!(
+                    "{} {what}.{origin} = {got:?}, pages = {n} (+{slack}), copy {copies} <= {LRU_BATCH_COPIES}",
+                    ph.name
+                ),
+            );
+        }
+        // The kernel's faults are named by their system call: read(2) for
+        // the kernel's third, pwrite64(2) on /proc/self/mem for GUP's.
+        if probed {
+            for syscall in ["read(2)", "pwrite64(2)"] {
+                let site: u64 = ph
+                    .attribution
+                    .sites
+                    .iter()
+                    .filter(|s| classes.contains(&s.class) && s.syscall.as_deref() == Some(syscall))
+                    .map(|s| s.count)
+                    .sum();
+                cl.expect(site >= n, format!("{} sites in {syscall}: {site} >= {n}", ph.name));
+            }
+        }
+        // The phase's faults against its getrusage (in tracepoint mode
+        // plus get_user_pages' third, which raises no exception).
+        let minflt = wl["origins"][key]["minflt"].as_u64().unwrap_or(0);
+        let faults = ph.classes.get(&ReportClass::Faults).and_then(|v| v.count()).unwrap_or(0);
+        let seen = if probed { faults } else { faults + n };
+        cl.expect(
+            minflt >= 3 * n && (minflt..=minflt + TOLERANCE).contains(&seen),
+            format!(
+                "{} faults {faults}{} against getrusage {minflt} (3 x {n} pages, +{TOLERANCE})",
+                ph.name,
+                if probed { "" } else { " + the GUP third" }
+            ),
+        );
+    }
+    let k = p.kernel_check.as_ref().expect("a kernel check");
+    if probed {
+        cl.expect(k.result == CheckResult::Equal, format!("kernel check {:?}: {:?}", k.result, k.reason));
+        if let Some(t) = &traced {
+            let completed = t.oracle.line(p.pid, "ALL").and_then(|l| l.get("completed").copied().flatten());
+            cl.expect(
+                completed == Some(k.faultscope),
+                format!("faultscope's completed faults {} = the oracle's {completed:?}", k.faultscope),
+            );
+        }
+    } else {
+        let gup = k.gup_derived.map(|(lo, _)| lo.max(0) as u64);
+        cl.expect(
+            gup.is_some_and(|g| (2 * n..=2 * n + 2 * ORIGIN_SLACK).contains(&g)),
+            format!("kernel check {:?}: get_user_pages derived {gup:?}, its two thirds {}", k.result, 2 * n),
+        );
+    }
+    println!("{table}");
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
+}
