@@ -1,12 +1,10 @@
-# The foundation test: the host tests with the oracle; fork / child exit /
-# one byte per page in 64K mTHPs, shared memory, per-mapping attribution
-# with sites and stacks, every origin.
+# The foundation test: the host tests with the oracle, then shared memory
+# and per-mapping attribution with sites and stacks.
 . /lib.sh
 shipped_binary
 oracle_setup
 # The host tests named in foundation.rs, against the oracle.
 host_tests
-run_case fork64k 64K --size ${SIZE:-64M} --thp system --child exit
 # Shared memory, soft-dirty cleared before the write phase: every write is
 # write-notify through wp_page_shared (wp_shared), not COW.
 run_case shared4k 4K --size 16M --thp never --shared --clear-soft-dirty

@@ -177,16 +177,13 @@ run_case() {
 	thp_mode $folio
 	echo > $T/trace
 	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
-	a0=$(stat64k)
 	echo 1 > $T/tracing_on
 	up "$name.start"
 	/faultscope record --json /tmp/$name.fs.json $RECORD_ARGS -- /fs-workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
 	echo "@@FS-RC $name $?"
 	echo 0 > $T/tracing_on
-	a1=$(stat64k)
 	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
 	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
-	echo "@@FS-MTHP64-ALLOC $name $((a1 - a0))"
 	oracle_and_emit $name out fs.json wl.json
 	emit $name.kprobe_profile $T/kprobe_profile
 }

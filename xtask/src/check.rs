@@ -12,6 +12,7 @@ use faultscope::{
 };
 
 pub use faultscope_expect::{
+    kernel_at_least,
     oracle::{count, skipped_runs, Comparison, Line, Oracle},
     Checklist, LRU_BATCH_COPIES,
 };
@@ -113,13 +114,6 @@ pub fn case_outputs(run: &GuestRun, case: &str) -> Result<(Report, Value, u32)> 
         serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
     let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
     Ok((fs, wl, pid))
-}
-
-/// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
-pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
-    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
-    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-    (a, b) >= (major, minor)
 }
 
 /// A small bench run, report and guest console, for the tests of the

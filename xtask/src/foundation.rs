@@ -2,14 +2,14 @@
 //! kprobe oracle of the same run, and against the workload's page
 //! arithmetic and getrusage.
 
-use std::{fmt::Write as _, time::Duration};
+use std::{fmt::Write as _, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 use faultscope::{kernel::classes::ReportClass, report::schema::Mode};
 use faultscope_expect::Workload;
 
 use crate::{
-    check::{self, case_outputs, kernel_at_least, run_is_clean, CaseResult, Checklist},
+    check::{self, case_outputs, run_is_clean, CaseResult, Checklist},
     kernels, mappings,
     util::root,
     vm,
@@ -44,8 +44,7 @@ pub fn check_case(
     );
     table.push_str(&cmp.table("class"));
     fails.extend(cmp.failures);
-    // Page arithmetic. Large folios are reused page by page since 6.16
-    // (1da190f4d0a6); before, every page is copied.
+    // Page arithmetic.
     let (class, what) = match folio {
         "mappings" => {
             mappings::check(run, case, p, &wl, anon_vma_name, &mut table, &mut fails)?;
@@ -54,22 +53,11 @@ pub fn check_case(
         "shared" => {
             (ReportClass::WpShared, "soft-dirty cleared on shared memory: one write-notify fault per page")
         }
-        "4K" => (ReportClass::Reuse, "4K pages are reused one by one"),
-        _ if kernel_at_least(&fs.kernel, 6, 16) => {
-            (ReportClass::Reuse, "large folios are reused, one page per fault")
-        }
-        _ => (ReportClass::Copy, "no large-folio reuse before 6.16: every page is copied"),
+        _ => (ReportClass::Reuse, "4K pages are reused one by one"),
     };
     let mut cl = Checklist::new(case, &mut table, &mut fails);
     if folio != "mappings" {
         cl.per_page(format!("{class} ({what})"), p.count(class).unwrap_or(0), pages);
-    }
-    if folio == "64K" {
-        let alloc: u64 = run.marker("MTHP64-ALLOC", case).and_then(|v| v.parse().ok()).unwrap_or(0);
-        cl.expect(
-            alloc >= pages / 16,
-            format!("64K mTHP folios allocated: {alloc} (pages/16 = {})", pages / 16),
-        );
     }
     // All of the workload's faults since exec.
     cl.getrusage(p, Workload(&wl).faults_since_exec());
@@ -86,18 +74,60 @@ pub fn check_case(
     Ok(CaseResult { table, failures: fails })
 }
 
-/// Boots `kernel` and runs only the origins cases (`origins.sh`).
+/// Boots `kernel` and runs only the origins guest (`origins.sh`).
 pub fn run_origins(kernel: &str) -> Result<()> {
-    let (k, run) = boot(kernel, "origins", &host_test_vars(&ARM64_HOST_TESTS))?;
-    let mut failures = Vec::new();
-    checked(&mut failures, Ok(check_host_tests(&run, &ARM64_HOST_TESTS)))?;
-    shared_cases(&run, &mut failures)?;
-    finish(k, &run, failures, "origins guest test")
+    let g = prepare(kernel, "origins", &host_test_vars(&ARM64_HOST_TESTS))?;
+    let run = g.boot()?;
+    finish(g.k, &run, check_origins(&run)?, "origins guest test")
 }
 
-/// Boots `kernel` with `NAME.sh` (and `vars`) in its initramfs, and the
-/// host tests' static binary as `/host-tests`.
-fn boot(kernel: &str, name: &str, vars: &[(&str, String)]) -> Result<(kernels::GuestKernel, vm::GuestRun)> {
+/// The foundation guest (`kernel`) and the origins guest (`arm64`),
+/// prepared one after the other and booted at once (`vm::boot_each`);
+/// each is checked even when the other failed.
+pub fn run_both(kernel: &str, arm64: &str) -> Result<()> {
+    let anon_vma_name = kernels::config_option(kernels::by_name(kernel)?, "CONFIG_ANON_VMA_NAME")?;
+    let guests = [
+        prepare(kernel, "foundation", &host_test_vars(&HOST_TESTS))?,
+        prepare(arm64, "origins", &host_test_vars(&ARM64_HOST_TESTS))?,
+    ];
+    let mut runs = vm::boot_each(&guests, Guest::boot).into_iter();
+    let mut failures = Vec::new();
+    for (g, run) in guests.iter().zip(runs.by_ref()) {
+        let checked = run.and_then(|run| {
+            let fails = match g.name {
+                "foundation" => check_foundation(&run, anon_vma_name)?,
+                _ => check_origins(&run)?,
+            };
+            Ok(finish(g.k, &run, fails, g.name))
+        });
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) | Err(e) => failures.push(format!("{}: {e:#}", g.k.name)),
+        }
+    }
+    if !failures.is_empty() {
+        bail!("{}", failures.join("\n"));
+    }
+    Ok(())
+}
+
+/// A guest ready to boot: its kernel and initramfs (`NAME.sh`, its
+/// variables, and the host tests' static binary as `/host-tests`).
+struct Guest {
+    k: kernels::GuestKernel,
+    name: &'static str,
+    vmlinuz: PathBuf,
+    cpio: PathBuf,
+    dir: PathBuf,
+}
+
+impl Guest {
+    fn boot(&self) -> Result<vm::GuestRun> {
+        vm::boot(self.k, &self.vmlinuz, &self.cpio, &self.dir, Duration::from_secs(600))
+    }
+}
+
+fn prepare(kernel: &str, name: &'static str, vars: &[(&str, String)]) -> Result<Guest> {
     let k = kernels::by_name(kernel)?;
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
@@ -105,7 +135,15 @@ fn boot(kernel: &str, name: &str, vars: &[(&str, String)]) -> Result<(kernels::G
     std::fs::create_dir_all(&dir)?;
     let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, &format!("{name}.sh"), vars, &extra)?;
-    Ok((k, vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(600))?))
+    Ok(Guest { k, name, vmlinuz, cpio, dir })
+}
+
+/// The origins guest's checks: its host tests and the shipped binary.
+fn check_origins(run: &vm::GuestRun) -> Result<Vec<String>> {
+    let mut failures = Vec::new();
+    checked(&mut failures, Ok(check_host_tests(run, &ARM64_HOST_TESTS)))?;
+    checked(&mut failures, Ok(check_shipped(run)))?;
+    Ok(failures)
 }
 
 /// Prints a checked case's table and keeps its failures.
@@ -116,19 +154,10 @@ fn checked(failures: &mut Vec<String>, r: Result<CaseResult>) -> Result<()> {
     Ok(())
 }
 
-/// The shipped binary and the cases both scripts run (`lib.sh`): every
-/// origin, the threaded storm and the sleeping faults, per backend.
-fn shared_cases(run: &vm::GuestRun, failures: &mut Vec<String>) -> Result<()> {
-    let (table, fails) = check_shipped(run);
-    print!("{table}");
-    failures.extend(fails);
-    Ok(())
-}
-
 /// The host tests that run in the foundation guest too, where the oracle
 /// adds its equality (`FAULTSCOPE_ORACLE`): those whose workload faultscope
 /// records from start to end or attaches to, and short lives named.
-const HOST_TESTS: [&str; 9] = [
+const HOST_TESTS: [&str; 10] = [
     "record::record_command_counts_write_protect_faults",
     "record::automatic_phases_split_the_fork_scenario",
     "record::a_threaded_storm_across_phases_loses_nothing",
@@ -136,6 +165,7 @@ const HOST_TESTS: [&str; 9] = [
     "record::mappings_of_a_process_gone_before_its_maps_are_read_are_named",
     "record::a_child_forked_before_attach_is_seen",
     "record::every_origin_of_a_fault_is_counted_in_its_phase",
+    "bench::bench_counts_its_write_phase_exactly",
     "attribution::attribution_is_measured_or_says_why_not",
     "attribution::each_mapping_carries_its_own_pages_writes",
 ];
@@ -216,7 +246,7 @@ fn finish(k: kernels::GuestKernel, run: &vm::GuestRun, failures: Vec<String>, wh
 /// from an initramfs with no C library; `--version` names a commit and
 /// `probes` names, first, the fault path's mode (fentry or kprobe: these
 /// kernels have both).
-fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
+fn check_shipped(run: &vm::GuestRun) -> CaseResult {
     let mut fails = Vec::new();
     let libc = run.marker("LIBC-FILES", "main").unwrap_or_default();
     if libc != "0" {
@@ -236,33 +266,30 @@ fn check_shipped(run: &vm::GuestRun) -> (String, Vec<String>) {
     if !(mode.starts_with("mode: fentry mode") || mode.starts_with("mode: kprobe mode")) {
         fails.push(format!("shipped binary: probes' first line is not the fault path's mode: {mode:?}"));
     }
-    (
-        format!(
-            "shipped binary (static, no libc in the initramfs): {version}
-  probes: {mode}
-"
-        ),
-        fails,
-    )
+    let table = format!("shipped binary (static, no libc in the initramfs): {version}\n  probes: {mode}\n");
+    CaseResult { table, failures: fails }
 }
 
-/// Boots `kernel` (a name of `kernels::KERNELS`) and runs the 4K and 64K
-/// cases, the shared-memory soft-dirty case, the attach case and the
-/// attribution case.
-pub fn run(kernel: &str, size: &str) -> Result<()> {
+/// Boots `kernel` (a name of `kernels::KERNELS`) and runs the host tests
+/// of `HOST_TESTS` under each backend, the shared-memory soft-dirty case
+/// and the attribution case.
+pub fn run(kernel: &str) -> Result<()> {
     let anon_vma_name = kernels::config_option(kernels::by_name(kernel)?, "CONFIG_ANON_VMA_NAME")?;
-    let (k, run) = boot(
-        kernel,
-        "foundation",
-        &[host_test_vars(&HOST_TESTS).as_slice(), &[("SIZE", size.to_string())]].concat(),
-    )?;
+    let g = prepare(kernel, "foundation", &host_test_vars(&HOST_TESTS))?;
+    let run = g.boot()?;
+    finish(g.k, &run, check_foundation(&run, anon_vma_name)?, "guest test")
+}
+
+/// The foundation guest's checks: its host tests, its own cases and the
+/// shipped binary.
+fn check_foundation(run: &vm::GuestRun, anon_vma_name: Option<bool>) -> Result<Vec<String>> {
     let mut failures = Vec::new();
-    checked(&mut failures, Ok(check_host_tests(&run, &HOST_TESTS)))?;
-    for (case, folio) in [("fork64k", "64K"), ("shared4k", "shared"), ("mappings4k", "mappings")] {
-        checked(&mut failures, check_case(&run, case, folio, anon_vma_name))?;
+    checked(&mut failures, Ok(check_host_tests(run, &HOST_TESTS)))?;
+    for (case, folio) in [("shared4k", "shared"), ("mappings4k", "mappings")] {
+        checked(&mut failures, check_case(run, case, folio, anon_vma_name))?;
     }
-    shared_cases(&run, &mut failures)?;
-    finish(k, &run, failures, "guest test")
+    checked(&mut failures, Ok(check_shipped(run)))?;
+    Ok(failures)
 }
 
 #[cfg(test)]
@@ -291,18 +318,5 @@ mod tests {
             r.table
         );
         assert!(r.table.contains("ok   getrusage: minflt+majflt = 39; faults 39 - retries 0"), "{}", r.table);
-        // Before 6.16 a 64K folio is copied page by page: copy 1 is not 16.
-        let r = check_case(&run, "fork4k", "64K", None).unwrap();
-        assert!(
-            r.failures.iter().any(|f| f.contains("arithmetic: copy (") && f.contains(" = 1, pages = 16")),
-            "{:?}",
-            r.failures
-        );
-    }
-
-    #[test]
-    fn release_strings_compare() {
-        assert!(kernel_at_least("7.3.4+deb13-cloud-amd64", 6, 16));
-        assert!(!kernel_at_least("6.12.0", 6, 16));
     }
 }

@@ -121,8 +121,11 @@ enum Cmd {
     StaleTlb,
     /// Only the guest test (after setup).
     GuestTest {
-        #[arg(long, default_value = "64M")]
-        size: String,
+        /// Also the origins guest on this arm64 kernel, booted at the same
+        /// time (as `test` does).
+        #[arg(long, value_parser =
+              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        with_origins: Option<String>,
         /// The guest kernel (kernels::KERNELS).
         #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
               clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
@@ -292,7 +295,8 @@ fn dispatch(cli: Cli) -> Result<()> {
         Cmd::Dist { check: true } => dist::check(),
         Cmd::Test => test(),
         Cmd::Demo => demo(),
-        Cmd::GuestTest { size, kernel } => foundation::run(&kernel, &size),
+        Cmd::GuestTest { kernel, with_origins: None } => foundation::run(&kernel),
+        Cmd::GuestTest { kernel, with_origins: Some(arm64) } => foundation::run_both(&kernel, &arm64),
         Cmd::Origins { kernel } => foundation::run_origins(&kernel),
         Cmd::Overhead { host, kernel, size, runs, storm, stats_runs, clock, variants } => {
             setup::setup()?;
@@ -387,11 +391,12 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 10] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 9] = [
         // First: it builds the static binaries every guest stage runs.
         ("dist packages", &dist::check),
-        ("foundation guest test", &|| foundation::run("6.12-cloud-amd64", "64M")),
-        ("every origin, arm64", &|| foundation::run_origins("7.3-cloud-arm64")),
+        ("foundation and every origin (amd64, arm64)", &|| {
+            foundation::run_both("6.12-cloud-amd64", "7.3-cloud-arm64")
+        }),
         ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
         ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
         ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),

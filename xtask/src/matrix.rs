@@ -1261,33 +1261,6 @@ impl Guest {
     }
 }
 
-/// How many guests boot at once: `XTASK_GUESTS`, else one per host CPU, at
-/// most 4 (each has 2 vCPUs and 2 GiB). A guest keeps about one host CPU
-/// busy (its own single-threaded work, and idle waits such as the kernel's
-/// grace periods at detach), so two guests on two CPUs share them well.
-fn guests_at_once() -> usize {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-    std::env::var("XTASK_GUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus).max(1)
-}
-
-/// Runs `boot` on each of `items`, [`guests_at_once`] at a time; the
-/// results in the order of `items`.
-fn boot_each<T: Sync, R: Send>(items: &[T], boot: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| Default::default()).collect();
-    std::thread::scope(|sc| {
-        for _ in 0..guests_at_once().min(items.len()) {
-            sc.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = boot(item);
-                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-            });
-        }
-    });
-    results.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
-}
-
 /// [`run_each`] with the same `cases` on every kernel.
 fn run_with(
     kernels: &[GuestKernel],
@@ -1311,7 +1284,7 @@ fn run_each(
     let mut failures = Vec::new();
     let guests = prepare(plan, backends, what, &mut failures)?;
     // The boots, several at once; then their checks, in order.
-    let runs = boot_each(&guests, |g| g.boot(size, what, &g.cases, &g.backends));
+    let runs = crate::vm::boot_each(&guests, |g| g.boot(size, what, &g.cases, &g.backends));
     let mut boots = Vec::new();
     for (g, run) in guests.iter().zip(runs) {
         // A guest that could not run fails the stage; the others are
@@ -1428,7 +1401,7 @@ mod tests {
     #[test]
     fn boot_each_keeps_the_order_of_its_items() {
         let items: Vec<u64> = (0..7).collect();
-        let out = boot_each(&items, |&i| {
+        let out = crate::vm::boot_each(&items, |&i| {
             // The later items finish first.
             std::thread::sleep(std::time::Duration::from_millis(20 * (7 - i)));
             i * 2

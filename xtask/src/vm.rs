@@ -474,6 +474,33 @@ pub fn sections(console: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// How many guests boot at once: `XTASK_GUESTS`, else one per host CPU, at
+/// most 4 (each has 2 vCPUs and 2 GiB). A guest keeps about one host CPU
+/// busy (its own single-threaded work, and idle waits such as the kernel's
+/// grace periods at detach), so two guests on two CPUs share them well.
+pub fn guests_at_once() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    std::env::var("XTASK_GUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus).max(1)
+}
+
+/// Runs `boot` on each of `items`, [`guests_at_once`] at a time; the
+/// results in the order of `items`.
+pub fn boot_each<T: Sync, R: Send>(items: &[T], boot: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<R>>> = items.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|sc| {
+        for _ in 0..guests_at_once().min(items.len()) {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = boot(item);
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            });
+        }
+    });
+    results.into_iter().filter_map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner())).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -1,7 +1,8 @@
 //! Host tests: faultscope on the build machine's own kernel (tracepoint mode
 //! where kprobes are missing, kprobe mode where present), checked against the
-//! workload's page arithmetic, getrusage and the kernel's own counts. Needs
-//! root. One file per concern; this one is the harness they share.
+//! workload's page arithmetic, getrusage and the kernel's own counts; in the
+//! guests the same binary adds the tracefs oracle. Needs root. One file per
+//! concern; this one is the harness they share.
 //!
 //! How to add a test:
 //! 1. Put it in the file of its concern (or a new `mod` below).
@@ -11,7 +12,14 @@
 //! 3. Check against a count made another way (the workload's pages,
 //!    getrusage, `/proc`), within `TOLERANCE` where the kernel's own
 //!    choices enter, never an exact number that depends on timing.
-//! 4. Use `faultscope(args)` for a run to completion, `Served` for a serve.
+//! 4. Use `faultscope(args)` for a run to completion (`fs_command` to
+//!    spawn one), `Served` for a serve.
+//! 5. To run it in the guests too (static, against the tracefs oracle,
+//!    once per backend), name it in `xtask/src/foundation.rs`'s
+//!    `HOST_TESTS` (`ARM64_HOST_TESTS` for the arm64 guest). Record
+//!    through `record_workload` or `record_traced` so the oracle checks
+//!    the run there, and go through `faultscope`/`fs_command` so the
+//!    guest's backend applies.
 
 use std::{
     path::Path,
@@ -261,7 +269,9 @@ fn bench(args: &[&str], json: &Path) -> Report {
     a.extend_from_slice(&["--json", json.to_str().unwrap()]);
     let out = faultscope(&a);
     assert!(out.status.success(), "bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    read_report(json)
+    let report = read_report(json);
+    assert_backend(&report);
+    report
 }
 
 // ---- files, signals and CLI hardening ----

@@ -198,9 +198,22 @@ pub fn latency_tier(cl: &mut Checklist<'_>, report: &Report, p: &Process) {
     }
 }
 
+/// Whether a release string ("7.3.4+deb13-cloud-amd64") is at least major.minor.
+pub fn kernel_at_least(release: &str, major: u64, minor: u64) -> bool {
+    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u64>().ok());
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_strings_compare() {
+        assert!(kernel_at_least("7.3.4+deb13-cloud-amd64", 6, 16));
+        assert!(!kernel_at_least("6.12.0", 6, 16));
+    }
 
     #[test]
     fn per_page_holds_the_writes_to_the_pages_and_the_tolerance() {
