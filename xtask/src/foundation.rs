@@ -1,6 +1,7 @@
-//! The foundation guest test: faultscope's counts against the tracefs
-//! kprobe oracle of the same run, and against the workload's page
-//! arithmetic and getrusage.
+//! The foundation and origins guest tests: the host tests run in the
+//! guests (static, under each backend, against the tracefs kprobe oracle),
+//! and the foundation's cases of its own, checked against the oracle of
+//! the same run, the workload's page arithmetic and getrusage.
 
 use std::{fmt::Write as _, path::PathBuf, time::Duration};
 
@@ -16,7 +17,7 @@ use crate::{
 };
 
 /// Checks a case: faultscope against the oracle (whole process), the page
-/// arithmetic of `folio` (4K, 64K, shared; "mappings": per mapping, see
+/// arithmetic of `folio` (4K, shared; "mappings": per mapping, see
 /// `mappings.rs`, with the kernel's CONFIG_ANON_VMA_NAME as `anon_vma_name`),
 /// getrusage.
 pub fn check_case(
@@ -112,7 +113,8 @@ pub fn run_both(kernel: &str, arm64: &str) -> Result<()> {
 }
 
 /// A guest ready to boot: its kernel and initramfs (`NAME.sh`, its
-/// variables, and the host tests' static binary as `/host-tests`).
+/// variables, and the host tests' static binary as `/host-tests`), made by
+/// [`prepare`].
 struct Guest {
     k: kernels::GuestKernel,
     name: &'static str,

@@ -49,6 +49,7 @@ fn bin() -> &'static str {
         std::env::var("FAULTSCOPE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_faultscope").into())
     })
 }
+
 /// Names of faultscope's BPF programs, from the one catalogue.
 fn programs() -> impl Iterator<Item = &'static str> {
     Program::ALL.iter().map(|p| p.name())
@@ -243,7 +244,7 @@ fn assert_backend(report: &Report) {
 fn assert_oracle_agrees(t: &faultscope_expect::tracefs::Traced, report: &Report, pid: u32) {
     let (mut table, mut fails) = (String::new(), Vec::new());
     t.check(&mut Checklist::new("oracle", &mut table, &mut fails), report, pid);
-    // Printed for the guest's log (libtest shows it with --nocapture).
+    // Printed for the guest's log (libtest shows it with --show-output).
     println!("pid {pid} against the oracle:\n{table}");
     assert!(fails.is_empty(), "{fails:#?}\n{table}");
 }
