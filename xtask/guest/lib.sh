@@ -123,7 +123,8 @@ host_tests() {
 		b=${r%%:*}
 		up host-tests@$b.start
 		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
-			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} FAULTSCOPE_TEST_REPEAT=3 \
+			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} \
+			FAULTSCOPE_TEST_REPEAT=3 FAULTSCOPE_TEST_INTERVAL=0.1 \
 			/host-tests --exact --test-threads=1 --show-output $HOST_TESTS > /tmp/host-tests.out 2>&1
 		echo "@@FS-RC host-tests@$b $?"
 		emit host-tests@$b.out /tmp/host-tests.out

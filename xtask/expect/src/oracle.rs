@@ -298,7 +298,19 @@ pub fn region_rows<'a>(
         let role = r["role"].as_str().unwrap_or("?");
         let (start, pages) = (r["start"].as_u64().unwrap_or(0), r["pages"].as_u64().unwrap_or(0));
         let Some(row) = p.attribution.mappings.iter().find(|m| m.start == start) else {
-            cl.expect(false, format!("{role}: no mapping row starts at {start:#x}"));
+            let rows: Vec<String> = p
+                .attribution
+                .mappings
+                .iter()
+                .map(|m| format!("{:#x}-{:#x} {} {:?}", m.start, m.end, m.mapping, m.counts))
+                .collect();
+            cl.expect(
+                false,
+                format!(
+                    "{role}: no mapping row starts at {start:#x}; the rows:\n    {}",
+                    rows.join("\n    ")
+                ),
+            );
             continue;
         };
         let row = RegionRow { role, region: r, pages, counts: &row.counts };

@@ -137,6 +137,8 @@ impl Traced {
                 cl.expect(false, format!("the oracle has a {phase} line for pid {pid} ({})", self.summary))
             }
         }
+        let skipped = crate::oracle::skipped_runs(report);
+        cl.line(format!("  program runs the kernel skipped: {skipped}"));
         let lost = report.drop_count(DropReason::Kernel(DropKind::LostReturn));
         cl.expect(lost == 0, format!("kretprobe returns lost: {lost}"));
         cl.expect(self.kprobes_left == 0, format!("kprobes left after faultscope: {}", self.kprobes_left));
