@@ -110,9 +110,9 @@ fn build_x86_64() -> Result<PathBuf> {
 /// The host tests (`tracer/tests/host`) as one static binary for
 /// `deb_arch`, for a guest to run beside the static faultscope. A target
 /// folder of their own: a test build unifies the dev-dependencies'
-/// features into faultscope's dependencies, so in the release builds'
-/// folder each rebuilt faultscope after the other: 275 s of a suite's run
-/// (dist's two builds 47 s and 67 s, the tests' 64 s and 97 s).
+/// features into faultscope's dependencies (cargo's resolver 2) and a
+/// plain build does not, so in one folder each could rebuild what the
+/// other built.
 pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
     let a = arch(deb_arch)?;
     let cargo = match a.deb {
