@@ -193,10 +193,7 @@ fn record_workload_with(d: &Path, size: &str, more: &[&str]) -> (Output, Report,
     args.extend(["--size", size, "--thp", "never", "--child", "exit"]);
     args.extend(more);
     args.extend(["--out", wl.to_str().unwrap()]);
-    let tracing = faultscope_expect::tracefs::start();
-    let out = faultscope(&args);
-    let traced = tracing.map(|t| t.finish(&[]));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (out, traced) = run_traced(&args, None);
     let (report, wl) = (read_report(&fs), read_json(&wl));
     assert_backend(&report);
     if let Some(t) = traced {
@@ -239,15 +236,23 @@ fn record_traced_once(
     args.extend(["--", workload()]);
     args.extend(workload_args);
     args.extend(["--regions-out", ranges.to_str().unwrap(), "--out", wl.to_str().unwrap()]);
-    let tracing = faultscope_expect::tracefs::start();
-    let out = faultscope(&args);
-    let ranges: Vec<String> =
-        std::fs::read_to_string(&ranges).unwrap_or_default().lines().map(String::from).collect();
-    let traced = tracing.map(|t| t.finish(&ranges));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, traced) = run_traced(&args, Some(&ranges));
     let report = read_report(&fs);
     assert_backend(&report);
     (report, read_json(&wl), traced)
+}
+
+/// `faultscope ARGS` to a successful end, under the oracle where there is
+/// one, given the address ranges the workload wrote to `ranges`.
+fn run_traced(args: &[&str], ranges: Option<&Path>) -> (Output, Option<faultscope_expect::tracefs::Traced>) {
+    let tracing = faultscope_expect::tracefs::start();
+    let out = faultscope(args);
+    let ranges: Vec<String> = ranges
+        .and_then(|r| std::fs::read_to_string(r).ok())
+        .map_or_else(Vec::new, |t| t.lines().map(String::from).collect());
+    let traced = tracing.map(|t| t.finish(&ranges));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (out, traced)
 }
 
 /// Where a guest run asks for a backend (`FAULTSCOPE_BACKEND`), the fault
