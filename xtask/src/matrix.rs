@@ -18,7 +18,7 @@ use faultscope_common::Program;
 use crate::{
     check::{self, CaseResult, Checklist, Oracle, LRU_BATCH_COPIES},
     kernels::{Choices, FolioReuse, GuestKernel},
-    vm::GuestRun,
+    vm::{tlb, GuestRun, Tlb},
 };
 
 /// Faults of the bench's own pages (stack, heap) in its write step: 0-4,
@@ -91,7 +91,8 @@ pub fn check_case(run: &GuestRun, kernel: &str, choices: Choices, label: &str) -
             .probes
             .iter()
             .any(|p| p.attached && EXCEPTION_PROGRAMS.iter().any(|e| e.name() == p.program));
-        let kernel = KernelTraits { choices, opened_at_exception };
+        let stale_tlb = run.tlb == Tlb::Stale;
+        let kernel = KernelTraits { choices, opened_at_exception, stale_tlb };
         expect_kernel_choice(&mut cl, case, kernel, b, write);
         expect_folios(&mut cl, run, label, &report, &per_step);
         expect_hotpatch(&mut cl, case, choices, run, label, b, write);
@@ -167,6 +168,8 @@ struct KernelTraits {
     choices: Choices,
     /// Faults open at their exception, not at `handle_mm_fault`.
     opened_at_exception: bool,
+    /// The guest ran under QEMU's stale-TLB model.
+    stale_tlb: bool,
 }
 
 /// What the kernel chose in the write step, against the page arithmetic:
@@ -175,7 +178,7 @@ struct KernelTraits {
 fn expect_kernel_choice(
     cl: &mut Checklist,
     case: &str,
-    KernelTraits { choices, opened_at_exception }: KernelTraits,
+    KernelTraits { choices, opened_at_exception, stale_tlb }: KernelTraits,
     b: &faultscope::report::schema::Bench,
     write: &faultscope::report::schema::Span,
 ) {
@@ -265,12 +268,12 @@ fn expect_kernel_choice(
             // also be preempted in its VMA lookup, as often as the
             // kernel's preemption model allows: not bounded.
             let (sp, stale, race) = spurious_split(cl, write);
-            let bounded = !stale_tlb_model() && opened_at_exception;
+            let bounded = !stale_tlb && opened_at_exception;
             cl.expect(
                 (!bounded || stale <= race + STRETCHED_RACES) && sp <= 3 * pages,
                 format!(
                     "spurious {sp} (race {race}, stale TLB {stale}{}), at most 3 of 4 threads a page ({})",
-                    match (stale_tlb_model(), opened_at_exception) {
+                    match (stale_tlb, opened_at_exception) {
                         (false, true) => format!(" <= race + {STRETCHED_RACES}"),
                         (false, false) => ", opened at handle_mm_fault: not bounded".into(),
                         (true, _) => String::new(),
@@ -300,7 +303,7 @@ fn expect_kernel_choice(
             // any count up to the pages, the boot's sum held to QEMU's own
             // count (`check_model_count`).
             let (sp, stale, race) = spurious_split(cl, write);
-            let cached = stale_tlb_model();
+            let cached = stale_tlb;
             cl.expect(
                 race == 0 && if cached { stale <= pages } else { stale == 0 },
                 format!(
@@ -322,7 +325,7 @@ fn expect_kernel_choice(
             // page none. One thread: no race.
             let (wp, (sp, stale, race)) = (get(ReportClass::WpFaults), spurious_split(cl, write));
             let whole = reuse != FolioReuse::PageByPage;
-            let want = if !stale_tlb_model() {
+            let want = if !stale_tlb {
                 (0, 0, "0: every store re-walks".to_string())
             } else if local_flush {
                 // Only a thread moved back to a CPU that read the folio
@@ -341,7 +344,7 @@ fn expect_kernel_choice(
                     want.2
                 ),
             );
-            if whole && (local_flush || !stale_tlb_model()) {
+            if whole && (local_flush || !stale_tlb) {
                 cl.expect(
                     wp + sp <= folios + SLACK,
                     format!("write faults {} <= folios {folios} (+{SLACK}): one a folio", wp + sp),
@@ -613,11 +616,6 @@ fn expect_hotpatch_taken(cl: &mut Checklist, h: &faultscope::report::schema::Hot
         h.before.file_pmd_mapped == size,
         format!("before the write: file PMD-mapped {} = size {size}", h.before.file_pmd_mapped),
     );
-}
-
-/// Whether the guests run under QEMU's stale-TLB model (`--tlb stale`).
-fn stale_tlb_model() -> bool {
-    crate::vm::tlb() == crate::vm::Tlb::Stale
 }
 
 /// The write step's spurious faults, stale TLB and race, checked to add
@@ -1054,7 +1052,7 @@ pub fn cow_memory() -> Result<()> {
     let plan = COW_MEMORY
         .iter()
         .map(|(name, cases)| {
-            Ok((crate::kernels::by_name(name)?, cases.iter().map(|c| c.to_string()).collect()))
+            Ok((crate::kernels::by_name(name)?, cases.iter().map(|c| c.to_string()).collect(), tlb()))
         })
         .collect::<Result<Vec<_>>>()?;
     run_each(&plan, "16M", &[], Boot::Cases).map(drop).context("COW memory")
@@ -1081,35 +1079,24 @@ pub const STALE_TLB_ARM64_KERNELS: &[&str] = &["6.12-cloud-arm64", "7.3-cloud-ar
 /// and the two-thread case on [`STALE_TLB_ARM64_KERNELS`] under the model,
 /// each boot's count against QEMU's own ([`check_model_count`]).
 pub fn stale_tlb() -> Result<()> {
-    use crate::vm::{set_tlb, tlb, Tlb};
     let names = |v: &[&str]| -> Vec<String> { v.iter().map(|c| c.to_string()).collect() };
-    let kernels =
-        |v: &[&str]| -> Result<Vec<GuestKernel>> { v.iter().map(|n| crate::kernels::by_name(n)).collect() };
     let k612 = crate::kernels::by_name(STALE_TLB_KERNELS[0])?;
-    let was = tlb();
     let unmodelled = names(&STALE_TLB_CASES[..2]);
-    let mut parts = Vec::new();
-    set_tlb(Tlb::Exact);
-    let exact = run_with(&[k612], "16M", &unmodelled, &[], Boot::Cases);
-    set_tlb(Tlb::ModelOff);
-    let off = run_with(&[k612], "16M", &unmodelled, &[], Boot::Cases);
-    parts.push((
-        "QEMU as shipped, and patched with the model off",
-        match (exact, off) {
-            (Ok(a), Ok(b)) => compare_model_off(&a, &b, &unmodelled),
-            (a, b) => a.and(b).map(drop),
-        },
-    ));
-    set_tlb(Tlb::Stale);
-    let cases =
-        |ks: &[&str], cs: &[&str]| run_with(&kernels(ks)?, "16M", &names(cs), &[], Boot::Cases).map(drop);
-    parts.push(("the model, x86", cases(STALE_TLB_KERNELS, STALE_TLB_CASES)));
-    parts.push(("the model, arm64", cases(STALE_TLB_ARM64_KERNELS, &STALE_TLB_CASES[..1])));
-    set_tlb(was);
-    let failed: Vec<String> =
-        parts.iter().filter_map(|(what, r)| r.as_ref().err().map(|e| format!("{what}: {e:#}"))).collect();
-    anyhow::ensure!(failed.is_empty(), "stale-TLB stage: {}", failed.join("; "));
-    Ok(())
+    // The stage's boots in one pool (a guest per CPU), each under its own
+    // model.
+    let mut plan: Vec<Planned> =
+        vec![(k612, unmodelled.clone(), Tlb::Exact), (k612, unmodelled.clone(), Tlb::ModelOff)];
+    for (ks, cs) in [(STALE_TLB_KERNELS, STALE_TLB_CASES), (STALE_TLB_ARM64_KERNELS, &STALE_TLB_CASES[..1])] {
+        for k in ks {
+            plan.push((crate::kernels::by_name(k)?, names(cs), Tlb::Stale));
+        }
+    }
+    let boots = run_each(&plan, "16M", &[], Boot::Cases).context("stale-TLB stage")?;
+    let by = |t: Tlb| -> Vec<&(GuestKernel, GuestRun)> {
+        boots.iter().filter(|(k, r)| k.name == k612.name && r.tlb == t).collect()
+    };
+    compare_model_off(&by(Tlb::Exact), &by(Tlb::ModelOff), &unmodelled)
+        .context("stale-TLB stage: QEMU as shipped, and patched with the model off")
 }
 
 /// The patched QEMU with its model off against Debian's, the same cases in
@@ -1117,8 +1104,8 @@ pub fn stale_tlb() -> Result<()> {
 /// case's write step has the same counts, within [`SLACK`] (the bench's
 /// own faults move a little from boot to boot).
 fn compare_model_off(
-    debian: &[(GuestKernel, GuestRun)],
-    off: &[(GuestKernel, GuestRun)],
+    debian: &[&(GuestKernel, GuestRun)],
+    off: &[&(GuestKernel, GuestRun)],
     cases: &[String],
 ) -> Result<()> {
     let write_counts = |run: &GuestRun, label: &str| -> Option<Vec<(ReportClass, u64)>> {
@@ -1126,7 +1113,7 @@ fn compare_model_off(
         Some(ReportClass::ALL.into_iter().filter_map(|m| Some((m, w.count(m)?))).collect())
     };
     let mut fails = Vec::new();
-    for ((k, a), (_, b)) in debian.iter().zip(off) {
+    for (&(k, a), &(_, b)) in debian.iter().zip(off) {
         if let Some(n) = b.stale_tlb_faults {
             fails.push(format!("{}: the model is off, and QEMU counted {n} faults of it", k.name));
         }
@@ -1239,6 +1226,7 @@ struct Guest {
     dir: std::path::PathBuf,
     cases: Vec<String>,
     backends: Vec<String>,
+    tlb: Tlb,
 }
 
 impl Guest {
@@ -1257,7 +1245,9 @@ impl Guest {
             env.extend([("GATES", "1".to_string()), ("TRACE_KB", "98304".to_string())]);
         }
         let cpio = crate::vm::initramfs(&self.dir, self.k.arch, &self.bin, "matrix.sh", &env)?;
-        crate::vm::boot(self.k, &self.vmlinuz, &cpio, &self.dir, std::time::Duration::from_secs(900))
+        let machine = crate::vm::Machine { tlb: self.tlb, ..crate::vm::Machine::host() };
+        let timeout = std::time::Duration::from_secs(900);
+        crate::vm::boot_with(self.k, &self.vmlinuz, &cpio, &self.dir, timeout, &[], machine)
     }
 }
 
@@ -1269,14 +1259,17 @@ fn run_with(
     backends: &[String],
     what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
-    let plan: Vec<(GuestKernel, Vec<String>)> = kernels.iter().map(|&k| (k, cases.to_vec())).collect();
+    let plan: Vec<Planned> = kernels.iter().map(|&k| (k, cases.to_vec(), tlb())).collect();
     run_each(&plan, size, backends, what)
 }
+
+/// A kernel to boot, its cases, and the TLB model of its QEMU.
+type Planned = (GuestKernel, Vec<String>, Tlb);
 
 /// Boots each kernel of `plan` with its cases (several guests at once),
 /// under each of its backends ([`backends_for`]), and checks them in order.
 fn run_each(
-    plan: &[(GuestKernel, Vec<String>)],
+    plan: &[Planned],
     size: &str,
     backends: &[String],
     what: Boot,
@@ -1307,15 +1300,15 @@ fn run_each(
 /// at a time. A kernel that cannot be had (a build that failed) fails the
 /// run; the other kernels still run.
 fn prepare(
-    plan: &[(GuestKernel, Vec<String>)],
+    plan: &[Planned],
     backends: &[String],
     what: Boot,
     failures: &mut Vec<String>,
 ) -> Result<Vec<Guest>> {
     use crate::{kernels, util::root, vm};
     let mut guests = Vec::new();
-    for (k, cases) in plan {
-        let k = *k;
+    for (k, cases, tlb) in plan {
+        let (k, tlb) = (*k, *tlb);
         if k.skipped(&format!("matrix {}", cases.join(" "))) {
             continue;
         }
@@ -1327,8 +1320,14 @@ fn prepare(
             }
         };
         let bin = vm::build_faultscope(k.arch)?;
+        if tlb != Tlb::Exact {
+            // Built here, once, not by two boots at once.
+            crate::qemu::build()?;
+        }
         let sub = if what == Boot::Gates { "gates" } else { "matrix" };
-        let dir = root().join("target/vm").join(sub).join(k.name);
+        // A folder per TLB model: one kernel may boot under two at once.
+        let model = if tlb == Tlb::Exact { String::new() } else { format!("-tlb-{tlb:?}").to_lowercase() };
+        let dir = root().join("target/vm").join(sub).join(format!("{}{model}", k.name));
         std::fs::create_dir_all(&dir)?;
         guests.push(Guest {
             k,
@@ -1337,6 +1336,7 @@ fn prepare(
             dir,
             cases: cases.clone(),
             backends: backends_for(k.name, backends),
+            tlb,
         });
     }
     Ok(guests)
@@ -1348,7 +1348,7 @@ fn check_guest(g: &Guest, run: &GuestRun, size: &str, what: Boot, failures: &mut
     let (k, bs) = (g.k, &g.backends);
     let labels: Vec<String> = bs.iter().flat_map(|b| g.cases.iter().map(move |c| label(c, b))).collect();
     let harness_errors = check_cases(run, k, &labels, failures);
-    if stale_tlb_model() {
+    if run.tlb == Tlb::Stale {
         failures.extend(check_model_count(run, k.name, &labels));
     }
     failures.extend(check_verify(run, k, what == Boot::Gates));
@@ -1359,11 +1359,12 @@ fn check_guest(g: &Guest, run: &GuestRun, size: &str, what: Boot, failures: &mut
         failures.extend(fails);
     }
     println!(
-        "guest {} ran {} cases ({}) in {:.1}s",
+        "guest {} ran {} cases ({}) in {:.1}s{}",
         k.name,
         labels.len(),
         bs.join(", "),
-        run.wall.as_secs_f64()
+        run.wall.as_secs_f64(),
+        if g.tlb == Tlb::Exact { String::new() } else { format!(", QEMU --tlb {:?}", g.tlb) }
     );
     print_complaints(run);
     // A case without results (no bench output, no oracle counts for it)
@@ -1543,6 +1544,7 @@ mod tests {
             sections: crate::vm::sections(console),
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
+            tlb: crate::vm::Tlb::Exact,
         };
         let e =
             check_case(&run, "k", Choices::STOCK, "c").err().expect("no JSON: a harness error").to_string();

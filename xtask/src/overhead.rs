@@ -339,7 +339,15 @@ fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Resul
     // compiles its script each time), arm64 twice that.
     let timeout = Duration::from_secs(900 + 240 * (o.runs + o.stats_runs) as u64 + 6 * o.storm);
     eprintln!("overhead: {} rounds in the {} guest, bpftrace image {}", o.runs, k.name, img.display());
-    vm::boot_with(k, &vmlinuz, &cpio, &dir, timeout, &bpftrace::qemu_args(&img), o.clock)
+    vm::boot_with(
+        k,
+        &vmlinuz,
+        &cpio,
+        &dir,
+        timeout,
+        &bpftrace::qemu_args(&img),
+        vm::Machine { clock: o.clock, ..vm::Machine::host() },
+    )
 }
 
 /// The same script on this machine as it is: the host's bpftrace and
@@ -408,6 +416,7 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
         console,
         wall: started.elapsed(),
         stale_tlb_faults: None,
+        tlb: vm::Tlb::Exact,
     })
 }
 

@@ -314,7 +314,7 @@ pub fn boot_host_root_on(
         &dir,
         Duration::from_secs(600),
         &vm::virtfs_host_root(),
-        vm::Clock::Host,
+        vm::Machine::host(),
     )?;
     run.failed(&format!("the {name} guest"))?;
     Ok(HostRootRun { run, modules: names, dir })

@@ -31,6 +31,8 @@ pub struct GuestRun {
     /// whole run, all vCPUs (its exit line); None with `--tlb exact`, or
     /// when QEMU did not exit normally.
     pub stale_tlb_faults: Option<u64>,
+    /// The TLB model it ran under.
+    pub tlb: Tlb,
 }
 
 /// How the guests' TLBs behave: the choice of `--tlb`, for every guest
@@ -218,7 +220,21 @@ pub fn initramfs_with(
 
 /// Boots `kernel` with the initramfs under QEMU TCG and returns the console.
 pub fn boot(k: GuestKernel, vmlinuz: &Path, cpio: &Path, dir: &Path, timeout: Duration) -> Result<GuestRun> {
-    boot_with(k, vmlinuz, cpio, dir, timeout, &[], Clock::Host)
+    boot_with(k, vmlinuz, cpio, dir, timeout, &[], Machine::host())
+}
+
+/// How QEMU runs a guest: its clock and its TLB model.
+#[derive(Clone, Copy, Debug)]
+pub struct Machine {
+    pub clock: Clock,
+    pub tlb: Tlb,
+}
+
+impl Machine {
+    /// Host time, the TLB model this process was given ([`set_tlb`]).
+    pub fn host() -> Machine {
+        Machine { clock: Clock::Host, tlb: tlb() }
+    }
 }
 
 /// What the guest's clock counts.
@@ -232,10 +248,10 @@ pub enum Clock {
     Instructions,
 }
 
-/// The QEMU binary for `k` under the chosen TLB model, and its arguments
-/// up to the kernel's: accelerator, clock, machine and command line.
-fn qemu_command(k: GuestKernel, clock: Clock) -> Result<(PathBuf, Vec<String>)> {
-    let tlb = tlb();
+/// The QEMU binary for `k` on `machine`, and its arguments up to the
+/// kernel's: accelerator, clock, TLB model, machine and command line.
+fn qemu_command(k: GuestKernel, machine: Machine) -> Result<(PathBuf, Vec<String>)> {
+    let Machine { clock, tlb } = machine;
     let stale = if tlb == Tlb::Stale { ",stale-tlb=on" } else { "" };
     let mut tcg: Vec<String> = match clock {
         Clock::Host => vec!["-accel".into(), format!("tcg,thread=multi{stale}")],
@@ -298,8 +314,8 @@ fn qemu_command(k: GuestKernel, clock: Clock) -> Result<(PathBuf, Vec<String>)> 
     Ok((qemu, tcg))
 }
 
-/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]) and the
-/// guest's clock chosen.
+/// [`boot`] with `extra` QEMU arguments (e.g. [`virtfs_host_root`]) on
+/// `machine`.
 pub fn boot_with(
     k: GuestKernel,
     vmlinuz: &Path,
@@ -307,9 +323,9 @@ pub fn boot_with(
     dir: &Path,
     timeout: Duration,
     extra: &[String],
-    clock: Clock,
+    machine: Machine,
 ) -> Result<GuestRun> {
-    let (qemu, args) = qemu_command(k, clock)?;
+    let (qemu, args) = qemu_command(k, machine)?;
     let log = dir.join("console.log");
     let stderr_log = dir.join("qemu.stderr");
     let started = Instant::now();
@@ -341,7 +357,7 @@ pub fn boot_with(
     let _ = echo.join();
     let wall = started.elapsed();
     let stale_tlb_faults = crate::qemu::faults_raised(&String::from_utf8_lossy(&fs::read(&stderr_log)?));
-    if tlb() == Tlb::Stale && stale_tlb_faults.is_none() {
+    if machine.tlb == Tlb::Stale && stale_tlb_faults.is_none() {
         eprintln!(
             "xtask: QEMU printed no stale-tlb line (it did not exit normally?): {}",
             stderr_log.display()
@@ -357,7 +373,7 @@ pub fn boot_with(
             crate::util::tail(&console, 60)
         );
     }
-    Ok(GuestRun { sections: sections(&console), console, wall, stale_tlb_faults })
+    Ok(GuestRun { sections: sections(&console), console, wall, stale_tlb_faults, tlb: machine.tlb })
 }
 
 /// The 9p tag [`virtfs_host_root`] exports this machine's `/` under.
@@ -520,6 +536,7 @@ mod tests {
             sections: super::sections(console),
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
+            tlb: crate::vm::Tlb::Exact,
         };
         assert_eq!(run.kernel_complaints(), ["<3>[ 9.1] rcu: INFO: stall", "<4>[ 9.3] WARNING: x"]);
     }
