@@ -66,10 +66,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `FAULTSCOPE_COMMIT` for `--version` and the report's provenance: the
-/// environment's value if set (a build from a tarball), else git's HEAD,
-/// else `unknown`. Reruns when HEAD or the branch it names moves.
+/// environment's value if set (a build from a tarball; xtask's builds of
+/// the host tests, which no commit changes), else git's HEAD, else
+/// `unknown`. Reruns when HEAD or the branch it names moves, unless set.
 fn commit() {
     println!("cargo:rerun-if-env-changed=FAULTSCOPE_COMMIT");
+    if let Ok(c) = env::var("FAULTSCOPE_COMMIT") {
+        println!("cargo:rustc-env=FAULTSCOPE_COMMIT={c}");
+        return;
+    }
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
@@ -78,7 +83,7 @@ fn commit() {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
-    let commit = env::var("FAULTSCOPE_COMMIT").ok().or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    let commit = git(&["rev-parse", "--short=12", "HEAD"]);
     // Only files that exist: cargo takes a missing one (no packed-refs in a
     // fresh repository) as changed, and would rebuild the crate every time.
     let watch = |path: Option<String>| {

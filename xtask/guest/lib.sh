@@ -2,7 +2,7 @@
 # An unset variable is an error (a misspelt name must not read as empty):
 # optional inputs are read as ${NAME:-default}.
 set -u
-# Extra arguments of faultscope record in run_case (none by default).
+# Extra arguments of faultscope record (redis.sh, daemon.sh; none by default).
 RECORD_ARGS=${RECORD_ARGS:-}
 T=/sys/kernel/tracing
 MM=/sys/kernel/mm/transparent_hugepage
@@ -115,7 +115,9 @@ shipped_binary() {
 # build host, static) run here one at a time against the oracle
 # (oracle_setup first): $HOST_TESTS, once for each BACKEND:TIER of
 # $HOST_TEST_RUNS, which every record and bench of the tests then use;
-# libtest's own output as the section host-tests@BACKEND.out.
+# libtest's own output as the section host-tests@BACKEND.out, each test's
+# time included (--report-time, which RUSTC_BOOTSTRAP lets a stable libtest
+# take).
 host_tests() {
 	thp_mode 4K
 	mkdir -p /run
@@ -123,9 +125,10 @@ host_tests() {
 		b=${r%%:*}
 		up host-tests@$b.start
 		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
-			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} \
-			FAULTSCOPE_TEST_REPEAT=3 FAULTSCOPE_TEST_INTERVAL=0.1 \
-			/host-tests --exact --test-threads=1 --show-output $HOST_TESTS > /tmp/host-tests.out 2>&1
+			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} FAULTSCOPE_ANON_VMA_NAME=${ANON_VMA_NAME:-} \
+			FAULTSCOPE_TEST_REPEAT=3 FAULTSCOPE_TEST_INTERVAL=0.1 RUSTC_BOOTSTRAP=1 \
+			/host-tests -Z unstable-options --report-time --exact --test-threads=1 --show-output \
+			$HOST_TESTS > /tmp/host-tests.out 2>&1
 		echo "@@FS-RC host-tests@$b $?"
 		emit host-tests@$b.out /tmp/host-tests.out
 	done
@@ -168,28 +171,6 @@ emit() {
 	echo "@@FS-END $1"
 }
 
-# run_case NAME FOLIO WORKLOAD-ARGS...: faultscope records the workload while
-# the oracle traces; prints reports, oracle counts and kprobe_profile.
-# $RECORD_ARGS go to faultscope record. If the workload wrote address
-# ranges to /tmp/NAME.ranges (--regions-out), the oracle also splits its
-# counts by them.
-run_case() {
-	name=$1; folio=$2; shift 2
-	thp_mode $folio
-	echo > $T/trace
-	kp0=$(grep -c . /sys/kernel/debug/kprobes/list)
-	echo 1 > $T/tracing_on
-	up "$name.start"
-	/faultscope record --json /tmp/$name.fs.json $RECORD_ARGS -- /fs-workload --out /tmp/$name.wl.json "$@" > /tmp/$name.out 2>&1
-	echo "@@FS-RC $name $?"
-	echo 0 > $T/tracing_on
-	kp1=$(grep -c . /sys/kernel/debug/kprobes/list)
-	echo "@@FS-KPROBES-LEFT $name $((kp1 - kp0))"
-	oracle_and_emit $name out fs.json wl.json
-	emit $name.kprobe_profile $T/kprobe_profile
-}
-
-
 # oracle_and_emit NAME SUFFIX...: after a case, the oracle over the trace
 # (split by /tmp/NAME.ranges when the case wrote them), the trace's size
 # and overrun, and the case's outputs /tmp/NAME.SUFFIX and the oracle's as
@@ -204,14 +185,6 @@ oracle_and_emit() {
 		emit $name.$s /tmp/$name.$s
 	done
 	emit $name.oracle /tmp/$name.oracle
-}
-
-# svg_facts NAME FILE: a flame graph's size (@@FS-SVG-BYTES, "missing" when
-# there is none) and its frames' titles (section NAME.svg-titles).
-svg_facts() {
-	echo "@@FS-SVG-BYTES $1 $(wc -c < "$2" 2>/dev/null || echo missing)"
-	grep -o '<title>[^<]*</title>' "$2" 2>/dev/null | head -n 300 > /tmp/$1.svg-titles
-	emit $1.svg-titles /tmp/$1.svg-titles
 }
 
 # hotpatch_dir: /mnt/hotpatch, for bench's hotpatch modes: ext4 (large

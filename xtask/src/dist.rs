@@ -115,7 +115,7 @@ fn build_x86_64() -> Result<PathBuf> {
 /// other built.
 pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
     let a = arch(deb_arch)?;
-    let cargo = match a.deb {
+    let mut cargo = match a.deb {
         "arm64" => cross::cargo("test", "cross-tests"),
         _ => {
             let mut c = static_cargo("test");
@@ -123,6 +123,8 @@ pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
             c
         }
     };
+    // Not the commit: a commit would rebuild both, though no test reads it.
+    cargo.env("FAULTSCOPE_COMMIT", "host-tests");
     let exe = test_executable(cargo)?;
     check_static(&exe, a)?;
     Ok(exe)
