@@ -1,24 +1,19 @@
-//! The oracle comparison of the guest tests (foundation, matrix, Redis):
+//! The oracle comparison of the guest stages (matrix, Redis, daemon):
 //! faultscope's classes of a span against the tracefs kprobe oracle's line
 //! for the same process and phase (`xtask/guest/oracle.c`).
 
-use anyhow::{bail, Context as _, Result};
-use faultscope::{
-    kernel::drops::{DropKind, DropReason},
-    report::{
-        file,
-        schema::{CheckResult, KernelCheck, Process, Report},
-    },
+use anyhow::{Context as _, Result};
+use faultscope::report::{
+    file,
+    schema::{CheckResult, KernelCheck, Process, Report},
 };
-
-pub use faultscope_expect::{
-    kernel_at_least,
-    oracle::{count, skipped_runs, Comparison, Line, Oracle},
-    Checklist, LRU_BATCH_COPIES,
-};
-use serde_json::Value;
 
 use crate::vm::GuestRun;
+pub use faultscope_expect::{
+    kernel_at_least,
+    oracle::{count, skipped_runs, Comparison, Oracle},
+    Checklist, LRU_BATCH_COPIES,
+};
 
 /// What checking one guest case gave: the table it printed (faultscope
 /// beside each count made another way) and its failures, one line each.
@@ -79,41 +74,6 @@ pub fn oracle_gap(run: &GuestRun, case: &str, section: &str, pid: u32, phase: &s
         "the oracle has no {phase} phase for pid {pid} ({summary}; trace buffer overrun {overrun}); \
          oracle section:\n{text}faultscope's output:\n{out}"
     )
-}
-
-/// What every case must end with: no kretprobe return lost, no kprobe left
-/// behind by faultscope, no overrun of the oracle's trace buffer.
-pub fn run_is_clean(run: &GuestRun, case: &str, fs: &Report) -> Vec<String> {
-    let mut fails = Vec::new();
-    let lost = fs.drop_count(DropReason::Kernel(DropKind::LostReturn));
-    if lost != 0 {
-        fails.push(format!("{case}: kretprobe returns lost: {lost}"));
-    }
-    for (tag, want) in [("KPROBES-LEFT", "0"), ("OVERRUN", "0")] {
-        let v = run.marker(tag, case).unwrap_or_default();
-        if v != want {
-            fails.push(format!("{case}: {tag} = {v:?}, want {want}"));
-        }
-    }
-    fails
-}
-
-/// A case's faultscope report, the workload's own JSON (`faultscope
-/// workload --out`, not a report) and the workload's pid, once faultscope
-/// ran it and exited with 0 (else its output is the error).
-pub fn case_outputs(run: &GuestRun, case: &str) -> Result<(Report, Value, u32)> {
-    let rc = run.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        bail!(
-            "{case}: faultscope exited with {rc:?}:\n{}",
-            run.section(&format!("{case}.out")).unwrap_or("")
-        );
-    }
-    let fs = report(run, &format!("{case}.fs.json"))?;
-    let wl: Value =
-        serde_json::from_str(run.section(&format!("{case}.wl.json"))?).context("workload JSON")?;
-    let pid: u32 = wl["pid"].as_u64().and_then(|p| p.try_into().ok()).context("workload pid")?;
-    Ok((fs, wl, pid))
 }
 
 /// A small bench run, report and guest console, for the tests of the
@@ -229,6 +189,7 @@ pub mod testing {
             console,
             wall: std::time::Duration::ZERO,
             stale_tlb_faults: None,
+            tlb: crate::vm::Tlb::Exact,
         }
     }
 }
@@ -528,7 +489,7 @@ mod tests {
         // Short by one where the kernel skipped a program run: noted, not
         // failed; never more than it skipped, never long.
         let mut skipped = r.clone();
-        skipped.drops.set(DropReason::SkippedRuns, 1);
+        skipped.drops.set(faultscope::kernel::drops::DropReason::SkippedRuns, 1);
         let c = oracle.compare("k c mark:fork", &step.classes, 7, "mark:fork").unwrap();
         let c = c.allowing_skipped("k c mark:fork", &skipped);
         assert!(c.failures.is_empty(), "{:?}", c.failures);

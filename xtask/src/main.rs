@@ -12,7 +12,6 @@ mod dist;
 mod foundation;
 mod kbuild;
 mod kernels;
-mod mappings;
 mod matrix;
 mod overhead;
 mod qemu;

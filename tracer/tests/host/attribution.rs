@@ -37,12 +37,30 @@ fn attribution_is_measured_or_says_why_not() {
 /// mapping, pages added to [heap]; the workload lists their ranges): each
 /// carries the write faults of its own pages after the fork, in every mode,
 /// within the granules at their edges (tracepoint mode names address
-/// granules, which a small mapping beside another can share).
+/// granules, which a small mapping beside another can share). Where the
+/// fault path is probed (reuse and copy measured), each region is also
+/// checked whole (`faultscope_expect::mappings`): its row against the
+/// oracle in its range (a guest), the copies by kind of mapping, the rows'
+/// sums, and the sites, stacks and flame graph naming each region's writer.
 #[test]
 fn each_mapping_carries_its_own_pages_writes() {
     let _t = host_test();
     let d = tmp();
-    let (_, report, wl) = record_workload_with(d.path(), "4M", &["--mappings", "--linger", "1"]);
+    let svg = d.path().join("m.svg");
+    let probed = fault_path_probed();
+    let mut record = Vec::new();
+    if probed {
+        record.extend([
+            "--sites",
+            "reuse,copy",
+            "--stacks",
+            "reuse,copy",
+            "--flamegraph",
+            svg.to_str().unwrap(),
+        ]);
+    }
+    let workload_args = ["--size", "4M", "--thp", "never", "--child", "exit", "--mappings", "--linger", "1"];
+    let (report, wl, traced) = record_traced(d.path(), &record, &workload_args);
     let p = process(&report, wl["pid"].as_u64().unwrap());
     let after = phase(p, "fork#1 after-child-exit");
     // Write faults of this phase by mapping: those with kprobes are COW
@@ -67,6 +85,23 @@ fn each_mapping_carries_its_own_pages_writes() {
             row.mapping
         );
     }
+    if !probed {
+        return;
+    }
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let mut cl = Checklist::new("mappings", &mut table, &mut fails);
+    if let Some(t) = &traced {
+        t.check(&mut cl, &report, p.pid);
+    }
+    let svg = std::fs::read_to_string(&svg).unwrap_or_default();
+    // The guest's kernel config says (FAULTSCOPE_ANON_VMA_NAME, y or n).
+    let anon_vma_name = std::env::var("FAULTSCOPE_ANON_VMA_NAME").ok().map(|v| v == "y");
+    let oracle = traced.as_ref().map(|t| &t.oracle);
+    let run = faultscope_expect::mappings::Run { oracle, anon_vma_name, workload: workload(), svg: &svg };
+    faultscope_expect::mappings::check(&mut cl, p, &wl, &run);
+    cl.getrusage(p, Workload(&wl).faults_since_exec());
+    println!("{table}");
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
 }
 
 /// Stacks of a class that cannot be counted here are said, and refused

@@ -180,6 +180,14 @@ fn workload() -> &'static str {
     })
 }
 
+/// Whether the fault path is probed here (kprobes or fentry: reuse and
+/// copy measured), as `probes` says in its first line.
+fn fault_path_probed() -> bool {
+    let out = faultscope(&["probes"]);
+    let mode = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
+    mode.starts_with("mode: fentry mode") || mode.starts_with("mode: kprobe mode")
+}
+
 /// `faultscope record --json -- fs-workload --size SIZE`: the output,
 /// the report and the workload's own report.
 fn record_workload(d: &Path, size: &str) -> (Output, Report, Value) {

@@ -188,6 +188,50 @@ fn probes_first_line_names_the_mode_a_run_gets() {
     assert!(want.iter().any(|w| first.starts_with(w)), "the run's mode is {mode:?}, probes says: {first}");
 }
 
+/// Shared memory whose soft-dirty bits the workload clears before its
+/// write phase: every write is write-notify through `wp_page_shared`
+/// (`wp_shared`), not COW, one fault a page. It needs a kernel that tracks
+/// soft-dirty pages (CONFIG_MEM_SOFT_DIRTY; the guests') and the fault path
+/// probed (`wp_shared` is the return's classification); elsewhere it is not
+/// measurable, and the test says so.
+#[test]
+fn writes_to_shared_memory_after_soft_dirty_is_cleared_are_write_notify() {
+    let _t = host_test();
+    let d = tmp();
+    if !soft_dirty_tracked(d.path()) || !fault_path_probed() {
+        println!("wp_shared after clear_refs: not measurable here (no soft-dirty tracking, or no probed fault path)");
+        return;
+    }
+    let (report, wl, traced) =
+        record_traced(d.path(), &[], &["--size", "16M", "--thp", "never", "--shared", "--clear-soft-dirty"]);
+    let p = process(&report, wl["pid"].as_u64().unwrap());
+    let (mut table, mut fails) = (String::new(), Vec::new());
+    let mut cl = Checklist::new("shared", &mut table, &mut fails);
+    if let Some(t) = &traced {
+        t.check(&mut cl, &report, p.pid);
+    }
+    let what = "wp_shared (soft-dirty cleared on shared memory: one write-notify fault a page)";
+    cl.per_page(what, p.count(ReportClass::WpShared).unwrap_or(0), Workload(&wl).pages());
+    cl.getrusage(p, Workload(&wl).faults_since_exec());
+    println!("{table}");
+    assert!(fails.is_empty(), "{fails:#?}\n{table}");
+}
+
+/// Whether the kernel tracks soft-dirty pages: the workload's
+/// `--clear-soft-dirty` refuses where it does not (a page just written
+/// is soft-dirty where it does).
+fn soft_dirty_tracked(d: &Path) -> bool {
+    let wl = d.join("soft-dirty.json");
+    let out = Command::new(workload())
+        .args(["--size", "64K", "--thp", "never", "--shared", "--clear-soft-dirty", "--out"])
+        .arg(&wl)
+        .output()
+        .expect("running the workload");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() || err.contains("CONFIG_MEM_SOFT_DIRTY"), "the workload failed: {err}");
+    out.status.success()
+}
+
 #[test]
 fn automatic_phases_split_the_fork_scenario() {
     let _t = host_test();

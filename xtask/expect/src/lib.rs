@@ -3,6 +3,7 @@
 //! definition for the host tests (`tracer/tests/host`) and the guest
 //! stages (`xtask`), so that a scenario is held to one rule in both.
 
+pub mod mappings;
 pub mod oracle;
 pub mod tracefs;
 

@@ -137,8 +137,11 @@ pub fn run(o: &WorkloadOpts, hold_ms: f64) -> Result<()> {
     }
     let pages = len / page;
     let nohuge = Some(libc::MADV_NOHUGEPAGE);
-    // Each region its own VMA (madvise splits it out of the mapping), the
-    // source page not advised: no merge puts another's faults in a row.
+    // Each region meant as its own VMA (madvise splits it out of the
+    // mapping), the source page not advised. A guest once showed the busy
+    // region inside a VMA from its mapping's start to the held region: a
+    // check takes the row that holds a region, and other faults in it fail
+    // the oracle's range count.
     let (held, busy, src) =
         (map_aligned(len, nohuge)?, map_aligned(BUSY_PAGES * page, nohuge)?, map_aligned(page, None)?);
     // SAFETY: the source page just mapped.
