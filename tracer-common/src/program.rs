@@ -4,9 +4,10 @@
 //! A program on a kernel function exists twice in the object: as a kprobe
 //! (or kretprobe) and as its fentry (or fexit) twin, named `NAME_fe`, which
 //! runs the same code from a BPF trampoline where the kernel's BTF
-//! describes the function. The hot tracepoint (`page_fault_user`) has a
-//! twin too, a BTF tracepoint (`tp_btf`: the arguments as they are, no
-//! trace record built). The probe table chooses one per probe.
+//! describes the function. Most tracepoints have a twin too, a BTF
+//! tracepoint (`tp_btf`: the arguments as they are, no trace record built,
+//! and a detach in milliseconds where a classic one waits for a grace
+//! period). The probe table chooses one per probe.
 //!
 //! The eBPF side cannot use this enum (a program's name is its function's
 //! name in tracer-ebpf); a unit test of the tracer checks that the built
@@ -69,11 +70,11 @@ macro_rules! programs {
 
 programs! {
     /// Tracepoint `task:task_newtask`.
-    TaskNewtask = "task_newtask", Tracepoint;
+    TaskNewtask = "task_newtask", BtfTracepoint;
     /// Tracepoint `sched:sched_process_exec`.
-    ProcessExec = "process_exec", Tracepoint;
+    ProcessExec = "process_exec", BtfTracepoint;
     /// Tracepoint `sched:sched_process_exit`.
-    ProcessExit = "process_exit", Tracepoint;
+    ProcessExit = "process_exit", BtfTracepoint;
     /// Tracepoint `exceptions:page_fault_user` (x86).
     PageFaultUser = "page_fault_user", BtfTracepoint;
     /// Tracepoint `exceptions:page_fault_kernel` (x86), on user addresses.
@@ -106,7 +107,7 @@ programs! {
     ContpteTryFold = "contpte_try_fold", Function;
     /// Tracepoint `cgroup:cgroup_mkdir`: names a container whose
     /// processes are gone before user space reads their place.
-    CgroupMkdir = "cgroup_mkdir", Tracepoint;
+    CgroupMkdir = "cgroup_mkdir", BtfTracepoint;
     /// Tracepoint `sched:sched_switch`: a fault's state leaves its CPU's
     /// slot with the thread.
     SchedSwitch = "sched_switch", BtfTracepoint;
@@ -154,12 +155,13 @@ mod tests {
     }
 
     #[test]
-    fn kernel_functions_have_a_fentry_twin_and_rare_tracepoints_not() {
+    fn kernel_functions_and_tracepoints_have_a_twin() {
         assert_eq!(Program::WpPage.fentry_name(), Some("wp_page_fe"));
-        assert_eq!(Program::TaskNewtask.fentry_name(), None);
+        assert_eq!(Program::TaskNewtask.fentry_name(), Some("task_newtask_fe"));
         assert_eq!(Program::PageFaultUser.fentry_name(), Some("page_fault_user_fe"));
+        assert_eq!(Program::PageFaultUser.site(), Site::Tracepoint);
         for p in Program::ALL {
-            assert!(p.fentry_name().is_some() || p.site() == Site::Tracepoint, "{p}");
+            assert!(p.fentry_name().is_some(), "{p}");
         }
     }
 }

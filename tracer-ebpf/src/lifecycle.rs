@@ -7,9 +7,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
-    macros::tracepoint,
-    programs::TracePointContext,
-    EbpfContext as _,
+    macros::{btf_tracepoint, tracepoint},
+    programs::{BtfTracePointContext, TracePointContext},
+    EbpfContext,
 };
 use aya_log_ebpf::debug;
 use faultscope_common::maps::{
@@ -24,9 +24,9 @@ use crate::{
         ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
-        cfg, CGROUP_DIRS, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, MKDIR_ID_OFF, MKDIR_PATH_OFF,
-        MKDIR_ROOT_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, SIGNAL_LIVE_OFF, TARGETS, TASK_SIGNAL_OFF,
-        TRACE_ALL,
+        cfg, CGROUP_DIRS, CGROUP_KN_OFF, CGROUP_ROOT_OFF, KERNFS_ID_OFF, ROOT_HIERARCHY_ID_OFF, CHILDREN, EXEC_PHASE, EXITED, EXIT_GROUP_DEAD_OFF, MKDIR_ID_OFF, MKDIR_PATH_OFF,
+        MKDIR_ROOT_OFF, NEWTASK_CLONE_FLAGS_OFF, NEWTASK_PID_OFF, SIGNAL_LIVE_OFF, TARGETS, TASK_PID_OFF,
+        TASK_SIGNAL_OFF, TRACE_ALL,
     },
 };
 
@@ -38,24 +38,44 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// none of its faults is missed.
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
-    match try_task_newtask(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    let clone_flags = || field(&ctx, cfg(&NEWTASK_CLONE_FLAGS_OFF));
+    let child = || field::<i32>(&ctx, cfg(&NEWTASK_PID_OFF));
+    try_task_newtask(&ctx, clone_flags, child).unwrap_or(0)
 }
 
-fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+/// The same as a BTF tracepoint, `task_newtask(task, clone_flags)`: no
+/// trace record built, and a tp_btf program detaches in a few
+/// milliseconds where a classic one waits for a grace period. The child's
+/// pid is read from its `task_struct` (`TASK_PID_OFF`, from BTF).
+#[btf_tracepoint(function = "task_newtask")]
+pub fn task_newtask_fe(ctx: BtfTracePointContext) -> u32 {
+    let clone_flags = || Ok(ctx.arg::<u64>(1));
+    let child = || task_pid(ctx.arg::<u64>(0));
+    try_task_newtask(&ctx, clone_flags, child).unwrap_or(0)
+}
+
+/// The pid of the task at `task`.
+#[inline(always)]
+fn task_pid(task: u64) -> Result<i32, ReadFailed> {
+    kernel_read(task, &TASK_PID_OFF)
+}
+
+/// `clone_flags` and `child` read the tracepoint's arguments, when needed.
+#[inline(always)]
+fn try_task_newtask<C: EbpfContext>(
+    ctx: &C,
+    clone_flags: impl FnOnce() -> Result<u64, ReadFailed>,
+    child: impl FnOnce() -> Result<i32, ReadFailed>,
+) -> Result<u32, ReadFailed> {
     let (_, tgid) = pid_tgid();
     // A process of a filtered cgroup whose first event is a fork joins here.
     let Some(t) = (unsafe { TARGETS.get(&tgid) }).copied().or_else(|| adopt(tgid)) else {
         return Ok(0);
     };
-    let clone_flags: u64 = field(&ctx, cfg(&NEWTASK_CLONE_FLAGS_OFF))?;
-    if clone_flags & CLONE_THREAD != 0 {
+    if clone_flags()? & CLONE_THREAD != 0 {
         return Ok(0);
     }
-    let child: i32 = field(&ctx, cfg(&NEWTASK_PID_OFF))?;
-    let child = child as u32;
+    let child = child()? as u32;
     let follow = t.flags & TARGET_FOLLOW_CHILDREN != 0;
     if follow {
         let info = TargetInfo { flags: t.flags & !TARGET_PENDING_EXEC, _reserved: 0 };
@@ -68,7 +88,7 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, ReadFailed> {
         drop_count(DropKind::TargetsFull);
     }
     let phase = bump_phase();
-    debug!(&ctx, "traced process {} forked {}: phase {}", tgid, child, phase);
+    debug!(ctx, "traced process {} forked {}: phase {}", tgid, child, phase);
     send(LifeKind::Fork, tgid, child, follow as u32, phase);
     Ok(0)
 }
@@ -91,14 +111,18 @@ fn child_gone(kind: LifeKind, child: u32) {
 /// at its exec; other targets report their new comm; a child of a target
 /// that execs ends its phase.
 #[tracepoint]
-pub fn process_exec(ctx: TracePointContext) -> u32 {
-    match try_process_exec(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+pub fn process_exec(_ctx: TracePointContext) -> u32 {
+    try_process_exec().unwrap_or(0)
 }
 
-fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
+/// The same as a BTF tracepoint.
+#[btf_tracepoint(function = "sched_process_exec")]
+pub fn process_exec_fe(_ctx: BtfTracePointContext) -> u32 {
+    try_process_exec().unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_process_exec() -> Result<u32, ReadFailed> {
     let (tid, tgid) = pid_tgid();
     child_gone(LifeKind::ChildExec, tgid);
     let Some(t) = TARGETS.get_ptr_mut(&tgid) else {
@@ -129,10 +153,14 @@ fn try_process_exec(_ctx: TracePointContext) -> Result<u32, ReadFailed> {
 /// of it from the `Exit` event.
 #[tracepoint]
 pub fn process_exit(ctx: TracePointContext) -> u32 {
-    match try_process_exit(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    try_process_exit(|| field::<u8>(&ctx, cfg(&EXIT_GROUP_DEAD_OFF))).unwrap_or(0)
+}
+
+/// The same as a BTF tracepoint, `sched_process_exit(p[, group_dead])`:
+/// `group_dead` is its second argument where the format has the field.
+#[btf_tracepoint(function = "sched_process_exit")]
+pub fn process_exit_fe(ctx: BtfTracePointContext) -> u32 {
+    try_process_exit(|| Ok(ctx.arg::<u64>(1) as u8)).unwrap_or(0)
 }
 
 /// Whether the exiting thread is the last of its process: the tracepoint's
@@ -140,12 +168,17 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
 /// decrements before this tracepoint (it only reaches 0 once every thread
 /// is exiting; two threads exiting at once may both read 0, which the
 /// removals below make harmless), else, without BTF, the leader's exit.
+/// `dead` reads the tracepoint's `group_dead`, read only where the kernel
+/// has it (`EXIT_GROUP_DEAD_OFF`, a load-time constant: elsewhere the
+/// verifier drops the read, which a tp_btf program could not make).
 #[inline(always)]
-fn group_dead(ctx: &TracePointContext, tid: u32, tgid: u32) -> Result<bool, ReadFailed> {
-    let off = cfg(&EXIT_GROUP_DEAD_OFF);
-    if off != 0 {
-        let dead: u8 = field(ctx, off)?;
-        return Ok(dead != 0);
+fn group_dead(
+    dead: impl FnOnce() -> Result<u8, ReadFailed>,
+    tid: u32,
+    tgid: u32,
+) -> Result<bool, ReadFailed> {
+    if cfg(&EXIT_GROUP_DEAD_OFF) != 0 {
+        return Ok(dead()? != 0);
     }
     let signal_off = cfg(&TASK_SIGNAL_OFF);
     if signal_off != 0 {
@@ -179,7 +212,8 @@ fn count_exited(tgid: u32) {
     }
 }
 
-fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
+#[inline(always)]
+fn try_process_exit(dead: impl FnOnce() -> Result<u8, ReadFailed>) -> Result<u32, ReadFailed> {
     // The slot is keyed by pid_tgid, which a later task may be given.
     release_slot(current_id());
     let (tid, tgid) = pid_tgid();
@@ -196,7 +230,7 @@ fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
     if !target && unsafe { CHILDREN.get(&tgid) }.is_none() {
         return Ok(0);
     }
-    if !group_dead(&ctx, tid, tgid)? {
+    if !group_dead(dead, tid, tgid)? {
         return Ok(0);
     }
     if all {
@@ -219,26 +253,57 @@ fn try_process_exit(ctx: TracePointContext) -> Result<u32, ReadFailed> {
 /// v1 hierarchies (`root` non-zero) are skipped: ids are v2's.
 #[tracepoint]
 pub fn cgroup_mkdir(ctx: TracePointContext) -> u32 {
-    match try_cgroup_mkdir(ctx) {
-        Ok(r) => r,
-        Err(_) => 0,
-    }
+    let root = || field::<i32>(&ctx, cfg(&MKDIR_ROOT_OFF));
+    let id = || field::<u64>(&ctx, cfg(&MKDIR_ID_OFF));
+    // `__data_loc`: the string's offset in the record (low half) and length.
+    let path = || -> Result<*const u8, ReadFailed> {
+        let loc: u32 = field(&ctx, cfg(&MKDIR_PATH_OFF))?;
+        Ok((ctx.as_ptr() as *const u8).wrapping_add((loc & 0xffff) as usize))
+    };
+    try_cgroup_mkdir(root, id, path).unwrap_or(0)
 }
 
-fn try_cgroup_mkdir(ctx: TracePointContext) -> Result<u32, ReadFailed> {
-    let root: i32 = field(&ctx, cfg(&MKDIR_ROOT_OFF))?;
-    if root != 0 {
+/// The same as a BTF tracepoint, `cgroup_mkdir(cgrp, path)`: the
+/// hierarchy (`cgrp->root->hierarchy_id`) and the id (`cgrp->kn->id`) read
+/// at BTF's offsets, as the classic tracepoint's record has them.
+#[btf_tracepoint(function = "cgroup_mkdir")]
+pub fn cgroup_mkdir_fe(ctx: BtfTracePointContext) -> u32 {
+    let cgrp = ctx.arg::<u64>(0);
+    let root = || kernel_read::<i32>(kernel_read::<u64>(cgrp, &CGROUP_ROOT_OFF)?, &ROOT_HIERARCHY_ID_OFF);
+    let id = || kernel_read::<u64>(kernel_read::<u64>(cgrp, &CGROUP_KN_OFF)?, &KERNFS_ID_OFF);
+    let path = || Ok(ctx.arg::<u64>(1) as *const u8);
+    try_cgroup_mkdir(root, id, path).unwrap_or(0)
+}
+
+/// The `T` at `base` plus the load-time offset `off` (0: unknown, a failed
+/// read).
+#[inline(always)]
+fn kernel_read<T>(base: u64, off: &'static u32) -> Result<T, ReadFailed> {
+    let off = cfg(off) as u64;
+    if off == 0 || base == 0 {
+        return Err(read_failed());
+    }
+    unsafe { bpf_probe_read_kernel((base + off) as *const T) }.map_err(|_| read_failed())
+}
+
+/// `root`, `id` and `path` read the hierarchy, the cgroup's id and where
+/// its path is, when needed.
+#[inline(always)]
+fn try_cgroup_mkdir(
+    root: impl FnOnce() -> Result<i32, ReadFailed>,
+    id: impl FnOnce() -> Result<u64, ReadFailed>,
+    path: impl FnOnce() -> Result<*const u8, ReadFailed>,
+) -> Result<u32, ReadFailed> {
+    if root()? != 0 {
         return Ok(0);
     }
-    let id: u64 = field(&ctx, cfg(&MKDIR_ID_OFF))?;
-    // `__data_loc`: the string's offset in the record (low half) and length.
-    let loc: u32 = field(&ctx, cfg(&MKDIR_PATH_OFF))?;
+    let id = id()?;
+    let src = path()?;
     let Some(mut e) = CGROUP_DIRS.reserve::<CgroupDir>(0) else {
         drop_count(DropKind::CgroupDirsFull);
         return Ok(0);
     };
     let d = e.as_mut_ptr();
-    let src = (ctx.as_ptr() as *const u8).wrapping_add((loc & 0xffff) as usize);
     // SAFETY: `d` is the reserved record; the kernel bounds the copy.
     let len = unsafe {
         (*d).id = id;

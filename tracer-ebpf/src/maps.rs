@@ -332,6 +332,21 @@ pub static EXEC_PHASE: u32 = 0;
 pub static EXIT_GROUP_DEAD_OFF: u32 = 0;
 #[no_mangle]
 pub static TASK_SIGNAL_OFF: u32 = 0;
+/// `task_struct.pid`, from BTF: the child's pid of `task_newtask`'s tp_btf
+/// twin (0: unknown, its read fails).
+#[no_mangle]
+pub static TASK_PID_OFF: u32 = 0;
+/// `cgroup.root`, `cgroup_root.hierarchy_id`, `cgroup.kn` and
+/// `kernfs_node.id`, from BTF: what `cgroup_mkdir`'s tp_btf twin reads of
+/// its cgroup (0: unknown, its reads fail).
+#[no_mangle]
+pub static CGROUP_ROOT_OFF: u32 = 0;
+#[no_mangle]
+pub static ROOT_HIERARCHY_ID_OFF: u32 = 0;
+#[no_mangle]
+pub static CGROUP_KN_OFF: u32 = 0;
+#[no_mangle]
+pub static KERNFS_ID_OFF: u32 = 0;
 
 /// `task_struct.min_flt` and `maj_flt`, from BTF (0: unknown, the kernel
 /// check is then not made).
