@@ -18,17 +18,20 @@ fn attribution_is_measured_or_says_why_not() {
     let p = process(&report, wl["pid"].as_u64().unwrap());
     let pages = wl["pages"].as_u64().unwrap();
     assert!(info.mappings, "{info:?}");
-    let class = match report.mode {
+    // Every page written after the fork is a write-protect fault; with the
+    // fault path probed, a reuse, but for the few the kernel copies (a
+    // folio still in an LRU-add batch).
+    let (class, copied) = match report.mode {
         Mode::Tracepoint => {
             assert!(String::from_utf8_lossy(&out.stderr).contains("per-mapping counts in tracepoint mode"));
             // copy and spurious cannot be measured here, so no sites either.
             assert!(info.site_classes.is_empty(), "{:?}", info.site_classes);
-            ReportClass::WpFaults
+            (ReportClass::WpFaults, 0)
         }
-        _ => ReportClass::Reuse,
+        _ => (ReportClass::Reuse, faultscope_expect::LRU_BATCH_COPIES),
     };
     let (row, region) = p.attribution.top_mapping(class).expect("a mapping with the writes");
-    assert!(region >= pages, "{region} < {pages}");
+    assert!(region + copied >= pages, "{class} {region} + up to {copied} copied < {pages} pages");
     // Only a granule is inexact: tracepoint mode's (the VMA not found), or
     // an arm64 contpte event the kernel made outside a fault (munmap,
     // mprotect: no fault's VMA), counted in the row that holds its address.
