@@ -1072,10 +1072,10 @@ pub const STALE_TLB_KERNELS: &[&str] =
 /// invalidates every CPU's entry, beside stock 7.3.
 pub const STALE_TLB_ARM64_KERNELS: &[&str] = &["6.12-cloud-arm64", "7.3-cloud-arm64"];
 
-/// The stale-TLB stage of `test`: the cases that need a stale entry to
-/// fault, first on QEMU as shipped (6.12: no spurious fault at all) and on
-/// the patched QEMU with its model off (the same counts:
-/// [`compare_model_off`]), then [`STALE_TLB_CASES`] on [`STALE_TLB_KERNELS`]
+/// The stale-TLB stage of `test`, its boots in one pool: the cases that
+/// need a stale entry to fault on QEMU as shipped (6.12: no spurious fault
+/// at all) and on the patched QEMU with its model off (the same counts:
+/// [`compare_model_off`]), and [`STALE_TLB_CASES`] on [`STALE_TLB_KERNELS`]
 /// and the two-thread case on [`STALE_TLB_ARM64_KERNELS`] under the model,
 /// each boot's count against QEMU's own ([`check_model_count`]).
 pub fn stale_tlb() -> Result<()> {
