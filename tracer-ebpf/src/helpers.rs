@@ -147,6 +147,17 @@ impl FnContext for FExitContext {
     }
 }
 
+/// The `T` at kernel pointer `base` plus the load-time BTF offset `off` (0:
+/// unknown), or a counted failure.
+#[inline(always)]
+pub fn kernel_read<T>(base: u64, off: &'static u32) -> Result<T, ReadFailed> {
+    let off = crate::maps::cfg(off) as u64;
+    if off == 0 || base == 0 {
+        return Err(read_failed());
+    }
+    unsafe { bpf_probe_read_kernel((base + off) as *const T) }.map_err(|_| read_failed())
+}
+
 /// A tracepoint field at `off`, or a counted failure.
 #[inline(always)]
 pub fn field<T>(ctx: &TracePointContext, off: usize) -> Result<T, ReadFailed> {

@@ -6,7 +6,7 @@
 //! exec changes what the parent's COW faults mean.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes},
+    helpers::{bpf_get_current_task, bpf_probe_read_kernel_str_bytes},
     macros::{btf_tracepoint, tracepoint},
     programs::{BtfTracePointContext, TracePointContext},
     EbpfContext,
@@ -20,7 +20,7 @@ use faultscope_common::maps::{
 use crate::{
     helpers::{
         adopt, adopt_by_cgroup, adopt_by_comm, atomic_add, bump_phase, current_flt, current_id,
-        current_phase, drop_count, field, pid_tgid, read_failed, release_slot, send, targets_changed,
+        current_phase, drop_count, field, kernel_read, pid_tgid, release_slot, send, targets_changed,
         ReadFailed, BPF_ANY, BPF_NOEXIST,
     },
     maps::{
@@ -181,13 +181,9 @@ fn group_dead(
     if cfg(&EXIT_GROUP_DEAD_OFF) != 0 {
         return Ok(dead()? != 0);
     }
-    let signal_off = cfg(&TASK_SIGNAL_OFF);
-    if signal_off != 0 {
-        let task = unsafe { bpf_get_current_task() } as *const u8;
-        let signal: u64 = unsafe { bpf_probe_read_kernel(task.wrapping_add(signal_off) as *const u64) }
-            .map_err(|_| read_failed())?;
-        let live_at = (signal as *const u8).wrapping_add(cfg(&SIGNAL_LIVE_OFF)) as *const i32;
-        let live: i32 = unsafe { bpf_probe_read_kernel(live_at) }.map_err(|_| read_failed())?;
+    if cfg(&TASK_SIGNAL_OFF) != 0 {
+        let signal: u64 = kernel_read(unsafe { bpf_get_current_task() }, &TASK_SIGNAL_OFF)?;
+        let live: i32 = kernel_read(signal, &SIGNAL_LIVE_OFF)?;
         return Ok(live == 0);
     }
     Ok(tid == tgid)
@@ -274,17 +270,6 @@ pub fn cgroup_mkdir_fe(ctx: BtfTracePointContext) -> u32 {
     let id = || kernel_read::<u64>(kernel_read::<u64>(cgrp, &CGROUP_KN_OFF)?, &KERNFS_ID_OFF);
     let path = || Ok(ctx.arg::<u64>(1) as *const u8);
     try_cgroup_mkdir(root, id, path).unwrap_or(0)
-}
-
-/// The `T` at `base` plus the load-time offset `off` (0: unknown, a failed
-/// read).
-#[inline(always)]
-fn kernel_read<T>(base: u64, off: &'static u32) -> Result<T, ReadFailed> {
-    let off = cfg(off) as u64;
-    if off == 0 || base == 0 {
-        return Err(read_failed());
-    }
-    unsafe { bpf_probe_read_kernel((base + off) as *const T) }.map_err(|_| read_failed())
 }
 
 /// `root`, `id` and `path` read the hierarchy, the cgroup's id and where
