@@ -85,54 +85,29 @@ thp_mode() {
 	esac
 }
 
-# thp_allocs: the kernel's own count of the anonymous THPs its faults
-# allocated, a line a size: "64K N" from each multi-size THP's
-# anon_fault_alloc (6.10 on), "pmd N" from /proc/vmstat's thp_fault_alloc,
-# and "split-pmd N", its thp_split_pmd (the PMDs the kernel split).
-thp_allocs() {
-	for f in $MM/hugepages-*kB/stats/anon_fault_alloc; do
-		[ -r "$f" ] || continue
-		s=${f#*/hugepages-}; s=${s%%kB/*}
-		echo "${s}K $(cat $f)"
-	done
-	awk '$1 == "thp_fault_alloc" {print "pmd", $2} $1 == "thp_split_pmd" {print "split-pmd", $2}' /proc/vmstat
-}
-
-# shipped_binary: the static faultscope that dist ships, run from an
-# initramfs with no C library: its version, and `probes` (its first line
-# names the mode a run gets here).
-shipped_binary() {
-	echo "@@FS-LIBC-FILES main $(find / -xdev -name 'libc.so*' 2>/dev/null | wc -l)"
-	/faultscope --version > /tmp/version.out 2>&1
-	echo "@@FS-RC version $?"
-	emit version.out /tmp/version.out
-	/faultscope probes > /tmp/probes.out 2>&1
-	echo "@@FS-RC probes $?"
-	emit probes.out /tmp/probes.out
-}
-
 # host_tests: the host tests (tracer/tests/host, the same binary as on the
 # build host, static) run here one at a time against the oracle
 # (oracle_setup first): $HOST_TESTS, once for each BACKEND:TIER of
 # $HOST_TEST_RUNS, which every record and bench of the tests then use;
 # libtest's own output as the section host-tests@BACKEND.out, each test's
 # time included (--report-time, which RUSTC_BOOTSTRAP lets a stable libtest
-# take).
+# take). Reports the tests keep ($FAULTSCOPE_REPORTS) follow, a section
+# each.
 host_tests() {
 	thp_mode 4K
 	mkdir -p /run
 	for r in $HOST_TEST_RUNS; do
 		b=${r%%:*}
-		up host-tests@$b.start
-		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
+		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_SHIPPED=1 FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
 			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} FAULTSCOPE_ANON_VMA_NAME=${ANON_VMA_NAME:-} \
 			FAULTSCOPE_TEST_REPEAT=3 FAULTSCOPE_TEST_INTERVAL=0.1 RUSTC_BOOTSTRAP=1 \
 			/host-tests -Z unstable-options --report-time --exact --test-threads=1 --show-output \
 			$HOST_TESTS > /tmp/host-tests.out 2>&1
-		echo "@@FS-RC host-tests@$b $?"
 		emit host-tests@$b.out /tmp/host-tests.out
 	done
-	up host-tests.end
+	for f in ${FAULTSCOPE_REPORTS:-/nonexistent}/*.json; do
+		[ -f "$f" ] && emit ${f##*/} $f
+	done
 }
 
 # up LABEL: seconds since boot, for the guest's own timing.
@@ -199,12 +174,10 @@ hotpatch_dir() {
 	fs_mb=$((mb + mb / 2 + 32))
 	mkdir -p /mnt/hotpatch
 	truncate -s ${fs_mb}M /tmp/hotpatch.img
-	if l=$(losetup -f 2>/dev/null) && losetup $l /tmp/hotpatch.img 2>/dev/null &&
-		mke2fs -q $l > /dev/null 2>&1 && mount -t ext4 $l /mnt/hotpatch 2>/dev/null; then
-		echo "@@FS-HOTPATCH-FS ext4 $l"
-	else
+	if ! { l=$(losetup -f 2>/dev/null) && losetup $l /tmp/hotpatch.img 2>/dev/null &&
+		mke2fs -q $l > /dev/null 2>&1 && mount -t ext4 $l /mnt/hotpatch 2>/dev/null; }; then
 		rm -f /tmp/hotpatch.img
 		mount -t tmpfs -o huge=always,size=${fs_mb}M hotpatch /mnt/hotpatch
-		echo "@@FS-HOTPATCH-FS tmpfs"
 	fi
+	export FAULTSCOPE_HOTPATCH_DIR=/mnt/hotpatch
 }

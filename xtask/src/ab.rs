@@ -282,8 +282,8 @@ pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
 /// and the bytes they allocated, from each run's report (the median run
 /// by bytes; min-max over the runs), then what the seeds measured.
 fn copies(ks: &[GuestKernel], cols: &[Column]) -> String {
-    use crate::matrix::folios_of;
     use faultscope::report::schema::Folios;
+    use faultscope_expect::cases::folios_of;
     use std::fmt::Write as _;
     let mut out =
         String::from("\nCOW copies in the write step, by folio size (median run), and bytes copied:\n");

@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+pub use faultscope_expect::cases::{Choices, FolioReuse};
 
 use crate::{
     apt::{download_unpack, PrivateApt},
@@ -55,44 +56,10 @@ pub struct Patched {
     /// How the kernel reuses an exclusive large folio after fork on a
     /// write fault.
     pub reuse: FolioReuse,
-    /// Whether that reuse ends with a flush of the faulting CPU's TLB (the
-    /// cover letter's experiment): that CPU keeps no read-only entry of
-    /// the folio's other pages, so their first stores take no spurious
-    /// fault.
+    /// [`Choices::local_flush`].
     pub local_flush: bool,
-    /// A write fault on a private executable file THP copies it whole into
-    /// an anonymous THP (the exec THP COW series).
+    /// [`Choices::exec_thp_cow`].
     pub exec_thp_cow: bool,
-}
-
-/// What a kernel chooses on the paths the matrix's cases take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Choices {
-    pub reuse: FolioReuse,
-    /// [`Patched::local_flush`].
-    pub local_flush: bool,
-    /// [`Patched::exec_thp_cow`].
-    pub exec_thp_cow: bool,
-}
-
-impl Choices {
-    /// A kernel as released: page by page, no patch.
-    pub const STOCK: Choices =
-        Choices { reuse: FolioReuse::PageByPage, local_flush: false, exec_thp_cow: false };
-}
-
-/// How a kernel reuses an exclusive anonymous large folio (PTE-mapped) that
-/// a write faults on, once the forked child is gone.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FolioReuse {
-    /// One page per fault (Debian's 7.3), or copied page by page (6.12).
-    PageByPage,
-    /// The whole folio in one fault: one reuse fault per folio, and arm64
-    /// does not unfold its contpte blocks.
-    WholeFolio,
-    /// An aligned block of 16 PTEs (64K, a contpte block) per fault: 64K
-    /// folios whole, 32 faults per PTE-mapped 2M folio.
-    ContpteBlock,
 }
 
 const fn package(
@@ -250,26 +217,7 @@ pub fn by_name(name: &str) -> Result<GuestKernel> {
     })
 }
 
-/// The first release with multi-size THP (the per-size
-/// `transparent_hugepage/hugepages-<size>kB` knobs; arm64's contpte came in
-/// 6.9 on top of it).
-pub const MTHP_SINCE: (u64, u64) = (6, 8);
-
 impl GuestKernel {
-    /// The kernel's version (major, minor), from its name's
-    /// `<version>-` prefix (which [`fetch`] checks against the package).
-    pub fn version(&self) -> (u64, u64) {
-        let v = self.name.split('-').next().unwrap_or_default();
-        let mut it = v.split('.').map(|x| x.parse::<u64>().unwrap_or(0));
-        (it.next().unwrap_or(0), it.next().unwrap_or(0))
-    }
-
-    /// Whether the kernel has multi-size THP: anonymous folios of sizes
-    /// between 4K and the PMD's (64K), each size with its own knob.
-    pub fn mthp(&self) -> bool {
-        self.version() >= MTHP_SINCE
-    }
-
     pub fn reuse(&self) -> FolioReuse {
         self.choices().reuse
     }
@@ -502,21 +450,6 @@ mod tests {
         want.sort();
         let built = crate::kbuild::read_series(&[root.join(super::EXEC_THP_COW.diffs[0])], None).unwrap();
         assert_eq!(added(built), want);
-    }
-
-    #[test]
-    fn versions_and_mthp() {
-        let k = |n| super::by_name(n).unwrap();
-        assert_eq!(k("6.1-cloud-amd64").version(), (6, 1));
-        assert_eq!(k("6.12-cloud-arm64").version(), (6, 12));
-        assert_eq!(k("7.3-folio-reuse-arm64").version(), (7, 3));
-        assert!(!k("6.1-cloud-arm64").mthp());
-        assert!(k("6.12-cloud-amd64").mthp());
-        assert!(k("7.3-cloud-amd64").mthp());
-        // Every kernel's name starts with its version.
-        for g in super::KERNELS {
-            assert!(g.version() >= (6, 1), "{}", g.name);
-        }
     }
 
     #[test]

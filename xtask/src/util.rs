@@ -43,7 +43,14 @@ mod layout_tests {
         let from = design.find("## Layout").expect("docs/design.md has a Layout section");
         let block = design[from..].split("```").nth(1).expect("the layout's fenced block");
         let mut missing = Vec::new();
-        for dir in ["tracer/src", "tracer-ebpf/src", "tracer-common/src", "xtask/src", "xtask/workload/src"] {
+        for dir in [
+            "tracer/src",
+            "tracer-ebpf/src",
+            "tracer-common/src",
+            "xtask/src",
+            "xtask/workload/src",
+            "xtask/expect/src",
+        ] {
             let mut stack = vec![root().join(dir)];
             while let Some(d) = stack.pop() {
                 for e in std::fs::read_dir(&d).unwrap().flatten() {

@@ -358,3 +358,47 @@ fn verify_passes_an_interrupt_to_its_run() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("PASS faults>0"));
 }
+
+/// `--version` names the commit the binary was built from. Where the tests
+/// run the static binary dist ships (`FAULTSCOPE_SHIPPED`: a guest's
+/// initramfs), the machine has no C library at all, and the binary runs:
+/// `probes` names first the fault path's mode (those kernels have kprobes
+/// and fentry).
+#[test]
+fn version_names_the_commit_and_the_shipped_binary_needs_no_c_library() {
+    let _t = host_test();
+    let out = faultscope(&["--version"]);
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(version.contains("(commit "), "--version names no commit: {version:?}");
+    if std::env::var_os("FAULTSCOPE_SHIPPED").is_none() {
+        return;
+    }
+    let mut libc = Vec::new();
+    c_libraries(Path::new("/"), root_device(), &mut libc);
+    assert!(libc.is_empty(), "the shipped binary's machine holds C libraries: {libc:?}");
+    let out = faultscope(&["probes"]);
+    let mode = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let probed = ["mode: fentry mode", "mode: kprobe mode"].iter().any(|m| mode.starts_with(m));
+    assert!(probed, "probes' first line is not the fault path's mode: {mode:?}");
+    println!("shipped binary (static, no C library on this machine): {version}\n  probes: {mode}");
+}
+
+fn root_device() -> u64 {
+    std::fs::metadata("/").unwrap().dev()
+}
+
+/// The files named `libc.so*` under `dir`, on the file system of `dev`
+/// (`find -xdev`).
+fn c_libraries(dir: &Path, dev: u64, found: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(m) = std::fs::symlink_metadata(e.path()) else { continue };
+        if e.file_name().to_string_lossy().starts_with("libc.so") {
+            found.push(e.path());
+        }
+        if m.is_dir() && m.dev() == dev {
+            c_libraries(&e.path(), dev, found);
+        }
+    }
+}

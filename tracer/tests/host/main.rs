@@ -79,7 +79,11 @@ fn fs_command(args: &[&str]) -> Command {
     };
     cmd.arg(first);
     for (var, flag) in [("FAULTSCOPE_BACKEND", "--backend"), ("FAULTSCOPE_LATENCY", "--latency")] {
+        // An empty value: the command's own default.
         if let (Ok(v), false) = (std::env::var(var), rest.contains(&flag)) {
+            if v.is_empty() {
+                continue;
+            }
             cmd.args([flag, &v]);
         }
     }
@@ -473,6 +477,7 @@ mod bench;
 mod command;
 mod hardening;
 mod kernel_check;
+mod matrix;
 mod readme;
 mod record;
 mod serve;

@@ -3,8 +3,10 @@
 //! definition for the host tests (`tracer/tests/host`) and the guest
 //! stages (`xtask`), so that a scenario is held to one rule in both.
 
+pub mod cases;
 pub mod mappings;
 pub mod oracle;
+pub mod testing;
 pub mod tracefs;
 
 use std::fmt::Write;
