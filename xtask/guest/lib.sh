@@ -106,7 +106,7 @@ host_tests() {
 		emit host-tests@$b.out /tmp/host-tests.out
 	done
 	for f in ${FAULTSCOPE_REPORTS:-/nonexistent}/*.json; do
-		[ -f "$f" ] && emit ${f##*/} $f
+		if [ -f "$f" ]; then emit ${f##*/} $f; fi
 	done
 }
 

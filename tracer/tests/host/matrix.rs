@@ -81,11 +81,16 @@ fn run_case(case: &str) {
 /// A case bench `args` runs, writing its report to `json`: the run, its
 /// checks, and `verify` over it where the case has one.
 fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
+    let t0 = Instant::now();
     let tracing = faultscope_expect::tracefs::start();
     let before = KernelCounters::read();
+    let t1 = Instant::now();
     let out = faultscope(args);
+    let bench = t1.elapsed();
     let kernel = KernelCounters::read().since(&before);
+    let t2 = Instant::now();
     let traced = tracing.map(|t| t.finish(&[]));
+    let oracle_time = t2.elapsed();
     assert!(out.status.success(), "bench {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     let report = read_report(json);
     assert_backend(&report);
@@ -117,6 +122,26 @@ fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
         let (rc, text) = verify(cases::GATE);
         cases::expect_gate(cl, traits.choices, &report, oracle, rc, &text);
     }
+    cl.line(time_line(&report, t0.elapsed(), bench, oracle_time));
+}
+
+/// Where a case's time went: faultscope's command (its run from attach to
+/// the end, the bench's own steps within it, the rest its start and end),
+/// the oracle's count of the trace, and the checks.
+fn time_line(report: &Report, total: Duration, bench: Duration, oracle: Duration) -> String {
+    let run = Duration::from_nanos(report.duration_ns);
+    let steps: u64 = report.bench.iter().flat_map(|b| &b.steps).map(|s| s.wall_ns).sum();
+    format!(
+        "  time: {:.2}s: faultscope bench {:.2}s (its run {:.2}s, of which the bench's steps {:.2}s; \
+         its start and end {:.2}s), the oracle {:.2}s, the rest (verify, checks) {:.2}s",
+        total.as_secs_f64(),
+        bench.as_secs_f64(),
+        run.as_secs_f64(),
+        steps as f64 / 1e9,
+        bench.saturating_sub(run).as_secs_f64(),
+        oracle.as_secs_f64(),
+        total.saturating_sub(bench + oracle).as_secs_f64()
+    )
 }
 
 /// Keeps a case's report where the guest asks (`FAULTSCOPE_REPORTS`), as
