@@ -677,10 +677,13 @@ fn expect_hotpatch(
             .iter()
             .map(|ph| {
                 let n = |m: ReportClass| ph.classes.get(&m).and_then(ClassValue::count).unwrap_or(0);
-                format!("{} {}/{}", ph.name, n(ReportClass::Copy), n(ReportClass::HugePmdWp))
+                let counts =
+                    [ReportClass::Faults, ReportClass::Copy, ReportClass::HugePmdWp, ReportClass::NotPresent]
+                        .map(|m| n(m).to_string());
+                format!("{} {}", ph.name, counts.join("/"))
             })
             .collect();
-        cl.line(format!("  copy/huge_pmd_wp by phase: {}", by_phase.join(", ")));
+        cl.line(format!("  faults/copy/huge_pmd_wp/not_present by phase: {}", by_phase.join(", ")));
     }
     if whole {
         cl.expect(
