@@ -88,7 +88,8 @@ thp_mode() {
 # host_tests: the host tests (tracer/tests/host, the same binary as on the
 # build host, static) run here one at a time against the oracle
 # (oracle_setup first): $HOST_TESTS, once for each BACKEND:TIER of
-# $HOST_TEST_RUNS, which every record and bench of the tests then use;
+# $HOST_TEST_RUNS, which every record and bench of the tests then use, and
+# $HOST_TESTS_ONCE in the first run only;
 # libtest's own output as the section host-tests@BACKEND.out, each test's
 # time included (--report-time, which RUSTC_BOOTSTRAP lets a stable libtest
 # take). Reports the tests keep ($FAULTSCOPE_REPORTS) follow, a section
@@ -96,14 +97,16 @@ thp_mode() {
 host_tests() {
 	thp_mode 4K
 	mkdir -p /run
+	once=${HOST_TESTS_ONCE:-}
 	for r in $HOST_TEST_RUNS; do
 		b=${r%%:*}
 		FAULTSCOPE_BIN=/faultscope FAULTSCOPE_SHIPPED=1 FAULTSCOPE_ORACLE=/oracle FAULTSCOPE_ORACLE_REFUSED=$ORACLE_REFUSED \
 			FAULTSCOPE_BACKEND=$b FAULTSCOPE_LATENCY=${r#*:} FAULTSCOPE_ANON_VMA_NAME=${ANON_VMA_NAME:-} \
 			FAULTSCOPE_TEST_REPEAT=3 FAULTSCOPE_TEST_INTERVAL=0.1 RUSTC_BOOTSTRAP=1 \
 			/host-tests -Z unstable-options --report-time --exact --test-threads=1 --show-output \
-			$HOST_TESTS > /tmp/host-tests.out 2>&1
+			$HOST_TESTS $once > /tmp/host-tests.out 2>&1
 		emit host-tests@$b.out /tmp/host-tests.out
+		once=
 	done
 	for f in ${FAULTSCOPE_REPORTS:-/nonexistent}/*.json; do
 		if [ -f "$f" ]; then emit ${f##*/} $f; fi

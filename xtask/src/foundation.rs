@@ -55,7 +55,7 @@ impl Guest {
 
 fn prepare(kernel: &str, name: &'static str, tests: &'static [&'static str]) -> Result<Guest> {
     let k = kernels::by_name(kernel)?;
-    let vars = host_test_vars(k, tests, &HOST_TEST_RUNS)?;
+    let vars = host_test_vars(k, tests, None, &HOST_TEST_RUNS)?;
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm").join(name).join(k.name);
@@ -67,7 +67,7 @@ fn prepare(kernel: &str, name: &'static str, tests: &'static [&'static str]) -> 
 
 /// A guest's checks: its host tests, the table printed.
 fn check(run: &vm::GuestRun, tests: &[&str]) -> Vec<String> {
-    let r = check_host_tests(run, tests, &HOST_TEST_RUNS);
+    let r = check_host_tests(run, tests, None, &HOST_TEST_RUNS);
     print!("{}", r.table);
     r.failures
 }
@@ -110,17 +110,20 @@ const ARM64_HOST_TESTS: [&str; 5] = [
 const HOST_TEST_RUNS: [(&str, &str); 2] = [("kprobe", "off"), ("fentry", "sample=4")];
 
 /// The guest's variables for the host tests `tests` under each of `runs`
-/// (backend, latency tier: an empty tier is the command's default), and
-/// the kernel's CONFIG_ANON_VMA_NAME where its package says (whether the
-/// attribution test's region may be named).
+/// (backend, latency tier: an empty tier is the command's default), `once`
+/// in the first run only (a test no backend changes), and the kernel's
+/// CONFIG_ANON_VMA_NAME where its package says (whether the attribution
+/// test's region may be named).
 pub fn host_test_vars<S: AsRef<str>>(
     k: kernels::GuestKernel,
     tests: &[S],
+    once: Option<&str>,
     runs: &[(&str, &str)],
 ) -> Result<Vec<(&'static str, String)>> {
     let tests: Vec<&str> = tests.iter().map(AsRef::as_ref).collect();
     let runs: Vec<String> = runs.iter().map(|(b, t)| format!("{b}:{t}")).collect();
     let mut vars = vec![("HOST_TESTS", tests.join(" ")), ("HOST_TEST_RUNS", runs.join(" "))];
+    vars.extend(once.map(|t| ("HOST_TESTS_ONCE", t.to_string())));
     if let Some(y) = kernels::config_option(k, "CONFIG_ANON_VMA_NAME")? {
         vars.push(("ANON_VMA_NAME", if y { "y" } else { "n" }.to_string()));
     }
@@ -129,11 +132,16 @@ pub fn host_test_vars<S: AsRef<str>>(
 
 /// The host tests' runs in the guest (`host_tests` in lib.sh), one per
 /// backend of `runs`: libtest's line for each test, every one of `tests`
-/// passed, the summary, and each test's own output (its process against
-/// the oracle).
-pub fn check_host_tests<S: AsRef<str>>(run: &vm::GuestRun, tests: &[S], runs: &[(&str, &str)]) -> CaseResult {
+/// (and `once` in the first run) passed, the summary, and each test's own
+/// output (its process against the oracle).
+pub fn check_host_tests<S: AsRef<str>>(
+    run: &vm::GuestRun,
+    tests: &[S],
+    once: Option<&str>,
+    runs: &[(&str, &str)],
+) -> CaseResult {
     let (mut table, mut fails) = (String::new(), Vec::new());
-    for &(backend, tier) in runs {
+    for (i, &(backend, tier)) in runs.iter().enumerate() {
         let tier = if tier.is_empty() { "default" } else { tier };
         let label = format!("host-tests@{backend}");
         let out = run.section(&format!("{label}.out")).unwrap_or("");
@@ -153,7 +161,7 @@ pub fn check_host_tests<S: AsRef<str>>(run: &vm::GuestRun, tests: &[S], runs: &[
                 fails.push(format!("{label}: {name}: {line}"));
             }
         }
-        for name in tests.iter().map(AsRef::as_ref) {
+        for name in tests.iter().map(AsRef::as_ref).chain(once.filter(|_| i == 0)) {
             if !results.iter().any(|(n, _)| *n == name) {
                 fails.push(format!("{label}: {name}: did not run"));
             }

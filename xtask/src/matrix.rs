@@ -237,6 +237,8 @@ struct Guest {
     dir: PathBuf,
     cases: Vec<String>,
     tests: Vec<String>,
+    /// A test of the first run only ([`VERIFIER_TEST`]).
+    once: Option<&'static str>,
     backends: Vec<String>,
     tlb: Tlb,
 }
@@ -300,9 +302,8 @@ fn run_each(
     Ok(boots)
 }
 
-/// The host tests of `cases` (an unknown case is an error), and the
-/// verifier's for a [`Boot::Matrix`].
-fn host_tests(cases: &[String], what: Boot) -> Result<Vec<String>> {
+/// The host tests of `cases` (an unknown case is an error).
+fn host_tests(cases: &[String]) -> Result<Vec<String>> {
     let mut tests = Vec::new();
     for c in cases {
         if cases::args(c).is_none() {
@@ -311,13 +312,11 @@ fn host_tests(cases: &[String], what: Boot) -> Result<Vec<String>> {
         }
         tests.push(cases::test_name(c));
     }
-    if what == Boot::Matrix {
-        tests.push(VERIFIER_TEST.to_string());
-    }
     Ok(tests)
 }
 
-/// The host test that puts every program through the kernel's verifier.
+/// The host test that puts every program through the kernel's verifier,
+/// once a [`Boot::Matrix`] (`probes --load` takes no backend).
 const VERIFIER_TEST: &str = "record::every_program_passes_the_verifier_within_its_budget";
 
 /// The guest's variables besides the tests': the cases' size, what the
@@ -385,13 +384,14 @@ fn prepare(
         let dir = root().join("target/vm").join(sub).join(format!("{}{model}", k.name));
         std::fs::create_dir_all(&dir)?;
         let backends = backends_for(k.name, backends);
-        let tests = host_tests(cases, what)?;
+        let tests = host_tests(cases)?;
+        let once = (what == Boot::Matrix).then_some(VERIFIER_TEST);
         let runs: Vec<(&str, &str)> = backends.iter().map(|b| (b.as_str(), "")).collect();
-        let mut vars = foundation::host_test_vars(k, &tests, &runs)?;
+        let mut vars = foundation::host_test_vars(k, &tests, once, &runs)?;
         vars.extend(case_vars(k, cases, size, tlb, what));
         let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
         let cpio = vm::initramfs_with(&dir, k.arch, &bin, "host-tests.sh", &vars, &extra)?;
-        guests.push(Guest { k, vmlinuz, cpio, dir, cases: cases.clone(), tests, backends, tlb });
+        guests.push(Guest { k, vmlinuz, cpio, dir, cases: cases.clone(), tests, once, backends, tlb });
     }
     Ok(guests)
 }
@@ -400,7 +400,7 @@ fn prepare(
 /// stale-TLB model the boot's count against QEMU's.
 fn check_guest(g: &Guest, run: &GuestRun, failures: &mut Vec<String>) {
     let k = g.k;
-    let r = foundation::check_host_tests(run, &g.tests, &g.runs());
+    let r = foundation::check_host_tests(run, &g.tests, g.once, &g.runs());
     print!("{}", r.table);
     failures.extend(r.failures.into_iter().map(|f| format!("{}: {f}", k.name)));
     let labels: Vec<String> =

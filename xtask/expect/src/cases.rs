@@ -376,182 +376,192 @@ fn compare_steps(cl: &mut Checklist, oracle: &Oracle, b: &Bench, steps: &[Span])
 
 /// What the kernel chose in the write step, against the page arithmetic:
 /// reuse or copy per page or per folio, bounded by the kernel's own
-/// choices (`LRU_BATCH_COPIES`, `SLACK`).
-fn expect_kernel_choice(
-    cl: &mut Checklist,
-    case: &str,
-    KernelTraits { choices, opened_at_exception, stale_tlb }: KernelTraits,
-    b: &Bench,
-    write: &Span,
-) {
-    let Choices { reuse, local_flush, .. } = choices;
-    let (pages, folios, folio) = (b.pages, b.folios, b.folio.as_str());
-    let get = |m: ReportClass| write.count(m).unwrap_or(0);
-    let within = |v: u64, want: u64| (want..=want + SLACK).contains(&v);
+/// choices (`LRU_BATCH_COPIES`, `SLACK`); the PMD's outcomes; the spurious
+/// faults and their split.
+fn expect_kernel_choice(cl: &mut Checklist, case: &str, traits: KernelTraits, b: &Bench, write: &Span) {
     match case {
-        "4k-exit" => {
-            let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            cl.expect(
-                within(r + c, pages) && c <= LRU_BATCH_COPIES,
-                format!(
-                    "reuse {r} + copy {c} = pages {pages} (+{SLACK}), copy <= {LRU_BATCH_COPIES} (pages in an LRU-add batch)"
-                ),
-            )
+        "4k-exit" | "64k-exit" | "2m-pte-exit" => {
+            expect_reuse_after_exit(cl, case, traits.choices.reuse, b, write)
         }
-        "64k-exit" | "2m-pte-exit"
-            if reuse == FolioReuse::WholeFolio
-                || (reuse == FolioReuse::ContpteBlock && case == "64k-exit") =>
-        {
-            // Copies are the kernel's choice for folios in an LRU-add
-            // batch (see LRU_BATCH_COPIES); the rest is reused whole.
-            let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            cl.expect(
-                within(r + c, folios) && c <= LRU_BATCH_COPIES,
-                format!(
-                    "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {LRU_BATCH_COPIES}: this kernel reuses a {folio} folio whole"
-                ),
-            );
-        }
-        "64k-exit" | "2m-pte-exit" => {
-            let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            cl.expect(
-                within(r + c, pages),
-                format!(
-                    "reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page",
-                    if c > r { "copies" } else { "reuses" }
-                ),
-            );
-        }
-        "2m-pmd-exit" | "2m-pmd-alive" => {
-            let h = get(ReportClass::HugePmdWp);
-            cl.expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
-            let Some(o) = pmd_outcomes_of(&write.classes) else {
-                return cl.expect(false, "huge_pmd_wp has no outcomes");
-            };
-            if case == "2m-pmd-exit" {
-                // An exclusive THP: the PMD made writable in place.
-                cl.expect(
-                    o.reused == h && o.split == 0 && o.copied == 0,
-                    format!(
-                        "huge_pmd_wp: reused {} = {h}, split {} = 0, THP copied {} = 0",
-                        o.reused, o.split, o.copied
-                    ),
-                );
-            } else {
-                // Shared with the child: the kernel splits the PMD and
-                // copies page by page (the first page in the same fault).
-                let c = get(ReportClass::Copy);
-                cl.expect(
-                    o.split == h && o.reused == 0 && o.copied == 0 && within(c, pages),
-                    format!(
-                        "huge_pmd_wp: split {} = {h}, reused {} = 0, THP copied {} = 0; copy {c} = pages {pages} (+{SLACK})",
-                        o.split, o.reused, o.copied
-                    ),
-                );
-            }
-        }
+        "2m-pmd-exit" | "2m-pmd-alive" => expect_pmd(cl, case, b, write),
         "4k-alive" | "16k-alive" | "64k-alive" => {
-            let c = get(ReportClass::Copy);
-            cl.expect(within(c, pages), format!("copy {c} = pages {pages} (child alive)"))
+            let c = count(write, ReportClass::Copy);
+            cl.expect(within(c, b.pages), format!("copy {c} = pages {} (child alive)", b.pages))
         }
-        "spurious-race" => {
-            // The threads only store: a page's spurious fault is a lost
-            // race where every store re-walks (QEMU as shipped); the
-            // stale-TLB model may add a few where a CPU cached an entry
-            // some other way. A race reads as stale TLB when the winner
-            // returned between the loser's page walk and its fault's open
-            // (`WpPage`). Opened at the exception, that needs the host to
-            // stop a vCPU's thread there: at most 1 a run on an idle host,
-            // 3 of 5 on a host loaded with other guests and builds. So the
-            // bound is the races read as races plus `STRETCHED_RACES`: a
-            // split that read every race as stale TLB still fails. Opened
-            // at `handle_mm_fault` (arm64), the loser may also be
-            // preempted in its VMA lookup, as often as the kernel's
-            // preemption model allows: not bounded.
-            let (sp, stale, race) = spurious_split(cl, write);
-            let bounded = !stale_tlb && opened_at_exception;
-            cl.expect(
-                (!bounded || stale <= race + STRETCHED_RACES) && sp <= 3 * pages,
-                format!(
-                    "spurious {sp} (race {race}, stale TLB {stale}{}), at most 3 of 4 threads a page ({})",
-                    match (stale_tlb, opened_at_exception) {
-                        (false, true) => format!(" <= race + {STRETCHED_RACES}"),
-                        (false, false) => ", opened at handle_mm_fault: not bounded".into(),
-                        (true, _) => String::new(),
-                    },
-                    3 * pages
-                ),
-            );
-        }
-        "reader-writer" => {
-            // The writer's reuses, then the reader's stores: each a
-            // spurious fault where its CPU kept the read-only entry (the
-            // stale-TLB model), none where it re-walks (QEMU as shipped).
-            // Starting the writer thread in the step writes more of the
-            // bench's own pages shared at the fork (its heap, the thread's
-            // bookkeeping): four times the slack.
-            let (r, c) = (get(ReportClass::Reuse), get(ReportClass::Copy));
-            let slack = 4 * SLACK;
-            cl.expect(
-                (pages..=pages + slack).contains(&(r + c)) && c <= LRU_BATCH_COPIES,
-                format!(
-                    "the writer: reuse {r} + copy {c} = pages {pages} (+{slack}), copy <= {LRU_BATCH_COPIES}"
-                ),
-            );
-            // Under the model the reader's CPU keeps its entries only until
-            // it switches to another process (a CR3 write, or arm64's
-            // change of ASID, drops them all): any count up to the pages,
-            // the boot's sum held to QEMU's own count (xtask's stale-TLB
-            // stage).
-            let (sp, stale, race) = spurious_split(cl, write);
-            cl.expect(
-                race == 0 && if stale_tlb { stale <= pages } else { stale == 0 },
-                format!(
-                    "the reader: spurious {sp} = stale TLB {stale} ({}), race {race} = 0",
-                    if stale_tlb {
-                        format!("at most pages {pages}: the model keeps read-only entries until a switch")
-                    } else {
-                        "0: every store re-walks".into()
-                    }
-                ),
-            );
-        }
-        "read-then-store-64k" => {
-            // Each store takes a write-protect fault, or a spurious one
-            // where a fault before it made the PTE writable and the CPU
-            // kept its read-only entry: a kernel that reuses the whole
-            // folio (or its 16 PTEs) leaves the other 15 pages' entries
-            // stale under the model, one that reuses or copies page by
-            // page none. One thread: no race.
-            let (wp, (sp, stale, race)) = (get(ReportClass::WpFaults), spurious_split(cl, write));
-            let whole = reuse != FolioReuse::PageByPage;
-            let want = if !stale_tlb {
-                (0, 0, "0: every store re-walks".to_string())
-            } else if local_flush {
-                // Only a thread moved back to a CPU that read the folio
-                // before its reuse finds an entry left.
-                (0, SLACK, format!("0 to {SLACK}: the reuse flushes this CPU's entries"))
-            } else if whole {
-                let most = pages - folios;
-                (most / 2, most, format!("{} to {most}: 15 of 16 pages a folio, less flushes", most / 2))
-            } else {
-                (0, SLACK, format!("0 to {SLACK}: this kernel makes each page writable by its own fault"))
-            };
-            cl.expect(
-                (want.0..=want.1).contains(&stale) && race == 0 && wp + sp <= pages + SLACK,
-                format!(
-                    "spurious {sp}: stale TLB {stale} ({}), race {race} = 0; wp {wp} + spurious <= pages {pages} (+{SLACK})",
-                    want.2
-                ),
-            );
-            if whole && (local_flush || !stale_tlb) {
-                cl.expect(
-                    wp + sp <= folios + SLACK,
-                    format!("write faults {} <= folios {folios} (+{SLACK}): one a folio", wp + sp),
-                );
-            }
-        }
+        "spurious-race" => expect_spurious_race(cl, traits, b, write),
+        "reader-writer" => expect_reader_writer(cl, traits, b, write),
+        "read-then-store-64k" => expect_read_then_store(cl, traits, b, write),
         _ => {}
+    }
+}
+
+/// A class's count in a span, 0 where not measured.
+fn count(span: &Span, m: ReportClass) -> u64 {
+    span.count(m).unwrap_or(0)
+}
+
+/// `v` is `want`, and at most [`SLACK`] of the bench's own faults more.
+fn within(v: u64, want: u64) -> bool {
+    (want..=want + SLACK).contains(&v)
+}
+
+/// After the child's exit every page is the bench's alone: reused, by page
+/// or by folio as the kernel does it, or copied where the kernel chose to
+/// (a folio in an LRU-add batch, see `LRU_BATCH_COPIES`).
+fn expect_reuse_after_exit(cl: &mut Checklist, case: &str, reuse: FolioReuse, b: &Bench, write: &Span) {
+    let (pages, folios, folio) = (b.pages, b.folios, b.folio.as_str());
+    let (r, c) = (count(write, ReportClass::Reuse), count(write, ReportClass::Copy));
+    let whole = reuse == FolioReuse::WholeFolio || (reuse == FolioReuse::ContpteBlock && case == "64k-exit");
+    if case == "4k-exit" {
+        cl.expect(
+            within(r + c, pages) && c <= LRU_BATCH_COPIES,
+            format!(
+                "reuse {r} + copy {c} = pages {pages} (+{SLACK}), copy <= {LRU_BATCH_COPIES} (pages in an LRU-add batch)"
+            ),
+        )
+    } else if whole {
+        cl.expect(
+            within(r + c, folios) && c <= LRU_BATCH_COPIES,
+            format!(
+                "reuse {r} + copy {c} = folios {folios} (+{SLACK}), copy <= {LRU_BATCH_COPIES}: this kernel reuses a {folio} folio whole"
+            ),
+        );
+    } else {
+        cl.expect(
+            within(r + c, pages),
+            format!(
+                "reuse {r} + copy {c} = pages {pages}: this kernel {} {folio} folios page by page",
+                if c > r { "copies" } else { "reuses" }
+            ),
+        );
+    }
+}
+
+/// PMD-mapped THPs: one PMD write-protect fault each; an exclusive THP is
+/// made writable in place, one shared with the child is split and copied
+/// page by page (the first page in the same fault).
+fn expect_pmd(cl: &mut Checklist, case: &str, b: &Bench, write: &Span) {
+    let (pages, folios) = (b.pages, b.folios);
+    let h = count(write, ReportClass::HugePmdWp);
+    cl.expect(within(h, folios), format!("huge_pmd_wp {h} = THPs {folios}"));
+    let Some(o) = pmd_outcomes_of(&write.classes) else {
+        return cl.expect(false, "huge_pmd_wp has no outcomes");
+    };
+    if case == "2m-pmd-exit" {
+        cl.expect(
+            o.reused == h && o.split == 0 && o.copied == 0,
+            format!(
+                "huge_pmd_wp: reused {} = {h}, split {} = 0, THP copied {} = 0",
+                o.reused, o.split, o.copied
+            ),
+        );
+    } else {
+        let c = count(write, ReportClass::Copy);
+        cl.expect(
+            o.split == h && o.reused == 0 && o.copied == 0 && within(c, pages),
+            format!(
+                "huge_pmd_wp: split {} = {h}, reused {} = 0, THP copied {} = 0; copy {c} = pages {pages} (+{SLACK})",
+                o.split, o.reused, o.copied
+            ),
+        );
+    }
+}
+
+/// Four threads that only store: a page's spurious fault is a lost race
+/// where every store re-walks (QEMU as shipped); the stale-TLB model may
+/// add a few where a CPU cached an entry some other way. A race reads as
+/// stale TLB when the winner returned between the loser's page walk and
+/// its fault's open (`WpPage`). Opened at the exception, that needs the
+/// host to stop a vCPU's thread there: at most 1 a run on an idle host, 3
+/// of 5 on a host loaded with other guests and builds. So the bound is the
+/// races read as races plus `STRETCHED_RACES`: a split that read every
+/// race as stale TLB still fails. Opened at `handle_mm_fault` (arm64), the
+/// loser may also be preempted in its VMA lookup, as often as the kernel's
+/// preemption model allows: not bounded.
+fn expect_spurious_race(cl: &mut Checklist, traits: KernelTraits, b: &Bench, write: &Span) {
+    let KernelTraits { opened_at_exception, stale_tlb, .. } = traits;
+    let pages = b.pages;
+    let (sp, stale, race) = spurious_split(cl, write);
+    let bounded = !stale_tlb && opened_at_exception;
+    cl.expect(
+        (!bounded || stale <= race + STRETCHED_RACES) && sp <= 3 * pages,
+        format!(
+            "spurious {sp} (race {race}, stale TLB {stale}{}), at most 3 of 4 threads a page ({})",
+            match (stale_tlb, opened_at_exception) {
+                (false, true) => format!(" <= race + {STRETCHED_RACES}"),
+                (false, false) => ", opened at handle_mm_fault: not bounded".into(),
+                (true, _) => String::new(),
+            },
+            3 * pages
+        ),
+    );
+}
+
+/// The writer's reuses, then the reader's stores: each a spurious fault
+/// where its CPU kept the read-only entry (the stale-TLB model), none where
+/// it re-walks (QEMU as shipped). Starting the writer thread in the step
+/// writes more of the bench's own pages shared at the fork (its heap, the
+/// thread's bookkeeping): four times the slack. Under the model the
+/// reader's CPU keeps its entries only until it switches to another
+/// process (a CR3 write, or arm64's change of ASID, drops them all): any
+/// count up to the pages, the boot's sum held to QEMU's own count (xtask's
+/// stale-TLB stage).
+fn expect_reader_writer(cl: &mut Checklist, traits: KernelTraits, b: &Bench, write: &Span) {
+    let pages = b.pages;
+    let (r, c) = (count(write, ReportClass::Reuse), count(write, ReportClass::Copy));
+    let slack = 4 * SLACK;
+    cl.expect(
+        (pages..=pages + slack).contains(&(r + c)) && c <= LRU_BATCH_COPIES,
+        format!("the writer: reuse {r} + copy {c} = pages {pages} (+{slack}), copy <= {LRU_BATCH_COPIES}"),
+    );
+    let (sp, stale, race) = spurious_split(cl, write);
+    cl.expect(
+        race == 0 && if traits.stale_tlb { stale <= pages } else { stale == 0 },
+        format!(
+            "the reader: spurious {sp} = stale TLB {stale} ({}), race {race} = 0",
+            if traits.stale_tlb {
+                format!("at most pages {pages}: the model keeps read-only entries until a switch")
+            } else {
+                "0: every store re-walks".into()
+            }
+        ),
+    );
+}
+
+/// Each store takes a write-protect fault, or a spurious one where a fault
+/// before it made the PTE writable and the CPU kept its read-only entry: a
+/// kernel that reuses the whole folio (or its 16 PTEs) leaves the other 15
+/// pages' entries stale under the model, one that reuses or copies page by
+/// page none. One thread: no race.
+fn expect_read_then_store(cl: &mut Checklist, traits: KernelTraits, b: &Bench, write: &Span) {
+    let (pages, folios) = (b.pages, b.folios);
+    let KernelTraits { choices: Choices { reuse, local_flush, .. }, stale_tlb, .. } = traits;
+    let (wp, (sp, stale, race)) = (count(write, ReportClass::WpFaults), spurious_split(cl, write));
+    let whole = reuse != FolioReuse::PageByPage;
+    let want = if !stale_tlb {
+        (0, 0, "0: every store re-walks".to_string())
+    } else if local_flush {
+        // Only a thread moved back to a CPU that read the folio before its
+        // reuse finds an entry left.
+        (0, SLACK, format!("0 to {SLACK}: the reuse flushes this CPU's entries"))
+    } else if whole {
+        let most = pages - folios;
+        (most / 2, most, format!("{} to {most}: 15 of 16 pages a folio, less flushes", most / 2))
+    } else {
+        (0, SLACK, format!("0 to {SLACK}: this kernel makes each page writable by its own fault"))
+    };
+    cl.expect(
+        (want.0..=want.1).contains(&stale) && race == 0 && wp + sp <= pages + SLACK,
+        format!(
+            "spurious {sp}: stale TLB {stale} ({}), race {race} = 0; wp {wp} + spurious <= pages {pages} (+{SLACK})",
+            want.2
+        ),
+    );
+    if whole && (local_flush || !stale_tlb) {
+        cl.expect(
+            wp + sp <= folios + SLACK,
+            format!("write faults {} <= folios {folios} (+{SLACK}): one a folio", wp + sp),
+        );
     }
 }
 
@@ -661,8 +671,7 @@ fn expect_hotpatch(
     let Some(b) = report.bench.as_ref() else { return };
     let Some(h) = b.hotpatch.as_ref().filter(|_| matches!(case, "hotpatch" | "hotpatch-mem")) else { return };
     let folios = b.folios;
-    let get = |m: ReportClass| write.count(m).unwrap_or(0);
-    let (copy, hwp) = (get(ReportClass::Copy), get(ReportClass::HugePmdWp));
+    let (copy, hwp) = (count(write, ReportClass::Copy), count(write, ReportClass::HugePmdWp));
     let f = folios_of(&write.classes, ReportClass::Copy).unwrap_or_default();
     let whole = choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs";
     let outcomes = pmd_outcomes_of(&write.classes);
@@ -765,9 +774,8 @@ fn expect_hotpatch_taken(cl: &mut Checklist, case: &str, choices: Choices, b: &B
 /// The write step's spurious faults, stale TLB and race, checked to add
 /// up (each spurious fault is one or the other).
 fn spurious_split(cl: &mut Checklist, write: &Span) -> (u64, u64, u64) {
-    let get = |m: ReportClass| write.count(m).unwrap_or(0);
-    let (sp, stale, race) =
-        (get(ReportClass::Spurious), get(ReportClass::SpuriousStaleTlb), get(ReportClass::SpuriousRace));
+    let [sp, stale, race] = [ReportClass::Spurious, ReportClass::SpuriousStaleTlb, ReportClass::SpuriousRace]
+        .map(|m| count(write, m));
     cl.expect(stale + race == sp, format!("spurious {sp} = stale TLB {stale} + race {race}"));
     (sp, stale, race)
 }
