@@ -249,12 +249,12 @@ impl Guest {
         let timeout = std::time::Duration::from_secs(900);
         crate::vm::boot_with(self.k, &self.vmlinuz, &self.cpio, &self.dir, timeout, &[], machine)
     }
+}
 
-    /// Its runs of the host tests: a backend each, at bench's own latency
-    /// tier.
-    fn runs(&self) -> Vec<(&str, &str)> {
-        self.backends.iter().map(|b| (b.as_str(), "")).collect()
-    }
+/// The host tests' runs of a guest: one per backend, at bench's own latency
+/// tier.
+fn runs(backends: &[String]) -> Vec<(&str, &str)> {
+    backends.iter().map(|b| (b.as_str(), "")).collect()
 }
 
 /// [`run_each`] with the same `cases` on every kernel.
@@ -386,8 +386,7 @@ fn prepare(
         let backends = backends_for(k.name, backends);
         let tests = host_tests(cases)?;
         let once = (what == Boot::Matrix).then_some(VERIFIER_TEST);
-        let runs: Vec<(&str, &str)> = backends.iter().map(|b| (b.as_str(), "")).collect();
-        let mut vars = foundation::host_test_vars(k, &tests, once, &runs)?;
+        let mut vars = foundation::host_test_vars(k, &tests, once, &runs(&backends))?;
         vars.extend(case_vars(k, cases, size, tlb, what));
         let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
         let cpio = vm::initramfs_with(&dir, k.arch, &bin, "host-tests.sh", &vars, &extra)?;
@@ -400,7 +399,7 @@ fn prepare(
 /// stale-TLB model the boot's count against QEMU's.
 fn check_guest(g: &Guest, run: &GuestRun, failures: &mut Vec<String>) {
     let k = g.k;
-    let r = foundation::check_host_tests(run, &g.tests, g.once, &g.runs());
+    let r = foundation::check_host_tests(run, &g.tests, g.once, &runs(&g.backends));
     print!("{}", r.table);
     failures.extend(r.failures.into_iter().map(|f| format!("{}: {f}", k.name)));
     let labels: Vec<String> =

@@ -83,11 +83,13 @@ fn run_case(case: &str) {
 fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
     let t0 = Instant::now();
     let tracing = faultscope_expect::tracefs::start();
-    let before = KernelCounters::read();
+    // Machine-wide counts: read only where nothing else runs (a guest,
+    // where the oracle traces).
+    let before = tracing.as_ref().map(|_| KernelCounters::read());
     let t1 = Instant::now();
     let out = faultscope(args);
     let bench = t1.elapsed();
-    let kernel = KernelCounters::read().since(&before);
+    let kernel = before.map(|b| KernelCounters::read().since(&b));
     let t2 = Instant::now();
     let traced = tracing.map(|t| t.finish(&[]));
     let oracle_time = t2.elapsed();
@@ -105,8 +107,7 @@ fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
         cl.line("  no oracle: the kernel's THP counters (machine-wide) are checked in a guest only");
     }
     let traits = KernelTraits::of_run(&report);
-    let kernel = traced.is_some().then_some(&kernel);
-    cases::check(cl, &Run { case, traits, report: &report, oracle, kernel });
+    cases::check(cl, &Run { case, traits, report: &report, oracle, kernel: kernel.as_ref() });
     let verify = |expect: &str| {
         let out =
             faultscope(&["verify", "--phase", cases::WRITE, "--expect", expect, json.to_str().unwrap()]);

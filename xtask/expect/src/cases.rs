@@ -13,7 +13,8 @@ use std::{
 use faultscope::{
     kernel::classes::ReportClass,
     report::schema::{
-        Attribution, Bench, ClassValue, Classes, Folios, Measured, PmdOutcomes, Report, Span, StackRow,
+        Attribution, Bench, ClassValue, Classes, Folios, Hotpatch, Measured, PmdOutcomes, Report, Span,
+        StackRow,
     },
     units::{PAGE, PMD_SIZE},
 };
@@ -673,7 +674,7 @@ fn expect_hotpatch(
     let folios = b.folios;
     let (copy, hwp) = (count(write, ReportClass::Copy), count(write, ReportClass::HugePmdWp));
     let f = folios_of(&write.classes, ReportClass::Copy).unwrap_or_default();
-    let whole = choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs";
+    let whole = copies_thp_whole(choices, case, h);
     let outcomes = pmd_outcomes_of(&write.classes);
     let (o_split, o_copied) = outcomes.as_ref().map_or((0, 0), |o| (o.split, o.copied));
     cl.expect(outcomes.is_some(), "huge_pmd_wp has outcomes");
@@ -737,6 +738,13 @@ fn expect_hotpatch(
     }
 }
 
+/// Whether the kernel copies a hot-patched THP whole: the exec THP COW
+/// series does, but only where the mapping is not writable (`hotpatch-mem`:
+/// `is_exec_mapping`) and the file is not shmem.
+fn copies_thp_whole(choices: Choices, case: &str, h: &Hotpatch) -> bool {
+    choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs"
+}
+
 /// The hot patch's smaps before and after, measured or not: every write
 /// taken, the file PMD-mapped whole before the writes, and the anonymous
 /// bytes after them what the kernel copies (a THP each with the exec THP
@@ -759,7 +767,7 @@ fn expect_hotpatch_taken(cl: &mut Checklist, case: &str, choices: Choices, b: &B
         h.before.file_pmd_mapped == b.size,
         format!("before the write: file PMD-mapped {} = size {}", h.before.file_pmd_mapped, b.size),
     );
-    let whole = choices.exec_thp_cow && case == "hotpatch-mem" && h.file_system != "tmpfs";
+    let whole = copies_thp_whole(choices, case, h);
     let (each, what) = if whole { (PMD_SIZE, "a THP") } else { (PAGE, "a 4K page") };
     cl.expect(
         h.after.anonymous == b.folios * each
