@@ -58,6 +58,14 @@ pub const GATE_CASES: &[&str] = &["64k-exit", "2m-pte-exit"];
 /// the bench's own few faults (its stack and heap pages after the fork).
 pub const GATE: &str = "reuse/folio<=1.05";
 
+/// [`GATE`]'s bound as a number.
+const GATE_RATIO: f64 = 1.05;
+
+/// The bench's own faults in a write step after the child's exit (its
+/// stack and heap pages): 0-4 measured. Where the gate allows fewer extra
+/// reuses than this, a whole-folio kernel may fail it by them alone.
+const OWN_FAULTS_AFTER_EXIT: u64 = 4;
+
 /// The size the gate's figures are for: the bench's own faults weigh under
 /// 5% there.
 pub const GATE_SIZE: &str = "256M";
@@ -958,15 +966,23 @@ pub fn expect_gate(
         return cl.expect(false, format!("gate {GATE}: the oracle counts the write step's reuse"));
     };
     let folios = b.folios;
-    let want = if reuse as f64 / folios.max(1) as f64 <= 1.05 { 0 } else { 1 };
+    let want = if reuse as f64 / folios.max(1) as f64 <= GATE_RATIO { 0 } else { 1 };
     cl.expect(
         rc == Some(want),
         format!("gate {GATE}: exit {rc:?}; the oracle's reuse {reuse} / {folios} folios wants {want}: {out}"),
     );
     // What the kernel must do: the series' whole folio, or 7.3's page by
     // page (16 per 64K folio); a kernel that copies reuses nothing.
+    let allowance = folios as f64 * (GATE_RATIO - 1.0);
     let must = match choices.reuse {
-        FolioReuse::WholeFolio => Some(0),
+        FolioReuse::WholeFolio if allowance >= OWN_FAULTS_AFTER_EXIT as f64 => Some(0),
+        FolioReuse::WholeFolio => {
+            cl.line(format!(
+                "  not required to pass at {folios} folios: the gate allows {allowance:.1} extra reuses, \
+                 the bench's own pages up to {OWN_FAULTS_AFTER_EXIT} (the page arithmetic above decides)"
+            ));
+            None
+        }
         FolioReuse::PageByPage if copy == 0 => Some(1),
         FolioReuse::PageByPage | FolioReuse::ContpteBlock => None,
     };
@@ -1119,37 +1135,46 @@ mod tests {
     }
 
     /// The gate's exit must follow the oracle's reuse count and the kernel:
-    /// stock 7.3 fails it with the count, the patched kernel passes.
+    /// stock 7.3 fails it with the count, the patched kernel passes where
+    /// the gate's allowance covers the bench's own faults.
     #[test]
     fn gates_follow_the_oracle_and_the_kernel() {
-        let r = report(&bench_json());
         let whole = Choices { reuse: FolioReuse::WholeFolio, ..Choices::STOCK };
-        // bench_json: 16 folios; the oracle's write step reuse decides.
-        let gate = |choices: Choices, reuse: u64, rc: i32, out: Option<&str>| {
+        // The oracle's write step reuse decides.
+        let gate = |choices: Choices, folios: u64, reuse: u64, rc: i32, out: Option<&str>| {
+            let r = report(&bench_json().replace("\"folios\":16", &format!("\"folios\":{folios}")));
             let o = Oracle::parse(
                 &(X86_UNKNOWN.to_string() + &oracle_line(WRITE, reuse, reuse, 0)),
                 Default::default(),
             );
-            let printed = format!("reuse/folio<=1.05: reuse is {} ({reuse} / 16)", reuse as f64 / 16.0);
+            let ratio = reuse as f64 / folios as f64;
+            let printed = format!("reuse/folio<=1.05: reuse is {ratio} ({reuse} / {folios})");
             let (mut table, mut fails) = (String::new(), Vec::new());
             let mut cl = Checklist::new("g", &mut table, &mut fails);
             expect_gate(&mut cl, choices, &r, Some(&o), Some(rc), out.unwrap_or(&printed));
-            fails
+            (fails, table)
         };
         // 7.3 reuses page by page: 256 for 16 folios, the gate fails (1).
-        assert_eq!(gate(Choices::STOCK, 256, 1, None), Vec::<String>::new());
-        let f = gate(Choices::STOCK, 256, 0, None);
+        assert_eq!(gate(Choices::STOCK, 16, 256, 1, None).0, Vec::<String>::new());
+        let (f, _) = gate(Choices::STOCK, 16, 256, 0, None);
         assert!(f[0].contains("exit Some(0); the oracle's reuse 256 / 16 folios wants 1"), "{f:?}");
         // The patched kernel: 16 for 16, the gate passes (0).
-        assert_eq!(gate(whole, 16, 0, None), Vec::<String>::new());
+        assert_eq!(gate(whole, 16, 16, 0, None).0, Vec::<String>::new());
+        // At 128 folios the allowance (6.4) covers the bench's own pages.
+        assert_eq!(gate(whole, 128, 131, 0, None).0, Vec::<String>::new());
         // A patched kernel that still reuses page by page must pass, and fails.
-        let f = gate(whole, 256, 1, None);
+        let (f, _) = gate(whole, 128, 2048, 1, None);
         assert!(
-            f.iter().any(|x| x.contains("reuse 256 for 16 folios: this kernel must pass the gate")),
+            f.iter().any(|x| x.contains("reuse 2048 for 128 folios: this kernel must pass the gate")),
             "{f:?}"
         );
+        // 8 folios: three of the bench's own reuses fail the gate, rightly
+        // (the exit follows the oracle), and the kernel is not at fault.
+        let (f, t) = gate(whole, 8, 11, 1, None);
+        assert_eq!(f, Vec::<String>::new());
+        assert!(t.contains("not required to pass at 8 folios"), "{t}");
         // verify must print the count it judged.
-        let f = gate(whole, 16, 0, Some("reuse/folio<=1.05: reuse is 1"));
+        let (f, _) = gate(whole, 16, 16, 0, Some("reuse/folio<=1.05: reuse is 1"));
         assert!(f[0].contains("verify prints reuse 16 / 16 folios"), "{f:?}");
     }
 
