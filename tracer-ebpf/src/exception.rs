@@ -125,9 +125,14 @@ fn on_page_fault<C: StackIdContext>(
     let tgid = tgid_of(id);
     let conf = Conf::load();
     let code = code()?;
+    let Some(s) = traced_thread_not_noted(id, epoch) else {
+        return Ok(0);
+    };
     // Only the classes the report takes from here: all of them without the
     // fault path probed, not_present alone with it (a page not present).
+    // Opaque: the verifier walks the rest once, not once per error code.
     let set = ClassSet(classify_x86_error_code(code).0 & conf.get(Config::TpClasses)).with_origin(origin);
+    let set = unsafe { &mut *s }.opaque(set);
     // With the kprobes (or fentry) counting the fault, this leaves its error
     // code for the fault's return (an untraced thread never gets a state,
     // and a record left by one no longer traced is never used: only a
@@ -135,12 +140,6 @@ fn on_page_fault<C: StackIdContext>(
     // exit-only mode it opens the fault. Without them it counts every
     // class. One path for both, so that the verifier walks `counted` once.
     let exceptions = conf.get(Config::Exceptions) != 0;
-    if set.classes() == 0 && !exceptions {
-        return Ok(0);
-    }
-    let Some(s) = traced_thread_not_noted(id, epoch) else {
-        return Ok(0);
-    };
     if set.classes() != 0 {
         let phase = counted(ctx, &conf, tgid, set, origin, ip);
         // No fault path: the VMA the kernel finds at the address (a
