@@ -356,7 +356,7 @@ crate::catalogue! {
         StacksFull = 8 => "stacks_map_full", "stack counts map full";
         /// `bpf_get_stackid` failed (a hash collision in `STACK_TRACES`, or
         /// it was full): the event's stack is missing.
-        StackLost = 9 => "stack_ids_lost", "stacks lost (collision or full stack map)";
+        StackLost = 9 => "stack_ids_lost", "stacks lost (a hash collision in the stack map, or no stack to read)";
         /// `EXITED` was full: an exiting thread's own fault count was not
         /// kept, so its process's kernel check cannot be exact.
         ExitedFull = 10 => "exited_map_full", "exited threads whose fault count was not kept";

@@ -188,6 +188,7 @@ impl Recording {
         }
         let default_stats = if o.select.all { SYSTEM_WIDE_STATS } else { DEFAULT_STATS };
         footprint::stats_entries(o.max_stats, default_stats, footprint::cpus())?;
+        o.attrib.stack_entries()?;
         kernel::require_root()?;
         let mut comms = BTreeMap::new();
         for &pid in &o.pids {

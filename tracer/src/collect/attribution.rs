@@ -31,6 +31,12 @@ pub struct AttribOpts {
     /// contpte classes: which kernel path unfolded a block).
     #[arg(long, default_value = "none", value_parser = parse_classes)]
     pub stacks: ClassList,
+    /// Entries of the kernel's stack map under `--stacks`, one a distinct
+    /// stack of up to 127 frames (1,020 bytes). A stack whose hash bucket
+    /// holds another is lost (`stack_ids_lost`): a larger map loses fewer.
+    /// By default 65,536 (64 MiB); refused past 1 GiB.
+    #[arg(long)]
+    pub max_stacks: Option<u32>,
     /// Do not count per mapping.
     #[arg(long)]
     pub no_mappings: bool,
@@ -58,6 +64,7 @@ impl Default for AttribOpts {
         AttribOpts {
             sites: parse_classes("copy,spurious,contpte_unfold,contpte_fold").unwrap_or_default(),
             stacks: ClassList::default(),
+            max_stacks: None,
             no_mappings: false,
             max_mappings: 16,
             max_sites: 10,
@@ -74,6 +81,13 @@ impl AttribOpts {
         [("--folded", &self.folded), ("--flamegraph", &self.flamegraph), ("--pprof", &self.pprof)]
             .into_iter()
             .filter_map(|(f, p)| Some((f, p.as_deref()?)))
+    }
+
+    /// The stack map's entries: 0 without `--stacks` (the map preallocates
+    /// every entry), else `--max-stacks` within its bound.
+    pub fn stack_entries(&self) -> Result<u32, crate::error::Refusal> {
+        let entries = crate::kernel::footprint::stack_entries(self.max_stacks)?;
+        Ok(if self.stacks.0.is_empty() { 0 } else { entries })
     }
 
     /// The stacks' files must be writable, checked before the run (nothing

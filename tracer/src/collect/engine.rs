@@ -120,9 +120,6 @@ pub struct Recorder {
     places: super::container::Places,
 }
 
-/// Entries of the stack map when stacks are asked for.
-const STACK_ENTRIES: u32 = 16384;
-
 /// Which processes the kernel adds to the traced set by itself (serve).
 #[derive(Debug, Default)]
 pub struct Filters {
@@ -207,6 +204,7 @@ impl Recorder {
         filters: &Filters,
     ) -> Result<Recorder> {
         let max_stats = footprint::stats_entries(max_stats, default_stats, footprint::cpus())?;
+        let stacks = attrib.stack_entries()?;
         kernel::require_root()?;
         let tracefs = kernel::tracefs()?;
         kernel::require_btf()?;
@@ -217,7 +215,6 @@ impl Recorder {
         btf.require()?;
         let flt_offsets = session::task_flt_offsets(btf).map(|_| ());
         let resolved = probes::resolve_here(&tracefs, &kernel, probe.backend);
-        let stacks = if attrib.stacks.0.is_empty() { 0 } else { STACK_ENTRIES };
         let sizes = Sizes {
             stats: max_stats,
             stacks,

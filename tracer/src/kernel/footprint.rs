@@ -64,6 +64,36 @@ pub fn stats_entries(asked: Option<u32>, default: u32, cpus: u64) -> Result<u32,
     }
 }
 
+/// Frames a stack map entry holds (the kernel's `PERF_MAX_STACK_DEPTH`).
+pub const STACK_DEPTH: usize = 127;
+/// The stack map's entries under `--stacks` by default.
+pub const STACK_ENTRIES: u32 = 65536;
+/// What an asked-for stack map may take at most.
+pub const STACKS_LIMIT_BYTES: u64 = 1 << 30;
+
+/// Bytes of one stack map entry: its frames and their count.
+pub fn stack_entry_bytes() -> u64 {
+    4 + 8 * STACK_DEPTH as u64
+}
+
+/// The stack map's entries: `asked`, refused past the limit, or
+/// [`STACK_ENTRIES`]. A stack whose hash bucket holds another is lost, so
+/// the map is made much larger than the stacks it is expected to hold.
+pub fn stack_entries(asked: Option<u32>) -> Result<u32, Refusal> {
+    let per = stack_entry_bytes();
+    match asked {
+        Some(0) => Err(Refusal::new("--max-stacks 0: the stack map needs at least 1 entry")),
+        Some(n) if n as u64 * per > STACKS_LIMIT_BYTES => Err(Refusal::new(format!(
+            "--max-stacks {n}: the stack map would take {} of kernel memory ({per} bytes an entry); at most {} entries fit in {}",
+            crate::units::bytes(n as u64 * per),
+            STACKS_LIMIT_BYTES / per,
+            crate::units::bytes(STACKS_LIMIT_BYTES)
+        ))),
+        Some(n) => Ok(n),
+        None => Ok(STACK_ENTRIES),
+    }
+}
+
 /// How large the kernel maps are made at load.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Sizes {
@@ -110,7 +140,6 @@ pub fn maps(s: &Sizes, cpus: u64) -> Vec<MapSize> {
         s.attribution().map(|(n, e)| (n, e as u64));
     // The eBPF object's bounds (tracer-ebpf/src/maps.rs).
     const TRACKED: u64 = 4096;
-    const STACK_DEPTH: usize = 127;
     vec![
         map("STATS", stats as u64, size_of::<ClassSetKey>(), size_of::<Stat>(), true, cpus),
         map("MAPPINGS", mappings, size_of::<MappingKey>(), size_of::<ClassCounts>(), true, cpus),
@@ -145,6 +174,21 @@ pub fn total(maps: &[MapSize]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stack map: the default under the limit, 0 and past the limit
+    /// refused with the figure, its bytes as `maps` counts them.
+    #[test]
+    fn the_stack_map_is_bounded() {
+        assert_eq!(stack_entries(None).ok(), Some(STACK_ENTRIES));
+        assert!(STACK_ENTRIES as u64 * stack_entry_bytes() < STACKS_LIMIT_BYTES);
+        assert_eq!(stack_entries(Some(100)).ok(), Some(100));
+        assert!(stack_entries(Some(0)).unwrap_err().0.contains("--max-stacks 0"));
+        let e = stack_entries(Some(2_000_000)).unwrap_err().0;
+        assert!(e.contains("--max-stacks 2000000") && e.contains("GiB") && e.contains("1052688"), "{e}");
+        let s = Sizes { stacks: 100, ..Sizes::default() };
+        let m = maps(&s, 2).into_iter().find(|m| m.name == "STACK_TRACES").unwrap();
+        assert_eq!(m.bytes, 100 * stack_entry_bytes());
+    }
 
     #[test]
     fn the_default_fits_the_budget_on_any_machine() {

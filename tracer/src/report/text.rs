@@ -329,6 +329,9 @@ fn drop_hints(r: &Report) -> String {
     if r.drops.get(DropReason::Kernel(DropKind::StatsFull)) > 0 {
         hints.push("rerun with a larger --max-stats");
     }
+    if r.drops.get(DropReason::Kernel(DropKind::StackLost)) > 0 {
+        hints.push("rerun with a larger --max-stacks");
+    }
     if r.drops.get(DropReason::Kernel(DropKind::MappingsFull)) > 0 {
         hints.push("the per-mapping counts are incomplete (--no-mappings leaves them out)");
     }

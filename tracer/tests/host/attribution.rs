@@ -295,3 +295,35 @@ fn stacks_add_no_faults_of_their_own() {
         }
     }
 }
+
+/// A stack whose hash bucket in the stack map holds another is lost, and
+/// said: counted in `drops`, with the option that makes the map larger.
+/// With one entry every stack after the first is lost; the map is as
+/// large as asked, and the default otherwise.
+#[test]
+fn lost_stacks_are_counted_and_the_map_is_sized_as_asked() {
+    let _t = host_test();
+    let d = tmp();
+    let lost = faultscope::report::schema::DropReason::Kernel(faultscope_common::maps::DropKind::StackLost);
+    for (max, entries) in [(Some("1"), 1), (None, faultscope::kernel::footprint::STACK_ENTRIES as u64)] {
+        let fs = d.path().join("fs.json");
+        let mut args = vec!["record", "--json", fs.to_str().unwrap(), "--stacks", "faults"];
+        if let Some(m) = max {
+            args.extend(["--max-stacks", m]);
+        }
+        args.extend(["--", "sh", "-c", "ls / > /dev/null; cat /dev/null; true"]);
+        let out = faultscope(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r = read_report(&fs);
+        let m = r.kernel_memory.as_ref().expect("kernel_memory");
+        assert_eq!(m.maps["STACK_TRACES"].entries, entries);
+        let stacks: usize = r.processes.iter().map(|p| p.attribution.stacks.len()).sum();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        if max.is_some() {
+            assert!(r.drops.get(lost) > 0, "one entry, {stacks} stacks: none lost?");
+            assert!(text.contains("rerun with a larger --max-stacks"), "{text}");
+        } else {
+            assert!(stacks >= 3, "a run with several stacks: {stacks}");
+        }
+    }
+}

@@ -269,6 +269,12 @@ fn bad_seconds_and_counts_are_refused_before_attaching() {
     }
     assert_refused(&faultscope(&["record", "-p", "1", "--interval", "1", "--count", "0"]), "--count 0");
     assert_refused(&faultscope(&["record", "-p", "1", "--max-stats", "0"]), "--max-stats 0");
+    for cmd in [&["record", "-p", "1"][..], &["bench"]] {
+        let out = faultscope(&[cmd, &["--stacks", "copy", "--max-stacks", "0"]].concat());
+        assert_refused(&out, "--max-stacks 0");
+        let out = faultscope(&[cmd, &["--stacks", "copy", "--max-stacks", "4000000000"]].concat());
+        assert_refused(&out, "at most 1052688 entries fit in 1.00 GiB");
+    }
     // Writer threads: bounded by a stated maximum and by the pages.
     for n in ["0", "100000", "1025"] {
         assert_refused(&faultscope(&["bench", "threads", "--threads", n, "--size", "16M"]), "--threads");
