@@ -153,6 +153,12 @@ pub const SEEN_FROM_EXC: u32 = 1 << 8;
 /// write to it opened: at its exception (x86, interrupts still off), else
 /// at `handle_mm_fault`'s entry.
 pub const SEEN_WP_GEN: u32 = 1 << 9;
+/// The call before this one was a write-protect fault on a PMD-mapped THP
+/// that returned `VM_FAULT_RETRY` (a private file THP's PMD split, then the
+/// PTE path asked for the mmap lock): this retried call's new anon folio,
+/// with no write-protect fault of its own, is that write's copy
+/// (`do_cow_fault` on the entry the split dropped).
+pub const SEEN_HUGE_WP_RETRIED: u32 = 1 << 10;
 /// Bits [`SEEN_FOLIO_SHIFT`].. of `seen`: the order of the new anon folio
 /// the fault mapped, plus one (see [`ThreadFault::note_folio`]), carried
 /// into the set's [`crate::class::FOLIO_SHIFT`] bits at the return.
@@ -221,7 +227,8 @@ impl ThreadFault {
         self.exc_arch = arch as u32;
         self.exc_addr = addr;
         self.exc_code = code;
-        self.seen &= !SEEN_WP_GEN;
+        // A new exception is a new fault: no retry carries into it.
+        self.seen &= !(SEEN_WP_GEN | SEEN_HUGE_WP_RETRIED);
         self.seen |= SEEN_EXC;
     }
 
@@ -283,7 +290,7 @@ impl ThreadFault {
         self.start_ns = start_ns;
         self.own_ns = 0;
         let timed = if timed { SEEN_TIMED } else { 0 };
-        self.seen = (self.seen & SEEN_EXC) | SEEN_IN_FAULT | timed;
+        self.seen = (self.seen & (SEEN_EXC | SEEN_HUGE_WP_RETRIED)) | SEEN_IN_FAULT | timed;
     }
 
     /// `handle_mm_fault` entered for a fault of this thread. Returns true
@@ -301,7 +308,8 @@ impl ThreadFault {
         // Keep the exception record, and its generation if it is this
         // fault's; forget the marks of the previous fault.
         let timed = if start_ns.is_some() { SEEN_TIMED } else { 0 };
-        let keep = SEEN_EXC | if self.own_exception(self.seen) { SEEN_WP_GEN } else { 0 };
+        let keep =
+            SEEN_EXC | SEEN_HUGE_WP_RETRIED | if self.own_exception(self.seen) { SEEN_WP_GEN } else { 0 };
         self.seen = (self.seen & keep) | SEEN_IN_FAULT | timed;
         lost
     }
@@ -427,6 +435,9 @@ impl ThreadFault {
         // raises its own; get_user_pages ignores it), and a thread with
         // nothing open leaves no state behind when switched out.
         self.seen &= if ret & VM_FAULT_RETRY != 0 { SEEN_EXC } else { 0 };
+        if ret & VM_FAULT_RETRY != 0 && seen & SEEN_HUGE_WP != 0 {
+            self.seen |= SEEN_HUGE_WP_RETRIED;
+        }
         let mut set =
             ClassSet::default().with(KernelClass::Faults).with_origin(Origin::from_u32(self.origin));
         let write = self.flags & FAULT_FLAG_WRITE != 0;
@@ -454,12 +465,15 @@ impl ThreadFault {
         }
         if seen & SEEN_HUGE_WP != 0 {
             set = set.with(KernelClass::HugePmdWp);
-            // A new anon folio with no PTE write-protect fault: the THP
-            // itself copied, or a private file THP's PMD dropped and the
-            // page written copied from the file (`do_cow_fault`).
-            if seen & (SEEN_WP | SEEN_NEW_ANON) == SEEN_NEW_ANON {
-                set = set.with(KernelClass::Copy);
-            }
+        }
+        // A new anon folio with no PTE write-protect fault, in a PMD
+        // write-protect fault or the call that retried one: the THP itself
+        // copied, or a private file THP's PMD dropped and the page written
+        // copied from the file (`do_cow_fault`).
+        if seen & (SEEN_HUGE_WP | SEEN_HUGE_WP_RETRIED) != 0
+            && seen & (SEEN_WP | SEEN_NEW_ANON) == SEEN_NEW_ANON
+        {
+            set = set.with(KernelClass::Copy);
         }
         let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON | SEEN_DIRTY_SHARED) != 0;
         let completed = ret & (VM_FAULT_RETRY | VM_FAULT_ERROR) == 0;
@@ -856,6 +870,44 @@ mod tests {
         // A return with nothing open: counted, untimed.
         assert!(!t.at_return(A, R, Origin::Gup));
         assert!(t.on_return(0).unwrap().has(KernelClass::Faults));
+    }
+
+    /// A private file THP's write: the PMD split, then the PTE path asks
+    /// for the mmap lock (`VM_FAULT_RETRY`); the retried call copies the
+    /// page from the file (`do_cow_fault`) with no write-protect fault of
+    /// its own: that is the write's copy, in both modes, and the PMD fault
+    /// is counted once. A new exception carries nothing over.
+    #[test]
+    fn a_retried_pmd_write_protect_faults_copy_is_a_copy() {
+        let wp = X86_PF_PROT | X86_PF_WRITE | X86_PF_USER;
+        let check = |first: ClassSet, second: ClassSet| {
+            assert!(first.has(KernelClass::HugePmdWp) && first.has(KernelClass::Retry), "{first:?}");
+            assert!(!first.has(KernelClass::Copy));
+            assert!(second.has(KernelClass::Copy) && !second.has(KernelClass::HugePmdWp), "{second:?}");
+            assert!(!second.has(KernelClass::Spurious) && !second.has(KernelClass::WpFaults));
+        };
+        // kprobe mode: the exception, then two calls.
+        let mut t = ThreadFault::default();
+        let first = fault(&mut t, Some((ExcArch::X86, wp)), W, &[SEEN_HUGE_WP], VM_FAULT_RETRY);
+        let second = fault(&mut t, None, W, &[SEEN_NEW_ANON], 0);
+        check(first, second);
+        // The next fault, a new exception: a new anon folio alone is no copy.
+        let s = fault(&mut t, Some((ExcArch::X86, X86_PF_WRITE | X86_PF_USER)), W, &[SEEN_NEW_ANON], 0);
+        assert!(!s.has(KernelClass::Copy), "{s:?}");
+        // A retried call that is not a PMD fault's carries nothing.
+        let _ = fault(&mut t, Some((ExcArch::X86, wp)), W, &[], VM_FAULT_RETRY);
+        assert!(!fault(&mut t, None, W, &[SEEN_NEW_ANON], 0).has(KernelClass::Copy));
+        // Exit-only mode: the return reopens the retried call.
+        let mut t = ThreadFault::default();
+        t.open_at_exception(ExcArch::X86, A + 0x10, wp, false, 0);
+        t.mark(SEEN_HUGE_WP);
+        t.at_return(A + 0x20, W, Origin::User);
+        let first = t.on_return(VM_FAULT_RETRY).unwrap();
+        t.reopen_for_retry(false, 0);
+        t.mark(SEEN_NEW_ANON);
+        t.at_return(A + 0x20, W, Origin::User);
+        check(first, t.on_return(0).unwrap());
+        assert_eq!(t.seen, 0, "a completed fault leaves nothing open");
     }
 
     #[test]

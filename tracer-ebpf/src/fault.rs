@@ -169,11 +169,6 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     } else {
         UNTIMED
     };
-    // What the origin decides, read before the rest: past here the
-    // verifier walks one path, not one per origin.
-    let conf = Conf::load();
-    let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
-    let retry_write = ret as u32 & VM_FAULT_RETRY != 0 && flags & FAULT_FLAG_WRITE != 0;
     let own_ns = st.own_ns;
     let gen = st.gen_at_open();
     let Some(set) = st.on_return(ret as u32) else {
@@ -184,12 +179,14 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
     let tgid = tgid_of(id);
     let phase = current_phase();
     record_set(tgid, phase, set, ns, own_ns);
+    let conf = Conf::load();
     // The VMA is read at the return: the call holds its lock until then,
     // except a retry's or a completed-unlocked one, whose VMA is still
     // memory the kernel frees only after an RCU grace period (the read is
     // a checked load either way).
     let vma = arg(0)?;
     let start = vma_start(ctx, &conf, vma)?;
+    let (ip, syscall) = fault_site(ctx, &conf, origin, regs)?;
     // Described only while the call still holds the VMA.
     let mapping = Some((start, if vma_kept(ret as u32) { vma } else { 0 }));
     attribute(ctx, &conf, tgid, phase, &KernelClass::FAULT_RETURN, set, mapping, ip, syscall, 0);
@@ -197,7 +194,7 @@ fn try_fault_close(ctx: &FExitContext, ret: u64) -> Result<u32, ReadFailed> {
         // The clock last: the retried call's time starts where this ends.
         let timed = timed_fault(conf.get(Config::LatencyEvery));
         st.reopen_for_retry(timed, if timed { unsafe { bpf_ktime_get_ns() } } else { 0 });
-        if retry_write {
+        if flags & FAULT_FLAG_WRITE != 0 {
             note_wp_gen(st, id, addr);
         }
     }

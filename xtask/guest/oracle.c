@@ -171,6 +171,7 @@ static void probe_events(const char *tracefs)
 
 struct thread {
 	int pid, tgid, in, origin, wp, nar, hwp, acc, dsp, write;
+	int hwpr; /* the last call, a PMD write-protect fault, returned VM_FAULT_RETRY */
 	unsigned long addr;              /* of the fault being handled */
 	unsigned long exc_addr, present; /* of the last exception */
 	int exc;
@@ -386,10 +387,12 @@ int main(int argc, char **argv)
 		struct thread *t = thread(pid);
 		t->tgid = tgid;
 		if (strstr(ev, " page_fault_user: ") || strstr(ev, " page_fault_kernel: ")) {
+			t->hwpr = 0;
 			t->exc = 1;
 			t->exc_addr = field(ev, "address=");
 			t->present = field(ev, "error_code=") & 1;
 		} else if (strstr(ev, " abt: ")) {
+			t->hwpr = 0;
 			t->exc = 1;
 			t->exc_addr = field(ev, "far=");
 			t->present = (field(ev, "esr=") & 0x3c) == 0x0c;
@@ -413,10 +416,13 @@ int main(int argc, char **argv)
 				if (t->wp) {
 					count_at(p, WP, o, a);
 					count_at(p, t->dsp ? SHARED : t->nar ? COPY : REUSE, o, a);
-				} else if (t->hwp && t->nar) {
-					/* the THP itself copied: no PTE fault */
+				} else if ((t->hwp || t->hwpr) && t->nar) {
+					/* the THP itself copied, or the page copied
+					 * from the file after the PMD split (in this
+					 * call, or in the one it retries): no PTE fault */
 					count_at(p, COPY, o, a);
 				}
+				t->hwpr = t->hwp && (ret & 0x400);
 				if (t->hwp)
 					count_at(p, HUGE, o, a);
 				if (t->write && !t->wp && !t->hwp && !t->nar && !t->dsp && !(ret & (0x873 | 0x400))) {
