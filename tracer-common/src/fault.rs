@@ -159,6 +159,7 @@ pub const SEEN_WP_GEN: u32 = 1 << 9;
 /// with no write-protect fault of its own, is that write's copy
 /// (`do_cow_fault` on the entry the split dropped).
 pub const SEEN_HUGE_WP_RETRIED: u32 = 1 << 10;
+const _: () = assert!(SEEN_HUGE_WP_RETRIED == VM_FAULT_RETRY && SEEN_HUGE_WP << 8 == SEEN_HUGE_WP_RETRIED);
 /// Bits [`SEEN_FOLIO_SHIFT`].. of `seen`: the order of the new anon folio
 /// the fault mapped, plus one (see [`ThreadFault::note_folio`]), carried
 /// into the set's [`crate::class::FOLIO_SHIFT`] bits at the return.
@@ -435,9 +436,10 @@ impl ThreadFault {
         // raises its own; get_user_pages ignores it), and a thread with
         // nothing open leaves no state behind when switched out.
         self.seen &= if ret & VM_FAULT_RETRY != 0 { SEEN_EXC } else { 0 };
-        if ret & VM_FAULT_RETRY != 0 && seen & SEEN_HUGE_WP != 0 {
-            self.seen |= SEEN_HUGE_WP_RETRIED;
-        }
+        // A retried PMD write-protect fault leaves its bit, without a
+        // branch (the verifier walks the rest of the program once per
+        // branch): `VM_FAULT_RETRY` and `SEEN_HUGE_WP << 8` are that bit.
+        self.seen |= ret & VM_FAULT_RETRY & ((seen & SEEN_HUGE_WP) << 8);
         let mut set =
             ClassSet::default().with(KernelClass::Faults).with_origin(Origin::from_u32(self.origin));
         let write = self.flags & FAULT_FLAG_WRITE != 0;
@@ -467,12 +469,12 @@ impl ThreadFault {
             set = set.with(KernelClass::HugePmdWp);
         }
         // A new anon folio with no PTE write-protect fault, in a PMD
-        // write-protect fault or the call that retried one: the THP itself
-        // copied, or a private file THP's PMD dropped and the page written
-        // copied from the file (`do_cow_fault`).
-        if seen & (SEEN_HUGE_WP | SEEN_HUGE_WP_RETRIED) != 0
-            && seen & (SEEN_WP | SEEN_NEW_ANON) == SEEN_NEW_ANON
-        {
+        // write-protect fault or the call that retried one (its bit `>> 8`
+        // is `SEEN_HUGE_WP`): the THP itself copied, or a private file
+        // THP's PMD dropped and the page written copied from the file
+        // (`do_cow_fault`).
+        let pmd = seen | ((seen & SEEN_HUGE_WP_RETRIED) >> 8);
+        if pmd & (SEEN_HUGE_WP | SEEN_WP | SEEN_NEW_ANON) == SEEN_HUGE_WP | SEEN_NEW_ANON {
             set = set.with(KernelClass::Copy);
         }
         let handled = seen & (SEEN_WP | SEEN_HUGE_WP | SEEN_NEW_ANON | SEEN_DIRTY_SHARED) != 0;
