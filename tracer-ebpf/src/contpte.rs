@@ -14,7 +14,7 @@ use faultscope_common::{
 use crate::{
     attrib::attribute,
     helpers::{
-        counted_target, current_id, current_phase, opaque, pid_tgid, record, thread_state_if_any, FnContext,
+        counted_target, current_id, current_phase, pid_tgid, record, thread_state_if_any, FnContext,
         ReadFailed, UNTIMED,
     },
     maps::Conf,
@@ -35,7 +35,7 @@ fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_n
         (addr_key(addr), 0, 0, Origin::Kernel)
     };
     let phase = current_phase();
-    let set = opaque(set.with_origin(origin));
+    let set = set.with_origin(origin);
     record(tgid, phase, set.0, UNTIMED, 0);
     let conf = Conf::load();
     attribute(

@@ -467,18 +467,6 @@ pub fn record(tgid: u32, phase: PhaseId, set: u32, ns: u64, own_ns: u64) {
     }
 }
 
-/// `set` read back from this CPU's `OPEN` slot (`ThreadFault::opaque`), for
-/// a program with no thread state to hand: the verifier then walks what
-/// follows once, not once per constant the caller's branches made.
-#[inline(always)]
-pub fn opaque(set: ClassSet) -> ClassSet {
-    match OPEN.get_ptr_mut(0) {
-        // SAFETY: this CPU's entry; `set` is scratch, read at once.
-        Some(o) => unsafe { (*o).fault.opaque(set) },
-        None => ClassSet(0),
-    }
-}
-
 /// Counts one event of the classes in `set`.
 #[inline(always)]
 pub fn record_set(tgid: u32, phase: PhaseId, set: ClassSet, ns: u64, own_ns: u64) {

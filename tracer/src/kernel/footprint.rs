@@ -47,19 +47,36 @@ pub fn stats_entry_bytes(cpus: u64) -> u64 {
     size_of::<ClassSetKey>() as u64 + size_of::<Stat>() as u64 * cpus
 }
 
+/// An asked-for map size: `asked` entries of `per` bytes (`what`: how
+/// they are counted), refused at 0 and past `limit` bytes with the figure.
+fn bounded(flag: &str, map: &str, asked: u32, per: u64, what: &str, limit: u64) -> Result<u32, Refusal> {
+    if asked == 0 {
+        return Err(Refusal::new(format!("{flag} 0: the {map} map needs at least 1 entry")));
+    }
+    if asked as u64 * per > limit {
+        return Err(Refusal::new(format!(
+            "{flag} {asked}: the {map} map would take {} of kernel memory{what} ({per} bytes an entry); at most {} entries fit in {}",
+            crate::units::bytes(asked as u64 * per),
+            limit / per,
+            crate::units::bytes(limit)
+        )));
+    }
+    Ok(asked)
+}
+
 /// The stats map's entries: `asked`, refused past the limit, or the
 /// largest under the default budget, at most `default`.
 pub fn stats_entries(asked: Option<u32>, default: u32, cpus: u64) -> Result<u32, Refusal> {
     let per = stats_entry_bytes(cpus);
     match asked {
-        Some(0) => Err(Refusal::new("--max-stats 0: the stats map needs at least 1 entry")),
-        Some(n) if n as u64 * per > STATS_LIMIT_BYTES => Err(Refusal::new(format!(
-            "--max-stats {n}: the stats map would take {} of kernel memory on this machine's {cpus} CPUs ({per} bytes an entry); at most {} entries fit in {}",
-            crate::units::bytes(n as u64 * per),
-            STATS_LIMIT_BYTES / per,
-            crate::units::bytes(STATS_LIMIT_BYTES)
-        ))),
-        Some(n) => Ok(n),
+        Some(n) => bounded(
+            "--max-stats",
+            "stats",
+            n,
+            per,
+            &format!(" on this machine's {cpus} CPUs"),
+            STATS_LIMIT_BYTES,
+        ),
         None => Ok((STATS_AUTO_BYTES / per).clamp(1, default as u64) as u32),
     }
 }
@@ -80,16 +97,8 @@ pub fn stack_entry_bytes() -> u64 {
 /// [`STACK_ENTRIES`]. A stack whose hash bucket holds another is lost, so
 /// the map is made much larger than the stacks it is expected to hold.
 pub fn stack_entries(asked: Option<u32>) -> Result<u32, Refusal> {
-    let per = stack_entry_bytes();
     match asked {
-        Some(0) => Err(Refusal::new("--max-stacks 0: the stack map needs at least 1 entry")),
-        Some(n) if n as u64 * per > STACKS_LIMIT_BYTES => Err(Refusal::new(format!(
-            "--max-stacks {n}: the stack map would take {} of kernel memory ({per} bytes an entry); at most {} entries fit in {}",
-            crate::units::bytes(n as u64 * per),
-            STACKS_LIMIT_BYTES / per,
-            crate::units::bytes(STACKS_LIMIT_BYTES)
-        ))),
-        Some(n) => Ok(n),
+        Some(n) => bounded("--max-stacks", "stack", n, stack_entry_bytes(), "", STACKS_LIMIT_BYTES),
         None => Ok(STACK_ENTRIES),
     }
 }
