@@ -106,7 +106,7 @@ fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
         // Machine-wide counts: other processes' THPs enter them on a host.
         cl.line("  no oracle: the kernel's THP counters (machine-wide) are checked in a guest only");
     }
-    let traits = KernelTraits::of_run(&report);
+    let traits = KernelTraits::of_run();
     cases::check(cl, &Run { case, traits, report: &report, oracle, kernel: kernel.as_ref() });
     let verify = |expect: &str| {
         let out =
