@@ -23,9 +23,12 @@
  *          PTE_CONT, bit 52, set when the block is folded, clear unfolded),
  *          fso/fold __contpte_try_fold
  *   sched/sched_process_exec
- *   trace_marker lines "faultscope phase LABEL" (written by faultscope at
- *   the instant it switches phase, or attaches) split the counts by phase;
- *   like faultscope's phases they hold for every process.
+ *   trace_marker lines "faultscope phase LABEL" (written by faultscope
+ *   right after it switches phase, or attaches) split the counts by phase;
+ *   like faultscope's phases they hold for every process. A mark's switch
+ *   is also preceded by "faultscope phase-switch LABEL": the counts between
+ *   the two lines are the boundary's window, which faultscope may count on
+ *   either side of it (the switch is one store between the two writes).
  * Every handle_mm_fault call of a process's threads counts, whoever asked
  * for it (the kernel's own accounting, mm_account_fault(), counts them all
  * for the current task): its origin is "user" (regs set, FAULT_FLAG_USER),
@@ -39,6 +42,11 @@
  *          contpte_fold_attempt=.. nowp=.. completed=..
  * and the same split by origin (the contpte counts have none):
  *   oracle-origin tgid=N phase=ALL|LABEL origin=user|kernel|gup faults=.. ...
+ * and, for each phase a mark started, the counts in the window before it
+ * (counted in the phase before, as every count is counted in the phase
+ * whose "faultscope phase" line came last):
+ *   oracle-window tgid=N phase=LABEL faults=.. ...
+ *   oracle-window-origin tgid=N phase=LABEL origin=user|kernel|gup faults=.. ...
  * completed (not a class) counts the calls that returned neither
  * VM_FAULT_RETRY nor an error: the faults mm_account_fault() counts.
  * A class whose events this guest's tracefs lacks (lib.sh refused them) is
@@ -184,6 +192,8 @@ struct proc {
 	unsigned long ph[MAXPH][NC];
 	unsigned long o[NO][NC];          /* by origin, whole run */
 	unsigned long oph[MAXPH][NO][NC]; /* by origin, per phase */
+	unsigned long win[MAXPH][NC];     /* in the window before each phase */
+	unsigned long owin[MAXPH][NO][NC];
 	struct rcounts *r;
 };
 struct range { char name[64]; unsigned long start, end; };
@@ -193,6 +203,7 @@ static struct proc procs[MAXP];
 static int nthreads, nprocs, nexec;
 static char labels[MAXPH][80];
 static int nph; /* phases seen; counts go to the last one */
+static int switching; /* in the window before phase nph (a "phase-switch" line came) */
 static unsigned long unknown_tgid; /* lines whose tgid the trace did not know */
 static struct range ranges[MAXR];
 static int nranges;
@@ -229,6 +240,8 @@ static void count(struct proc *p, int what)
 	p->c[what]++;
 	if (nph)
 		p->ph[nph - 1][what]++;
+	if (switching)
+		p->win[nph][what]++;
 }
 
 /* A count of a fault of origin `o` at address `addr`: also by origin, and
@@ -239,6 +252,8 @@ static void count_at(struct proc *p, int what, int o, unsigned long addr)
 	p->o[o][what]++;
 	if (nph)
 		p->oph[nph - 1][o][what]++;
+	if (switching)
+		p->owin[nph][o][what]++;
 	for (int i = 0; i < nranges; i++) {
 		if (addr < ranges[i].start || addr >= ranges[i].end)
 			continue;
@@ -304,6 +319,25 @@ static void print_origins(const struct proc *p)
 			       origin_names[o]);
 			print_counts(j < 0 ? p->o[o] : p->oph[j][o], 1);
 		}
+}
+
+/* The windows before the phases a mark started (a "phase-switch" line
+ * came before their "phase" line). */
+static char windowed[MAXPH];
+
+static void print_windows(const struct proc *p)
+{
+	for (int j = 0; j < nph; j++) {
+		if (!windowed[j])
+			continue;
+		printf("oracle-window tgid=%d phase=%s", p->tgid, labels[j]);
+		print_counts(p->win[j], 0);
+		for (int o = 0; o < NO; o++) {
+			printf("oracle-window-origin tgid=%d phase=%s origin=%s", p->tgid, labels[j],
+			       origin_names[o]);
+			print_counts(p->owin[j][o], 1);
+		}
+	}
 }
 
 static void print_ranges(const struct proc *p)
@@ -373,7 +407,14 @@ int main(int argc, char **argv)
 			if (nph == MAXPH) { fprintf(stderr, "oracle: too many phases\n"); exit(1); }
 			snprintf(labels[nph], sizeof labels[nph], "%s", m + strlen("faultscope phase "));
 			labels[nph][strcspn(labels[nph], "\n")] = 0;
+			windowed[nph] = switching;
+			switching = 0;
 			nph++;
+			continue;
+		}
+		if (strstr(ev, "faultscope phase-switch ") && strstr(ev, "tracing_mark_write: ")) {
+			if (nph == MAXPH) { fprintf(stderr, "oracle: too many phases\n"); exit(1); }
+			switching = 1;
 			continue;
 		}
 		struct proc *p = proc(tgid);
@@ -460,6 +501,7 @@ int main(int argc, char **argv)
 		for (int j = 0; j < nph; j++)
 			print(procs[i].tgid, labels[j], procs[i].ph[j]);
 		print_origins(&procs[i]);
+		print_windows(&procs[i]);
 		print_ranges(&procs[i]);
 	}
 	/* For the host's error messages: what the trace held. */

@@ -351,6 +351,70 @@ mod tests {
     }
 
     #[test]
+    fn a_fault_between_a_marks_two_markers_may_be_on_either_side() {
+        let dir = std::env::temp_dir().join(format!("faultscope-oracle-window-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = build_oracle(&dir);
+        let l = |ev: &str| format!("w-7 (      7) [000] ..... 1.0: {ev}\n");
+        let fault = |regs: &str| {
+            l(&format!("hmf: (handle_mm_fault+0x0/0x8) addr=0x1000 flags=0x41 regs={regs}"))
+                + &l("wp: (do_wp_page+0x0/0x8)")
+                + &l("hmfr: (x <- handle_mm_fault) ret=0x0")
+        };
+        // A reuse in mark:a, one between mark:b's two
+        // markers, two in mark:b, one in the window before mark:c.
+        let trace = "# tracer: nop\n".to_string()
+            + &l("sched_process_exec: filename=/w pid=7 old_pid=7")
+            + &l("tracing_mark_write: faultscope phase mark:a")
+            + &fault("0x1")
+            + &l("tracing_mark_write: faultscope phase-switch mark:b")
+            + &fault("0x1")
+            + &l("tracing_mark_write: faultscope phase mark:b")
+            + &fault("0x1")
+            + &fault("0x1")
+            + &l("tracing_mark_write: faultscope phase-switch mark:c")
+            + &fault("0x1")
+            + &l("tracing_mark_write: faultscope phase mark:c");
+        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
+        let out = run_oracle(&bin, &dir, &x86, &trace);
+        let o = Oracle::parse(&out, BTreeMap::new());
+        assert_eq!(o.phases, ["mark:a", "mark:b", "mark:c"], "{out}");
+        // Each window in the phase before, for the oracle; none before a
+        // phase whose marker came alone.
+        let faults = |p: &str| o.line(7, p).unwrap()["faults"].unwrap();
+        assert_eq!((faults("mark:a"), faults("mark:b"), faults("mark:c")), (2, 3, 0), "{out}");
+        assert!(out.contains("oracle-window tgid=7 phase=mark:b faults=1 wp_faults=1 reuse=1 "), "{out}");
+        assert!(!out.contains("oracle-window tgid=7 phase=mark:a "), "{out}");
+        assert_eq!(o.windows[&(7, "mark:c".into(), "kernel".into())]["faults"], Some(0), "{out}");
+        // faultscope's count of mark:b may take its window's fault or leave
+        // it to mark:a, and may give mark:c's window fault to mark:c: 2 to
+        // 4; nothing outside that.
+        let reuses = |n: u64| {
+            let mut c = Classes::new();
+            for m in [ReportClass::Faults, ReportClass::WpFaults, ReportClass::Reuse] {
+                let v = serde_json::json!({"count": n, "origins": {"user": n}, "source": "k"});
+                c.insert(m, serde_json::from_value(v).unwrap());
+            }
+            for m in [ReportClass::Copy, ReportClass::WpShared, ReportClass::Spurious, ReportClass::HugePmdWp]
+            {
+                c.insert(m, serde_json::from_value(serde_json::json!({"count": 0, "source": "k"})).unwrap());
+            }
+            c
+        };
+        for (n, agrees) in [(1, false), (2, true), (3, true), (4, true), (5, false)] {
+            let c = o.compare("t", &reuses(n), 7, "mark:b").unwrap();
+            assert_eq!(c.failures.is_empty(), agrees, "{n}: {:?}", c.failures);
+        }
+        let c = o.compare("t", &reuses(1), 7, "mark:b").unwrap();
+        assert_eq!(c.row(ReportClass::Faults).unwrap().oracle_cell(), "3[2..4]");
+        // mark:a: 1 (its window fault in mark:b) or 2; never 3.
+        for (n, agrees) in [(1, true), (2, true), (3, false)] {
+            assert_eq!(o.compare("t", &reuses(n), 7, "mark:a").unwrap().failures.is_empty(), agrees, "{n}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn the_refused_events_come_from_the_run() {
         let text = format!("{X86_UNKNOWN}{}", oracle_line("ALL", 39, 20, 1));
         let run = guest_run(X86_REFUSED, &[("c.oracle", &text)]);
@@ -379,17 +443,38 @@ mod tests {
         // Equal (the mark's 2 and the child-alive phase's 1).
         assert_eq!(
             c.row(ReportClass::Faults),
-            Some(&Row { metric: ReportClass::Faults, origin: None, faultscope: Some(3), oracle: Some(3) })
+            Some(&Row {
+                metric: ReportClass::Faults,
+                origin: None,
+                faultscope: Some(3),
+                oracle: Some(3),
+                over_by: 0,
+                short_by: 0
+            })
         );
         // Unequal.
         assert_eq!(
             c.row(ReportClass::Copy),
-            Some(&Row { metric: ReportClass::Copy, origin: None, faultscope: Some(1), oracle: Some(2) })
+            Some(&Row {
+                metric: ReportClass::Copy,
+                origin: None,
+                faultscope: Some(1),
+                oracle: Some(2),
+                over_by: 0,
+                short_by: 0
+            })
         );
         // Unknown to the oracle and not measurable: they agree.
         assert_eq!(
             c.row(ReportClass::ContpteUnfold),
-            Some(&Row { metric: ReportClass::ContpteUnfold, origin: None, faultscope: None, oracle: None })
+            Some(&Row {
+                metric: ReportClass::ContpteUnfold,
+                origin: None,
+                faultscope: None,
+                oracle: None,
+                over_by: 0,
+                short_by: 0
+            })
         );
         assert_eq!(c.failures, ["k c mark:fork: copy: faultscope 1 != oracle 2"]);
         assert_eq!(c.unknown.iter().collect::<Vec<_>>(), ["contpte is arm64 only"]);

@@ -428,9 +428,14 @@ impl Recorder {
         self.drain_events()?;
         self.snapshot_maps(&format!("mark:{label}"));
         // Formatted before the switch: nothing between the switch and the
-        // marker may touch new memory.
-        let line = marker_line(&format!("mark:{label}"));
+        // marker may touch new memory. The switch is one store between two
+        // markers: a fault of a traced process between them (another of
+        // its threads, or while this thread waits for a CPU) may be counted
+        // on either side, and a trace split at the markers can say so.
+        let phase = format!("mark:{label}");
+        let (before, line) = (switch_line(&phase), marker_line(&phase));
         let marker = self.marker.as_ref();
+        write_marker(marker, &before);
         let id = self.session.mark(|| write_marker(marker, &line))?;
         self.timeline.mark(id, kernel::monotonic_ns(), label);
         Ok(self.timeline.current().name.clone())
@@ -675,6 +680,11 @@ fn at_exit(k: &mut KernelCount, exited: Option<FltCount>, offsets: &Result<(), S
 /// The trace_marker line of a phase (the guest oracle splits on it).
 fn marker_line(label: &str) -> String {
     format!("faultscope phase {label}\n")
+}
+
+/// The trace_marker line just before a mark's switch to phase `label`.
+fn switch_line(label: &str) -> String {
+    format!("faultscope phase-switch {label}\n")
 }
 
 /// A failed write costs the ftrace trace beside faultscope its phase

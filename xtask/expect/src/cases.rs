@@ -372,6 +372,18 @@ fn compare_steps(cl: &mut Checklist, oracle: &Oracle, b: &Bench, steps: &[Span])
     for why in cmps.last().map(|c| &c.unknown).into_iter().flatten() {
         cl.line(format!("  oracle cannot count: {why}"));
     }
+    let switched: Vec<String> = b.steps.iter().map(|s| format!("mark:{}", s.name)).collect();
+    let unseen: Vec<&String> = switched
+        .iter()
+        .filter(|st| !oracle.windows.contains_key(&(b.pid, st.to_string(), String::new())))
+        .collect();
+    cl.expect(
+        unseen.is_empty(),
+        format!(
+            "the oracle saw both markers of each step's mark (a cell's [a..b]: faults between them){}",
+            if unseen.is_empty() { String::new() } else { format!(": not of {unseen:?}") }
+        ),
+    );
     for f in cmps.into_iter().flat_map(|c| c.failures) {
         cl.expect(false, f);
     }
@@ -1182,7 +1194,8 @@ mod tests {
         let oracle = X86_UNKNOWN.to_string()
             + &oracle_line("mark:populate", 16, 0, 0)
             + &oracle_line("mark:fork", 3, 0, 1)
-            + &oracle_line(WRITE, 20, 20, 0);
+            + &oracle_line(WRITE, 20, 20, 0)
+            + &["mark:populate", "mark:fork", WRITE].map(window_line).concat();
         // 20 reuse faults for 1 folio (+16 slack is 17): not whole-folio.
         let (_, fails) =
             checked("64k-exit", Choices { reuse: FolioReuse::WholeFolio, ..Choices::STOCK }, &json, &oracle);
@@ -1199,7 +1212,8 @@ mod tests {
         let oracle = X86_UNKNOWN.to_string()
             + &oracle_line("mark:populate", 16, 0, 0)
             + &oracle_line("mark:fork", 3, 0, 1)
-            + &oracle_line(WRITE, 20, 21, 0).replace(" wp_faults=21 ", " wp_faults=20 ");
+            + &oracle_line(WRITE, 20, 21, 0).replace(" wp_faults=21 ", " wp_faults=20 ")
+            + &["mark:populate", "mark:fork", WRITE].map(window_line).concat();
         let (table, fails) = checked("4k-exit", Choices::STOCK, &bench_json(), &oracle);
         assert_eq!(fails, ["4k-exit: mark:write: reuse: faultscope 20 != oracle 21"]);
         assert!(table.contains("  ok   populate: new 4K folios 16 = folios 16 (+16)"), "{table}");

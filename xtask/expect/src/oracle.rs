@@ -31,6 +31,12 @@ pub struct Oracle {
     /// `oracle-origin` lines (the faults of one origin: user, kernel,
     /// gup) by (tgid, phase, origin).
     pub origins: BTreeMap<(u32, String, String), Line>,
+    /// `oracle-window` lines (the counts between a mark's two markers, which
+    /// faultscope may count in the phase before or the one it starts) by
+    /// (tgid, the phase it starts, origin or "" for every origin).
+    pub windows: BTreeMap<(u32, String, String), Line>,
+    /// The phases in the order their markers came.
+    pub phases: Vec<String>,
     /// The events each count the oracle cannot count misses ("a|b": both),
     /// from its `oracle unknown KEY: EVENT...` lines.
     pub missing: BTreeMap<String, Vec<String>>,
@@ -40,29 +46,25 @@ pub struct Oracle {
 
 impl Oracle {
     pub fn parse(text: &str, refused: BTreeMap<String, String>) -> Oracle {
-        let (mut lines, mut ranges, mut missing) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        let mut origins = BTreeMap::new();
+        let mut o = Oracle { refused, ..Oracle::default() };
         for l in text.lines() {
             if let Some((key, events)) = l.strip_prefix("oracle unknown ").and_then(|r| r.split_once(':')) {
-                missing.insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
+                o.missing
+                    .insert(key.trim().to_string(), events.split_whitespace().map(String::from).collect());
                 continue;
             }
-            let (rest, is_range) = match (l.strip_prefix("oracle "), l.strip_prefix("oracle-range ")) {
-                (Some(r), _) => (r, false),
-                (_, Some(r)) => (r, true),
-                _ => match l.strip_prefix("oracle-origin ") {
-                    Some(r) => (r, true),
-                    None => continue,
-                },
-            };
-            let (mut tgid, mut phase, mut range, mut counts) = (None, None, None, Line::new());
+            if let Some((_, phases)) = l.strip_prefix("oracle: ").and_then(|r| r.rsplit_once("; phases:")) {
+                o.phases = phases.split_whitespace().map(String::from).collect();
+                continue;
+            }
+            let Some((kind, rest)) = l.split_once(' ') else { continue };
+            let (mut tgid, mut phase, mut sub, mut counts) = (None, None, None, Line::new());
             for kv in rest.split_whitespace() {
                 let Some((k, v)) = kv.split_once('=') else { continue };
                 match (k, v) {
                     ("tgid", _) => tgid = v.parse().ok(),
                     ("phase", _) => phase = Some(v.to_string()),
-                    // An origin line is a range line keyed by its origin.
-                    ("range" | "origin", _) => range = Some(v.to_string()),
+                    ("range" | "origin", _) => sub = Some(v.to_string()),
                     (_, "?") => {
                         counts.insert(k.to_string(), None);
                     }
@@ -73,20 +75,17 @@ impl Oracle {
                     }
                 }
             }
-            match (tgid, phase, range) {
-                (Some(t), Some(p), Some(r)) if l.starts_with("oracle-origin ") => {
-                    origins.insert((t, p, r), counts);
-                }
-                (Some(t), Some(p), Some(r)) if is_range => {
-                    ranges.insert((t, p, r), counts);
-                }
-                (Some(t), Some(p), None) if !is_range => {
-                    lines.insert((t, p), counts);
-                }
+            let (Some(t), Some(p)) = (tgid, phase) else { continue };
+            match (kind, sub) {
+                ("oracle", None) => drop(o.lines.insert((t, p), counts)),
+                ("oracle-range", Some(r)) => drop(o.ranges.insert((t, p, r), counts)),
+                ("oracle-origin", Some(r)) => drop(o.origins.insert((t, p, r), counts)),
+                ("oracle-window", None) => drop(o.windows.insert((t, p, String::new()), counts)),
+                ("oracle-window-origin", Some(r)) => drop(o.windows.insert((t, p, r), counts)),
                 _ => {}
             }
         }
-        Oracle { lines, ranges, origins, missing, refused }
+        o
     }
 
     pub fn line(&self, tgid: u32, phase: &str) -> Option<&Line> {
@@ -120,12 +119,22 @@ impl Oracle {
     /// Failures are prefixed with `what`.
     pub fn compare(&self, what: &str, classes: &Classes, tgid: u32, phase: &str) -> Option<Comparison> {
         let line = self.line(tgid, phase)?;
+        let next = self.phases.iter().position(|p| p == phase).and_then(|i| self.phases.get(i + 1));
+        let in_window = |into: Option<&String>, origin: &str, m: ReportClass| {
+            into.and_then(|p| self.windows.get(&(tgid, p.clone(), origin.to_string())))
+                .and_then(|l| l.get(m.name()).copied().flatten())
+                .unwrap_or(0)
+        };
+        let this = Some(phase.to_string());
+        let window = |origin: &str, m| (in_window(this.as_ref(), origin, m), in_window(next, origin, m));
         let mut c = Comparison::default();
         for metric in ReportClass::ALL {
             let Some(&oracle) = line.get(metric.name()) else { continue };
+            let (over_by, short_by) = window("", metric);
             // Unknown to the oracle is not 0: faultscope must then say
             // "not measurable" too.
-            c.push(what, Row { metric, origin: None, faultscope: count(classes, metric), oracle });
+            let faultscope = count(classes, metric);
+            c.push(what, Row { metric, origin: None, faultscope, oracle, over_by, short_by });
             if oracle.is_none() {
                 c.unknown.extend(self.unknown(metric.name()));
             }
@@ -140,7 +149,11 @@ impl Oracle {
                 if oracle == 0 && faultscope.unwrap_or(0) == 0 {
                     continue;
                 }
-                c.push(what, Row { metric, origin: Some(origin), faultscope, oracle: Some(oracle) });
+                let (over_by, short_by) = window(origin, metric);
+                c.push(
+                    what,
+                    Row { metric, origin: Some(origin), faultscope, oracle: Some(oracle), over_by, short_by },
+                );
             }
         }
         Some(c)
@@ -159,6 +172,12 @@ pub struct Row {
     pub origin: Option<&'static str>,
     pub faultscope: Option<u64>,
     pub oracle: Option<u64>,
+    /// The oracle's counts in the window before this phase (in the phase
+    /// before, for the oracle): faultscope may count them here.
+    pub over_by: u64,
+    /// The oracle's counts in the window before the next phase: faultscope
+    /// may count them there.
+    pub short_by: u64,
 }
 
 impl Row {
@@ -170,8 +189,12 @@ impl Row {
         }
     }
 
+    /// Equal, but for the counts in the phase's two windows.
     pub fn agrees(&self) -> bool {
-        self.faultscope == self.oracle
+        match (self.faultscope, self.oracle) {
+            (Some(f), Some(o)) => f + self.short_by >= o && f <= o + self.over_by,
+            (f, o) => f == o,
+        }
     }
 
     /// The failure line of a row that does not agree, prefixed with `what`.
@@ -188,8 +211,14 @@ impl Row {
         self.faultscope.map_or_else(|| "n/m".into(), |v| v.to_string())
     }
 
+    /// The oracle's count, and the range its windows allow where they hold
+    /// any.
     pub fn oracle_cell(&self) -> String {
-        self.oracle.map_or_else(|| "-".into(), |v| v.to_string())
+        match self.oracle {
+            None => "-".into(),
+            Some(o) if self.over_by + self.short_by == 0 => o.to_string(),
+            Some(o) => format!("{o}[{}..{}]", o.saturating_sub(self.short_by), o + self.over_by),
+        }
     }
 }
 

@@ -86,6 +86,12 @@ pub fn oracle_line(phase: &str, faults: u64, reuse: u64, copy: u64) -> String {
     )
 }
 
+/// The oracle's window line before a mark's `phase` (pid 7), empty: the
+/// mark's two markers seen with no fault between them.
+pub fn window_line(phase: &str) -> String {
+    oracle_line(phase, 0, 0, 0).replacen("oracle ", "oracle-window ", 1)
+}
+
 /// oracle.c's lines in an x86 guest naming the events it misses.
 pub const X86_UNKNOWN: &str = "oracle unknown contpte_unfold: conv\n\
                                oracle unknown contpte_fold: conv\n\
