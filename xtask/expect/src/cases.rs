@@ -19,7 +19,11 @@ use faultscope::{
     units::{PAGE, PMD_SIZE},
 };
 
-use crate::{kernel_at_least, oracle::Oracle, Checklist, LRU_BATCH_COPIES};
+use crate::{
+    kernel_at_least,
+    oracle::{Oracle, ORIGINS},
+    Checklist, LRU_BATCH_COPIES,
+};
 
 /// Every case: its name and the bench it runs (the test adds `--size`,
 /// `--backend`, `--json` and, for a hot patch, `--file-dir`).
@@ -377,6 +381,24 @@ fn compare_steps(cl: &mut Checklist, oracle: &Oracle, b: &Bench, steps: &[Span])
         .iter()
         .filter(|st| !oracle.windows.contains_key(&(b.pid, st.to_string(), String::new())))
         .collect();
+    // Which faults a window held, by origin (what the table's range is).
+    for st in &switched {
+        let faults = |origin: &str| {
+            oracle
+                .windows
+                .get(&(b.pid, st.clone(), origin.to_string()))
+                .and_then(|l| l.get("faults").copied().flatten())
+        };
+        if faults("").is_some_and(|n| n > 0) {
+            let by: Vec<String> =
+                ORIGINS.iter().filter_map(|o| Some(format!("{o} {}", faults(o)?))).collect();
+            cl.line(format!(
+                "  between {st}'s two markers: faults {} ({})",
+                faults("").unwrap_or(0),
+                by.join(", ")
+            ));
+        }
+    }
     cl.expect(
         unseen.is_empty(),
         format!(
