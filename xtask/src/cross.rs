@@ -16,9 +16,10 @@ pub const TARGET: &str = "aarch64-unknown-linux-gnu";
 /// The C cross compiler (gcc-aarch64-linux-gnu): linker and oracle builds.
 pub const CC: &str = "aarch64-linux-gnu-gcc";
 
-/// `cargo SUBCOMMAND --release --target aarch64 --target-dir target/DIR`
-/// with Debian's toolchain, linked static, for this one invocation only.
-pub fn cargo(subcommand: &str, dir: &str) -> Command {
+/// `cargo SUBCOMMAND --profile PROFILE --target aarch64 --target-dir
+/// target/DIR` with Debian's toolchain, linked static, for this one
+/// invocation only.
+pub fn cargo(subcommand: &str, dir: &str, profile: &str) -> Command {
     let mut c = Command::new("/usr/bin/cargo");
     c.current_dir(root())
         .env("RUSTC", "/usr/bin/rustc")
@@ -27,7 +28,7 @@ pub fn cargo(subcommand: &str, dir: &str) -> Command {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
-        .args([subcommand, "--release", "--target", TARGET])
+        .args([subcommand, "--profile", profile, "--target", TARGET])
         .arg("--target-dir")
         .arg(root().join("target").join(dir));
     c
@@ -36,7 +37,7 @@ pub fn cargo(subcommand: &str, dir: &str) -> Command {
 /// Builds the static aarch64 faultscope into target/cross (its own target
 /// folder, so it never invalidates the host build).
 pub fn build_faultscope() -> Result<PathBuf> {
-    run(cargo("build", "cross").args(["-p", "faultscope", "-p", "faultscope-workload"]))?;
+    run(cargo("build", "cross", "release").args(["-p", "faultscope", "-p", "faultscope-workload"]))?;
     Ok(root().join("target/cross").join(TARGET).join("release/faultscope"))
 }
 
