@@ -383,20 +383,11 @@ fn compare_steps(cl: &mut Checklist, oracle: &Oracle, b: &Bench, steps: &[Span])
         .collect();
     // Which faults a window held, by origin (what the table's range is).
     for st in &switched {
-        let faults = |origin: &str| {
-            oracle
-                .windows
-                .get(&(b.pid, st.clone(), origin.to_string()))
-                .and_then(|l| l.get("faults").copied().flatten())
-        };
-        if faults("").is_some_and(|n| n > 0) {
+        let faults = |origin: &str| oracle.window(b.pid, st, origin, "faults");
+        if let Some(n) = faults("").filter(|&n| n > 0) {
             let by: Vec<String> =
                 ORIGINS.iter().filter_map(|o| Some(format!("{o} {}", faults(o)?))).collect();
-            cl.line(format!(
-                "  between {st}'s two markers: faults {} ({})",
-                faults("").unwrap_or(0),
-                by.join(", ")
-            ));
+            cl.line(format!("  between {st}'s two markers: faults {n} ({})", by.join(", ")));
         }
     }
     cl.expect(

@@ -88,6 +88,13 @@ impl Oracle {
         o
     }
 
+    /// The count `key` of (`tgid`)'s faults of `origin` ("" for every
+    /// origin) in the window before `phase`; `None` where the oracle saw no
+    /// window there (or cannot count `key`).
+    pub fn window(&self, tgid: u32, phase: &str, origin: &str, key: &str) -> Option<u64> {
+        self.windows.get(&(tgid, phase.to_string(), origin.to_string()))?.get(key).copied().flatten()
+    }
+
     pub fn line(&self, tgid: u32, phase: &str) -> Option<&Line> {
         self.lines.get(&(tgid, phase.to_string()))
     }
@@ -120,13 +127,10 @@ impl Oracle {
     pub fn compare(&self, what: &str, classes: &Classes, tgid: u32, phase: &str) -> Option<Comparison> {
         let line = self.line(tgid, phase)?;
         let next = self.phases.iter().position(|p| p == phase).and_then(|i| self.phases.get(i + 1));
-        let in_window = |into: Option<&String>, origin: &str, m: ReportClass| {
-            into.and_then(|p| self.windows.get(&(tgid, p.clone(), origin.to_string())))
-                .and_then(|l| l.get(m.name()).copied().flatten())
-                .unwrap_or(0)
+        let window = |origin: &str, m: ReportClass| {
+            let held = |into: &str| self.window(tgid, into, origin, m.name()).unwrap_or(0);
+            (held(phase), next.map_or(0, |n| held(n)))
         };
-        let this = Some(phase.to_string());
-        let window = |origin: &str, m| (in_window(this.as_ref(), origin, m), in_window(next, origin, m));
         let mut c = Comparison::default();
         for metric in ReportClass::ALL {
             let Some(&oracle) = line.get(metric.name()) else { continue };
