@@ -5,7 +5,13 @@
 //! with the contpte unfolds per 64K block; `faultscope diff` of stock 7.3
 //! against the patched kernel's 64K run; and the Redis row.
 
-use std::{fmt::Write as _, fs, path::PathBuf, time::Duration};
+use std::{
+    fmt::Write as _,
+    fs,
+    path::PathBuf,
+    slice,
+    time::{Duration, Instant},
+};
 
 use anyhow::{bail, Result};
 use faultscope::{
@@ -31,6 +37,8 @@ const HEADS: [&str; 3] = ["stock 6.12", "stock 7.3", "7.3 + folio-reuse"];
 /// One kernel's bench reports by folio size, or why it has none.
 struct Column {
     kernel: GuestKernel,
+    /// The column's heading (one of [`HEADS`]).
+    head: &'static str,
     release: String,
     reports: Vec<(String, Report, PathBuf)>,
     /// The same benches with `--no-trace`, by folio size.
@@ -76,19 +84,22 @@ fn step_ms(report: &Report, step: &str) -> Option<f64> {
     report.bench.as_ref().and_then(|b| b.step(step)).map(|s| s.wall_ns as f64 / 1e6)
 }
 
-fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
+fn boot_column(name: &str, head: &'static str, size: &str, folios: &[&str]) -> Result<Column> {
     let k = kernels::by_name(name)?;
     if let Some(why) = k.missing() {
         println!("=== {name}: not shown: {why} ===");
         return Ok(Column {
             kernel: k,
+            head,
             release: name.into(),
             reports: vec![],
             untraced: vec![],
             missing: Some(why),
         });
     }
-    let vmlinuz = kernels::fetch(k)?;
+    // Built alone: the suite's kernels built with it in one tree are not
+    // the demo's to wait for.
+    let vmlinuz = kernels::fetch_alone(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm/demo").join(k.name);
     fs::create_dir_all(&dir)?;
@@ -115,7 +126,7 @@ fn boot_column(name: &str, size: &str, folios: &[&str]) -> Result<Column> {
         untraced.push((f.to_string(), check::report(&g, &format!("{case}.json"))?));
     }
     let release = reports.first().map_or(name.to_string(), |(_, r, _)| r.kernel.clone());
-    Ok(Column { kernel: k, release, reports, untraced, missing: None })
+    Ok(Column { kernel: k, head, release, reports, untraced, missing: None })
 }
 
 /// The cells of one row across the columns, right-aligned.
@@ -146,8 +157,8 @@ fn us(ns: u64) -> String {
 
 fn header(t: &mut String, cols: &[Column]) {
     let _ = write!(t, "{:<28}", "");
-    for h in HEADS.iter().take(cols.len()) {
-        let _ = write!(t, " {h:>27}");
+    for c in cols {
+        let _ = write!(t, " {:>27}", c.head);
     }
     t.push('\n');
     let _ = write!(t, "{:<28}", "");
@@ -240,9 +251,37 @@ fn arm64_table(size: &str, cols: &[Column]) -> String {
 }
 
 pub fn run_demo(size: &str) -> Result<()> {
+    let t0 = Instant::now();
     let folios: Vec<&str> = ROWS.iter().map(|(f, _)| *f).collect();
-    let amd: Vec<Column> = AMD64.iter().map(|n| boot_column(n, size, &folios)).collect::<Result<_>>()?;
-    let arm: Vec<Column> = ARM64.iter().map(|n| boot_column(n, size, &["64K"])).collect::<Result<_>>()?;
+    // (name, head, amd64?), each column printed as soon as it is booted:
+    // the downloaded kernels first, as they need no kernel build.
+    let mut order: Vec<(&'static str, &'static str, bool)> = AMD64
+        .iter()
+        .zip(HEADS)
+        .map(|(n, h)| (*n, h, true))
+        .chain(ARM64.iter().zip(HEADS).map(|(n, h)| (*n, h, false)))
+        .collect();
+    order.sort_by_key(|(name, ..)| kernels::by_name(name).is_ok_and(kernels::is_built));
+    let (mut amd, mut arm): (Vec<Column>, Vec<Column>) = (Vec::new(), Vec::new());
+    for (name, head, is_amd) in order {
+        let c = boot_column(name, head, size, if is_amd { &folios } else { &["64K"] })?;
+        let table = if is_amd {
+            amd64_table(size, slice::from_ref(&c))
+        } else {
+            arm64_table(size, slice::from_ref(&c))
+        };
+        print!("{table}");
+        println!("xtask demo: [{:.0} s] {name} shown", t0.elapsed().as_secs_f64());
+        if is_amd {
+            amd.push(c)
+        } else {
+            arm.push(c)
+        }
+    }
+    let by_head = |cols: &mut Vec<Column>| cols.sort_by_key(|c| HEADS.iter().position(|h| *h == c.head));
+    by_head(&mut amd);
+    by_head(&mut arm);
+    println!("\n=== all kernels side by side ===");
     print!("{}", amd64_table(size, &amd));
     print!("{}", arm64_table(size, &arm));
     for c in amd.iter().chain(&arm) {

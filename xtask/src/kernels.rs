@@ -260,9 +260,23 @@ impl GuestKernel {
 pub fn fetch(k: GuestKernel) -> Result<PathBuf> {
     match k.source {
         Source::Package { .. } => vmlinuz(&package_dir(k)?),
-        Source::Built(p) => Ok(built(k, p)?.image),
+        Source::Built(p) => Ok(built(k, p, true)?.image),
         Source::Image(p) => Ok(PathBuf::from(p)),
     }
+}
+
+/// As [`fetch`], but a kernel built here is built alone, not with the rest
+/// of its [`BUILT_TOGETHER`] (what the demo waits for).
+pub fn fetch_alone(k: GuestKernel) -> Result<PathBuf> {
+    match k.source {
+        Source::Built(p) => Ok(built(k, p, false)?.image),
+        _ => fetch(k),
+    }
+}
+
+/// True for a kernel built here (as against downloaded or given).
+pub fn is_built(k: GuestKernel) -> bool {
+    matches!(k.source, Source::Built(_))
 }
 
 /// The kernels the suite builds, in one tree per arch: when one is built,
@@ -276,11 +290,11 @@ const BUILT_TOGETHER: &[&str] = &[
     "7.3-folio-reuse-arm64",
 ];
 
-/// The build of a [`Source::Built`] kernel (cached, or built now with the
-/// rest of its [`BUILT_TOGETHER`]).
-fn built(k: GuestKernel, p: Patched) -> Result<kbuild::Built> {
+/// The build of a [`Source::Built`] kernel (cached, or built now, with the
+/// rest of its [`BUILT_TOGETHER`] when `together`).
+fn built(k: GuestKernel, p: Patched, together: bool) -> Result<kbuild::Built> {
     let mut family = vec![(p.change, diffs_of(p)?)];
-    if BUILT_TOGETHER.contains(&k.name) {
+    if together && BUILT_TOGETHER.contains(&k.name) {
         for other in BUILT_TOGETHER.iter().filter(|n| **n != k.name) {
             let other = by_name(other)?;
             let Source::Built(q) = other.source else { continue };
@@ -385,7 +399,7 @@ pub fn modules_dir(k: GuestKernel) -> Result<PathBuf> {
 /// a config.
 pub fn config_option(k: GuestKernel, option: &str) -> Result<Option<bool>> {
     if let Source::Built(p) = k.source {
-        let config = built(k, p)?.config;
+        let config = built(k, p, true)?.config;
         let text = fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
         return Ok(Some(parse_config_option(&text, option)));
     }
