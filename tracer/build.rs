@@ -13,7 +13,6 @@ use std::{env, path::PathBuf};
 use anyhow::{bail, Context as _};
 
 fn main() -> anyhow::Result<()> {
-    commit();
     // Without the `ebpf` feature (xtask reading reports before the BPF
     // toolchain is installed) there is no object to build.
     if env::var_os("CARGO_FEATURE_EBPF").is_none() {
@@ -63,37 +62,4 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::default(),
     )
-}
-
-/// `FAULTSCOPE_COMMIT` for `--version` and the report's provenance: the
-/// environment's value if set (a build from a tarball; xtask's builds of
-/// the host tests, which no commit changes), else git's HEAD, else
-/// `unknown`. Reruns when HEAD or the branch it names moves, unless set.
-fn commit() {
-    println!("cargo:rerun-if-env-changed=FAULTSCOPE_COMMIT");
-    if let Ok(c) = env::var("FAULTSCOPE_COMMIT") {
-        println!("cargo:rustc-env=FAULTSCOPE_COMMIT={c}");
-        return;
-    }
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let commit = git(&["rev-parse", "--short=12", "HEAD"]);
-    // Only files that exist: cargo takes a missing one (no packed-refs in a
-    // fresh repository) as changed, and would rebuild the crate every time.
-    let watch = |path: Option<String>| {
-        if let Some(p) = path.filter(|p| std::path::Path::new(p).exists()) {
-            println!("cargo:rerun-if-changed={p}");
-        }
-    };
-    for p in ["HEAD", "packed-refs"] {
-        watch(git(&["rev-parse", "--git-path", p]));
-    }
-    watch(git(&["symbolic-ref", "-q", "HEAD"]).and_then(|r| git(&["rev-parse", "--git-path", &r])));
-    println!("cargo:rustc-env=FAULTSCOPE_COMMIT={}", commit.unwrap_or_else(|| "unknown".into()));
 }

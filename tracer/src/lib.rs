@@ -13,9 +13,26 @@
 //! written), `memory` (bench's mappings and forked child), `error` (the
 //! refusal).
 
-/// The version line: the package's version and the commit it was built
-/// from (`unknown` for a build outside a git checkout).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("FAULTSCOPE_COMMIT"), ")");
+/// The commit the binary was built from, which `main` sets from its own
+/// compile-time `FAULTSCOPE_COMMIT`: the library does not read it, so a new
+/// commit recompiles `main.rs` alone and relinks.
+static COMMIT: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Sets [`commit`] once, before anything reads it.
+pub fn set_commit(c: &'static str) {
+    let _ = COMMIT.set(c);
+}
+
+/// The commit of this build, `unknown` when the build did not say.
+pub fn commit() -> &'static str {
+    COMMIT.get().copied().unwrap_or("unknown")
+}
+
+/// The version line: the package's version and [`commit`].
+pub fn version() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| format!("{} (commit {})", env!("CARGO_PKG_VERSION"), commit()))
+}
 
 /// Attribution building blocks (mapping names, code sites, stacks, BTF
 /// offsets), used by `collect` and `report`.

@@ -16,6 +16,9 @@ use faultscope::{
 };
 
 fn main() {
+    // Read here, not in the library: a new commit then rebuilds this file
+    // alone (xtask sets it from git; a plain `cargo build` says `unknown`).
+    faultscope::set_commit(option_env!("FAULTSCOPE_COMMIT").unwrap_or("unknown"));
     // Each line with the seconds since start: `RUST_LOG=faultscope=debug`
     // then shows where a start-up or an end goes.
     let started = std::time::Instant::now();

@@ -20,9 +20,8 @@ pub const CC: &str = "aarch64-linux-gnu-gcc";
 /// target/DIR` with Debian's toolchain, linked static, for this one
 /// invocation only.
 pub fn cargo(subcommand: &str, dir: &str, profile: &str) -> Command {
-    let mut c = Command::new("/usr/bin/cargo");
-    c.current_dir(root())
-        .env("RUSTC", "/usr/bin/rustc")
+    let mut c = crate::util::cargo("/usr/bin/cargo");
+    c.env("RUSTC", "/usr/bin/rustc")
         .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER", CC)
         // RUSTFLAGS would override the target's flags (and drop crt-static).
         .env_remove("RUSTFLAGS")

@@ -91,10 +91,9 @@ pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
 
 /// `cargo SUBCOMMAND --release --target HOST_TARGET`, linked static.
 fn static_cargo(subcommand: &str, profile: &str) -> Command {
-    let mut c = Command::new("cargo");
-    c.current_dir(root())
-        // RUSTFLAGS would override the target's flags (and drop crt-static).
-        .env_remove("RUSTFLAGS")
+    let mut c = crate::util::cargo("cargo");
+    // RUSTFLAGS would override the target's flags (and drop crt-static).
+    c.env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", "-C target-feature=+crt-static")
         .args([subcommand, "--profile", profile, "--target", HOST_TARGET]);
@@ -129,7 +128,8 @@ pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
             c
         }
     };
-    // Not the commit: a commit would rebuild both, though no test reads it.
+    // Not the commit: a commit would relink the faultscope binary of this
+    // build, which no guest runs (they run dist's).
     cargo.env("FAULTSCOPE_COMMIT", "host-tests");
     let exe = test_executable(cargo)?;
     check_static(&exe, a)?;

@@ -21,11 +21,7 @@ mod util;
 mod vm;
 mod walkthrough;
 
-use std::{
-    path::PathBuf,
-    process::{Command, ExitCode},
-    time::Instant,
-};
+use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -374,8 +370,8 @@ fn test() -> Result<()> {
     // Unit tests and host tests (tracepoint mode, verifier, refusals, no
     // leftover BPF programs). One thread: host tests attach to the kernel.
     // The host tests run the test workload, a binary of its own crate.
-    run(Command::new("cargo").current_dir(root()).args(["build", "-p", "faultscope-workload"]))?;
-    run(Command::new("cargo").current_dir(root()).args([
+    run(util::cargo("cargo").args(["build", "-p", "faultscope-workload"]))?;
+    run(util::cargo("cargo").args([
         "test",
         "--workspace",
         "--exclude",

@@ -16,6 +16,22 @@ pub fn tools_bin() -> PathBuf {
     root().join("target/tools/bin")
 }
 
+/// `cargo` in the repository, with `FAULTSCOPE_COMMIT` (git's HEAD) for
+/// the faultscope binary it may build: only `main.rs` reads it, so a new
+/// commit recompiles that file and relinks.
+pub fn cargo(program: &str) -> Command {
+    let head = Command::new("git")
+        .current_dir(root())
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let mut c = Command::new(program);
+    c.current_dir(root()).env("FAULTSCOPE_COMMIT", head.as_deref().unwrap_or("unknown"));
+    c
+}
+
 /// Runs a command, echoing it, failing on a non-zero exit.
 pub fn run(c: &mut Command) -> Result<()> {
     eprintln!("+ {c:?}");

@@ -13,7 +13,6 @@ use crate::kernel::{classes::ReportClass, probes::BackendChoice};
 #[derive(Parser)]
 #[command(
     name = "faultscope",
-    version = crate::VERSION,
     about = "eBPF tracer of the Linux page-fault path: COW reuse and copy, spurious write faults, contpte unfolds"
 )]
 pub struct Cli {
@@ -116,7 +115,7 @@ pub enum Cmd {
 
 /// The whole command, with each subcommand's page appended to its help.
 pub fn command() -> clap::Command {
-    let mut cmd = Cli::command();
+    let mut cmd = Cli::command().version(crate::version());
     for p in PAGES {
         let help = p.after_help();
         cmd = cmd.mut_subcommand(p.name, |s| s.after_help(help));
@@ -300,6 +299,6 @@ mod tests {
 
     #[test]
     fn version_names_the_commit() {
-        assert!(crate::VERSION.contains("commit "), "{}", crate::VERSION);
+        assert!(command().render_version().contains("(commit "), "{}", crate::version());
     }
 }

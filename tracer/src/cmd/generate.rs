@@ -51,7 +51,7 @@ pub fn man_pages() -> Result<Vec<(PathBuf, Vec<u8>)>> {
             .clone()
             .name(name.clone())
             .bin_name(format!("faultscope {}", s.get_name()))
-            .version(crate::VERSION);
+            .version(crate::version());
         let man = Man::new(s.clone()).title(name.to_uppercase()).section("1");
         let mut buf = Vec::new();
         man.render_title(&mut buf)?;
@@ -139,7 +139,7 @@ pub fn reference() -> String {
         }
     }
     // The version line names the commit, so it stays out of the file.
-    s.replace(&format!(" {}", crate::VERSION), "")
+    s.replace(&format!(" {}", crate::version()), "")
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ pub fn here(target: String, start: ClockAnchor) -> Provenance {
     let (cpu_vendor, cpu_model) = cpu(&read("/proc/cpuinfo"));
     Provenance {
         version: env!("CARGO_PKG_VERSION").into(),
-        commit: env!("FAULTSCOPE_COMMIT").into(),
+        commit: crate::commit().into(),
         argv: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
         target,
         hostname: read("/proc/sys/kernel/hostname"),

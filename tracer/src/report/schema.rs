@@ -93,7 +93,8 @@ pub struct Report {
 pub struct Provenance {
     /// faultscope's version.
     pub version: String,
-    /// The commit faultscope was built from (`unknown` outside git).
+    /// The commit faultscope was built from (`FAULTSCOPE_COMMIT` at its build;
+    /// `unknown` when the build did not set it).
     pub commit: String,
     /// faultscope's own command line.
     pub argv: Vec<String>,
