@@ -89,7 +89,7 @@ pub fn static_build(deb_arch: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// `cargo SUBCOMMAND --release --target HOST_TARGET`, linked static.
+/// `cargo SUBCOMMAND --profile PROFILE --target HOST_TARGET`, linked static.
 fn static_cargo(subcommand: &str, profile: &str) -> Command {
     let mut c = crate::util::cargo("cargo");
     // RUSTFLAGS would override the target's flags (and drop crt-static).
