@@ -63,13 +63,12 @@ impl Fixture {
     }
 }
 
-/// How a build is configured, per architecture: the kernel's defconfig plus
-/// `kvm_guest.config` (virtio and 9p built in, so the host's root mounts
-/// with no modules), then `on` options set to y and `off` ones unset, then
-/// `olddefconfig`; every option of `on` and `off` is checked in the final
-/// .config. `off` trims what a QEMU guest with an initramfs never uses,
-/// which is most of the build time. Only the image is built: an option left
-/// at `m` builds nothing.
+/// How a build is configured, per architecture: `allnoconfig` with every
+/// option of `on` set to y (`KCONFIG_ALLCONFIG`), then `olddefconfig`;
+/// every option of `on` is checked `=y` in the final .config and every one
+/// of `off` unset. What a QEMU guest that boots an initramfs never uses
+/// stays off: about a third of a trimmed defconfig's build (docs/kernels.md).
+/// Only the image is built.
 pub struct Recipe {
     pub arch: &'static str,
     make_arch: &'static str,
@@ -78,122 +77,201 @@ pub struct Recipe {
     image: &'static str,
     on: &'static [&'static str],
     off: &'static [&'static str],
-    /// Unset every `ARCH_*` platform of `arch/arm64/Kconfig.platforms`
-    /// (SoC support the `virt` machine does not need).
-    no_platforms: bool,
 }
 
-/// What faultscope and the guest harness need, on both architectures:
-/// kprobes and kprobe events (the oracle), BPF with BTF (pahole), tracing,
-/// THP and mTHP, anonymous VMA names, the 9p root, /proc/config.gz.
+/// What faultscope, its tests and the guest harness need on both
+/// architectures: the probes (kprobes and kprobe events for the oracle,
+/// BPF with BTF from full DWARF, ftrace, perf events, jump labels as a
+/// distribution kernel has them); the fault path's features (THP and
+/// mTHP, swap, migration, userfaultfd, KSM, hugetlbfs, anonymous VMA
+/// names, memory cgroups); the guest's boot (initramfs, devtmpfs, the 9p
+/// root over virtio, loop and ext4 for the hot-patch file, NVMe for the
+/// bpftrace image, TCP for Redis); /proc/config.gz.
 const ON_COMMON: &[&str] = &[
-    "KPROBES",
-    "KPROBE_EVENTS",
-    "BPF",
-    "BPF_SYSCALL",
-    "BPF_JIT",
-    "BPF_EVENTS",
-    "FTRACE",
-    "FUNCTION_TRACER",
-    "DYNAMIC_FTRACE",
-    "DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT",
-    "DEBUG_INFO_BTF",
+    // The kernel and its system calls.
+    "SMP",
+    "NUMA",
+    "SCHED_SMT",
+    "SCHED_MC",
+    "SCHED_CLUSTER",
+    "PREEMPT_LAZY",
+    "JUMP_LABEL",
+    "NO_HZ_IDLE",
+    "RELOCATABLE",
+    "RANDOMIZE_BASE",
+    "CPU_MITIGATIONS",
+    "MULTIUSER",
+    "SYSCTL",
+    "PRINTK",
+    "PRINTK_TIME",
+    "BUG",
+    "ELF_CORE",
+    "FUTEX",
+    "EPOLL",
+    "SIGNALFD",
+    "TIMERFD",
+    "EVENTFD",
+    "SHMEM",
+    "AIO",
+    "IO_URING",
+    "ADVISE_SYSCALLS",
+    "MEMBARRIER",
+    "FILE_LOCKING",
+    "POSIX_TIMERS",
+    "SYSVIPC",
+    "POSIX_MQUEUE",
+    "RSEQ",
+    "SECCOMP",
+    "CGROUPS",
+    "MEMCG",
+    "CGROUP_SCHED",
+    "FAIR_GROUP_SCHED",
+    "CGROUP_PIDS",
+    "CGROUP_BPF",
+    "CGROUP_FREEZER",
+    "NAMESPACES",
+    "USER_NS",
+    "PID_NS",
+    "BINFMT_ELF",
+    "BINFMT_SCRIPT",
+    "MAGIC_SYSRQ",
+    // Memory management.
+    "SWAP",
+    "COMPACTION",
+    "MIGRATION",
+    "KSM",
+    "USERFAULTFD",
     "TRANSPARENT_HUGEPAGE",
     "TRANSPARENT_HUGEPAGE_MADVISE",
     "ANON_VMA_NAME",
     "PROC_PAGE_MONITOR",
     "CHECKPOINT_RESTORE",
-    "NET_9P",
-    "NET_9P_VIRTIO",
-    "9P_FS",
-    "VIRTIO_PCI",
-    "TMPFS",
+    "HUGETLBFS",
+    // Tracing and BPF.
+    "PERF_EVENTS",
+    "KPROBES",
+    "KPROBE_EVENTS",
+    "UPROBES",
+    "UPROBE_EVENTS",
+    "BPF",
+    "BPF_SYSCALL",
+    "BPF_JIT",
+    "BPF_JIT_ALWAYS_ON",
+    "BPF_EVENTS",
+    "FTRACE",
+    "FUNCTION_TRACER",
+    "FUNCTION_GRAPH_TRACER",
+    "DYNAMIC_FTRACE",
+    "FTRACE_SYSCALLS",
+    "STACKTRACE",
     "DEBUG_FS",
+    "DEBUG_KERNEL",
+    "DEBUG_INFO_DWARF_TOOLCHAIN_DEFAULT",
+    "DEBUG_INFO_BTF",
+    "KALLSYMS",
     "KALLSYMS_ALL",
     "IKCONFIG",
     "IKCONFIG_PROC",
+    // The guest's boot, root and disks.
+    "BLK_DEV_INITRD",
+    "RD_GZIP",
+    "DEVTMPFS",
+    "DEVTMPFS_MOUNT",
+    "PROC_FS",
+    "SYSFS",
+    "TMPFS",
+    "TMPFS_XATTR",
+    "TTY",
+    "PCI",
+    "PCI_MSI",
+    "VIRTIO_MENU",
+    "VIRTIO_PCI",
+    "NET",
+    "INET",
+    "UNIX",
+    "NETWORK_FILESYSTEMS",
+    "NET_9P",
+    "NET_9P_VIRTIO",
+    "9P_FS",
+    "BLOCK",
+    "BLK_DEV",
+    "BLK_DEV_LOOP",
+    "BLK_DEV_NVME",
+    "EXT4_FS",
 ];
 
-/// Unused by a QEMU guest that boots an initramfs; BTF needs full DWARF
-/// (not reduced, not split).
-const OFF_COMMON: &[&str] = &[
-    "DEBUG_INFO_NONE",
-    "DEBUG_INFO_REDUCED",
-    "DEBUG_INFO_SPLIT",
-    "DRM",
-    "SOUND",
-    "USB_SUPPORT",
-    "HID",
-    "WLAN",
-    "WIRELESS",
-    "CFG80211",
-    "RFKILL",
-    "ETHERNET",
-    "NETFILTER",
-    "NET_SCHED",
-    "ATA",
-    "MD",
-    "NFS_FS",
-    "NFSD",
-    "INPUT_MOUSE",
-    "INPUT_JOYSTICK",
-    "INPUT_TABLET",
-    "INPUT_TOUCHSCREEN",
-    "SECURITY_SELINUX",
-    "AUDIT",
-    "HIBERNATION",
-    "WATCHDOG",
-    "I2C",
-    "SPI",
-];
+/// BTF needs full DWARF (not reduced, not split).
+const OFF_COMMON: &[&str] = &["DEBUG_INFO_NONE", "DEBUG_INFO_REDUCED", "DEBUG_INFO_SPLIT"];
 
+/// x86's guest: the 8250 console, ACPI (the guest's `poweroff`), KVM's
+/// paravirt guest support, ORC unwinding, defconfig's 1000 Hz.
 pub const AMD64: Recipe = Recipe {
     arch: "amd64",
     make_arch: "x86",
     cross_compile: None,
     target: "bzImage",
     image: "arch/x86/boot/bzImage",
-    on: &["MEM_SOFT_DIRTY"],
-    off: &["AGP", "PCCARD", "MACINTOSH_DRIVERS"],
-    no_platforms: false,
+    on: &[
+        "64BIT",
+        "SERIAL_8250",
+        "SERIAL_8250_CONSOLE",
+        "ACPI",
+        "HYPERVISOR_GUEST",
+        "PARAVIRT",
+        "KVM_GUEST",
+        "X86_X2APIC",
+        "X86_MPPARSE",
+        "HOTPLUG_CPU",
+        "PREEMPT_DYNAMIC",
+        "UNWINDER_ORC",
+        "HZ_1000",
+        "MEM_SOFT_DIRTY",
+    ],
+    off: &[],
 };
 
+/// arm64's guest on QEMU's `virt` machine: the PL011 console and PL031
+/// clock, generic PCI, the CPU features of defconfig's 52-bit 4K-page
+/// kernel, contpte, defconfig's 250 Hz.
 pub const ARM64: Recipe = Recipe {
     arch: "arm64",
     make_arch: "arm64",
     cross_compile: Some("aarch64-linux-gnu-"),
     target: "Image",
     image: "arch/arm64/boot/Image",
-    // Lazy preemption, as Debian's arm64 kernels and x86's defconfig have
-    // it: with arm64 defconfig's full preemption the bench migrates between
+    on: &[
+        "SERIAL_AMBA_PL011",
+        "SERIAL_AMBA_PL011_CONSOLE",
+        "RTC_CLASS",
+        "RTC_DRV_PL031",
+        "PCI_HOST_GENERIC",
+        "VIRTIO_MMIO",
+        "ARM64_4K_PAGES",
+        "ARM64_VA_BITS_52",
+        "ARM64_HW_AFDBM",
+        "ARM64_HAFT",
+        "ARM64_EPAN",
+        "ARM64_E0PD",
+        "ARM64_POE",
+        "ARM64_GCS",
+        "ARM64_PTR_AUTH_KERNEL",
+        "ARM64_PTR_AUTH",
+        "ARM64_BTI",
+        "ARM64_TAGGED_ADDR_ABI",
+        "ARM64_MTE",
+        "ARM64_SVE",
+        "ARM64_TLB_RANGE",
+        "ARM64_CNP",
+        "UNMAP_KERNEL_AT_EL0",
+        "ARM64_CONTPTE",
+        "HZ_250",
+    ],
+    // Lazy preemption (ON_COMMON), as Debian's arm64 kernels and x86's
+    // defconfig have it: with full preemption the bench migrates between
     // populate and write often enough that the folios still in the other
     // CPU's LRU-add batch (each holding a reference) are copied, not
     // reused: 13-20 copies of 4K pages in a third of the runs.
-    on: &[
-        "ARM64_CONTPTE",
-        "SERIAL_AMBA_PL011",
-        "SERIAL_AMBA_PL011_CONSOLE",
-        "PCI_HOST_GENERIC",
-        "PREEMPT_LAZY",
-    ],
-    off: &[
-        "PREEMPT",
-        "VIRTUALIZATION",
-        "XEN",
-        "ACPI",
-        "CPU_FREQ",
-        "PM_DEVFREQ",
-        "STAGING",
-        "CRYPTO_HW",
-        "SCSI",
-        "MEDIA_SUPPORT",
-        "MMC",
-        "BT",
-        "MTD",
-        "CAN",
-        "REMOTEPROC",
-    ],
-    no_platforms: true,
+    off: &["PREEMPT"],
 };
 
 pub fn recipe(arch: &str) -> Result<&'static Recipe> {
@@ -217,7 +295,7 @@ impl Recipe {
     /// cache key, and kept beside the build.
     fn describe(&self, localversion: &str) -> String {
         let mut s = format!(
-            "arch {} (make ARCH={} {})\nbase defconfig kvm_guest.config\nLOCALVERSION={localversion}\n",
+            "arch {} (make ARCH={} {})\nbase allnoconfig\nLOCALVERSION={localversion}\n",
             self.arch, self.make_arch, self.target
         );
         for o in self.on() {
@@ -225,9 +303,6 @@ impl Recipe {
         }
         for o in self.off() {
             s.push_str(&format!("-{o}\n"));
-        }
-        if self.no_platforms {
-            s.push_str("-ARCH_* of arch/arm64/Kconfig.platforms\n");
         }
         s
     }
@@ -774,31 +849,20 @@ fn apply_patches(tree: &Path, diffs: &[Diff], patches: &Path, version: &str) -> 
     Ok(())
 }
 
-/// The kernel's configuration: defconfig and kvm_guest.config, then the
-/// recipe's options, checked as set; returns the `.config`.
+/// The kernel's configuration: `allnoconfig` with the recipe's options,
+/// checked as set; returns the `.config`.
 fn configure(recipe: &Recipe, tree: &Path, lv: &str, log: &Path) -> Result<String> {
-    logged(recipe.make(tree).args(["defconfig", "kvm_guest.config"]), log, "make defconfig")?;
-    let mut off: Vec<String> = recipe.off().map(String::from).collect();
-    if recipe.no_platforms {
-        off.extend(platforms(tree)?);
-    }
-    let mut sc = Command::new("scripts/config");
-    sc.current_dir(tree).args([
-        "--file",
-        ".config",
-        "--set-str",
-        "LOCALVERSION",
-        lv,
-        "--disable",
-        "LOCALVERSION_AUTO",
-    ]);
+    let mut wanted = format!("CONFIG_LOCALVERSION=\"{lv}\"\n# CONFIG_LOCALVERSION_AUTO is not set\n");
     for o in recipe.on() {
-        sc.args(["--enable", o]);
+        wanted.push_str(&format!("CONFIG_{o}=y\n"));
     }
-    for o in &off {
-        sc.args(["--disable", o]);
-    }
-    logged(&mut sc, log, "scripts/config")?;
+    let fragment = tree.join(".faultscope.config");
+    fs::write(&fragment, wanted)?;
+    logged(
+        recipe.make(tree).arg("allnoconfig").env("KCONFIG_ALLCONFIG", &fragment),
+        log,
+        "make allnoconfig",
+    )?;
     logged(recipe.make(tree).arg("olddefconfig"), log, "make olddefconfig")?;
     let config = fs::read_to_string(tree.join(".config"))?;
     check_config(&config, recipe.on(), recipe.off())?;
@@ -907,19 +971,6 @@ fn children_cpu_s() -> Option<f64> {
     // cutime and cstime are fields 16 and 17 of stat(5); `rest` starts at 3.
     let ticks = f.get(13)?.parse::<f64>().ok()? + f.get(14)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
-}
-
-/// The `ARCH_*` platform options of arm64's `Kconfig.platforms`.
-fn platforms(tree: &Path) -> Result<Vec<String>> {
-    let f = tree.join("arch/arm64/Kconfig.platforms");
-    let text = fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.strip_prefix("config "))
-        .map(str::trim)
-        .filter(|o| o.starts_with("ARCH_"))
-        .map(String::from)
-        .collect())
 }
 
 /// Fails unless every `on` option is `=y` and no `off` option is set in
