@@ -9,7 +9,7 @@ use std::{
     io::Write as _,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
@@ -119,8 +119,25 @@ const HOST_TESTS_PROFILE: &str = "host-tests";
 /// plain build does not, so in one folder each could rebuild what the
 /// other built. Their own profile ([`HOST_TESTS_PROFILE`]).
 pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
-    let a = arch(deb_arch)?;
-    let mut cargo = match a.deb {
+    let exe = test_executable(host_tests_cargo(deb_arch)?, Stdio::inherit())?;
+    check_static(&exe, arch(deb_arch)?)?;
+    Ok(exe)
+}
+
+/// Builds [`static_host_tests`] for both arches at nice 19, its output
+/// into `log`: beside the host tests, whose target folder it does not
+/// share, so that the foundation stage finds them built.
+pub fn prebuild_host_tests(log: &Path) -> Result<()> {
+    for deb_arch in ["amd64", "arm64"] {
+        let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
+        test_executable(crate::util::niced(&host_tests_cargo(deb_arch)?), out.into())?;
+    }
+    Ok(())
+}
+
+/// The `cargo test` of [`static_host_tests`] for `deb_arch`.
+fn host_tests_cargo(deb_arch: &str) -> Result<Command> {
+    let mut cargo = match arch(deb_arch)?.deb {
         "arm64" => cross::cargo("test", "cross-tests", HOST_TESTS_PROFILE),
         _ => {
             let mut c = static_cargo("test", HOST_TESTS_PROFILE);
@@ -131,17 +148,16 @@ pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
     // Not the commit: a commit would relink the faultscope binary of this
     // build, which no guest runs (they run dist's).
     cargo.env("FAULTSCOPE_COMMIT", "host-tests");
-    let exe = test_executable(cargo)?;
-    check_static(&exe, a)?;
-    Ok(exe)
+    Ok(cargo)
 }
 
-/// Builds the host tests with `cargo` (a `cargo test` of a target) and
-/// returns the executable, from cargo's report of the artifact.
-fn test_executable(mut cargo: Command) -> Result<PathBuf> {
+/// Builds the host tests with `cargo` (a `cargo test` of a target), its
+/// messages to `stderr`, and returns the executable, from cargo's report of
+/// the artifact.
+fn test_executable(mut cargo: Command, stderr: Stdio) -> Result<PathBuf> {
     let out = cargo
         .args(["--no-run", "-p", "faultscope", "--test", "host", "--message-format", "json"])
-        .stderr(std::process::Stdio::inherit())
+        .stderr(stderr)
         .output()?;
     ensure!(out.status.success(), "building the host tests static failed");
     String::from_utf8_lossy(&out.stdout)

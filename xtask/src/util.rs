@@ -32,6 +32,23 @@ pub fn cargo(program: &str) -> Command {
     c
 }
 
+/// `c` at nice 19 (`nice -n 19`, its program, arguments, environment and
+/// folder): a build beside tests, which get the CPUs first.
+pub fn niced(c: &Command) -> Command {
+    let mut n = Command::new("nice");
+    n.args(["-n", "19"]).arg(c.get_program()).args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => n.env(k, v),
+            None => n.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        n.current_dir(d);
+    }
+    n
+}
+
 /// Runs a command, echoing it, failing on a non-zero exit.
 pub fn run(c: &mut Command) -> Result<()> {
     eprintln!("+ {c:?}");
