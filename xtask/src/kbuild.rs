@@ -67,7 +67,8 @@ impl Fixture {
 /// option of `on` set to y (`KCONFIG_ALLCONFIG`), then `olddefconfig`;
 /// every option of `on` is checked `=y` in the final .config and every one
 /// of `off` unset. What a QEMU guest that boots an initramfs never uses
-/// stays off: about a third of a trimmed defconfig's build (docs/kernels.md).
+/// stays off, which takes about a third off a trimmed defconfig's build
+/// time (docs/kernels.md).
 /// Only the image is built.
 pub struct Recipe {
     pub arch: &'static str,
