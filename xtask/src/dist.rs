@@ -128,9 +128,9 @@ pub fn static_host_tests(deb_arch: &str) -> Result<PathBuf> {
 /// into `log`: beside the host tests, whose target folder it does not
 /// share, so that the foundation stage finds them built.
 pub fn prebuild_host_tests(log: &Path) -> Result<()> {
-    for deb_arch in ["amd64", "arm64"] {
-        let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
-        test_executable(crate::util::niced(&host_tests_cargo(deb_arch)?), out.into())?;
+    let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
+    for a in ARCHES {
+        test_executable(crate::util::niced(&host_tests_cargo(a.deb)?), out.try_clone()?.into())?;
     }
     Ok(())
 }

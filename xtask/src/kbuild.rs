@@ -68,8 +68,7 @@ impl Fixture {
 /// every option of `on` is checked `=y` in the final .config and every one
 /// of `off` unset. What a QEMU guest that boots an initramfs never uses
 /// stays off, which takes about a third off a trimmed defconfig's build
-/// time (docs/kernels.md).
-/// Only the image is built.
+/// time (docs/kernels.md). Only the image is built.
 pub struct Recipe {
     pub arch: &'static str,
     make_arch: &'static str,
