@@ -3,7 +3,8 @@
 # the variants interleaved round after round in one boot, so that every
 # ratio is taken under the same conditions. Then, with the kernel's BPF
 # run time accounting on, STATS_RUNS more runs of each tracer, whose
-# programs bpftool reads while they are attached; then faultscope `record
+# programs bpftool reads right before the bench's write step and at its
+# end, while they are attached; then faultscope `record
 # --interval 1` over two storms of faults, its CPU time and RSS sampled.
 #
 # It runs in a guest (its /case.sh) and, with --host, on this machine as
@@ -83,6 +84,29 @@ bench() {
 	$FS bench $BENCH "$@" --json $W/$c.json > $W/$c.bench 2>&1 &
 	finish $! 900 "$c: the bench"
 }
+
+# bench_stopped CASE ARGS...: bench, which stops itself right before its
+# write step (a hidden bench flag) for write_step_starts.
+bench_stopped() {
+	c=$1; shift
+	$FS bench $BENCH "$@" --stop-before-write --json $W/$c.json > $W/$c.bench 2>&1 &
+	b=$!
+	write_step_starts $c $b
+	finish $b 900 "$c: the bench"
+}
+
+# write_step_starts CASE PID: once the bench PID has stopped before its
+# write step, bpftool reads every program (CASE.before.progs), and the
+# bench goes on: the stats rounds' programs over the write step alone.
+write_step_starts() {
+	wait_until 600 stopped $2 || fail "$1: the bench did not stop before its write step"
+	in_bt /usr/sbin/bpftool -j prog show > $W/$1.before.progs 2>&1
+	emit $1.before.progs $W/$1.before.progs
+	kill -CONT $2
+}
+
+# stopped PID: the process is stopped (its state in /proc/PID/stat).
+stopped() { [ "$(awk '{print $3}' /proc/$1/stat 2>/dev/null)" = T ]; }
 
 # bt_start CASE SCRIPT: bpftrace attached; @@FS-ATTACH CASE NS (start to
 # the BEGIN line, printed once every probe is attached).
@@ -192,13 +216,14 @@ stats() {
 	case $kind in
 	bpftrace)
 		bt_start $c $1
-		bench $c --no-trace
+		bench_stopped $c --no-trace
 		progs $c
 		bt_stop $c
 		;;
 	faultscope)
 		sh -c "until [ -e $W/$c.go ]; do sleep 0.05; done
-			$FS bench $BENCH --no-trace --json $W/$c.json > $W/$c.bench 2>&1
+			$FS bench $BENCH --no-trace --stop-before-write --json $W/$c.json > $W/$c.bench 2>&1 &
+			echo \$! > $W/$c.bench.pid; wait \$!
 			echo \$? > $W/$c.done; exec sleep 100000" &
 		sh=$!
 		$LT $W/$c.attach 'faultscope: measuring' $FS record -p $sh --follow-children "$@" \
@@ -206,6 +231,8 @@ stats() {
 		fs=$!
 		wait_file $W/$c.attach $fs || { emit $c.out $W/$c.out; fail "$c: faultscope did not attach"; }
 		touch $W/$c.go
+		wait_until 600 [ -s $W/$c.bench.pid ] || fail "$c: the bench did not start"
+		write_step_starts $c $(cat $W/$c.bench.pid)
 		wait_until 600 [ -s $W/$c.done ] || fail "$c: the bench did not end"
 		echo "@@FS-RC $c $(cat $W/$c.done)"
 		progs $c
@@ -216,7 +243,7 @@ stats() {
 		;;
 	untraced)
 		untraced_start $c "$@"
-		bench $c --no-trace
+		bench_stopped $c --no-trace
 		echo "@@FS-RC $c $?"
 		progs $c
 		untraced_stop $c

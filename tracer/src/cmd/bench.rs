@@ -144,6 +144,11 @@ pub struct BenchOpts {
     /// times with and without, in one session).
     #[arg(long)]
     pub no_trace: bool,
+    /// Stop (SIGSTOP) right before each write step, until continued: the
+    /// overhead benchmark reads the kernel's per-program statistics there,
+    /// so that they are of the write step alone.
+    #[arg(long, hide = true)]
+    pub stop_before_write: bool,
     #[command(flatten)]
     pub attrib: crate::collect::attribution::AttribOpts,
     #[command(flatten)]
@@ -390,6 +395,10 @@ impl<'a> Run<'a> {
     }
 
     fn write(&mut self, plan: Plan, lat: Vec<Vec<u64>>) -> Result<()> {
+        if self.o.stop_before_write {
+            // SAFETY: raise has no preconditions.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
         self.mark("write")?;
         let from = usage();
         match plan {
