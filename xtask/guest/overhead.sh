@@ -303,6 +303,9 @@ each() {
 
 up boot
 if [ -n "$BT" ]; then bt_mount; fi
+# bpftrace finds tracepoints in tracefs, which a fresh host may not have
+# mounted (faultscope mounts it itself).
+[ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing || fail "mount tracefs"
 echo "@@FS-BPFTRACE-VERSION $(in_bt /usr/bin/bpftrace --version)"
 stats0=$(cat /proc/sys/kernel/bpf_stats_enabled)
 trap 'echo $stats0 > /proc/sys/kernel/bpf_stats_enabled' EXIT

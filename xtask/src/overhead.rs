@@ -619,7 +619,8 @@ fn parse_progs<'a>(
 /// The programs `bpftool -j prog show` listed in section `name`.
 fn bpftool_progs(g: &vm::GuestRun, name: &str) -> Result<Vec<Prog>> {
     let text = g.section(name)?;
-    serde_json::from_str(text.trim()).with_context(|| format!("{name}: bpftool's output is not its JSON:\n{text}"))
+    serde_json::from_str(text.trim())
+        .with_context(|| format!("{name}: bpftool's output is not its JSON:\n{text}"))
 }
 
 /// The storm cases' samples, by case.
@@ -798,7 +799,9 @@ impl<'a> Results<'a> {
             };
             let mut by: BTreeMap<&str, usize> = BTreeMap::new();
             for p in r.probes.iter().filter(|p| p.attached) {
-                *by.entry(p.backend.as_deref().unwrap_or("?")).or_default() += 1;
+                // No backend of its own: the entry folded into the fexit
+                // (exit-only mode).
+                *by.entry(p.backend.as_deref().unwrap_or("folded")).or_default() += 1;
             }
             let by: Vec<String> = by.iter().map(|(b, n)| format!("{n} {b}")).collect();
             let _ = writeln!(
@@ -841,8 +844,11 @@ impl<'a> Results<'a> {
         for (name, goal) in GOALS_NS.iter().filter(|(a, ..)| *a == arch).map(|(_, n, g)| (n, g)) {
             let Some(s) = write.iter().find(|s| s.name == *name) else { continue };
             let ns = per_fault(s);
-            let verdict =
-                if ns <= *goal { "met".to_string() } else { format!("NOT met (distance {:.0} ns)", ns - goal) };
+            let verdict = if ns <= *goal {
+                "met".to_string()
+            } else {
+                format!("NOT met (distance {:.0} ns)", ns - goal)
+            };
             let _ = writeln!(t, "    {name}: adds {ns:.0} ns a fault; goal <= {goal:.0}: {verdict}");
         }
         // What a process faultscope does not trace pays, against the
@@ -929,7 +935,10 @@ impl<'a> Results<'a> {
                     false => (
                         format!("{:.0}", median_f(&per)),
                         format!("{:.0}-{:.0}", min_f(&per), max_f(&per)),
-                        empty.get(key.1.as_str()).map_or("-".into(), |e| format!("{:.0}", median_f(&per) - e)),
+                        // As an integer: no "-0".
+                        empty
+                            .get(key.1.as_str())
+                            .map_or("-".into(), |e| ((median_f(&per) - e).round() as i64).to_string()),
                     ),
                 };
                 let _ = writeln!(
