@@ -930,16 +930,16 @@ impl<'a> Results<'a> {
                     .filter(|p| p.run_cnt > 0)
                     .map(|p| p.run_time_ns as f64 / p.run_cnt as f64)
                     .collect();
-                let (ns, range, less) = match per.is_empty() {
-                    true => ("-".into(), "-".into(), "-".into()),
-                    false => (
-                        format!("{:.0}", median_f(&per)),
+                let (ns, range, less) = if per.is_empty() {
+                    ("-".into(), "-".into(), "-".into())
+                } else {
+                    let m = median_f(&per);
+                    (
+                        format!("{m:.0}"),
                         format!("{:.0}-{:.0}", min_f(&per), max_f(&per)),
                         // As an integer: no "-0".
-                        empty
-                            .get(key.1.as_str())
-                            .map_or("-".into(), |e| ((median_f(&per) - e).round() as i64).to_string()),
-                    ),
+                        empty.get(key.1.as_str()).map_or("-".into(), |e| ((m - e).round() as i64).to_string()),
+                    )
                 };
                 let _ = writeln!(
                     t,
