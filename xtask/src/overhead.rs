@@ -938,7 +938,9 @@ impl<'a> Results<'a> {
                         format!("{m:.0}"),
                         format!("{:.0}-{:.0}", min_f(&per), max_f(&per)),
                         // As an integer: no "-0".
-                        empty.get(key.1.as_str()).map_or("-".into(), |e| ((m - e).round() as i64).to_string()),
+                        empty
+                            .get(key.1.as_str())
+                            .map_or("-".into(), |e| ((m - e).round() as i64).to_string()),
                     )
                 };
                 let _ = writeln!(
