@@ -99,7 +99,8 @@ bench_stopped() {
 # write step, bpftool reads every program (CASE.before.progs), and the
 # bench goes on: the stats rounds' programs over the write step alone.
 write_step_starts() {
-	wait_until 600 stopped $2 || fail "$1: the bench did not stop before its write step"
+	wait_until 600 stopped_or_gone $2 && stopped $2 ||
+		fail "$1: the bench did not stop before its write step: $(cat $W/$1.bench 2>/dev/null)"
 	in_bt /usr/sbin/bpftool -j prog show > $W/$1.before.progs 2>&1
 	emit $1.before.progs $W/$1.before.progs
 	kill -CONT $2
@@ -107,6 +108,7 @@ write_step_starts() {
 
 # stopped PID: the process is stopped (its state in /proc/PID/stat).
 stopped() { [ "$(awk '{print $3}' /proc/$1/stat 2>/dev/null)" = T ]; }
+stopped_or_gone() { stopped $1 || ! kill -0 $1 2>/dev/null; }
 
 # bt_start CASE SCRIPT: bpftrace attached; @@FS-ATTACH CASE NS (start to
 # the BEGIN line, printed once every probe is attached).

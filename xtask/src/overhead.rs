@@ -737,7 +737,7 @@ impl<'a> Results<'a> {
         let floor =
             write.iter().find(|s| s.name == "floor").map(|f| f.median as f64 - base).filter(|a| *a > 0.0);
         for s in &write {
-            let added = (s.median as f64 - base) / s.faults.max(1) as f64;
+            let added = s.added_per_fault(base);
             let x_floor = match floor {
                 Some(f) if s.name != write[0].name => format!("{:.2}x", (s.median as f64 - base) / f),
                 _ => "-".into(),
@@ -839,11 +839,10 @@ impl<'a> Results<'a> {
     fn goals(&self, write: &[StepStats], m: Measure) -> String {
         let mut t = format!("  goals, on {}:\n", m.what());
         let base = write[0].median as f64;
-        let per_fault = |s: &StepStats| (s.median as f64 - base) / s.faults.max(1) as f64;
         let arch = self.runs[self.variants[0].name].first().map_or("", |r| r.report.arch.as_str());
         for (name, goal) in GOALS_NS.iter().filter(|(a, ..)| *a == arch).map(|(_, n, g)| (n, g)) {
             let Some(s) = write.iter().find(|s| s.name == *name) else { continue };
-            let ns = per_fault(s);
+            let ns = s.added_per_fault(base);
             let verdict = if ns <= *goal {
                 "met".to_string()
             } else {
@@ -858,7 +857,10 @@ impl<'a> Results<'a> {
             .filter_map(|n| write.iter().find(|s| s.name == n).map(|f| (n, f.median as f64 - base)))
             .filter(|(_, a)| *a > 0.0)
             .collect();
-        for s in write.iter().filter(|s| s.name.starts_with("untraced")) {
+        let untraced = |s: &&StepStats| {
+            self.variants.iter().any(|v| v.name == s.name && matches!(v.kind, Kind::Untraced(_)))
+        };
+        for s in write.iter().filter(untraced) {
             let added = s.median as f64 - base;
             let xs: Vec<String> = floors.iter().map(|(n, f)| format!("{:.2}x {n}", added / f)).collect();
             if !xs.is_empty() {
@@ -1018,6 +1020,13 @@ struct StepStats {
     faults: u64,
     attach: Option<u64>,
     counted: Option<u64>,
+}
+
+impl StepStats {
+    /// What the variant adds to each fault of the step, over bare's `base`.
+    fn added_per_fault(&self, base: f64) -> f64 {
+        (self.median as f64 - base) / self.faults.max(1) as f64
+    }
 }
 
 /// The median; of an even count, the mean of the middle two.
