@@ -490,7 +490,10 @@ mod tests {
         let c = oracle.compare("k c mark:fork", &step.classes, 7, "mark:fork").unwrap();
         let c = c.allowing_skipped("k c mark:fork", &skipped);
         assert!(c.failures.is_empty(), "{:?}", c.failures);
-        assert!(c.unknown.iter().any(|u| u.starts_with("copy: short by no more than the 1 program runs")));
+        assert!(c
+            .unknown
+            .iter()
+            .any(|u| u.starts_with("k c mark:fork: copy: short by no more than the 1 program runs")));
         let long =
             X86_UNKNOWN.to_string() + &oracle_line("mark:fork", 3, 0, 1).replace(" copy=1 ", " copy=0 ");
         let run = guest_run(X86_REFUSED, &[("c.oracle", &long)]);

@@ -330,10 +330,11 @@ fn check_sites(cl: &mut Checklist, p: &Process, regions: &[Region], workload: &s
             a.sites.iter().filter(|s| s.class == m && s.site.contains(&format!("::{}", r.writer))).collect();
         let n: u64 = mine.iter().map(|s| s.count).sum();
         let modules: Vec<&str> = mine.iter().filter_map(|s| s.mapping.as_deref()).collect();
+        let frame = own_frame(p, m);
         cl.expect(
-            n == r.pages && modules.iter().all(|m| *m == workload),
+            (r.pages..=r.pages + frame).contains(&n) && modules.iter().all(|m| *m == workload),
             format!(
-                "{}: {m} sites in {} ({} instruction(s), in {modules:?}) = {n} = pages {}",
+                "{}: {m} sites in {} ({} instruction(s), in {modules:?}) = {n} = pages {} (+ up to {frame})",
                 r.role,
                 r.writer,
                 mine.len(),
@@ -341,6 +342,23 @@ fn check_sites(cl: &mut Checklist, p: &Process, regions: &[Region], workload: &s
             ),
         );
     }
+}
+
+/// How many faults of class `m` beyond its region's pages a writer may
+/// take: its own frame's stores (x86's spill of the pointer to the red
+/// zone, arm64's `str` below `sp`) fault where the stack page holding them
+/// was last written before the fork, which depends on where the kernel
+/// placed the stack. A writer runs once and its frame spans at most two
+/// pages, and each such fault is also in the `[stack]` row.
+fn own_frame(p: &Process, m: ReportClass) -> u64 {
+    let stack: u64 = p
+        .attribution
+        .mappings
+        .iter()
+        .filter(|row| row.mapping == "[stack]")
+        .filter_map(|row| row.counts.get(&m))
+        .sum();
+    stack.min(2)
 }
 
 /// Stacks (user, --stacks reuse,copy): the writer is the leaf of each
@@ -355,9 +373,13 @@ fn check_stacks(cl: &mut Checklist, p: &Process, regions: &[Region], svg: &str) 
             .filter(|s| s.class == m && s.user.last().is_some_and(|f| f.contains(&format!("::{}", r.writer))))
             .map(|s| s.count)
             .sum();
+        let frame = own_frame(p, m);
         cl.expect(
-            n == r.pages,
-            format!("{}: {m} stacks with leaf {} = {n} = pages {}", r.role, r.writer, r.pages),
+            (r.pages..=r.pages + frame).contains(&n),
+            format!(
+                "{}: {m} stacks with leaf {} = {n} = pages {} (+ up to {frame})",
+                r.role, r.writer, r.pages
+            ),
         );
     }
     let titles: Vec<&str> =

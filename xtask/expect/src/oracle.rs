@@ -251,7 +251,7 @@ impl Comparison {
             self.rows.iter().filter(|r| !r.agrees() && !short(r)).map(|r| r.failure(what)).collect();
         self.unknown.extend(self.rows.iter().filter(|r| short(r)).map(|r| {
             format!(
-                "{}: short by no more than the {skipped} program runs the kernel skipped (program_runs_skipped)",
+                "{what}: {}: short by no more than the {skipped} program runs the kernel skipped (program_runs_skipped)",
                 r.name()
             )
         }));
