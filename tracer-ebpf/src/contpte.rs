@@ -29,13 +29,14 @@ use crate::{
 #[inline(always)]
 fn count_here<C: FnContext>(ctx: &C, tgid: u32, set: ClassSet, addr: u64, from_ns: u64) {
     let state = thread_state_if_any(current_id());
+    // The origin as a number, never matched: one path on from here.
     let (start, ip, syscall, origin) = if !state.is_null() && unsafe { (*state).in_fault() } {
-        unsafe { ((*state).vma_start, (*state).ip, (*state).syscall, Origin::from_u32((*state).origin)) }
+        unsafe { ((*state).vma_start, (*state).ip, (*state).syscall, (*state).origin) }
     } else {
-        (addr_key(addr), 0, 0, Origin::Kernel)
+        (addr_key(addr), 0, 0, Origin::Kernel as u32)
     };
     let phase = current_phase();
-    let set = set.with_origin(origin);
+    let set = set.with_origin_number(origin);
     record(tgid, phase, set.0, UNTIMED, 0);
     let conf = Conf::load();
     attribute(
@@ -82,10 +83,16 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
     }
     // The direction comes from the new PTE: without it the conversion is
     // not classified (counted in DROPS), never guessed to be an unfold.
-    let pte = ctx.arg(3)?;
+    // The direction as a bit, not a branch: one path through the count
+    // (`black_box`, or LLVM makes the two sets a branch again).
+    let pte: u64 = ctx.arg(3)?;
     let addr = ctx.arg(1)?;
-    let class = if pte & PTE_CONT != 0 { KernelClass::ContpteFold } else { KernelClass::ContpteUnfold };
-    count_here(ctx, tgid, ClassSet::default().with(KernelClass::ContpteConvert).with(class), addr, from);
+    let fold = core::hint::black_box(((pte & PTE_CONT) >> PTE_CONT.trailing_zeros()) as u32);
+    let set = ClassSet::default()
+        .with(KernelClass::ContpteConvert)
+        .with_flag(KernelClass::ContpteFold, fold)
+        .with_flag(KernelClass::ContpteUnfold, fold ^ 1);
+    count_here(ctx, tgid, set, addr, from);
     Ok(0)
 }
 
