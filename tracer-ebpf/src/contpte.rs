@@ -82,8 +82,8 @@ fn try_contpte_convert<C: FnContext>(ctx: &C) -> Result<u32, ReadFailed> {
         return Ok(0);
     }
     // The direction comes from the new PTE: without it the conversion is
-    // not classified (counted in DROPS), never guessed to be an unfold.
-    // The direction as a bit, not a branch: one path through the count
+    // not classified (counted in DROPS), never guessed to be an unfold. It
+    // is a bit, not a branch, so that the count is verified once
     // (`black_box`, or LLVM makes the two sets a branch again).
     let pte: u64 = ctx.arg(3)?;
     let addr = ctx.arg(1)?;

@@ -317,7 +317,7 @@ pub fn check(cl: &mut Checklist, run: &Run) {
         return cl.expect(false, format!("a phase for each of the bench's {} steps", b.steps.len()));
     }
     if let Some(o) = run.oracle {
-        compare_steps(cl, o, run.report, &steps);
+        compare_steps(cl, o, run.report, b, &steps);
     }
     let write = &steps[steps.len() - 1];
     expect_hotpatch_taken(cl, run.case, run.traits.choices, b);
@@ -353,8 +353,7 @@ pub fn check(cl: &mut Checklist, run: &Run) {
 /// short by no more than the program runs the kernel skipped (its BPF
 /// recursion guard; the report's `program_runs_skipped`) is noted, not
 /// failed.
-fn compare_steps(cl: &mut Checklist, oracle: &Oracle, report: &Report, steps: &[Span]) {
-    let Some(b) = report.bench.as_ref() else { return };
+fn compare_steps(cl: &mut Checklist, oracle: &Oracle, report: &Report, b: &Bench, steps: &[Span]) {
     let mut head = format!("  {:<20}", "faultscope/oracle");
     for s in &b.steps {
         let _ = write!(head, " {:>21}", format!("mark:{}", s.name));
