@@ -21,7 +21,7 @@ use faultscope::{
 
 use crate::{
     kernel_at_least,
-    oracle::{Oracle, ORIGINS},
+    oracle::{skipped_runs, Oracle, ORIGINS},
     Checklist, LRU_BATCH_COPIES,
 };
 
@@ -379,6 +379,11 @@ fn compare_steps(cl: &mut Checklist, oracle: &Oracle, report: &Report, b: &Bench
     let unknown: BTreeSet<&String> = cmps.iter().flat_map(|c| &c.unknown).collect();
     for why in unknown {
         cl.line(format!("  oracle cannot count: {why}"));
+    }
+    // Said whatever the cells, so that a failed case shows it too.
+    let skipped = skipped_runs(report);
+    if skipped > 0 {
+        cl.line(format!("  program runs the kernel skipped (program_runs_skipped): {skipped}"));
     }
     let switched: Vec<String> = b.steps.iter().map(|s| format!("mark:{}", s.name)).collect();
     let unseen: Vec<&String> = switched
