@@ -355,6 +355,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                     } else {
                         benches
                     },
+                    at_once: false,
                 },
             };
             ab::run(&o).map(|_| ())
@@ -408,27 +409,33 @@ fn test() -> Result<()> {
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    let stages: [(&str, &dyn Fn() -> Result<()>); 9] = [
+    type Stage<'a> = (&'static str, &'a (dyn Fn() -> Result<()> + Sync));
+    // Groups in order; a group's stages run side by side, their guests
+    // sharing the host's slots (`vm::guests_at_once`), each stage's lines
+    // printed together. Those after the matrix find every kernel built.
+    let groups: [&[Stage]; 4] = [
         // First: it builds the static binaries every guest stage runs.
-        ("dist packages", &dist::check),
-        ("foundation and every origin (amd64, arm64)", &|| {
+        &[("dist packages", &dist::check)],
+        &[("foundation and every origin (amd64, arm64)", &|| {
             foundation::run_both("6.12-cloud-amd64", "7.3-cloud-arm64")
-        }),
-        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
-        ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
-        ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),
-        ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
-        ("A/B, stock 7.3 against the series", &ab::test),
-        ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
-        ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
+        })],
+        &[("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[]))],
+        &[
+            ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
+            ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),
+            ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
+            ("A/B, stock 7.3 against the series", &ab::test),
+            ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
+            ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
+        ],
     ];
-    let mut failed = Vec::new();
-    let mut times = Vec::new();
-    for (name, stage) in stages {
+    let failed = std::sync::Mutex::new(Vec::new());
+    let times = std::sync::Mutex::new(Vec::new());
+    // As it happens: a run cut short by a time limit still shows where its
+    // time went.
+    let at = |what: &str| eprintln!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
+    let run_stage = |(name, stage): &Stage| {
         let ts = Instant::now();
-        // As it happens: a run cut short by a time limit still shows where
-        // its time went.
-        let at = |what: &str| eprintln!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
         at(&format!("{name}: starting"));
         let result = stage();
         let took = ts.elapsed().as_secs_f64();
@@ -436,11 +443,23 @@ fn test() -> Result<()> {
             Ok(()) => at(&format!("{name}: passed in {took:.0} s")),
             Err(e) => {
                 at(&format!("{name}: FAILED in {took:.0} s: {e:#}"));
-                failed.push(format!("{name}: {e:#}"));
+                failed.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{name}: {e:#}"));
             }
         }
-        times.push(format!("{name} {took:.0}s"));
+        times.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{name} {took:.0}s"));
+    };
+    for group in groups {
+        let tg = Instant::now();
+        std::thread::scope(|sc| {
+            for stage in group {
+                sc.spawn(|| run_stage(stage));
+            }
+        });
+        if group.len() > 1 {
+            at(&format!("{} stages side by side: {:.0} s", group.len(), tg.elapsed().as_secs_f64()));
+        }
     }
+    let (failed, times) = (failed.into_inner().unwrap_or_default(), times.into_inner().unwrap_or_default());
     eprintln!("xtask test: stage times: {}", times.join(", "));
     if !failed.is_empty() {
         // Last, one line a stage: the tail of the log says what failed.
