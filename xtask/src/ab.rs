@@ -205,7 +205,6 @@ impl Boot {
     /// The boot's series: every bench's, merged.
     fn run(&self, o: &Opts) -> Result<Series> {
         let (k, boot) = (self.k, self.boot);
-        let t = Instant::now();
         let g = vm::boot(k, &self.vmlinuz, &self.cpio, &self.dir, Duration::from_secs(3600))?;
         let mut parts = Vec::new();
         for (i, b) in o.benches.iter().enumerate() {
@@ -227,7 +226,7 @@ impl Boot {
             "xtask ab: {} boot {boot}: {} benches in {:.0}s",
             k.name,
             o.benches.len(),
-            t.elapsed().as_secs_f64()
+            g.wall.as_secs_f64()
         );
         Ok(Series::merge(parts)?)
     }

@@ -451,7 +451,7 @@ impl<'a> Run<'a> {
         let mut report = match self.rec.as_mut() {
             Some(r) => {
                 let reading = r.timeline.current().id;
-                let snap = r.snapshot()?.without_phase(std::process::id(), reading);
+                let snap = r.exact_snapshot()?.without_phase(std::process::id(), reading);
                 log::debug!("bench: counts read");
                 r.timeline.drop_current();
                 r.finish(&snap)?

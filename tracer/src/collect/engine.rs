@@ -598,20 +598,36 @@ impl Recorder {
 
     /// An interval's read of the counts.
     pub fn snapshot(&self) -> Result<Snapshot> {
-        self.snapshot_within(collector::INTERVAL_READ_WITHIN)
-    }
-
-    fn snapshot_within(&self, within: std::time::Duration) -> Result<Snapshot> {
-        let none = BTreeMap::new();
-        let folded = self.system_wide.as_ref().map_or(&none, |s| &s.folded);
-        let snap = Snapshot::read(&self.session.bpf, within, folded)?;
+        let snap = self.read_counts(collector::INTERVAL_READ_WITHIN)?;
         if snap.torn && !self.torn_said.replace(true) {
             say(
                 "faultscope: the kernel kept flushing its per-CPU counts through a read: that interval's faults are \
-                 shown in the next one (each fault is still counted once in the run; the last read is exact)",
+                 shown in the next one (each fault is still counted once in the run)",
             );
         }
         Ok(snap)
+    }
+
+    /// A read of the counts that a report stands on (the run's last, or
+    /// bench's): retried until no flush moved a count during it, for up to
+    /// [`collector::FINAL_READ_WITHIN`]. An interval's read gives up after
+    /// [`collector::INTERVAL_READ_WITHIN`], as the next interval shows what
+    /// it missed; a report has no next read to show it.
+    pub fn exact_snapshot(&self) -> Result<Snapshot> {
+        let snap = self.read_counts(collector::FINAL_READ_WITHIN)?;
+        if snap.torn {
+            say(
+                "faultscope: the kernel kept flushing its per-CPU counts through the last read and all its retries: \
+                 a count that moved during it may be missing from this report",
+            );
+        }
+        Ok(snap)
+    }
+
+    fn read_counts(&self, within: std::time::Duration) -> Result<Snapshot> {
+        let none = BTreeMap::new();
+        let folded = self.system_wide.as_ref().map_or(&none, |s| &s.folded);
+        Snapshot::read(&self.session.bpf, within, folded)
     }
 
     /// The run's last read of the counts, with the kernel's count of each
@@ -631,7 +647,7 @@ impl Recorder {
         }
         let live: Vec<u32> = self.live.iter().copied().collect();
         let before: Vec<_> = live.iter().map(|&p| accounting::process_flt(p)).collect();
-        let snap = self.snapshot_within(collector::FINAL_READ_WITHIN)?;
+        let snap = self.exact_snapshot()?;
         for (pid, lo) in live.into_iter().zip(before) {
             if let (Some(lo), Some(hi), Some(k)) =
                 (lo, accounting::process_flt(pid), self.accounting.get_mut(&pid))

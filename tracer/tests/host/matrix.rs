@@ -98,6 +98,11 @@ fn measured_case(cl: &mut Checklist, case: &str, args: &[&str], json: &Path) {
     assert_backend(&report);
     keep_report(case, json);
     let oracle = traced.as_ref().map(|t| &t.oracle);
+    // What faultscope said about its own run (a read that stayed torn, a
+    // mode it fell back to): the case's output keeps it.
+    for l in String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("faultscope: ")) {
+        cl.line(format!("  said: {l}"));
+    }
     if let Some(t) = &traced {
         cl.line(format!("  the oracle: {}", t.summary));
         cl.expect(t.overrun == 0, format!("trace events lost (overrun): {}", t.overrun));
