@@ -96,10 +96,6 @@ pub struct Opts {
     pub size: String,
     /// `faultscope bench` arguments (mode, --folio ...), one bench each.
     pub benches: Vec<String>,
-    /// Boot i of every kernel at once ([`vm::guests_at_once`] at a time):
-    /// for checks of counts only, as guests that share the host's CPUs
-    /// perturb each other's timings.
-    pub at_once: bool,
 }
 
 impl Opts {
@@ -121,7 +117,6 @@ impl Opts {
                 benches: ["read-then-store --folio 64K", "seq --time-stores --folio 64K"]
                     .map(String::from)
                     .to_vec(),
-                at_once: false,
             },
             Preset::ExecThpCow if arch != "amd64" => {
                 bail!("ab --preset exec-thp-cow: the series' kernel is built for amd64 only; --arch amd64")
@@ -132,7 +127,6 @@ impl Opts {
                 boots,
                 size,
                 benches: HOTPATCH.iter().map(|b| b.to_string()).collect(),
-                at_once: false,
             },
             Preset::CoverLetter => Opts {
                 kernels: ["7.3-stock-build", "7.3-reuse-16-ptes", "7.3-folio-reuse"]
@@ -146,7 +140,6 @@ impl Opts {
                     "arm64" => vec!["seq --time-stores --folio 4K,64K,2M".to_string()],
                     _ => COVER_LETTER.iter().map(|b| b.to_string()).collect(),
                 },
-                at_once: false,
             },
         })
     }
@@ -180,56 +173,44 @@ fn draw(a: &LoadedSeries, b: &LoadedSeries, dir: &std::path::Path, name: &str) -
     Ok(Pictures { drawn })
 }
 
-/// One boot of a kernel, ready to run: its image and initramfs.
-struct Boot {
-    k: GuestKernel,
-    boot: usize,
-    vmlinuz: PathBuf,
-    cpio: PathBuf,
-    dir: PathBuf,
-}
-
-impl Boot {
-    /// Builds what boot `boot` of `k` needs ([`vm::preparing`]).
-    fn prepare(k: GuestKernel, o: &Opts, boot: usize) -> Result<Boot> {
-        let _one = vm::preparing();
-        let vmlinuz = kernels::fetch(k)?;
-        let bin = vm::build_faultscope(k.arch)?;
-        let dir = root().join("target/vm/ab").join(k.name).join(format!("boot{boot}"));
-        fs::create_dir_all(&dir)?;
-        let env = [("BENCHES", o.benches.join(";")), ("RUNS", o.runs.to_string()), ("SIZE", o.size.clone())];
-        let cpio = vm::initramfs(&dir, k.arch, &bin, "ab.sh", &env)?;
-        Ok(Boot { k, boot, vmlinuz, cpio, dir })
-    }
-
-    /// The boot's series: every bench's, merged.
-    fn run(&self, o: &Opts) -> Result<Series> {
-        let (k, boot) = (self.k, self.boot);
-        let g = vm::boot(k, &self.vmlinuz, &self.cpio, &self.dir, Duration::from_secs(3600))?;
-        let mut parts = Vec::new();
-        for (i, b) in o.benches.iter().enumerate() {
-            let case = format!("ab{}", i + 1);
-            if g.marker("RC", &case).as_deref() != Some("0") {
-                bail!(
-                    "{} boot {boot}: faultscope bench {b} failed:\n{}",
-                    k.name,
-                    g.section(&format!("{case}.out")).unwrap_or("")
-                );
-            }
-            let section = format!("{case}.json");
-            let text = g.section(&section)?;
-            fs::write(self.dir.join(format!("{case}.json")), text)?;
-            let name = format!("{} boot {boot}: bench {b}", k.name);
-            parts.push(bench_series::parse(name, text)?.series);
+/// The series of one boot of `k`: every bench's, merged.
+fn one_boot(k: GuestKernel, o: &Opts, boot: usize) -> Result<Series> {
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm/ab").join(k.name).join(format!("boot{boot}"));
+    fs::create_dir_all(&dir)?;
+    for b in &o.benches {
+        if b.contains(';') || b.contains('\'') {
+            bail!("bench arguments {b:?}: no ';' or quote");
         }
-        println!(
-            "xtask ab: {} boot {boot}: {} benches in {:.0}s",
-            k.name,
-            o.benches.len(),
-            g.wall.as_secs_f64()
-        );
-        Ok(Series::merge(parts)?)
     }
+    let env = [("BENCHES", o.benches.join(";")), ("RUNS", o.runs.to_string()), ("SIZE", o.size.clone())];
+    let cpio = vm::initramfs(&dir, k.arch, &bin, "ab.sh", &env)?;
+    let t = Instant::now();
+    let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(3600))?;
+    let mut parts = Vec::new();
+    for (i, b) in o.benches.iter().enumerate() {
+        let case = format!("ab{}", i + 1);
+        if g.marker("RC", &case).as_deref() != Some("0") {
+            bail!(
+                "{} boot {boot}: faultscope bench {b} failed:\n{}",
+                k.name,
+                g.section(&format!("{case}.out")).unwrap_or("")
+            );
+        }
+        let section = format!("{case}.json");
+        let text = g.section(&section)?;
+        fs::write(dir.join(format!("{case}.json")), text)?;
+        let name = format!("{} boot {boot}: bench {b}", k.name);
+        parts.push(bench_series::parse(name, text)?.series);
+    }
+    println!(
+        "xtask ab: {} boot {boot}: {} benches in {:.0}s",
+        k.name,
+        o.benches.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(Series::merge(parts)?)
 }
 
 /// Runs the comparison; returns each kernel's merged series and the
@@ -257,27 +238,14 @@ pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
             bail!("ab: {}: {why}", k.name);
         }
     }
-    for b in &o.benches {
-        if b.contains(';') || b.contains('\'') {
-            bail!("bench arguments {b:?}: no ';' or quote");
-        }
-    }
     let t = Instant::now();
     let mut boots: Vec<Vec<Series>> = vec![Vec::new(); ks.len()];
     // Alternately: boot i of every kernel before boot i + 1 of any.
     for boot in 1..=o.boots {
-        let ready = ks.iter().map(|k| Boot::prepare(*k, o, boot)).collect::<Result<Vec<_>>>()?;
-        let series = if o.at_once {
-            vm::boot_each(&ready, |b| b.run(o))
-        } else {
-            ready.iter().map(|b| b.run(o)).collect()
-        };
-        for (i, s) in series.into_iter().enumerate() {
-            boots[i].push(s?);
+        for (i, k) in ks.iter().enumerate() {
+            boots[i].push(one_boot(*k, o, boot)?);
         }
     }
-    // What follows prints as one block.
-    let _out = std::io::stdout().lock();
     let out = root().join("target/ab");
     let mut cols = Vec::new();
     for (k, parts) in ks.iter().zip(boots) {
@@ -368,8 +336,6 @@ pub fn test() -> Result<()> {
         boots: 2,
         size: "16M".into(),
         benches: vec!["seq --folio 4K,64K,2M".into()],
-        // The checks are of counts: the two kernels' boots share the CPUs.
-        at_once: true,
     };
     let (cols, text, pictures) = run(&o)?;
     let mut fails = judge(&cols, &text, 16 << 20);

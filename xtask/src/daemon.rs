@@ -89,9 +89,7 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     let extra = [(root().join("xtask/guest/redis.sh"), "/redis.sh".to_string())];
     let k = kernels::GENERIC_6_12_AMD64;
     let redis::HostRootRun { run, dir, .. } =
-        redis::HostRoot::prepare(k, "daemon", "daemon.sh", &env, &extra)?.boot()?;
-    // The checks' lines together.
-    let _out = std::io::stdout().lock();
+        redis::boot_host_root_on(k, "daemon", "daemon.sh", &env, &extra)?;
     println!(
         "{}, {} on {}, {keys} keys of {value_size} bytes, {requests} SETs per window",
         run.marker("PROMETHEUS-VERSION", "main").unwrap_or_else(|| "prometheus ?".into()),

@@ -355,7 +355,6 @@ fn dispatch(cli: Cli) -> Result<()> {
                     } else {
                         benches
                     },
-                    at_once: false,
                 },
             };
             ab::run(&o).map(|_| ())
@@ -368,32 +367,18 @@ fn dispatch(cli: Cli) -> Result<()> {
 fn test() -> Result<()> {
     let t0 = Instant::now();
     setup::setup()?;
-    host_stage(t0)?;
-    let t1 = Instant::now();
-    guest_stages(t0)?;
-    eprintln!(
-        "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
-        (t1 - t0).as_secs_f64(),
-        t1.elapsed().as_secs_f64(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// Unit tests and host tests (tracepoint mode, verifier, refusals, no
-/// leftover BPF programs), the guests' static host tests built beside
-/// them.
-fn host_stage(t0: Instant) -> Result<()> {
-    // At nice 19, in target folders of their own; a failure here is the
-    // foundation stage's to report, which builds them again.
+    // The guests' static host tests build beside the host tests, at nice
+    // 19, in target folders of their own; a failure here is the foundation
+    // stage's to report, which builds them again.
     let log = root().join("target/host-tests-prebuild.log");
     let _ = std::fs::remove_file(&log);
     let prebuild = std::thread::spawn({
         let log = log.clone();
         move || dist::prebuild_host_tests(&log)
     });
-    // One thread: host tests attach to the kernel. The host tests run the
-    // test workload, a binary of its own crate.
+    // Unit tests and host tests (tracepoint mode, verifier, refusals, no
+    // leftover BPF programs). One thread: host tests attach to the kernel.
+    // The host tests run the test workload, a binary of its own crate.
     let host = run(util::cargo("cargo").args(["build", "-p", "faultscope-workload"])).and_then(|()| {
         run(util::cargo("cargo").args([
             "test",
@@ -406,6 +391,7 @@ fn host_stage(t0: Instant) -> Result<()> {
     });
     let beside = prebuild.join();
     host?;
+    let t1 = Instant::now();
     eprintln!("xtask test: [{:.0} s] set-up, unit and host tests passed", t0.elapsed().as_secs_f64());
     match beside {
         Ok(Ok(())) => eprintln!(
@@ -417,42 +403,44 @@ fn host_stage(t0: Instant) -> Result<()> {
         }
         Err(_) => eprintln!("xtask test: building the guests' host tests beside them panicked"),
     }
-    Ok(())
-}
-
-/// A stage of the suite: its name and what it runs.
-type Stage<'a> = (&'static str, &'a (dyn Fn() -> Result<()> + Sync));
-
-/// The guest stages. Every stage runs even when one before it failed: one
-/// run of the suite then tells all that is wrong.
-fn guest_stages(t0: Instant) -> Result<()> {
+    // Every stage runs even when one before it failed: one run of the
+    // suite then tells all that is wrong.
     let cases: Vec<String> = matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect();
     let gate_kernels: Vec<kernels::GuestKernel> =
         matrix::GATE_KERNELS.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?;
-    // Groups in order; a group's stages run side by side, their guests
-    // sharing the host's slots (`vm::guests_at_once`), each stage's lines
-    // printed together. Those after the matrix find every kernel built.
-    let groups: [&[Stage]; 5] = [
+    let stages: [(&str, &dyn Fn() -> Result<()>); 9] = [
         // First: it builds the static binaries every guest stage runs.
-        &[("dist packages", &dist::check)],
-        &[("foundation and every origin (amd64, arm64)", &|| {
+        ("dist packages", &dist::check),
+        ("foundation and every origin (amd64, arm64)", &|| {
             foundation::run_both("6.12-cloud-amd64", "7.3-cloud-arm64")
-        })],
-        &[("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[]))],
-        &[
-            ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
-            ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),
-            ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
-            ("A/B, stock 7.3 against the series", &ab::test),
-            ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
-        ],
-        // Alone: its bound on the order of two tracers' programs at one
-        // tracepoint allows for a vCPU descheduled briefly, not for a host
-        // shared with another guest (77 faults apart once, against 0 to 3
-        // alone).
-        &[("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS))],
+        }),
+        ("kernel matrix", &|| matrix::run(kernels::KERNELS, "16M", &cases, &[])),
+        ("whole-folio reuse gates", &|| matrix::gates(&gate_kernels)),
+        ("COW memory: hot patches, mTHP copies", &matrix::cow_memory),
+        ("stale TLB entries (QEMU's model)", &matrix::stale_tlb),
+        ("A/B, stock 7.3 against the series", &ab::test),
+        ("Redis end to end", &|| redis::run(100_000, 512, 100_000)),
+        ("daemon end to end (Prometheus)", &|| daemon::run(100_000, 512, DAEMON_SETS)),
     ];
-    let (failed, times) = run_groups(t0, &groups);
+    let mut failed = Vec::new();
+    let mut times = Vec::new();
+    for (name, stage) in stages {
+        let ts = Instant::now();
+        // As it happens: a run cut short by a time limit still shows where
+        // its time went.
+        let at = |what: &str| eprintln!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
+        at(&format!("{name}: starting"));
+        let result = stage();
+        let took = ts.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => at(&format!("{name}: passed in {took:.0} s")),
+            Err(e) => {
+                at(&format!("{name}: FAILED in {took:.0} s: {e:#}"));
+                failed.push(format!("{name}: {e:#}"));
+            }
+        }
+        times.push(format!("{name} {took:.0}s"));
+    }
     eprintln!("xtask test: stage times: {}", times.join(", "));
     if !failed.is_empty() {
         // Last, one line a stage: the tail of the log says what failed.
@@ -461,42 +449,13 @@ fn guest_stages(t0: Instant) -> Result<()> {
         }
         bail!("xtask test: {} of {} stages failed (each one's output above)", failed.len(), times.len());
     }
+    eprintln!(
+        "xtask test: all passed (host {:.0}s, guest {:.0}s, total {:.0}s)",
+        (t1 - t0).as_secs_f64(),
+        t1.elapsed().as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
-}
-
-/// Runs `groups` in order, each group's stages side by side; their
-/// failures and times (`NAME Ns`), printed as each ends: a run cut short
-/// by a time limit still shows where its time went.
-fn run_groups(t0: Instant, groups: &[&[Stage]]) -> (Vec<String>, Vec<String>) {
-    let failed = std::sync::Mutex::new(Vec::new());
-    let times = std::sync::Mutex::new(Vec::new());
-    let at = |what: &str| eprintln!("xtask test: [{:.0} s] {what}", t0.elapsed().as_secs_f64());
-    let run_stage = |(name, stage): &Stage| {
-        let ts = Instant::now();
-        at(&format!("{name}: starting"));
-        let result = stage();
-        let took = ts.elapsed().as_secs_f64();
-        match result {
-            Ok(()) => at(&format!("{name}: passed in {took:.0} s")),
-            Err(e) => {
-                at(&format!("{name}: FAILED in {took:.0} s: {e:#}"));
-                failed.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{name}: {e:#}"));
-            }
-        }
-        times.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{name} {took:.0}s"));
-    };
-    for group in groups {
-        let tg = Instant::now();
-        std::thread::scope(|sc| {
-            for stage in group.iter() {
-                sc.spawn(|| run_stage(stage));
-            }
-        });
-        if group.len() > 1 {
-            at(&format!("{} stages side by side: {:.0} s", group.len(), tg.elapsed().as_secs_f64()));
-        }
-    }
-    (failed.into_inner().unwrap_or_default(), times.into_inner().unwrap_or_default())
 }
 
 fn demo() -> Result<()> {

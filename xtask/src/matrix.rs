@@ -59,10 +59,8 @@ enum Boot {
     Gates,
     /// The cases alone: the suite's later stages, on kernels whose verifier
     /// check the matrix stage made (the same programs, the same kernel: 12
-    /// to 20 s a boot under TCG). Its name is the folder under target/vm
-    /// of the stage's guests: stages that run side by side boot the same
-    /// kernel.
-    Cases(&'static str),
+    /// to 20 s a boot under TCG).
+    Cases,
 }
 
 /// The gates' kernels: stock 7.3 (must fail) and 7.3 with the series (must
@@ -100,7 +98,7 @@ pub fn cow_memory() -> Result<()> {
             Ok((crate::kernels::by_name(name)?, cases.iter().map(|c| c.to_string()).collect(), tlb()))
         })
         .collect::<Result<Vec<_>>>()?;
-    run_each(&plan, "16M", &[], Boot::Cases("cow")).map(drop).context("COW memory")
+    run_each(&plan, "16M", &[], Boot::Cases).map(drop).context("COW memory")
 }
 
 /// The stale-TLB model's cases: spurious faults it makes (a reader's stale
@@ -136,11 +134,10 @@ pub fn stale_tlb() -> Result<()> {
             plan.push((crate::kernels::by_name(k)?, names(cs), Tlb::Stale));
         }
     }
-    let boots = run_each(&plan, "16M", &[], Boot::Cases("stale-tlb")).context("stale-TLB stage")?;
+    let boots = run_each(&plan, "16M", &[], Boot::Cases).context("stale-TLB stage")?;
     let by = |t: Tlb| -> Vec<&(GuestKernel, GuestRun)> {
         boots.iter().filter(|(k, r)| k.name == k612.name && r.tlb == t).collect()
     };
-    let _out = std::io::stdout().lock();
     compare_model_off(&by(Tlb::Exact), &by(Tlb::ModelOff), &unmodelled)
         .context("stale-TLB stage: QEMU as shipped, and patched with the model off")
 }
@@ -288,14 +285,9 @@ fn run_each(
     what: Boot,
 ) -> Result<Vec<(GuestKernel, GuestRun)>> {
     let mut failures = Vec::new();
-    let guests = {
-        let _one = crate::vm::preparing();
-        prepare(plan, size, backends, what, &mut failures)?
-    };
-    // The boots, several at once; then their checks, in order, their lines
-    // together.
+    let guests = prepare(plan, size, backends, what, &mut failures)?;
+    // The boots, several at once; then their checks, in order.
     let runs = crate::vm::boot_each(&guests, Guest::boot);
-    let _out = std::io::stdout().lock();
     let mut boots = Vec::new();
     for (g, run) in guests.iter().zip(runs) {
         // A guest that could not run fails the stage; the others are
@@ -390,11 +382,7 @@ fn prepare(
             // Built here, once, not by two boots at once.
             crate::qemu::build()?;
         }
-        let sub = match what {
-            Boot::Matrix => "matrix",
-            Boot::Gates => "gates",
-            Boot::Cases(sub) => sub,
-        };
+        let sub = if what == Boot::Gates { "gates" } else { "matrix" };
         // A folder per TLB model: one kernel may boot under two at once.
         let model = if tlb == Tlb::Exact { String::new() } else { format!("-tlb-{tlb:?}").to_lowercase() };
         let dir = root().join("target/vm").join(sub).join(format!("{}{model}", k.name));

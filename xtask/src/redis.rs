@@ -73,7 +73,7 @@ const ZERO_PAGE_COPIES: u64 = 256 * 4096;
 pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
     let mthp_requests = requests.min(TEST_MTHP_REQUESTS);
     let mut failures = Vec::new();
-    let mut ready = Vec::new();
+    let mut rows = Vec::new();
     for (i, name) in MTHP_KERNELS.iter().enumerate() {
         let k = kernels::by_name(name)?;
         if k.skipped("Redis on 64K mTHP") {
@@ -81,23 +81,12 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
         }
         // The 4K walk-through runs in the first kernel's guest too.
         let runs: &[&str] = if i == 0 { &["run1", "run2", "cow", "mthp"] } else { &["mthp"] };
-        match prepare(k, runs, keys, value_size, requests, mthp_requests) {
-            Ok(g) => ready.push((g, runs)),
-            Err(e) => failures.push(format!("{}: {e:#}", k.name)),
-        }
-    }
-    // The boots, several at once; then their checks, in order, their lines
-    // together.
-    let boots = vm::boot_each(&ready, |(g, _)| g.boot());
-    let _out = std::io::stdout().lock();
-    let mut rows = Vec::new();
-    for ((g, runs), boot) in ready.iter().zip(boots) {
-        match boot.and_then(|b| check(g.k, runs, &b, keys, value_size, requests, mthp_requests)) {
+        match guest(k, runs, keys, value_size, requests, mthp_requests) {
             Ok((row, mut f)) => {
                 rows.push(row);
                 failures.append(&mut f);
             }
-            Err(e) => failures.push(format!("{}: {e:#}", g.k.name)),
+            Err(e) => failures.push(format!("{}: {e:#}", k.name)),
         }
     }
     print!("{}", mthp_table(&rows, keys, value_size, mthp_requests));
@@ -118,8 +107,7 @@ pub fn demo_row() -> Result<()> {
         if k.skipped("the Redis row") {
             continue;
         }
-        let g = prepare(k, &["mthp"], keys, value_size, requests, requests)?;
-        let (row, failures) = check(k, &["mthp"], &g.boot()?, keys, value_size, requests, requests)?;
+        let (row, failures) = guest(k, &["mthp"], keys, value_size, requests, requests)?;
         for f in failures {
             println!("  (oracle check failed: {f})");
         }
@@ -142,17 +130,17 @@ pub struct MthpRow {
     pub folios_64k: u64,
 }
 
-/// The guest of `k` with redis.sh running `runs`: the host's root over 9p,
-/// with the modules it needs for that where the kernel has them as
-/// modules.
-fn prepare(
+/// Boots `k` with redis.sh running `runs`: the host's root over 9p, with
+/// the modules it needs for that where the kernel has them as modules.
+/// Returns the mTHP run's row and the failures of every run.
+fn guest(
     k: GuestKernel,
     runs: &[&str],
     keys: u64,
     value_size: u64,
     requests: u64,
     mthp_requests: u64,
-) -> Result<HostRoot> {
+) -> Result<(MthpRow, Vec<String>)> {
     let env = [
         ("KEYS", keys.to_string()),
         ("VALUE_SIZE", value_size.to_string()),
@@ -162,21 +150,8 @@ fn prepare(
         ("COW_SAVE_DELAY_US", COW_SAVE_DELAY_US.to_string()),
         ("RUNS", runs.join(" ")),
     ];
-    HostRoot::prepare(k, &format!("redis/{}", k.name), "redis.sh", &env, &[])
-}
-
-/// The checks of a booted Redis guest: the mTHP run's row and the
-/// failures of every run.
-fn check(
-    k: GuestKernel,
-    runs: &[&str],
-    boot: &HostRootRun,
-    keys: u64,
-    value_size: u64,
-    requests: u64,
-    mthp_requests: u64,
-) -> Result<(MthpRow, Vec<String>)> {
-    let HostRootRun { run, modules: names, .. } = boot;
+    let name = format!("redis/{}", k.name);
+    let HostRootRun { run, modules: names, .. } = boot_host_root_on(k, &name, "redis.sh", &env, &[])?;
     println!(
         "{} on {} ({}), {keys} keys of {value_size} bytes, {requests} SETs per run ({mthp_requests} on mTHP)",
         run.marker("REDIS-VERSION", "Redis").map(|v| format!("Redis {v}")).unwrap_or("Redis ?".into()),
@@ -186,7 +161,7 @@ fn check(
     let mut failures = Vec::new();
     let mut row = None;
     for (name, what) in RUNS.iter().filter(|(n, _)| runs.contains(n)) {
-        match check_run(run, name, what) {
+        match check_run(&run, name, what) {
             Ok(r) => {
                 print!("{}", r.table);
                 failures.extend(r.failures.into_iter().map(|f| format!("{}: {f}", k.name)));
@@ -194,7 +169,7 @@ fn check(
             Err(e) => failures.push(format!("{} {name}: {e:#}", k.name)),
         }
         if *name == "mthp" {
-            row = mthp_row(run, k).map_err(|e| failures.push(format!("{} mthp: {e:#}", k.name))).ok();
+            row = mthp_row(&run, k).map_err(|e| failures.push(format!("{} mthp: {e:#}", k.name))).ok();
         }
     }
     println!(
@@ -310,55 +285,39 @@ pub struct HostRootRun {
     pub dir: std::path::PathBuf,
 }
 
-/// A [`HostRootRun`] ready to boot on kernel `k`: a Debian package's 9p
-/// modules, or none for a kernel built here (9p built in).
-pub struct HostRoot {
-    pub k: GuestKernel,
-    name: String,
-    vmlinuz: std::path::PathBuf,
-    cpio: std::path::PathBuf,
-    modules: Vec<String>,
-    dir: std::path::PathBuf,
-}
-
-impl HostRoot {
-    pub fn prepare(
-        k: GuestKernel,
-        name: &str,
-        script: &str,
-        env: &[(&str, String)],
-        extra: &[(std::path::PathBuf, String)],
-    ) -> Result<HostRoot> {
-        let _one = vm::preparing();
-        setup::setup()?;
-        let vmlinuz = kernels::fetch(k)?;
-        let bin = vm::build_faultscope(k.arch)?;
-        let dir = root().join("target/vm").join(name);
-        std::fs::create_dir_all(&dir)?;
-        let (mut files, modules) = match k.source {
-            Source::Package { .. } => host_root_modules(&kernels::modules_dir(k)?, &dir)?,
-            Source::Built(_) | Source::Image(_) => (Vec::new(), Vec::new()),
-        };
-        files.extend(extra.iter().cloned());
-        let mut env = env.to_vec();
-        env.push(("MODULES", modules.join(" ")));
-        let cpio = vm::initramfs_with(&dir, k.arch, &bin, script, &env, &files)?;
-        Ok(HostRoot { k, name: name.to_string(), vmlinuz, cpio, modules, dir })
-    }
-
-    pub fn boot(&self) -> Result<HostRootRun> {
-        let run = vm::boot_with(
-            self.k,
-            &self.vmlinuz,
-            &self.cpio,
-            &self.dir,
-            Duration::from_secs(600),
-            &vm::virtfs_host_root(),
-            vm::Machine::host(),
-        )?;
-        run.failed(&format!("the {} guest", self.name))?;
-        Ok(HostRootRun { run, modules: self.modules.clone(), dir: self.dir.clone() })
-    }
+/// [`HostRootRun`] on kernel `k`: a Debian package's 9p modules, or none
+/// for a kernel built here (9p built in).
+pub fn boot_host_root_on(
+    k: GuestKernel,
+    name: &str,
+    script: &str,
+    env: &[(&str, String)],
+    extra: &[(std::path::PathBuf, String)],
+) -> Result<HostRootRun> {
+    setup::setup()?;
+    let vmlinuz = kernels::fetch(k)?;
+    let bin = vm::build_faultscope(k.arch)?;
+    let dir = root().join("target/vm").join(name);
+    std::fs::create_dir_all(&dir)?;
+    let (mut files, names) = match k.source {
+        Source::Package { .. } => host_root_modules(&kernels::modules_dir(k)?, &dir)?,
+        Source::Built(_) | Source::Image(_) => (Vec::new(), Vec::new()),
+    };
+    files.extend(extra.iter().cloned());
+    let mut env = env.to_vec();
+    env.push(("MODULES", names.join(" ")));
+    let cpio = vm::initramfs_with(&dir, k.arch, &bin, script, &env, &files)?;
+    let run = vm::boot_with(
+        k,
+        &vmlinuz,
+        &cpio,
+        &dir,
+        Duration::from_secs(600),
+        &vm::virtfs_host_root(),
+        vm::Machine::host(),
+    )?;
+    run.failed(&format!("the {name} guest"))?;
+    Ok(HostRootRun { run, modules: names, dir })
 }
 
 /// The 9p modules of an unpacked kernel package (`modules`), decompressed

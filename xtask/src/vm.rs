@@ -328,7 +328,6 @@ pub fn boot_with(
     let (qemu, args) = qemu_command(k, machine)?;
     let log = dir.join("console.log");
     let stderr_log = dir.join("qemu.stderr");
-    let _slot = Slot::take();
     let started = Instant::now();
     let mut child = Command::new("timeout")
         .arg("--kill-after=5")
@@ -498,42 +497,6 @@ pub fn sections(console: &str) -> BTreeMap<String, String> {
 pub fn guests_at_once() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
     std::env::var("XTASK_GUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(cpus).max(1)
-}
-
-/// Guests running now, whichever stage booted them: stages that run side
-/// by side share the [`guests_at_once`] slots.
-static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
-    (std::sync::Mutex::new(0), std::sync::Condvar::new());
-
-/// A guest's slot among [`guests_at_once`], held while its QEMU runs.
-struct Slot;
-
-impl Slot {
-    fn take() -> Slot {
-        let (count, freed) = &RUNNING;
-        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
-        while *n >= guests_at_once() {
-            n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
-        }
-        *n += 1;
-        Slot
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let (count, freed) = &RUNNING;
-        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        freed.notify_one();
-    }
-}
-
-/// Held while a stage prepares its guests (kernels fetched or built, the
-/// static binaries, initramfs): stages that run side by side would
-/// otherwise fetch or build the same kernel at once.
-pub fn preparing() -> std::sync::MutexGuard<'static, ()> {
-    static PREPARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    PREPARING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `boot` on each of `items`, [`guests_at_once`] at a time; the
