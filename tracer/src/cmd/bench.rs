@@ -446,10 +446,13 @@ impl<'a> Run<'a> {
         }
         // Reading the counters is itself done by this (traced) process, and a
         // map is not read atomically: the faults of reading would land in the
-        // phase being read. So reading gets a phase of its own, left out.
+        // phase being read. So reading gets a phase of its own, left out,
+        // and this process leaves the traced set first: its reading's faults
+        // would take pending slots over, and each flush tears the read.
         self.mark("report")?;
         let mut report = match self.rec.as_mut() {
             Some(r) => {
+                r.session.remove_target(std::process::id());
                 let reading = r.timeline.current().id;
                 let snap = r.exact_snapshot()?.without_phase(std::process::id(), reading);
                 log::debug!("bench: counts read");

@@ -142,7 +142,8 @@ const READ_TRIES: u32 = 200;
 /// torn read counts nothing (`Snapshot::clean_or`): its faults are in the
 /// next clean read's interval; the run's totals come from its last read.
 pub const INTERVAL_READ_WITHIN: Duration = Duration::from_millis(20);
-/// The same for the run's last read, whose counts are the report's.
+/// The same for a read whose counts are a report's (the run's last,
+/// bench's): no later read shows what a torn one missed.
 pub const FINAL_READ_WITHIN: Duration = Duration::from_secs(5);
 
 impl Aggregates {
@@ -187,6 +188,7 @@ impl Aggregates {
             let after: Vec<u64> = per_cpu_at(bpf, "FLUSHES", FLUSH_GENERATION)?;
             let clean = !in_flush && before == after;
             if clean || tries >= READ_TRIES || started.elapsed() >= within {
+                log::debug!("counts read: {tries} tries, {:?}, clean {clean}", started.elapsed());
                 return Ok(Aggregates { sets, mappings, pending, torn: !clean, flow });
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
