@@ -110,13 +110,8 @@ pub fn run(keys: u64, value_size: u64, requests: u64) -> Result<()> {
         }
     }
     let mut t = String::new();
-    let mut expect = |ok: bool, what: String| {
-        let _ = writeln!(t, "  {} {what}", if ok { "ok  " } else { "FAIL" });
-        if !ok {
-            fails.push(what);
-        }
-    };
-    let _ = check_whole_run(&run, &windows, &mut expect).map_err(|e| expect(false, format!("{e:#}")));
+    let mut cl = Checklist::new("the whole run", &mut t, &mut fails);
+    let _ = check_whole_run(&run, &windows, &mut cl).map_err(|e| cl.expect(false, format!("{e:#}")));
     print!("=== the whole run ===\n{t}");
     println!("guest {} booted, ran both windows and powered off in {:.1}s", k.name, run.wall.as_secs_f64());
     if !fails.is_empty() {
@@ -236,8 +231,9 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
         k.dedup();
         k
     };
-    compare_by_kind(name, p, &cmp, &kinds, &by_kind, &c1, &delta, &mut t, &mut fails);
-    check_partition(name, p, &kinds, &c1, &delta, &mut t, &mut fails);
+    let mut cl = Checklist::new(name, &mut t, &mut fails);
+    compare_by_kind(&mut cl, p, &cmp, &kinds, &by_kind, &c1, &delta);
+    check_partition(&mut cl, p, &kinds, &c1, &delta);
     fails.extend(cmp.failures.iter().cloned());
     for why in &cmp.unknown {
         let _ = writeln!(t, "  oracle cannot count: {why}");
@@ -281,23 +277,19 @@ fn check_window(run: &vm::GuestRun, name: &str, what: &str, dir: &Path) -> Resul
 /// up to each boundary of them within `ORDER_SLACK` (serve earlier) or
 /// `IN_FLIGHT` (later); in total
 /// against record and the oracle; and each timed class's histogram.
-#[allow(clippy::too_many_arguments)]
 fn compare_by_kind(
-    name: &str,
+    cl: &mut Checklist,
     p: &Process,
     cmp: &check::Comparison,
     kinds: &[&str],
     by_kind: &BTreeMap<(ReportClass, &'static str), u64>,
     c1: &Counters,
     delta: &impl Fn(&str, &str, &str) -> Option<u64>,
-    t: &mut String,
-    fails: &mut Vec<String>,
 ) {
-    let _ = writeln!(
-        t,
+    cl.line(format!(
         "  {:<10} {:<18} {:>10} {:>10} {:>10}",
         "class", "phase_kind", "PromQL", "record", "oracle"
-    );
+    ));
     for m in ReportClass::ALL {
         let Some(total) = check::count(&p.classes, m) else { continue };
         let mut prom_total = Some(0u64);
@@ -307,10 +299,10 @@ fn compare_by_kind(
             prom_total = prom_total.zip(prom).map(|(a, b)| a + b);
             if SHOWN.contains(&m) && (rec > 0 || prom != Some(0)) {
                 let cell = prom.map_or("went down".into(), |v| v.to_string());
-                let _ = writeln!(t, "  {:<10} {kind:<18} {cell:>10} {rec:>10}", m.name());
+                cl.line(format!("  {:<10} {kind:<18} {cell:>10} {rec:>10}", m.name()));
             }
             if !WINDOW_KINDS.contains(kind) && prom != Some(rec) {
-                fails.push(format!("{name}: {m} {kind}: PromQL increase {prom:?} != record {rec}"));
+                cl.expect(false, format!("{m} {kind}: PromQL increase {prom:?} != record {rec}"));
             }
         }
         // Up to each boundary of the fork's phases, in time order.
@@ -325,15 +317,14 @@ fn compare_by_kind(
                 Some(p) if ok => {
                     if SHOWN.contains(&m) {
                         let (n, who) = if p < rec_upto { (rec_upto - p, "serve's and record's") } else { (p - rec_upto, "record's and serve's fexit programs, across") };
-                        let _ = writeln!(
-                            t,
+                        cl.line(format!(
                             "  {:<10} {n} faults ended between {who} phase changes at the end of {kind}",
                             m.name()
-                        );
+                        ));
                     }
                 }
-                _ => fails.push(format!(
-                    "{name}: {m} up to the end of {kind}: PromQL increase {prom_upto:?}, record {rec_upto} \
+                _ => cl.expect(false, format!(
+                    "{m} up to the end of {kind}: PromQL increase {prom_upto:?}, record {rec_upto} \
                      (serve, whose programs run first, may count at most {ORDER_SLACK} fewer, or {IN_FLIGHT} more)"
                 )),
             }
@@ -341,17 +332,16 @@ fn compare_by_kind(
         let o = cmp.row(m).and_then(|r| r.oracle);
         if SHOWN.contains(&m) {
             let cell = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
-            let _ = writeln!(
-                t,
+            cl.line(format!(
                 "  {:<10} {:<18} {:>10} {total:>10} {:>10}",
                 m.name(),
                 "(all)",
                 cell(prom_total),
                 cell(o)
-            );
+            ));
         }
         if prom_total != Some(total) {
-            fails.push(format!("{name}: {m}: PromQL increase {prom_total:?} != record {total}"));
+            cl.expect(false, format!("{m}: PromQL increase {prom_total:?} != record {total}"));
         }
         // A timed class's histogram grows by the same faults.
         let hist =
@@ -359,10 +349,10 @@ fn compare_by_kind(
         if c1.contains_key(&hist) {
             let h = delta(&hist.0, &hist.1, "");
             if h != Some(total) {
-                fails.push(format!("{name}: {m}: histogram _count increase {h:?} != record {total}"));
+                cl.expect(false, format!("{m}: histogram _count increase {h:?} != record {total}"));
             }
         } else if [ReportClass::Faults, ReportClass::Reuse, ReportClass::Copy].contains(&m) {
-            fails.push(format!("{name}: {m}: no latency histogram"));
+            cl.expect(false, format!("{m}: no latency histogram"));
         }
     }
 }
@@ -370,13 +360,11 @@ fn compare_by_kind(
 /// The partition: per phase kind, the kinds' increases add up to the
 /// faults class's, and over the window to record's faults.
 fn check_partition(
-    name: &str,
+    cl: &mut Checklist,
     p: &Process,
     kinds: &[&str],
     c1: &Counters,
     delta: &impl Fn(&str, &str, &str) -> Option<u64>,
-    t: &mut String,
-    fails: &mut Vec<String>,
 ) {
     // The partition: per phase kind, the kinds' increases add up to the
     // faults class's, and over the window to record's faults.
@@ -395,13 +383,13 @@ fn check_partition(
         }
         parts_total += sum.unwrap_or(0);
         if sum != faults {
-            fails.push(format!("{name}: {kind}: the kinds' increases add up to {sum:?}, faults {faults:?}"));
+            cl.expect(false, format!("{kind}: the kinds' increases add up to {sum:?}, faults {faults:?}"));
         }
     }
     let faults = check::count(&p.classes, ReportClass::Faults);
-    let _ = writeln!(t, "  partition: {} = {parts_total} faults (record {faults:?})", line.join(", "));
+    cl.line(format!("  partition: {} = {parts_total} faults (record {faults:?})", line.join(", ")));
     if Some(parts_total) != faults {
-        fails.push(format!("{name}: the kinds add up to {parts_total}, record's faults {faults:?}"));
+        cl.expect(false, format!("the kinds add up to {parts_total}, record's faults {faults:?}"));
     }
 }
 
@@ -460,16 +448,16 @@ pub fn render_png(svg: &str) -> Result<(Vec<u8>, usize)> {
 
 /// Across both windows and the restart: the counters only grew, serve
 /// found both pids, promtool passed, serve ended cleanly.
-fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(bool, String)) -> Result<()> {
+fn check_whole_run(run: &vm::GuestRun, w: &[Window], cl: &mut Checklist) -> Result<()> {
     let serve_out = run.section("serve.out")?;
     for x in w {
-        expect(
+        cl.expect(
             serve_out.contains(&format!("tracing pid {} (redis-server)", x.pid)),
             format!("serve picked up {}'s redis-server, pid {}", x.name, x.pid),
         );
     }
     if let [a, b] = w {
-        expect(a.pid != b.pid, format!("the restart has a new pid: {} -> {}", a.pid, b.pid));
+        cl.expect(a.pid != b.pid, format!("the restart has a new pid: {} -> {}", a.pid, b.pid));
         // Every series of the first window's end is still there at the
         // second's start, not lower: counters keep going across the exit
         // of one process and the start of the next.
@@ -479,26 +467,26 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
             .filter(|(k, v)| start2.get(*k).is_none_or(|n| n < *v))
             .map(|(k, v)| format!("{k:?}: {v} -> {:?}", start2.get(k)))
             .collect();
-        expect(
+        cl.expect(
             lower.is_empty(),
             format!("{} series kept going across the restart (lower: {lower:?})", end1.len()),
         );
         let grew = |v: &Counters| -> u64 {
             v.iter().filter(|(k, _)| k.0 == CLASS_FAULTS && k.1 == "copy").map(|(_, v)| v).sum()
         };
-        expect(
+        cl.expect(
             grew(&b.after) > grew(start2),
             format!("the new pid's copies counted on: copy {} -> {}", grew(start2), grew(&b.after)),
         );
     }
     let resets = query(run, "end.resets")?;
     let n: f64 = resets.values().sum();
-    expect(
+    cl.expect(
         !resets.is_empty() && n == 0.0,
         format!("PromQL resets() over the run: {n} in {} series", resets.len()),
     );
     let up = query(run, "end.up")?;
-    expect(
+    cl.expect(
         up.values().all(|v| *v == 1.0) && !up.is_empty(),
         format!("Prometheus sees the target up: {up:?}"),
     );
@@ -518,7 +506,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
     }
     let exact = exact.0 as f64 / exact.1.max(1) as f64;
     let got = per_bgsave.values().next().copied().unwrap_or(f64::NAN);
-    expect(
+    cl.expect(
         per_bgsave.len() == 1 && (got / exact - 1.0).abs() < 0.1,
         format!("guide.md query, copies per BGSAVE: {got:.1} (the windows' exact increases: {exact:.1})"),
     );
@@ -529,12 +517,12 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
         .into_iter()
         .filter(|c| !p99_of(c).is_some_and(|v| v.is_finite() && v > 0.0 && v < 1.0))
         .collect();
-    expect(
+    cl.expect(
         bad.is_empty(),
         format!("guide.md query, p99 fault latency: {} (not a time: {bad:?})", shown.join(", ")),
     );
     let promtool = run.marker("PROMTOOL", "main").unwrap_or_default();
-    expect(
+    cl.expect(
         promtool == "0",
         format!(
             "promtool check metrics: exit {promtool} {}",
@@ -542,7 +530,7 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
         ),
     );
     let (text, om) = (run.section("scrape.prom")?, run.section("scrape.om")?);
-    expect(
+    cl.expect(
         om.trim_end().ends_with("# EOF") && !text.contains("# EOF"),
         format!(
             "scrape: {} bytes as text 0.0.4, {} bytes as OpenMetrics (ends in # EOF), {} series",
@@ -552,9 +540,9 @@ fn check_whole_run(run: &vm::GuestRun, w: &[Window], expect: &mut impl FnMut(boo
         ),
     );
     let rc = run.marker("SERVE-RC", "main").unwrap_or_default();
-    expect(rc == "0", format!("serve exit status on SIGTERM: {rc}"));
+    cl.expect(rc == "0", format!("serve exit status on SIGTERM: {rc}"));
     let left = run.marker("KPROBES-LEFT", "serve").unwrap_or_default();
-    expect(left == "0", format!("kprobes left after serve: {left}"));
+    cl.expect(left == "0", format!("kprobes left after serve: {left}"));
     Ok(())
 }
 

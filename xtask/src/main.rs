@@ -99,8 +99,7 @@ enum Cmd {
     /// per origin against the oracle and the kernel's own count) in one
     /// guest.
     Origins {
-        #[arg(long, default_value = "7.3-cloud-arm64", value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long, default_value = "7.3-cloud-arm64", value_parser = kernel_names())]
         kernel: String,
     },
     /// Build QEMU 10.0.2 with the stale-TLB model (xtask/qemu/stale-tlb.patch)
@@ -118,19 +117,16 @@ enum Cmd {
     GuestTest {
         /// Also the origins guest on this arm64 kernel, booted at the same
         /// time (as `test` does).
-        #[arg(long, value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long, value_parser = kernel_names())]
         with_origins: Option<String>,
         /// The guest kernel (kernels::KERNELS).
-        #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long, default_value = "6.12-cloud-amd64", value_parser = kernel_names())]
         kernel: String,
     },
     /// Boot a kernel and run a script of xtask/guest/ in it (for looking
     /// around: kallsyms, probe points); prints the console.
     GuestScript {
-        #[arg(long, value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long, value_parser = kernel_names())]
         kernel: String,
         script: String,
     },
@@ -143,8 +139,7 @@ enum Cmd {
         /// On this host (tracepoint mode) instead of a guest.
         #[arg(long)]
         host: bool,
-        #[arg(long, default_value = "6.12-cloud-amd64", value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long, default_value = "6.12-cloud-amd64", value_parser = kernel_names())]
         kernel: String,
         /// The bench's memory (4K pages: one write fault per 4K).
         #[arg(long, default_value = "256M")]
@@ -174,13 +169,13 @@ enum Cmd {
     Matrix {
         /// Kernels (default: the matrix's, kernels::KERNELS; any other
         /// known kernel may be named).
-        #[arg(long = "kernel", value_parser =
+        #[arg(long = "kernel", default_values = kernels::KERNELS.iter().map(|k| k.name), value_parser =
               clap::builder::PossibleValuesParser::new(kernels::all_names()))]
         kernels: Vec<String>,
         #[arg(long, default_value = "16M")]
         size: String,
         /// Cases (default: matrix::DEFAULT_CASES).
-        #[arg(long = "case")]
+        #[arg(long = "case", default_values = matrix::DEFAULT_CASES)]
         cases: Vec<String>,
         /// Backends (`bench --backend`; default: kprobe, and fentry too on
         /// matrix::FENTRY_KERNELS).
@@ -191,8 +186,7 @@ enum Cmd {
     /// the oracle, and `verify --expect 'reuse/folio<=1.05'` (arm64 also
     /// `contpte_unfold=0`): pass on the patched 7.3 kernels, fail on stock.
     Gates {
-        #[arg(long = "kernel", value_parser =
-              clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name)))]
+        #[arg(long = "kernel", default_values = matrix::GATE_KERNELS, value_parser = kernel_names())]
         kernels: Vec<String>,
     },
     /// Build a kernel from Debian's linux-source-7.3 with a patch series
@@ -238,6 +232,11 @@ enum Cmd {
         #[arg(long, default_value_t = DAEMON_SETS)]
         requests: u64,
     },
+}
+
+/// The names of [`kernels::KERNELS`], for a `--kernel` argument.
+fn kernel_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(kernels::KERNELS.iter().map(|k| k.name))
 }
 
 /// SETs per window of the daemon test: enough to outlast the BGSAVE (about
@@ -289,7 +288,10 @@ fn dispatch(cli: Cli) -> Result<()> {
         Cmd::Dist { check: false } => dist::dist(),
         Cmd::Dist { check: true } => dist::check(),
         Cmd::Test => test(),
-        Cmd::Demo => demo(),
+        Cmd::Demo => {
+            setup::setup()?;
+            demo::run_demo("256M")
+        }
         Cmd::GuestTest { kernel, with_origins: None } => foundation::run(&kernel),
         Cmd::GuestTest { kernel, with_origins: Some(arm64) } => foundation::run_both(&kernel, &arm64),
         Cmd::Origins { kernel } => foundation::run_origins(&kernel),
@@ -299,24 +301,10 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Cmd::GuestScript { kernel, script } => guest_script(&kernel, &script),
         Cmd::Matrix { kernels: names, size, cases, backends } => {
-            let ks = if names.is_empty() {
-                kernels::KERNELS.to_vec()
-            } else {
-                names.iter().map(|n| kernels::by_name(n)).collect::<Result<_>>()?
-            };
-            let cases = if cases.is_empty() {
-                matrix::DEFAULT_CASES.iter().map(|c| c.to_string()).collect()
-            } else {
-                cases
-            };
+            let ks = names.iter().map(|n| kernels::by_name(n)).collect::<Result<Vec<_>>>()?;
             matrix::run(&ks, &size, &cases, &backends)
         }
         Cmd::Gates { kernels: names } => {
-            let names: Vec<&str> = if names.is_empty() {
-                matrix::GATE_KERNELS.to_vec()
-            } else {
-                names.iter().map(String::as_str).collect()
-            };
             let ks = names.iter().map(|n| kernels::by_name(n)).collect::<Result<Vec<_>>>()?;
             matrix::gates(&ks)
         }
@@ -456,9 +444,4 @@ fn test() -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-fn demo() -> Result<()> {
-    setup::setup()?;
-    demo::run_demo("256M")
 }

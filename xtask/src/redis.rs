@@ -271,9 +271,6 @@ fn mthp_shape(rows: &[MthpRow]) -> Vec<String> {
     f
 }
 
-/// Files for an initramfs: (file on this machine, path in the guest).
-pub type GuestFiles = Vec<(std::path::PathBuf, String)>;
-
 /// A guest that runs `script` (of xtask/guest) on this machine's root over
 /// 9p, the 9p modules loaded first where the kernel has them as modules
 /// (`MODULES`), with `env` and the `extra` files; the guest's `@@FS-FAIL`
@@ -299,10 +296,18 @@ pub fn boot_host_root_on(
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm").join(name);
     std::fs::create_dir_all(&dir)?;
-    let (mut files, names) = match k.source {
-        Source::Package { .. } => host_root_modules(&kernels::modules_dir(k)?, &dir)?,
-        Source::Built(_) | Source::Image(_) => (Vec::new(), Vec::new()),
+    // The 9p modules of the unpacked kernel package, decompressed under
+    // `dir`: the initramfs files (dependencies first) and their names in
+    // the order the guest's `host_root` (redis.sh) loads them (its `MODULES`).
+    let mut files = match k.source {
+        Source::Package { .. } => vm::kernel_modules(&kernels::modules_dir(k)?, MODULES, &dir)?,
+        Source::Built(_) | Source::Image(_) => Vec::new(),
     };
+    let names: Vec<String> = files
+        .iter()
+        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
+        .map(str::to_string)
+        .collect();
     files.extend(extra.iter().cloned());
     let mut env = env.to_vec();
     env.push(("MODULES", names.join(" ")));
@@ -320,27 +325,6 @@ pub fn boot_host_root_on(
     Ok(HostRootRun { run, modules: names, dir })
 }
 
-/// The 9p modules of an unpacked kernel package (`modules`), decompressed
-/// under `dir`: the initramfs files (dependencies first) and their names in
-/// the order the guest's `host_root` (redis.sh) loads them (its `MODULES`).
-pub fn host_root_modules(
-    modules: &std::path::Path,
-    dir: &std::path::Path,
-) -> Result<(GuestFiles, Vec<String>)> {
-    let mods = vm::kernel_modules(modules, MODULES, dir)?;
-    let names = mods
-        .iter()
-        .filter_map(|(_, g)| g.strip_prefix("/modules/").and_then(|n| n.strip_suffix(".ko")))
-        .map(str::to_string)
-        .collect();
-    Ok((mods, names))
-}
-
-struct RunResult {
-    table: String,
-    failures: Vec<String>,
-}
-
 /// `key:value` lines of an INFO reply.
 pub fn parse_info(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -350,11 +334,10 @@ pub fn parse_info(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// "123.45" (seconds, from /proc/uptime) in ns.
+/// "123.45" (seconds, from /proc/uptime) in ns: exact for its two
+/// decimals (rounded, up to 10^6 s).
 fn uptime_ns(s: &str) -> Option<u64> {
-    let (sec, frac) = s.split_once('.').unwrap_or((s, "0"));
-    let frac = format!("{frac:0<9}");
-    Some(sec.parse::<u64>().ok()? * 1_000_000_000 + frac.get(..9)?.parse::<u64>().ok()?)
+    Some((s.parse::<f64>().ok()? * 1e9).round() as u64)
 }
 
 fn ms(ns: u64) -> String {
@@ -388,7 +371,7 @@ pub fn health(
     out
 }
 
-fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
+fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<check::CaseResult> {
     let mut fails = Vec::new();
     let (pid, report) = recorded(run, name)?;
     let p = check::process(&report, pid)?;
@@ -485,7 +468,7 @@ fn check_run(run: &vm::GuestRun, name: &str, what: &str) -> Result<RunResult> {
             );
         }
     }
-    Ok(RunResult { table: t, failures: fails })
+    Ok(check::CaseResult { table: t, failures: fails })
 }
 
 /// The walk-throughs this run makes (see `walkthrough`): (file, block,

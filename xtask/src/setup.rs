@@ -60,12 +60,12 @@ const PACKAGES: &[&str] = &[
     "dwarves",
     "patch",
     // `cargo xtask qemu` (the stale-TLB model, `--tlb stale`): QEMU's build
-    // dependencies (meson and pycotap come from PyPI: see xtask/src/qemu.rs).
+    // dependencies (meson and pycotap come from PyPI: see xtask/src/qemu.rs;
+    // zlib1g-dev is in BUILD_PACKAGES).
     "ninja-build",
     "libglib2.0-dev",
     "libpixman-1-dev",
     "libfdt-dev",
-    "zlib1g-dev",
     "python3-venv",
     // `cargo xtask redis`: the guest runs the host's redis-server over 9p
     // (its service is never started here: see `NoServiceStart`).
