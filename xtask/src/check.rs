@@ -11,7 +11,7 @@ use faultscope::report::{
 use crate::vm::GuestRun;
 pub use faultscope_expect::{
     kernel_at_least,
-    oracle::{count, skipped_runs, Comparison, Oracle},
+    oracle::{count, parse_refused, skipped_runs, Comparison, Oracle},
     Checklist,
 };
 
@@ -25,12 +25,7 @@ pub struct CaseResult {
 /// The oracle section `section` of a guest run, with the run's refused
 /// events.
 pub fn oracle_of(run: &GuestRun, section: &str) -> Result<Oracle> {
-    let refused = run
-        .markers("ORACLE-MISSING")
-        .filter_map(|m| m.split_once(' '))
-        .map(|(e, why)| (e.to_string(), why.trim().to_string()))
-        .collect();
-    Ok(Oracle::parse(run.section(section)?, refused))
+    Ok(Oracle::parse(run.section(section)?, parse_refused(run.markers("ORACLE-MISSING"))))
 }
 
 /// Whether a kernel check agrees with the kernel's own count: equal,
@@ -84,11 +79,10 @@ pub mod testing {
 
     use super::*;
 
-    /// The x86 guest's refusals (lib.sh): no contpte events.
-    pub const X86_REFUSED: &str = "@@FS-ORACLE-MISSING unfold contpte is arm64 only\n\
-                                   @@FS-ORACLE-MISSING conv contpte is arm64 only\n\
-                                   @@FS-ORACLE-MISSING fold contpte is arm64 only\n\
-                                   @@FS-ORACLE-MISSING accc contpte is arm64 only\n";
+    /// The x86 guest's refusals (lib.sh) as its console's marker lines.
+    pub fn x86_refused_markers() -> String {
+        x86_refused().iter().map(|(e, why)| format!("@@FS-ORACLE-MISSING {e} {why}\n")).collect()
+    }
 
     /// A guest run whose console holds `markers` and the sections.
     pub fn guest_run(markers: &str, sections: &[(&str, &str)]) -> GuestRun {
@@ -133,13 +127,18 @@ mod tests {
         assert_eq!(o.unknown("spurious"), ["exc refused; acc refused"]);
     }
 
-    /// oracle.c built for this host into `dir`.
-    fn build_oracle(dir: &Path) -> std::path::PathBuf {
-        let bin = dir.join("oracle");
+    /// An x86 guest's events: every one but the contpte ones.
+    const X86: [&str; 9] = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
+
+    /// oracle.c built for this host into a new temporary directory, gone
+    /// when the directory's guard drops.
+    fn build_oracle() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("oracle");
         let src = crate::util::root().join("xtask/guest/oracle.c");
         let cc = Command::new("cc").args(["-O2", "-Wall", "-o"]).arg(&bin).arg(src).status().unwrap();
         assert!(cc.success());
-        bin
+        (dir, bin)
     }
 
     /// The oracle `bin` over `trace`, with the given events in a fake
@@ -176,17 +175,14 @@ mod tests {
 
     #[test]
     fn the_oracle_prints_class_names_and_unknowns() {
-        let dir = std::env::temp_dir().join(format!("faultscope-oracle-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = build_oracle(&dir);
+        let (tmp, bin) = build_oracle();
+        let dir = tmp.path();
         let trace = "# tracer: nop\n\
             bench-7 (      7) [000] ..... 1.0: sched_process_exec: filename=/b pid=7 old_pid=7\n\
             bench-7 (      7) [000] ..... 1.1: hmf: (handle_mm_fault+0x0/0x8) addr=0x1000 flags=0x41 regs=0x1\n\
             bench-7 (      7) [000] ..... 1.2: wp: (do_wp_page+0x0/0x8)\n\
             bench-7 (      7) [000] ..... 1.3: hmfr: (x <- handle_mm_fault) ret=0x0\n";
-        // An x86 guest: every event but the contpte ones.
-        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
-        let out = run_oracle(&bin, &dir, &x86, trace);
+        let out = run_oracle(&bin, dir, &X86, trace);
         assert!(out.starts_with(X86_UNKNOWN), "{out}");
         assert!(out.contains(&oracle_line("ALL", 1, 1, 0)), "{out}");
         // Every key but nowp and completed is a class faultscope reports.
@@ -201,27 +197,25 @@ mod tests {
         assert_eq!(o.origin(7, "ALL", "user").unwrap()["reuse"], Some(1));
         assert_eq!(o.origin(7, "ALL", "kernel").unwrap()["faults"], Some(0));
         // Without dsp: wp_shared unknown, reuse and copy still counted.
-        let out = run_oracle(&bin, &dir, &x86[..5], trace);
+        let out = run_oracle(&bin, dir, &X86[..5], trace);
         assert!(out.contains("oracle unknown wp_shared: dsp\n"), "{out}");
         assert!(out.contains(" reuse=1 copy=0 wp_shared=? spurious=? "), "{out}");
         assert!(out.contains("oracle unknown spurious: exc|acc\n"), "{out}");
         // arm64: no exception event (do_mem_abort blacklisted), acc enough.
         let arm = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "conv", "unfold", "fold"];
-        let out = run_oracle(&bin, &dir, &arm, trace);
+        let out = run_oracle(&bin, dir, &arm, trace);
         assert!(!out.contains("oracle unknown"), "{out}");
         assert!(out.contains(" spurious=0 huge_pmd_wp=0 contpte_unfold=0 "), "{out}");
         // Nothing at all: every count unknown, the faults too.
-        let out = run_oracle(&bin, &dir, &[], trace);
+        let out = run_oracle(&bin, dir, &[], trace);
         assert!(out.contains("oracle unknown faults: hmf hmfr\n"), "{out}");
         assert!(out.contains(" faults=? "), "{out}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_oracle_splits_faults_by_origin() {
-        let dir = std::env::temp_dir().join(format!("faultscope-oracle-origins-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = build_oracle(&dir);
+        let (tmp, bin) = build_oracle();
+        let dir = tmp.path();
         let l = |ev: &str| format!("w-7 (      7) [000] ..... 1.0: {ev}\n");
         // (flags, regs, copy?, ret): a user copy, a kernel-mode copy (read
         // into a COW page), two GUP copies (/proc/self/mem), a kernel fault
@@ -243,8 +237,7 @@ mod tests {
             }
             trace += &l(&format!("hmfr: (x <- handle_mm_fault) ret={ret}"));
         }
-        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
-        let out = run_oracle(&bin, &dir, &x86, &trace);
+        let out = run_oracle(&bin, dir, &X86, &trace);
         let o = Oracle::parse(&out, BTreeMap::new());
         let get = |origin: &str, k: &str| o.origin(7, "ALL", origin).unwrap()[k].unwrap();
         assert_eq!(o.line(7, "ALL").unwrap()["faults"], Some(6), "{out}");
@@ -271,14 +264,12 @@ mod tests {
             "{:?}",
             cmp.failures
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_oracle_splits_faults_by_address_range() {
-        let dir = std::env::temp_dir().join(format!("faultscope-oracle-ranges-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = build_oracle(&dir);
+        let (tmp, bin) = build_oracle();
+        let dir = tmp.path();
         let l = |t: &str, ev: &str| format!("w-7 (      7) [000] ..... {t}: {ev}\n");
         let fault = |t: &str, addr: &str, flags: &str, nar: bool| {
             let mut s = l(t, &format!("hmf: (handle_mm_fault+0x0/0x8) addr={addr} flags={flags} regs=0x1"));
@@ -301,10 +292,9 @@ mod tests {
             + &fault("1.4", "0x5000", "0x40", false)
             + &fault("1.5", "0x20000", "0x41", false)
             + &fault("1.6", "0x3000", "0x41", true);
-        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
         let ranges = ["a=0x1000-0x2000", "b=0x2000-0x3000", "all=0x0-0x10000", "none=0x40000-0x50000"];
-        let plain = run_oracle(&bin, &dir, &x86, &trace);
-        let out = run_oracle_with(&bin, &dir, &x86, &trace, &ranges);
+        let plain = run_oracle(&bin, dir, &X86, &trace);
+        let out = run_oracle_with(&bin, dir, &X86, &trace, &ranges);
         // The oracle's own lines are unchanged by ranges.
         let own: Vec<&str> = out.lines().filter(|l| !l.starts_with("oracle-range ")).collect();
         assert!(!out.contains("oracle-origin tgid=7 phase=ALL range="), "{out}");
@@ -332,7 +322,7 @@ mod tests {
         assert_eq!(o.line(7, "ALL").unwrap()["faults"], Some(5));
         assert_eq!(o.ranges.len(), 8);
         // Unknown counts stay unknown in ranges: no nar, no reuse or copy.
-        let out = run_oracle_with(&bin, &dir, &x86[..4], &trace, &ranges[..1]);
+        let out = run_oracle_with(&bin, dir, &X86[..4], &trace, &ranges[..1]);
         assert!(
             out.contains("oracle-range tgid=7 phase=ALL range=a faults=1 wp_faults=1 reuse=? copy=? "),
             "{out}"
@@ -347,14 +337,12 @@ mod tests {
                 .unwrap();
             assert_eq!(st.status.code(), Some(2), "{bad}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_fault_between_a_marks_two_markers_may_be_on_either_side() {
-        let dir = std::env::temp_dir().join(format!("faultscope-oracle-window-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = build_oracle(&dir);
+        let (tmp, bin) = build_oracle();
+        let dir = tmp.path();
         let l = |ev: &str| format!("w-7 (      7) [000] ..... 1.0: {ev}\n");
         let fault = |regs: &str| {
             l(&format!("hmf: (handle_mm_fault+0x0/0x8) addr=0x1000 flags=0x41 regs={regs}"))
@@ -375,8 +363,7 @@ mod tests {
             + &l("tracing_mark_write: faultscope phase-switch mark:c")
             + &fault("0x1")
             + &l("tracing_mark_write: faultscope phase mark:c");
-        let x86 = ["hmf", "hmfr", "wp", "hwp", "nar", "dsp", "acc", "hacc", "exc"];
-        let out = run_oracle(&bin, &dir, &x86, &trace);
+        let out = run_oracle(&bin, dir, &X86, &trace);
         let o = Oracle::parse(&out, BTreeMap::new());
         assert_eq!(o.phases, ["mark:a", "mark:b", "mark:c"], "{out}");
         // Each window in the phase before, for the oracle; none before a
@@ -411,13 +398,12 @@ mod tests {
         for (n, agrees) in [(1, true), (2, true), (3, false)] {
             assert_eq!(o.compare("t", &reuses(n), 7, "mark:a").unwrap().failures.is_empty(), agrees, "{n}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_refused_events_come_from_the_run() {
         let text = format!("{X86_UNKNOWN}{}", oracle_line("ALL", 39, 20, 1));
-        let run = guest_run(X86_REFUSED, &[("c.oracle", &text)]);
+        let run = guest_run(&x86_refused_markers(), &[("c.oracle", &text)]);
         let o = oracle_of(&run, "c.oracle").unwrap();
         assert_eq!(o.refused.keys().collect::<Vec<_>>(), ["accc", "conv", "fold", "unfold"]);
         assert_eq!(o.line(7, "ALL").unwrap()["reuse"], Some(20));
@@ -432,7 +418,7 @@ mod tests {
         let step = p.span("mark:fork").unwrap();
         let line =
             X86_UNKNOWN.to_string() + &oracle_line("mark:fork", 3, 0, 1).replace(" copy=1 ", " copy=2 ");
-        let run = guest_run(X86_REFUSED, &[("c.oracle", &line)]);
+        let run = guest_run(&x86_refused_markers(), &[("c.oracle", &line)]);
         let oracle = oracle_of(&run, "c.oracle").unwrap();
         let c = oracle.compare("k c mark:fork", &step.classes, 7, "mark:fork").unwrap();
         // The line's classes, in the catalogue's order.
@@ -496,7 +482,7 @@ mod tests {
             .any(|u| u.starts_with("k c mark:fork: copy: short by no more than the 1 program runs")));
         let long =
             X86_UNKNOWN.to_string() + &oracle_line("mark:fork", 3, 0, 1).replace(" copy=1 ", " copy=0 ");
-        let run = guest_run(X86_REFUSED, &[("c.oracle", &long)]);
+        let run = guest_run(&x86_refused_markers(), &[("c.oracle", &long)]);
         let c = oracle_of(&run, "c.oracle").unwrap().compare("l", &step.classes, 7, "mark:fork").unwrap();
         assert_eq!(c.allowing_skipped("l", &skipped).failures, ["l: copy: faultscope 1 != oracle 0"]);
         let mut k: KernelCheck = serde_json::from_value(serde_json::json!({

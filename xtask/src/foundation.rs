@@ -60,7 +60,7 @@ fn prepare(kernel: &str, name: &'static str, tests: &'static [&'static str]) -> 
     let bin = vm::build_faultscope(k.arch)?;
     let dir = root().join("target/vm").join(name).join(k.name);
     std::fs::create_dir_all(&dir)?;
-    let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
+    let extra = [(crate::dist::static_host_tests(k.arch)?, "/host-tests".to_string())];
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, "host-tests.sh", &vars, &extra)?;
     Ok(Guest { k, name, tests, vmlinuz, cpio, dir })
 }

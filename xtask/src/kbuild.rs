@@ -1097,8 +1097,8 @@ base-commit: 1234
             assert!(diff_paths(&d).iter().all(|p| p.starts_with("mm/")), "{:?}", diff_paths(&d));
         }
         // A link already in the tree that leads out of it.
-        let tree = tempfile_dir("kbuild-tree");
-        let outside = tempfile_dir("kbuild-outside");
+        let tree = tempfile::tempdir().unwrap().keep();
+        let outside = tempfile::tempdir().unwrap().keep();
         std::os::unix::fs::symlink(&outside, tree.join("mm")).unwrap();
         let d = &cut_diffs(MBOX).unwrap()[0];
         assert!(format!("{:#}", check_paths_in_tree(&tree, d).unwrap_err()).contains("outside the tree"));
@@ -1111,7 +1111,7 @@ base-commit: 1234
     /// either touches change.
     #[test]
     fn repatch_takes_a_tree_from_one_series_to_the_next() {
-        let tree = tempfile_dir("kbuild-repatch");
+        let tree = tempfile::tempdir().unwrap().keep();
         fs::create_dir_all(tree.join("mm")).unwrap();
         fs::write(tree.join("mm/a.c"), "one\ntwo\nthree\n").unwrap();
         fs::write(tree.join("mm/b.h"), "x\n").unwrap();
@@ -1121,7 +1121,7 @@ base-commit: 1234
             diff("--- a/mm/a.c\n+++ b/mm/a.c\n@@ -1,3 +1,3 @@\n one\n TWO\n-three\n+THREE\n"),
         ];
         let next = [diff("--- a/mm/b.h\n+++ b/mm/b.h\n@@ -1 +1,2 @@\n x\n+y\n")];
-        let patches = tempfile_dir("kbuild-repatch-out");
+        let patches = tempfile::tempdir().unwrap().keep();
         apply_patches(&tree, &first, &patches, "test").unwrap();
         assert_eq!(fs::read_to_string(tree.join("mm/a.c")).unwrap(), "one\nTWO\nTHREE\n");
         repatch(&tree, &first, &next, &patches, "test").unwrap();
@@ -1133,20 +1133,6 @@ base-commit: 1234
         assert_eq!(fs::read_to_string(tree.join("mm/a.c")).unwrap(), "one\ntwo\nthree\n");
         let _ = fs::remove_dir_all(&tree);
         let _ = fs::remove_dir_all(&patches);
-    }
-
-    fn tempfile_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "faultscope-{name}-{}-{}",
-            std::process::id(),
-            fastrand_like()
-        ));
-        fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    fn fastrand_like() -> u128 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
     }
 
     #[test]

@@ -53,13 +53,8 @@ pub struct Patched {
     pub series: Option<kbuild::Fixture>,
     /// Diffs of this repository applied after the series, in order.
     pub diffs: &'static [&'static str],
-    /// How the kernel reuses an exclusive large folio after fork on a
-    /// write fault.
-    pub reuse: FolioReuse,
-    /// [`Choices::local_flush`].
-    pub local_flush: bool,
-    /// [`Choices::exec_thp_cow`].
-    pub exec_thp_cow: bool,
+    /// What the series makes the kernel choose.
+    pub choices: Choices,
 }
 
 const fn package(
@@ -90,9 +85,7 @@ const FOLIO_REUSE: Patched = Patched {
     change: "folio-reuse",
     series: folio_reuse_thread("[PATCH v2 "),
     diffs: &[],
-    reuse: FolioReuse::WholeFolio,
-    local_flush: false,
-    exec_thp_cow: false,
+    choices: Choices { reuse: FolioReuse::WholeFolio, ..Choices::STOCK },
 };
 
 /// The whole series with the cover letter's experiment on top
@@ -101,7 +94,7 @@ const FOLIO_REUSE: Patched = Patched {
 const FOLIO_REUSE_FLUSH: Patched = Patched {
     change: "folio-reuse-flush",
     diffs: &["xtask/series/flush-tlb-local.diff"],
-    local_flush: true,
+    choices: Choices { local_flush: true, ..FOLIO_REUSE.choices },
     ..FOLIO_REUSE
 };
 
@@ -113,20 +106,11 @@ const REUSE_16_PTES: Patched = Patched {
     change: "reuse-16-ptes",
     series: folio_reuse_thread("[PATCH v2 1/2]"),
     diffs: &[],
-    reuse: FolioReuse::ContpteBlock,
-    local_flush: false,
-    exec_thp_cow: false,
+    choices: Choices { reuse: FolioReuse::ContpteBlock, ..Choices::STOCK },
 };
 
 /// Debian's 7.3 source with no patch, built as the patched kernels are.
-const STOCK_BUILD: Patched = Patched {
-    change: "stock",
-    series: None,
-    diffs: &[],
-    reuse: FolioReuse::PageByPage,
-    local_flush: false,
-    exec_thp_cow: false,
-};
+const STOCK_BUILD: Patched = Patched { change: "stock", series: None, diffs: &[], choices: Choices::STOCK };
 
 /// The exec THP COW series ("THP COW support for private executable file
 /// mmap", next v2, two patches; the thread is
@@ -140,8 +124,7 @@ const EXEC_THP_COW: Patched = Patched {
     change: "exec-thp-cow",
     series: None,
     diffs: &["xtask/series/exec-thp-cow-v2-on-7.3.diff"],
-    exec_thp_cow: true,
-    ..STOCK_BUILD
+    choices: Choices { exec_thp_cow: true, ..STOCK_BUILD.choices },
 };
 
 pub const KERNELS: &[GuestKernel] = &[
@@ -226,9 +209,7 @@ impl GuestKernel {
     /// here with a series.
     pub fn choices(&self) -> Choices {
         match self.source {
-            Source::Built(p) => {
-                Choices { reuse: p.reuse, local_flush: p.local_flush, exec_thp_cow: p.exec_thp_cow }
-            }
+            Source::Built(p) => p.choices,
             _ => Choices::STOCK,
         }
     }
@@ -398,19 +379,19 @@ pub fn modules_dir(k: GuestKernel) -> Result<PathBuf> {
 /// `Some(true)` for `=y` or `=m`, `Some(false)` when not set, `None` without
 /// a config.
 pub fn config_option(k: GuestKernel, option: &str) -> Result<Option<bool>> {
-    if let Source::Built(p) = k.source {
-        let config = built(k, p, true)?.config;
-        let text = fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
-        return Ok(Some(parse_config_option(&text, option)));
-    }
-    let dir = package_dir(k)?;
-    let config = fs::read_dir(dir.join("boot"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("config-")));
-    let Some(config) = config else { return Ok(None) };
+    let config = match k.source {
+        Source::Built(p) => built(k, p, true)?.config,
+        _ => {
+            let found = fs::read_dir(package_dir(k)?.join("boot"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("config-")));
+            let Some(config) = found else { return Ok(None) };
+            config
+        }
+    };
     let text = fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
     Ok(Some(parse_config_option(&text, option)))
 }

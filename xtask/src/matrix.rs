@@ -392,7 +392,7 @@ fn prepare(
         let once = (what == Boot::Matrix).then_some(VERIFIER_TEST);
         let mut vars = foundation::host_test_vars(k, &tests, once, &runs(&backends))?;
         vars.extend(case_vars(k, cases, size, tlb, what));
-        let extra = [(vm::build_host_tests(k.arch)?, "/host-tests".to_string())];
+        let extra = [(crate::dist::static_host_tests(k.arch)?, "/host-tests".to_string())];
         let cpio = vm::initramfs_with(&dir, k.arch, &bin, "host-tests.sh", &vars, &extra)?;
         guests.push(Guest { k, vmlinuz, cpio, dir, cases: cases.clone(), tests, once, backends, tlb });
     }

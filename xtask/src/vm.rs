@@ -10,7 +10,7 @@ use std::{
     io::{BufRead as _, Write as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::atomic::{AtomicU8, Ordering},
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
@@ -53,21 +53,18 @@ pub enum Tlb {
     ModelOff,
 }
 
-static TLB: AtomicU8 = AtomicU8::new(0);
+static TLB: OnceLock<Tlb> = OnceLock::new();
 
-/// Sets the TLB model of the guests this process boots from now on (`main`
-/// from `--tlb`; the test's stale-TLB stage for its own boots).
+/// Sets the TLB model of the guests this process boots, once (`main` from
+/// `--tlb`; a stage that boots under another model says so in its
+/// [`Machine`]).
 pub fn set_tlb(tlb: Tlb) {
-    TLB.store(tlb as u8, Ordering::Relaxed);
+    assert!(TLB.set(tlb).is_ok(), "the TLB model is set once, by main");
 }
 
-/// The TLB model the guests run with.
+/// The TLB model the guests run with (`Exact` until [`set_tlb`]).
 pub fn tlb() -> Tlb {
-    match TLB.load(Ordering::Relaxed) {
-        1 => Tlb::Stale,
-        2 => Tlb::ModelOff,
-        _ => Tlb::Exact,
-    }
+    TLB.get().copied().unwrap_or_default()
 }
 
 impl GuestRun {
@@ -127,11 +124,6 @@ impl GuestRun {
 /// and beside it the test workload ([`dist::workload_beside`]).
 pub fn build_faultscope(arch: &str) -> Result<PathBuf> {
     dist::static_build(arch)
-}
-
-/// The host tests as one static binary for an `arch` guest.
-pub fn build_host_tests(arch: &str) -> Result<PathBuf> {
-    dist::static_host_tests(arch)
 }
 
 fn copy_into(rootfs: &Path, src: &Path, dst: &str) -> Result<()> {

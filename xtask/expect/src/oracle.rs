@@ -288,6 +288,12 @@ impl Comparison {
     }
 }
 
+/// The events the guest's kernel refused and why, from `oracle_setup`'s
+/// lines (`EVENT WHY` each).
+pub fn parse_refused<'a>(lines: impl Iterator<Item = &'a str>) -> BTreeMap<String, String> {
+    lines.filter_map(|l| l.split_once(' ')).map(|(e, why)| (e.to_string(), why.trim().to_string())).collect()
+}
+
 /// Runs of faultscope's programs the kernel skipped in `report`'s run.
 pub fn skipped_runs(report: &Report) -> u64 {
     report.drops.get(DropReason::SkippedRuns)

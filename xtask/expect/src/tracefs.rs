@@ -93,11 +93,7 @@ impl Tracing {
 /// them to `FAULTSCOPE_ORACLE_REFUSED`, a line each (`EVENT WHY`).
 fn refused() -> BTreeMap<String, String> {
     let Some(p) = std::env::var_os("FAULTSCOPE_ORACLE_REFUSED") else { return BTreeMap::new() };
-    let text = fs::read_to_string(p).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .map(|(e, why)| (e.to_string(), why.trim().to_string()))
-        .collect()
+    crate::oracle::parse_refused(fs::read_to_string(p).unwrap_or_default().lines())
 }
 
 /// The trace buffer's lost events, summed over the CPUs.

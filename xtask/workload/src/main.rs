@@ -21,8 +21,12 @@ use clap::{Parser, ValueEnum};
 use serde_json::json;
 
 use faultscope::{
+    attrib::mapping::{parse_maps, MappingName},
     error::Refusal,
-    memory::{fork_child, map_aligned, map_aligned_with, phase, usage, write_pages, Child, ChildLife, Usage},
+    memory::{
+        fork_child, map_aligned, map_aligned_with, phase, read_pages, usage, write_pages, Child, ChildLife,
+        Usage,
+    },
     units::parse_size,
 };
 
@@ -242,26 +246,20 @@ struct Region {
     always_copied: bool,
 }
 
-/// `start-end perms offset dev inode name` of /proc/PID/maps: the range and
-/// the name (empty for unnamed anonymous memory).
-fn parse_maps_line(line: &str) -> Option<(u64, u64, String)> {
-    let (range, mut rest) = line.split_once(' ')?;
-    let (a, b) = range.split_once('-')?;
-    let (start, end) = (u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?);
-    // perms, offset, dev, inode; then the name, after padding.
-    for _ in 0..4 {
-        rest = rest.trim_start();
-        rest = rest.find(' ').map_or("", |i| &rest[i..]);
-    }
-    Some((start, end, rest.trim().to_string()))
-}
-
-/// The mapping of /proc/self/maps holding `addr`: (start, end, name).
+/// The mapping of /proc/self/maps holding `addr`: (start, end, name), the
+/// name as the maps column has it (empty for unnamed anonymous memory).
 fn mapping_of(maps: &str, addr: u64) -> Result<(u64, u64, String)> {
-    maps.lines()
-        .filter_map(parse_maps_line)
-        .find(|(s, e, _)| (*s..*e).contains(&addr))
-        .with_context(|| format!("no mapping of /proc/self/maps holds {addr:#x}"))
+    let m = parse_maps(maps)?
+        .into_iter()
+        .find(|m| m.contains(addr))
+        .with_context(|| format!("no mapping of /proc/self/maps holds {addr:#x}"))?;
+    let name = match m.name {
+        MappingName::Anon { .. } => String::new(),
+        MappingName::File { path, deleted: true } => format!("{path} (deleted)"),
+        MappingName::File { path, deleted: false } => path,
+        n => n.to_string(),
+    };
+    Ok((m.start, m.end, name))
 }
 
 /// The regions of `--mappings` besides the named one: the file mapping and
@@ -327,12 +325,8 @@ impl Mappings {
         let fbase = map_private(&f, flen, &file)?;
         // Read, not written: the page-cache pages are mapped read-only, so
         // each write after the fork copies (do_wp_page -> wp_page_copy).
-        let mut sum = 0u8;
-        for off in (0..flen).step_by(page) {
-            // SAFETY: inside the mapping.
-            sum = sum.wrapping_add(unsafe { std::ptr::read_volatile(fbase.add(off)) });
-        }
-        std::hint::black_box(sum);
+        // SAFETY: the mapping just made.
+        std::hint::black_box(unsafe { read_pages(fbase, flen, page) });
         // The heap: from the first page boundary at or after the break, so
         // that no page is shared with malloc's chunks.
         // SAFETY: sbrk(0) reads the break.
@@ -583,10 +577,7 @@ fn run_fork_write(o: &WorkloadOpts) -> Result<()> {
     }
     drop(mappings);
     if o.child == Child::Alive {
-        unsafe {
-            libc::kill(child, libc::SIGKILL);
-            libc::waitpid(child, std::ptr::null_mut(), 0);
-        }
+        reap(child);
     }
     let end = usage();
     let mut report = json!({
@@ -690,10 +681,7 @@ fn run_origins(o: &WorkloadOpts) -> Result<()> {
         write_via(how, half(0, i), n, page, &zero, &mem, &src)?;
     }
     let t3 = usage();
-    unsafe {
-        libc::kill(child, libc::SIGKILL);
-        libc::waitpid(child, std::ptr::null_mut(), 0);
-    }
+    reap(child);
     let t4 = usage();
     for (i, how) in ORIGIN_WRITERS.iter().enumerate() {
         write_via(how, half(1, i), n, page, &zero, &mem, &src)?;
@@ -733,14 +721,7 @@ fn repeat_write(
     while Instant::now() < until {
         match by {
             RepeatBy::Fork => {
-                // SAFETY: fork; the child only exits.
-                let child = unsafe { libc::fork() };
-                if child < 0 {
-                    bail!("fork: {}", std::io::Error::last_os_error());
-                }
-                if child == 0 {
-                    unsafe { libc::_exit(0) };
-                }
+                let child = fork_child(ChildLife::Exit(None))?;
                 unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
             }
             // SAFETY: our own mapping; its pages read as zero afterwards.
@@ -819,10 +800,7 @@ fn run_threads(o: &WorkloadOpts, n: usize) -> Result<()> {
             }
         };
         all_at(1);
-        unsafe {
-            libc::kill(first, libc::SIGKILL);
-            libc::waitpid(first, std::ptr::null_mut(), 0);
-        }
+        reap(first);
         stage.store(1, Ordering::Release);
         all_at(2);
         second = fork_child(ChildLife::Exit(None))?;
@@ -869,6 +847,15 @@ fn fork_as_asked(o: &WorkloadOpts) -> Result<libc::pid_t> {
         unsafe { libc::waitpid(child, &mut st, 0) };
     }
     Ok(child)
+}
+
+/// Kills a child that stays and waits for it.
+fn reap(child: libc::pid_t) {
+    // SAFETY: our own child, not yet waited for.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
 }
 
 /// The report's JSON to `--out`, else to stdout.
@@ -923,17 +910,6 @@ fn segment_pages(n: usize, ends: impl Fn(usize) -> [usize; 3]) -> [usize; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("12X").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("").is_err());
-    }
 
     #[test]
     fn maps_lines() {
