@@ -69,23 +69,27 @@ fn write_step(report: &Report, m: ReportClass) -> Option<u64> {
     report.bench_process()?.span("mark:write")?.count(m)
 }
 
-/// The write step's per-fault latency of `m` (the `mark:write` phase: the
-/// child has exited before it, so the step is that one phase): p50 and
-/// p99 with faultscope's own nested time taken out, or with it left in
-/// (`raw`).
-fn write_latency(report: &Report, m: ReportClass, raw: bool) -> Option<(u64, u64)> {
+/// The write step's per-fault latency of its write faults (the
+/// `mark:write` phase: the child has exited before it, so the step is that
+/// one phase): p50 and p99 with faultscope's own nested time taken out, or
+/// with it left in (`raw`).
+fn write_latency(report: &Report, raw: bool) -> Option<String> {
     let phase = report.bench_process()?.phases.iter().find(|p| p.name == "mark:write")?;
-    let ClassValue::Measured(x) = phase.classes.get(&m)? else { return None };
+    let ClassValue::Measured(x) = phase.classes.get(&ReportClass::WriteFaults)? else { return None };
     let l = x.latency.as_ref()?;
-    if raw {
-        l.raw.as_ref().map(|r| (r.p50_ns, r.p99_ns))
-    } else {
-        Some((l.p50_ns, l.p99_ns))
-    }
+    let (p50, p99) = if raw { l.raw.as_ref().map(|r| (r.p50_ns, r.p99_ns))? } else { (l.p50_ns, l.p99_ns) };
+    Some(us(p50, p99))
 }
 
-fn step_ms(report: &Report, step: &str) -> Option<f64> {
-    report.bench.as_ref().and_then(|b| b.step(step)).map(|s| s.wall_ns as f64 / 1e6)
+/// The bench's store latency, p50 and p99.
+fn store(report: &Report) -> Option<String> {
+    let s = report.bench.as_ref()?.store_latency?;
+    Some(us(s.p50_ns, s.p99_ns))
+}
+
+/// The write step's wall time in ms.
+fn pass_ms(report: &Report) -> Option<String> {
+    report.bench.as_ref()?.step("write").map(|s| format!("{:.1}", s.wall_ns as f64 / 1e6))
 }
 
 fn boot_column(name: &str, head: &'static str, size: &str, folios: &[&str]) -> Result<Column> {
@@ -139,8 +143,9 @@ fn per_folio(r: &Report, m: ReportClass) -> Option<String> {
     Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
 }
 
-fn us(ns: u64) -> String {
-    format!("{:.1}", ns as f64 / 1e3)
+/// p50 and p99 in us.
+fn us(p50: u64, p99: u64) -> String {
+    format!("{:.1} / {:.1}", p50 as f64 / 1e3, p99 as f64 / 1e3)
 }
 
 /// The columns' headings, then their kernels' releases.
@@ -165,30 +170,18 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
     );
     header(&mut t, cols);
     // A cell from the traced report and the untraced one of a folio size.
-    type Cell<'a> = Box<dyn Fn(&Report, &Report) -> Option<String> + 'a>;
-    let fault_latency = |raw: bool| -> Cell {
-        Box::new(move |r: &Report, _: &Report| {
-            write_latency(r, ReportClass::WriteFaults, raw).map(|(a, b)| format!("{} / {}", us(a), us(b)))
-        })
-    };
-    let store = |r: &Report| {
-        let s = r.bench.as_ref()?.store_latency?;
-        Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
-    };
+    type Cell = fn(&Report, &Report) -> Option<String>;
     let blocks: [(&str, Cell); 10] = [
-        ("write faults", Box::new(|r: &Report, _| write_step(r, ReportClass::WriteFaults).map(count))),
-        ("reuse per folio", Box::new(|r: &Report, _| per_folio(r, ReportClass::Reuse))),
-        ("copy per folio", Box::new(|r: &Report, _| per_folio(r, ReportClass::Copy))),
-        ("time of the pass (ms)", Box::new(|r: &Report, _| step_ms(r, "write").map(|v| format!("{v:.1}")))),
-        ("write fault p50/p99 (us)", fault_latency(false)),
-        ("  raw: faultscope's nested programs' own time left in", fault_latency(true)),
-        ("store p50/p99 (us), traced", Box::new(move |r: &Report, _| store(r))),
-        ("store p50/p99 (us), untraced (--no-trace)", Box::new(move |_, u: &Report| store(u))),
-        ("spurious", Box::new(|r: &Report, _| write_step(r, ReportClass::Spurious).map(count))),
-        (
-            "untraced time of the pass (ms)",
-            Box::new(|_, u: &Report| step_ms(u, "write").map(|v| format!("{v:.1}"))),
-        ),
+        ("write faults", |r, _| write_step(r, ReportClass::WriteFaults).map(count)),
+        ("reuse per folio", |r, _| per_folio(r, ReportClass::Reuse)),
+        ("copy per folio", |r, _| per_folio(r, ReportClass::Copy)),
+        ("time of the pass (ms)", |r, _| pass_ms(r)),
+        ("write fault p50/p99 (us)", |r, _| write_latency(r, false)),
+        ("  raw: faultscope's nested programs' own time left in", |r, _| write_latency(r, true)),
+        ("store p50/p99 (us), traced", |r, _| store(r)),
+        ("store p50/p99 (us), untraced (--no-trace)", |_, u| store(u)),
+        ("spurious", |r, _| write_step(r, ReportClass::Spurious).map(count)),
+        ("untraced time of the pass (ms)", |_, u| pass_ms(u)),
     ];
     for (what, cell) in &blocks {
         let _ = writeln!(t, "  {what}");
@@ -215,9 +208,7 @@ fn arm64_table(size: &str, cols: &[Column]) -> String {
     row(&mut t, "  per 64K block", cols, |c| per_folio(c.report("64K")?, ReportClass::ContpteUnfold));
     row(&mut t, "write faults", cols, |c| write_step(c.report("64K")?, ReportClass::WriteFaults).map(count));
     row(&mut t, "reuse per folio", cols, |c| per_folio(c.report("64K")?, ReportClass::Reuse));
-    row(&mut t, "time of the pass (ms)", cols, |c| {
-        step_ms(c.report("64K")?, "write").map(|v| format!("{v:.1}"))
-    });
+    row(&mut t, "time of the pass (ms)", cols, |c| pass_ms(c.report("64K")?));
     t
 }
 
