@@ -454,11 +454,13 @@ struct Storm {
 /// architecture Linux runs these guests on).
 const USER_HZ: f64 = 100.0;
 
+/// Each stats round's programs of a tracer, in load order.
+type Progs<'a> = BTreeMap<&'a str, Vec<Vec<Prog>>>;
+
 struct Results<'a> {
     variants: Vec<&'a Variant>,
     runs: BTreeMap<&'a str, Vec<Run>>,
-    /// Each stats round's programs of a tracer, in load order.
-    progs: BTreeMap<&'a str, Vec<Vec<Prog>>>,
+    progs: Progs<'a>,
     storms: BTreeMap<String, Storm>,
     bpftrace: String,
     pages: u64,
@@ -522,12 +524,8 @@ fn parse_run(g: &vm::GuestRun, v: &Variant, case: &str) -> Result<Run> {
 }
 
 /// Each variant's programs, as bpftool listed them, per statistics round.
-fn parse_progs<'a>(
-    g: &vm::GuestRun,
-    vs: &[&'a Variant],
-    stats_rounds: usize,
-) -> Result<BTreeMap<&'a str, Vec<Vec<Prog>>>> {
-    let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
+fn parse_progs<'a>(g: &vm::GuestRun, vs: &[&'a Variant], stats_rounds: usize) -> Result<Progs<'a>> {
+    let mut progs = Progs::new();
     for v in vs {
         if matches!(v.kind, Kind::Bare) {
             continue;
@@ -600,12 +598,7 @@ fn counter(output: &str, key: &str) -> Option<u64> {
 }
 
 impl<'a> Results<'a> {
-    fn parse(
-        g: &vm::GuestRun,
-        vs: &[&'a Variant],
-        rounds: usize,
-        stats_rounds: usize,
-    ) -> Result<Results<'a>> {
+    fn parse(g: &vm::GuestRun, vs: &[&'a Variant], rounds: usize, stats_rounds: usize) -> Result<Self> {
         let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
         let mut pages = 0;
         for i in 1..=rounds {
@@ -618,7 +611,7 @@ impl<'a> Results<'a> {
         }
         let progs = parse_progs(g, vs, stats_rounds)?;
         let storms = parse_storms(g);
-        Ok(Results {
+        Ok(Self {
             variants: vs.to_vec(),
             runs,
             progs,
@@ -1197,11 +1190,7 @@ mod tests {
         for n in GUEST_DEFAULT.iter().chain(&HOST_DEFAULT) {
             assert!(variant(n).is_ok(), "{n}");
         }
-        let vs = [
-            variant("bare").unwrap(),
-            variant("bpftrace-fentry").unwrap(),
-            variant("faultscope-kprobe").unwrap(),
-        ];
+        let vs = ["bare", "bpftrace-fentry", "faultscope-kprobe"].map(|n| variant(n).unwrap());
         assert_eq!(
             variant_lines(&vs),
             "bare none\nbpftrace-fentry bpftrace fentry.bt\nfaultscope-kprobe faultscope --backend kprobe\n"
