@@ -101,63 +101,44 @@ pub struct Opts {
 impl Opts {
     /// The preset's kernels (for `arch`) and benches.
     pub fn preset(p: Preset, arch: &str, runs: u64, boots: usize, size: String) -> Result<Opts> {
-        Ok(match p {
+        let strings = |s: &[&str]| s.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (kernels, benches) = match p {
             Preset::LocalFlush if arch != "amd64" => {
                 bail!(
                     "ab --preset local-flush: the flush experiment is x86's (flush_tlb_local); --arch amd64"
                 )
             }
-            Preset::LocalFlush => Opts {
-                kernels: ["7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-folio-reuse-flush-amd64"]
-                    .map(String::from)
-                    .to_vec(),
-                runs,
-                boots,
-                size,
-                benches: ["read-then-store --folio 64K", "seq --time-stores --folio 64K"]
-                    .map(String::from)
-                    .to_vec(),
-            },
+            Preset::LocalFlush => (
+                strings(&["7.3-cloud-amd64", "7.3-folio-reuse-amd64", "7.3-folio-reuse-flush-amd64"]),
+                strings(&["read-then-store --folio 64K", "seq --time-stores --folio 64K"]),
+            ),
             Preset::ExecThpCow if arch != "amd64" => {
                 bail!("ab --preset exec-thp-cow: the series' kernel is built for amd64 only; --arch amd64")
             }
-            Preset::ExecThpCow => Opts {
-                kernels: ["7.3-stock-build-amd64", "7.3-exec-thp-cow-amd64"].map(String::from).to_vec(),
-                runs,
-                boots,
-                size,
-                benches: HOTPATCH.iter().map(|b| b.to_string()).collect(),
-            },
-            Preset::CoverLetter => Opts {
-                kernels: ["7.3-stock-build", "7.3-reuse-16-ptes", "7.3-folio-reuse"]
+            Preset::ExecThpCow => {
+                (strings(&["7.3-stock-build-amd64", "7.3-exec-thp-cow-amd64"]), strings(HOTPATCH))
+            }
+            Preset::CoverLetter => (
+                ["7.3-stock-build", "7.3-reuse-16-ptes", "7.3-folio-reuse"]
                     .iter()
                     .map(|k| format!("{k}-{arch}"))
                     .collect(),
-                runs,
-                boots,
-                size,
-                benches: match arch {
-                    "arm64" => vec!["seq --time-stores --folio 4K,64K,2M".to_string()],
-                    _ => COVER_LETTER.iter().map(|b| b.to_string()).collect(),
+                match arch {
+                    "arm64" => strings(&["seq --time-stores --folio 4K,64K,2M"]),
+                    _ => strings(COVER_LETTER),
                 },
-            },
-        })
+            ),
+        };
+        Ok(Opts { kernels, runs, boots, size, benches })
     }
 }
 
-/// A kernel's merged series, written to target/ab/NAME/series.json.
-pub struct Column {
-    pub series: LoadedSeries,
-}
+/// An A/B picture of A against a later kernel (the bars with their spread,
+/// or the reuse fault's latency CDF), as SVG and PNG: (path without its
+/// extension, SVG, PNG, non-white pixels of the PNG).
+type Picture = (PathBuf, String, Vec<u8>, usize);
 
-/// A/B pictures of A against a later column: the bars with their spread
-/// and the reuse fault's latency CDF, as SVG and PNG.
-pub struct Pictures {
-    /// (path without its extension, SVG, PNG, non-white pixels of the PNG).
-    pub drawn: Vec<(PathBuf, String, Vec<u8>, usize)>,
-}
-
-fn draw(a: &LoadedSeries, b: &LoadedSeries, dir: &std::path::Path, name: &str) -> Result<Pictures> {
+fn draw(a: &LoadedSeries, b: &LoadedSeries, dir: &std::path::Path, name: &str) -> Result<Vec<Picture>> {
     let mut drawn = Vec::new();
     let svgs = [
         ("compare", plot::compare::svg(a, b)?),
@@ -170,7 +151,7 @@ fn draw(a: &LoadedSeries, b: &LoadedSeries, dir: &std::path::Path, name: &str) -
         fs::write(dir.join(format!("{name}-{what}.png")), &png)?;
         drawn.push((path, svg, png, non_white));
     }
-    Ok(Pictures { drawn })
+    Ok(drawn)
 }
 
 /// The series of one boot of `k`: every bench's, merged.
@@ -191,13 +172,8 @@ fn one_boot(k: GuestKernel, o: &Opts, boot: usize) -> Result<Series> {
     let mut parts = Vec::new();
     for (i, b) in o.benches.iter().enumerate() {
         let case = format!("ab{}", i + 1);
-        if g.marker("RC", &case).as_deref() != Some("0") {
-            bail!(
-                "{} boot {boot}: faultscope bench {b} failed:\n{}",
-                k.name,
-                g.section(&format!("{case}.out")).unwrap_or("")
-            );
-        }
+        g.exited_ok(&case, &format!("{case}.out"))
+            .with_context(|| format!("{} boot {boot}: faultscope bench {b} failed", k.name))?;
         let section = format!("{case}.json");
         let text = g.section(&section)?;
         fs::write(dir.join(format!("{case}.json")), text)?;
@@ -213,9 +189,10 @@ fn one_boot(k: GuestKernel, o: &Opts, boot: usize) -> Result<Series> {
     Ok(Series::merge(parts)?)
 }
 
-/// Runs the comparison; returns each kernel's merged series and the
-/// changelog text (also printed and written to target/ab/changelog.txt).
-pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
+/// Runs the comparison; returns each kernel's merged series (written to
+/// target/ab/NAME/series.json), the changelog text (also printed and
+/// written to target/ab/changelog.txt) and the pictures.
+pub fn run(o: &Opts) -> Result<(Vec<LoadedSeries>, String, Vec<Picture>)> {
     if o.kernels.len() < 2 {
         bail!("ab: give two kernels or more (A first: the baseline)");
     }
@@ -254,15 +231,15 @@ pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
         fs::create_dir_all(&dir)?;
         let path: PathBuf = dir.join("series.json");
         bench_series::write(&path, &series)?;
-        cols.push(Column { series: LoadedSeries { path: path.display().to_string(), series } });
+        cols.push(LoadedSeries { path: path.display().to_string(), series });
     }
-    let refs: Vec<&LoadedSeries> = cols.iter().map(|c| &c.series).collect();
+    let refs: Vec<&LoadedSeries> = cols.iter().collect();
     let mut text = changelog::changelog(&refs);
     text.push_str(&copies(&ks, &cols));
     fs::write(out.join("changelog.txt"), &text)?;
     let mut pictures = Vec::new();
     for (k, c) in ks.iter().zip(&cols).skip(1) {
-        pictures.push(draw(&cols[0].series, &c.series, &out, k.name)?);
+        pictures.extend(draw(&cols[0], c, &out, k.name)?);
     }
     print!("{text}");
     println!(
@@ -281,14 +258,14 @@ pub fn run(o: &Opts) -> Result<(Vec<Column>, String, Vec<Pictures>)> {
 /// The write step's copies of every cell on every kernel, by folio size,
 /// and the bytes they allocated, from each run's report (the median run
 /// by bytes; min-max over the runs), then what the seeds measured.
-fn copies(ks: &[GuestKernel], cols: &[Column]) -> String {
+fn copies(ks: &[GuestKernel], cols: &[LoadedSeries]) -> String {
     use faultscope::report::schema::Folios;
     use faultscope_expect::cases::folios_of;
     use std::fmt::Write as _;
     let mut out =
         String::from("\nCOW copies in the write step, by folio size (median run), and bytes copied:\n");
     for (k, c) in ks.iter().zip(cols) {
-        for cell in &c.series.series.cells {
+        for cell in &c.series.cells {
             let mut runs: Vec<(u64, Folios)> = cell
                 .runs
                 .iter()
@@ -339,7 +316,7 @@ pub fn test() -> Result<()> {
     };
     let (cols, text, pictures) = run(&o)?;
     let mut fails = judge(&cols, &text, 16 << 20);
-    for (path, svg, png, non_white) in pictures.iter().flat_map(|p| &p.drawn) {
+    for (path, svg, png, non_white) in &pictures {
         let labels = ["seq 4K", "seq 64K", "seq 2M"];
         if path.to_string_lossy().ends_with("-compare") {
             if let Some(l) = labels.iter().find(|l| !svg.contains(*l)) {
@@ -362,10 +339,9 @@ pub fn test() -> Result<()> {
 /// matrix.
 const SLACK: f64 = 64.0;
 
-fn judge(cols: &[Column], text: &str, size: u64) -> Vec<String> {
-    use faultscope::kernel::classes::ReportClass;
+fn judge(cols: &[LoadedSeries], text: &str, size: u64) -> Vec<String> {
     let mut fails = Vec::new();
-    let (a, b) = (&cols[0].series.series, &cols[1].series.series);
+    let (a, b) = (&cols[0].series, &cols[1].series);
     for (folio, bytes) in [("4K", 4096u64), ("64K", 64 << 10), ("2M", 2 << 20)] {
         let cell = |s: &Series| s.cells.iter().find(|c| c.mode == "seq" && c.folio == folio).cloned();
         let (Some(ca), Some(cb)) = (cell(a), cell(b)) else {

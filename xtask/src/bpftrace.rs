@@ -36,10 +36,8 @@ pub fn image(arch: &'static str) -> Result<PathBuf> {
     fs::create_dir_all(&dir)?;
     let debs = dir.join("debs");
     let tree = dir.join("root");
-    for d in [&debs, &tree] {
-        if d.exists() {
-            fs::remove_dir_all(d)?;
-        }
+    for d in [&debs, &tree].into_iter().filter(|d| d.exists()) {
+        fs::remove_dir_all(d)?;
     }
     fs::create_dir_all(debs.join("partial"))?;
     // The machine's own suite: the guest runs the bpftrace `setup`

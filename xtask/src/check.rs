@@ -90,13 +90,7 @@ pub mod testing {
         for (name, body) in sections {
             console += &format!("@@FS-BEGIN {name}\n{body}\n@@FS-END {name}\n");
         }
-        GuestRun {
-            sections: crate::vm::sections(&console),
-            console,
-            wall: std::time::Duration::ZERO,
-            stale_tlb_faults: None,
-            tlb: crate::vm::Tlb::Exact,
-        }
+        GuestRun::from_console(console, std::time::Duration::ZERO)
     }
 }
 

@@ -13,10 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Result};
+use anyhow::{Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
     report::schema::{ClassValue, Report},
+    units::count,
 };
 
 use crate::{
@@ -34,29 +35,32 @@ const AMD64: [&str; 3] = ["6.12-cloud-amd64", "7.3-cloud-amd64", "7.3-folio-reus
 const ARM64: [&str; 3] = ["6.12-cloud-arm64", "7.3-cloud-arm64", "7.3-folio-reuse-arm64"];
 const HEADS: [&str; 3] = ["stock 6.12", "stock 7.3", "7.3 + folio-reuse"];
 
-/// One kernel's bench reports by folio size, or why it has none.
+/// One folio size's bench: its report, the report's file, and the same
+/// bench's with `--no-trace`.
+struct Bench {
+    folio: String,
+    report: Report,
+    json: PathBuf,
+    untraced: Report,
+}
+
+/// One kernel's benches by folio size, or why it has none.
 struct Column {
     kernel: GuestKernel,
     /// The column's heading (one of [`HEADS`]).
     head: &'static str,
     release: String,
-    reports: Vec<(String, Report, PathBuf)>,
-    /// The same benches with `--no-trace`, by folio size.
-    untraced: Vec<(String, Report)>,
+    benches: Vec<Bench>,
     missing: Option<String>,
 }
 
 impl Column {
+    fn bench(&self, folio: &str) -> Option<&Bench> {
+        self.benches.iter().find(|b| b.folio == folio)
+    }
+
     fn report(&self, folio: &str) -> Option<&Report> {
-        self.reports.iter().find(|(f, _, _)| f == folio).map(|(_, r, _)| r)
-    }
-
-    fn untraced(&self, folio: &str) -> Option<&Report> {
-        self.untraced.iter().find(|(f, _)| f == folio).map(|(_, r)| r)
-    }
-
-    fn json(&self, folio: &str) -> Option<&PathBuf> {
-        self.reports.iter().find(|(f, _, _)| f == folio).map(|(_, _, p)| p)
+        self.bench(folio).map(|b| &b.report)
     }
 }
 
@@ -65,37 +69,34 @@ fn write_step(report: &Report, m: ReportClass) -> Option<u64> {
     report.bench_process()?.span("mark:write")?.count(m)
 }
 
-/// The write step's per-fault latency of `m` (the `mark:write` phase: the
-/// child has exited before it, so the step is that one phase): p50 and
-/// p99 with faultscope's own nested time taken out, or with it left in
-/// (`raw`).
-fn write_latency(report: &Report, m: ReportClass, raw: bool) -> Option<(u64, u64)> {
+/// The write step's per-fault latency of its write faults (the
+/// `mark:write` phase: the child has exited before it, so the step is that
+/// one phase): p50 and p99 with faultscope's own nested time taken out, or
+/// with it left in (`raw`).
+fn write_latency(report: &Report, raw: bool) -> Option<String> {
     let phase = report.bench_process()?.phases.iter().find(|p| p.name == "mark:write")?;
-    let ClassValue::Measured(x) = phase.classes.get(&m)? else { return None };
+    let ClassValue::Measured(x) = phase.classes.get(&ReportClass::WriteFaults)? else { return None };
     let l = x.latency.as_ref()?;
-    if raw {
-        l.raw.as_ref().map(|r| (r.p50_ns, r.p99_ns))
-    } else {
-        Some((l.p50_ns, l.p99_ns))
-    }
+    let (p50, p99) = if raw { l.raw.as_ref().map(|r| (r.p50_ns, r.p99_ns))? } else { (l.p50_ns, l.p99_ns) };
+    Some(us(p50, p99))
 }
 
-fn step_ms(report: &Report, step: &str) -> Option<f64> {
-    report.bench.as_ref().and_then(|b| b.step(step)).map(|s| s.wall_ns as f64 / 1e6)
+/// The bench's store latency, p50 and p99.
+fn store(report: &Report) -> Option<String> {
+    let s = report.bench.as_ref()?.store_latency?;
+    Some(us(s.p50_ns, s.p99_ns))
+}
+
+/// The write step's wall time in ms.
+fn pass_ms(report: &Report) -> Option<String> {
+    report.bench.as_ref()?.step("write").map(|s| format!("{:.1}", s.wall_ns as f64 / 1e6))
 }
 
 fn boot_column(name: &str, head: &'static str, size: &str, folios: &[&str]) -> Result<Column> {
     let k = kernels::by_name(name)?;
     if let Some(why) = k.missing() {
         println!("=== {name}: not shown: {why} ===");
-        return Ok(Column {
-            kernel: k,
-            head,
-            release: name.into(),
-            reports: vec![],
-            untraced: vec![],
-            missing: Some(why),
-        });
+        return Ok(Column { kernel: k, head, release: name.into(), benches: vec![], missing: Some(why) });
     }
     // Built alone: the suite's kernels built with it in one tree are not
     // the demo's to wait for.
@@ -106,27 +107,24 @@ fn boot_column(name: &str, head: &'static str, size: &str, folios: &[&str]) -> R
     let env = [("SIZE", size.to_string()), ("FOLIOS", folios.join(" "))];
     let cpio = vm::initramfs(&dir, k.arch, &bin, "demo.sh", &env)?;
     let g = vm::boot(k, &vmlinuz, &cpio, &dir, Duration::from_secs(900))?;
-    let (mut reports, mut untraced) = (Vec::new(), Vec::new());
+    let mut benches = Vec::new();
     for f in folios {
         let case = format!("demo{f}");
-        if g.marker("RC", &case).as_deref() != Some("0") {
-            bail!("{name}: bench {f} failed:\n{}", g.section(&format!("{case}.out")).unwrap_or(""));
-        }
+        g.exited_ok(&case, &format!("{case}.out")).with_context(|| format!("{name}: bench {f} failed"))?;
         println!("=== {name}: faultscope bench seq --size {size} --folio {f} --child exit --time-stores ===");
         print!("{}", g.section(&format!("{case}.out"))?);
         let section = format!("{case}.json");
-        let j = check::report(&g, &section)?;
-        let path = dir.join(format!("bench-{f}.json"));
-        fs::write(&path, g.section(&section)?)?;
-        reports.push((f.to_string(), j, path));
+        let report = check::report(&g, &section)?;
+        let json = dir.join(format!("bench-{f}.json"));
+        fs::write(&json, g.section(&section)?)?;
         let case = format!("demo{f}-untraced");
-        if g.marker("RC", &case).as_deref() != Some("0") {
-            bail!("{name}: untraced bench {f} failed:\n{}", g.section(&format!("{case}.out")).unwrap_or(""));
-        }
-        untraced.push((f.to_string(), check::report(&g, &format!("{case}.json"))?));
+        g.exited_ok(&case, &format!("{case}.out"))
+            .with_context(|| format!("{name}: untraced bench {f} failed"))?;
+        let untraced = check::report(&g, &format!("{case}.json"))?;
+        benches.push(Bench { folio: f.to_string(), report, json, untraced });
     }
-    let release = reports.first().map_or(name.to_string(), |(_, r, _)| r.kernel.clone());
-    Ok(Column { kernel: k, head, release, reports, untraced, missing: None })
+    let release = benches.first().map_or(name.to_string(), |b| b.report.kernel.clone());
+    Ok(Column { kernel: k, head, release, benches, missing: None })
 }
 
 /// The cells of one row across the columns, right-aligned.
@@ -139,33 +137,27 @@ fn row(t: &mut String, label: &str, cols: &[Column], cell: impl Fn(&Column) -> O
     t.push('\n');
 }
 
-fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, ch) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
+/// A class's count in the write step per folio written.
+fn per_folio(r: &Report, m: ReportClass) -> Option<String> {
+    let folios = r.bench.as_ref()?.folios.max(1);
+    Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
 }
 
-fn us(ns: u64) -> String {
-    format!("{:.1}", ns as f64 / 1e3)
+/// p50 and p99 in us.
+fn us(p50: u64, p99: u64) -> String {
+    format!("{:.1} / {:.1}", p50 as f64 / 1e3, p99 as f64 / 1e3)
 }
 
+/// The columns' headings, then their kernels' releases.
 fn header(t: &mut String, cols: &[Column]) {
-    let _ = write!(t, "{:<28}", "");
-    for c in cols {
-        let _ = write!(t, " {:>27}", c.head);
+    let lines: [fn(&Column) -> &str; 2] = [|c| c.head, |c| &c.release];
+    for line in lines {
+        let _ = write!(t, "{:<28}", "");
+        for c in cols {
+            let _ = write!(t, " {:>27}", line(c));
+        }
+        t.push('\n');
     }
-    t.push('\n');
-    let _ = write!(t, "{:<28}", "");
-    for c in cols {
-        let _ = write!(t, " {:>27}", c.release);
-    }
-    t.push('\n');
 }
 
 /// The amd64 table: per folio size, write faults, reuse per folio, the
@@ -177,40 +169,24 @@ fn amd64_table(size: &str, cols: &[Column]) -> String {
         "\n{size} of anonymous memory, fork(), the child exits, then one byte per page (x86-64 QEMU TCG guests; faultscope's counts)"
     );
     header(&mut t, cols);
-    let per_folio = |r: &Report, m: ReportClass| {
-        let folios = r.bench.as_ref()?.folios.max(1);
-        Some(format!("{:.2}", write_step(r, m)? as f64 / folios as f64))
-    };
     // A cell from the traced report and the untraced one of a folio size.
-    type Cell<'a> = Box<dyn Fn(&Report, Option<&Report>) -> Option<String> + 'a>;
-    let fault_latency = |raw: bool| -> Cell {
-        Box::new(move |r: &Report, _: Option<&Report>| {
-            write_latency(r, ReportClass::WriteFaults, raw).map(|(a, b)| format!("{} / {}", us(a), us(b)))
-        })
-    };
-    let store = |r: Option<&Report>| {
-        let s = r?.bench.as_ref()?.store_latency?;
-        Some(format!("{} / {}", us(s.p50_ns), us(s.p99_ns)))
-    };
+    type Cell = fn(&Report, &Report) -> Option<String>;
     let blocks: [(&str, Cell); 10] = [
-        ("write faults", Box::new(|r: &Report, _| write_step(r, ReportClass::WriteFaults).map(thousands))),
-        ("reuse per folio", Box::new(move |r: &Report, _| per_folio(r, ReportClass::Reuse))),
-        ("copy per folio", Box::new(move |r: &Report, _| per_folio(r, ReportClass::Copy))),
-        ("time of the pass (ms)", Box::new(|r: &Report, _| step_ms(r, "write").map(|v| format!("{v:.1}")))),
-        ("write fault p50/p99 (us)", fault_latency(false)),
-        ("  raw: faultscope's nested programs' own time left in", fault_latency(true)),
-        ("store p50/p99 (us), traced", Box::new(move |r: &Report, _| store(Some(r)))),
-        ("store p50/p99 (us), untraced (--no-trace)", Box::new(move |_, u: Option<&Report>| store(u))),
-        ("spurious", Box::new(|r: &Report, _| write_step(r, ReportClass::Spurious).map(thousands))),
-        (
-            "untraced time of the pass (ms)",
-            Box::new(|_, u: Option<&Report>| step_ms(u?, "write").map(|v| format!("{v:.1}"))),
-        ),
+        ("write faults", |r, _| write_step(r, ReportClass::WriteFaults).map(count)),
+        ("reuse per folio", |r, _| per_folio(r, ReportClass::Reuse)),
+        ("copy per folio", |r, _| per_folio(r, ReportClass::Copy)),
+        ("time of the pass (ms)", |r, _| pass_ms(r)),
+        ("write fault p50/p99 (us)", |r, _| write_latency(r, false)),
+        ("  raw: faultscope's nested programs' own time left in", |r, _| write_latency(r, true)),
+        ("store p50/p99 (us), traced", |r, _| store(r)),
+        ("store p50/p99 (us), untraced (--no-trace)", |_, u| store(u)),
+        ("spurious", |r, _| write_step(r, ReportClass::Spurious).map(count)),
+        ("untraced time of the pass (ms)", |_, u| pass_ms(u)),
     ];
     for (what, cell) in &blocks {
         let _ = writeln!(t, "  {what}");
         for (f, label) in ROWS {
-            row(&mut t, label, cols, |c| c.report(f).and_then(|r| cell(r, c.untraced(f))));
+            row(&mut t, label, cols, |c| c.bench(f).and_then(|b| cell(&b.report, &b.untraced)));
         }
     }
     t
@@ -227,26 +203,12 @@ fn arm64_table(size: &str, cols: &[Column]) -> String {
     header(&mut t, cols);
     let _ = writeln!(t, "  64K mTHP");
     row(&mut t, "contpte unfolds", cols, |c| {
-        write_step(c.report("64K")?, ReportClass::ContpteUnfold).map(thousands)
+        write_step(c.report("64K")?, ReportClass::ContpteUnfold).map(count)
     });
-    row(&mut t, "  per 64K block", cols, |c| {
-        let r = c.report("64K")?;
-        let blocks = r.bench.as_ref()?.folios.max(1);
-        Some(format!("{:.2}", write_step(r, ReportClass::ContpteUnfold)? as f64 / blocks as f64))
-    });
-    row(&mut t, "write faults", cols, |c| {
-        write_step(c.report("64K")?, ReportClass::WriteFaults).map(thousands)
-    });
-    row(&mut t, "reuse per folio", cols, |c| {
-        let r = c.report("64K")?;
-        Some(format!(
-            "{:.2}",
-            write_step(r, ReportClass::Reuse)? as f64 / r.bench.as_ref()?.folios.max(1) as f64
-        ))
-    });
-    row(&mut t, "time of the pass (ms)", cols, |c| {
-        step_ms(c.report("64K")?, "write").map(|v| format!("{v:.1}"))
-    });
+    row(&mut t, "  per 64K block", cols, |c| per_folio(c.report("64K")?, ReportClass::ContpteUnfold));
+    row(&mut t, "write faults", cols, |c| write_step(c.report("64K")?, ReportClass::WriteFaults).map(count));
+    row(&mut t, "reuse per folio", cols, |c| per_folio(c.report("64K")?, ReportClass::Reuse));
+    row(&mut t, "time of the pass (ms)", cols, |c| pass_ms(c.report("64K")?));
     t
 }
 
@@ -291,23 +253,23 @@ pub fn run_demo(size: &str) -> Result<()> {
     }
     // For the arm64 patched kernel: the gate CI would run, on its report.
     let fs_bin = vm::build_faultscope("amd64")?;
-    if let Some(j) = arm[2].json("64K") {
+    if let Some(j) = arm[2].bench("64K") {
         println!(
             "\n=== faultscope verify --phase mark:write --expect contpte_unfold=0 ({}) ===",
             arm[2].kernel.name
         );
         let st = std::process::Command::new(&fs_bin)
             .args(["verify", "--phase", "mark:write", "--expect", "contpte_unfold=0"])
-            .arg(j)
+            .arg(&j.json)
             .status()?;
         println!("exit {}", st.code().unwrap_or(-1));
     }
     // The 64K runs side by side, by faultscope itself: stock 7.3 against
     // the patched kernel (6.12 against 7.3 without the series).
     let (a, b) = if amd[2].missing.is_none() { (&amd[1], &amd[2]) } else { (&amd[0], &amd[1]) };
-    if let (Some(x), Some(y)) = (a.json("64K"), b.json("64K")) {
+    if let (Some(x), Some(y)) = (a.bench("64K"), b.bench("64K")) {
         println!("\n=== faultscope diff (64K mTHP: {} vs {}) ===", a.kernel.name, b.kernel.name);
-        run(std::process::Command::new(&fs_bin).arg("diff").arg(x).arg(y))?;
+        run(std::process::Command::new(&fs_bin).arg("diff").arg(&x.json).arg(&y.json))?;
     }
     redis::demo_row()
 }

@@ -29,7 +29,10 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use faultscope::{
     kernel::classes::ReportClass,
-    report::schema::{BenchStep, Report},
+    report::{
+        bench_series::Stats,
+        schema::{BenchStep, Report},
+    },
 };
 use serde::Deserialize;
 
@@ -51,11 +54,16 @@ struct Script {
     x86_only: bool,
 }
 
-/// Every script's first line: BEGIN fires once every probe is attached, so
-/// its line times the attach.
-macro_rules! bt_begin {
-    () => {
-        "BEGIN { printf(\"bpftrace: attached\\n\"); }\n"
+/// A script of `file`: BEGIN's line first (BEGIN fires once every probe is
+/// attached, so its line times the attach), then `lines`.
+macro_rules! script {
+    ($file:literal, $counter:expr, $x86_only:literal, $($line:expr),+) => {
+        Script {
+            file: $file,
+            text: concat!("BEGIN { printf(\"bpftrace: attached\\n\"); }\n", $($line, "\n"),+),
+            counter: $counter,
+            x86_only: $x86_only,
+        }
     };
 }
 
@@ -65,20 +73,14 @@ macro_rules! bt_begin {
 /// nothing else).
 macro_rules! bt_fault_script {
     ($file:literal, $entry:literal, $exit:literal) => {
-        Script {
-            file: $file,
-            text: concat!(
-                bt_begin!(),
-                $entry,
-                ":handle_mm_fault { @start[tid] = nsecs; }\n",
-                $exit,
-                ":handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }\n",
-                $entry,
-                ":do_wp_page { @do_wp_page = count(); }\n"
-            ),
-            counter: Some("@do_wp_page"),
-            x86_only: false,
-        }
+        script!(
+            $file,
+            Some("@do_wp_page"),
+            false,
+            concat!($entry, ":handle_mm_fault { @start[tid] = nsecs; }"),
+            concat!($exit, ":handle_mm_fault /@start[tid]/ { @latency_ns = hist(nsecs - @start[tid]); delete(@start[tid]); }"),
+            concat!($entry, ":do_wp_page { @do_wp_page = count(); }")
+        )
     };
 }
 
@@ -90,35 +92,19 @@ const BT_FENTRY: Script = bt_fault_script!("fentry.bt", "kfunc", "kretfunc");
 
 /// Where there are no kprobes (this host): the x86 user fault tracepoint,
 /// faults and write faults (error code bit 1) counted.
-const BT_TRACEPOINT: Script = Script {
-    file: "tracepoint.bt",
-    text: concat!(
-        bt_begin!(),
-        "tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }\n"
-    ),
-    counter: Some("@write_faults"),
-    x86_only: true,
-};
+const BT_TRACEPOINT: Script = script!("tracepoint.bt", Some("@write_faults"), true,
+    "tracepoint:exceptions:page_fault_user { @faults = count(); if (args->error_code & 2) { @write_faults = count(); } }");
 
 /// The least any fentry tracer of the fault can cost: one program on
 /// `handle_mm_fault`'s entry with one per-CPU count.
-const BT_FLOOR: Script = Script {
-    file: "floor.bt",
-    text: concat!(bt_begin!(), "kfunc:handle_mm_fault { @ = count(); }\n"),
-    counter: Some("@"),
-    x86_only: false,
-};
+const BT_FLOOR: Script = script!("floor.bt", Some("@"), false, "kfunc:handle_mm_fault { @ = count(); }");
 
 /// The mechanism alone of an entry and exit pair: empty programs on
 /// `handle_mm_fault`'s fentry and fexit. bpftrace 0.17 keeps an empty body:
 /// it loads and attaches a program that returns at once (`return 1`, which
 /// fentry and fexit ignore), and bpftool lists both in the stats rounds.
-const BT_FLOOR_PAIR: Script = Script {
-    file: "floor-pair.bt",
-    text: concat!(bt_begin!(), "kfunc:handle_mm_fault {}\n", "kretfunc:handle_mm_fault {}\n"),
-    counter: None,
-    x86_only: false,
-};
+const BT_FLOOR_PAIR: Script =
+    script!("floor-pair.bt", None, false, "kfunc:handle_mm_fault {}", "kretfunc:handle_mm_fault {}");
 
 /// The mechanism alone of x86's user fault tracepoint: one empty program.
 /// Not quite the mechanism alone: bpftrace 0.17's programs return 1, and
@@ -126,12 +112,7 @@ const BT_FLOOR_PAIR: Script = Script {
 /// every CPU), so a fault on CPU 0 goes on from the program to that perf
 /// event's sample; a run takes one of two times, by the CPU the bench runs
 /// on (docs/cost.md).
-const BT_FLOOR_TP: Script = Script {
-    file: "floor-tp.bt",
-    text: concat!(bt_begin!(), "tracepoint:exceptions:page_fault_user {}\n"),
-    counter: None,
-    x86_only: true,
-};
+const BT_FLOOR_TP: Script = script!("floor-tp.bt", None, true, "tracepoint:exceptions:page_fault_user {}");
 
 const SCRIPTS: [&Script; 6] =
     [&BT_KPROBE, &BT_FENTRY, &BT_TRACEPOINT, &BT_FLOOR, &BT_FLOOR_PAIR, &BT_FLOOR_TP];
@@ -143,11 +124,11 @@ enum Kind {
     /// `bench --no-trace` while bpftrace runs the script.
     Bpftrace(&'static Script),
     /// The bench traced by faultscope, with these flags.
-    Faultscope(&'static [&'static str]),
+    Faultscope(&'static str),
     /// `bench --no-trace`, not traced, while `faultscope record -p` with
     /// these flags traces another process (a `sleep`) for the whole run:
     /// what faultscope costs the processes it does not trace.
-    Untraced(&'static [&'static str]),
+    Untraced(&'static str),
 }
 
 struct Variant {
@@ -155,50 +136,39 @@ struct Variant {
     kind: Kind,
 }
 
+const fn v(name: &'static str, kind: Kind) -> Variant {
+    Variant { name, kind }
+}
+
 /// Every variant, by name (`--variant`).
 const VARIANTS: &[Variant] = &[
-    Variant { name: "bare", kind: Kind::Bare },
-    Variant { name: "bpftrace-kprobe", kind: Kind::Bpftrace(&BT_KPROBE) },
-    Variant { name: "bpftrace-fentry", kind: Kind::Bpftrace(&BT_FENTRY) },
-    Variant { name: "bpftrace-tracepoint", kind: Kind::Bpftrace(&BT_TRACEPOINT) },
-    Variant { name: "floor", kind: Kind::Bpftrace(&BT_FLOOR) },
-    Variant { name: "floor-pair", kind: Kind::Bpftrace(&BT_FLOOR_PAIR) },
-    Variant { name: "floor-tp", kind: Kind::Bpftrace(&BT_FLOOR_TP) },
-    Variant { name: "faultscope-kprobe", kind: Kind::Faultscope(&["--backend", "kprobe"]) },
-    Variant { name: "faultscope-fentry", kind: Kind::Faultscope(&["--backend", "fentry"]) },
+    v("bare", Kind::Bare),
+    v("bpftrace-kprobe", Kind::Bpftrace(&BT_KPROBE)),
+    v("bpftrace-fentry", Kind::Bpftrace(&BT_FENTRY)),
+    v("bpftrace-tracepoint", Kind::Bpftrace(&BT_TRACEPOINT)),
+    v("floor", Kind::Bpftrace(&BT_FLOOR)),
+    v("floor-pair", Kind::Bpftrace(&BT_FLOOR_PAIR)),
+    v("floor-tp", Kind::Bpftrace(&BT_FLOOR_TP)),
+    v("faultscope-kprobe", Kind::Faultscope("--backend kprobe")),
+    v("faultscope-fentry", Kind::Faultscope("--backend fentry")),
     // The latency tiers: one fault in 16 timed, and none (counts only).
-    Variant {
-        name: "faultscope-fentry-sampled",
-        kind: Kind::Faultscope(&["--backend", "fentry", "--latency", "sample=16"]),
-    },
-    Variant {
-        name: "faultscope-fentry-counts",
-        kind: Kind::Faultscope(&["--backend", "fentry", "--latency", "off"]),
-    },
-    Variant {
-        name: "faultscope-kprobe-sampled",
-        kind: Kind::Faultscope(&["--backend", "kprobe", "--latency", "sample=16"]),
-    },
-    Variant {
-        name: "faultscope-kprobe-counts",
-        kind: Kind::Faultscope(&["--backend", "kprobe", "--latency", "off"]),
-    },
+    v("faultscope-fentry-sampled", Kind::Faultscope("--backend fentry --latency sample=16")),
+    v("faultscope-fentry-counts", Kind::Faultscope("--backend fentry --latency off")),
+    v("faultscope-kprobe-sampled", Kind::Faultscope("--backend kprobe --latency sample=16")),
+    v("faultscope-kprobe-counts", Kind::Faultscope("--backend kprobe --latency off")),
     // Whatever the kernel allows (on this host: the tracepoint).
-    Variant { name: "faultscope", kind: Kind::Faultscope(&[]) },
+    v("faultscope", Kind::Faultscope("")),
     // What attribution costs: none at all, and every written page's site
     // and user stack (per-mapping counts are the default).
-    Variant {
-        name: "faultscope-kprobe-no-attribution",
-        kind: Kind::Faultscope(&["--backend", "kprobe", "--no-mappings", "--sites", "none"]),
-    },
-    Variant {
-        name: "faultscope-kprobe-stacks",
-        kind: Kind::Faultscope(&["--backend", "kprobe", "--sites", "reuse,copy", "--stacks", "reuse,copy"]),
-    },
+    v("faultscope-kprobe-no-attribution", Kind::Faultscope("--backend kprobe --no-mappings --sites none")),
+    v(
+        "faultscope-kprobe-stacks",
+        Kind::Faultscope("--backend kprobe --sites reuse,copy --stacks reuse,copy"),
+    ),
     // Not traced: faultscope records a sleeper meanwhile.
-    Variant { name: "untraced-kprobe", kind: Kind::Untraced(&["--backend", "kprobe"]) },
-    Variant { name: "untraced-fentry", kind: Kind::Untraced(&["--backend", "fentry"]) },
-    Variant { name: "untraced", kind: Kind::Untraced(&[]) },
+    v("untraced-kprobe", Kind::Untraced("--backend kprobe")),
+    v("untraced-fentry", Kind::Untraced("--backend fentry")),
+    v("untraced", Kind::Untraced("")),
 ];
 
 /// The cost goals in ns added per fault of the write step: (the report's
@@ -247,8 +217,8 @@ fn variant_lines(vs: &[&Variant]) -> String {
         let _ = match v.kind {
             Kind::Bare => writeln!(s, "{} none", v.name),
             Kind::Bpftrace(b) => writeln!(s, "{} bpftrace {}", v.name, b.file),
-            Kind::Faultscope(flags) => writeln!(s, "{} faultscope {}", v.name, flags.join(" ")),
-            Kind::Untraced(flags) => writeln!(s, "{} untraced {}", v.name, flags.join(" ")),
+            Kind::Faultscope(flags) => writeln!(s, "{} faultscope {flags}", v.name),
+            Kind::Untraced(flags) => writeln!(s, "{} untraced {flags}", v.name),
         };
     }
     s
@@ -292,23 +262,19 @@ fn bench_args(size: &str) -> String {
 pub fn run(o: &Opts) -> Result<()> {
     let names: Vec<String> = if !o.variants.is_empty() {
         o.variants.clone()
-    } else if o.host {
-        HOST_DEFAULT.iter().map(|s| s.to_string()).collect()
     } else {
-        GUEST_DEFAULT.iter().map(|s| s.to_string()).collect()
+        let defaults: &[&str] = if o.host { &HOST_DEFAULT } else { &GUEST_DEFAULT };
+        defaults.iter().map(|s| s.to_string()).collect()
     };
     let vs: Vec<&Variant> = names.iter().map(|n| variant(n)).collect::<Result<_>>()?;
     if !matches!(vs.first().map(|v| v.kind), Some(Kind::Bare)) {
         bail!("the first variant must be bare: the ratios are to it");
     }
-    let arch = if o.host {
-        if cfg!(target_arch = "x86_64") {
-            "amd64"
-        } else {
-            std::env::consts::ARCH
-        }
-    } else {
-        kernels::by_name(&o.kernel)?.arch
+    let k = if o.host { None } else { Some(kernels::by_name(&o.kernel)?) };
+    let arch = match k {
+        Some(k) => k.arch,
+        None if cfg!(target_arch = "x86_64") => "amd64",
+        None => std::env::consts::ARCH,
     };
     refuse_elsewhere(&vs, arch)?;
     let mut env = vec![
@@ -319,15 +285,18 @@ pub fn run(o: &Opts) -> Result<()> {
         ("STORM_SIZE", o.size.clone()),
         ("VARIANTS", variant_lines(&vs)),
     ];
-    let (g, place) = if o.host {
-        (run_host(&mut env)?, "this host".to_string())
-    } else {
-        let k = kernels::by_name(&o.kernel)?;
-        let clock = match o.clock {
-            vm::Clock::Host => "host time",
-            vm::Clock::Instructions => "its clock counts instructions, 1 ns each (-icount shift=0)",
-        };
-        (run_guest(k, &env, o)?, format!("guest {} (QEMU TCG, 2 vCPUs; {clock})", k.name))
+    let (g, place) = match k {
+        None => (run_host(&mut env)?, "this host".to_string()),
+        Some(k) => {
+            // (its work folder's suffix, how the report names it)
+            let (dir, clock) = match o.clock {
+                vm::Clock::Host => ("host-clock", "host time"),
+                vm::Clock::Instructions => {
+                    ("icount", "its clock counts instructions, 1 ns each (-icount shift=0)")
+                }
+            };
+            (run_guest(k, &env, o, dir)?, format!("guest {} (QEMU TCG, 2 vCPUs; {clock})", k.name))
+        }
     };
     g.failed("the benchmark")?;
     let results = Results::parse(&g, &vs, o.runs, o.stats_runs)?;
@@ -335,14 +304,10 @@ pub fn run(o: &Opts) -> Result<()> {
     Ok(())
 }
 
-fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts) -> Result<vm::GuestRun> {
+fn run_guest(k: kernels::GuestKernel, env: &[(&str, String)], o: &Opts, clock: &str) -> Result<vm::GuestRun> {
     let vmlinuz = kernels::fetch(k)?;
     let bin = vm::build_faultscope(k.arch)?;
     let img = bpftrace::image(k.arch)?;
-    let clock = match o.clock {
-        vm::Clock::Host => "host-clock",
-        vm::Clock::Instructions => "icount",
-    };
     let dir = root().join("target/vm/overhead").join(format!("{}-{clock}", k.name));
     let extra = write_scripts(&dir.join("scripts"))?;
     let cpio = vm::initramfs_with(&dir, k.arch, &bin, "overhead.sh", env, &extra)?;
@@ -422,13 +387,7 @@ fn run_host(env: &mut Vec<(&str, String)>) -> Result<vm::GuestRun> {
             crate::util::tail(&console, 40)
         );
     }
-    Ok(vm::GuestRun {
-        sections: vm::sections(&console),
-        console,
-        wall: started.elapsed(),
-        stale_tlb_faults: None,
-        tlb: vm::Tlb::Exact,
-    })
+    Ok(vm::GuestRun::from_console(console, started.elapsed()))
 }
 
 /// One timed run of a variant.
@@ -454,28 +413,18 @@ impl Run {
 }
 
 /// What a step's time is taken as.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Measure {
-    /// The workload's wall time.
-    Wall,
-    /// The bench process's CPU time: no time waiting for a CPU.
-    Cpu,
+#[derive(Clone, Copy)]
+struct Measure {
+    of: fn(&BenchStep) -> u64,
+    what: &'static str,
 }
 
 impl Measure {
-    fn of(self, s: &BenchStep) -> u64 {
-        match self {
-            Measure::Wall => s.wall_ns,
-            Measure::Cpu => s.cpu_ns,
-        }
-    }
-
-    fn what(self) -> &'static str {
-        match self {
-            Measure::Wall => "the workload's own wall time",
-            Measure::Cpu => "the bench process's CPU time (CLOCK_PROCESS_CPUTIME_ID)",
-        }
-    }
+    /// The workload's wall time.
+    const WALL: Measure = Measure { of: |s| s.wall_ns, what: "the workload's own wall time" };
+    /// The bench process's CPU time: no time waiting for a CPU.
+    const CPU: Measure =
+        Measure { of: |s| s.cpu_ns, what: "the bench process's CPU time (CLOCK_PROCESS_CPUTIME_ID)" };
 }
 
 /// A BPF program as `bpftool -j prog show` prints it.
@@ -505,11 +454,13 @@ struct Storm {
 /// architecture Linux runs these guests on).
 const USER_HZ: f64 = 100.0;
 
+/// Each stats round's programs of a tracer, in load order.
+type Progs<'a> = BTreeMap<&'a str, Vec<Vec<Prog>>>;
+
 struct Results<'a> {
     variants: Vec<&'a Variant>,
     runs: BTreeMap<&'a str, Vec<Run>>,
-    /// Each stats round's programs of a tracer, in load order.
-    progs: BTreeMap<&'a str, Vec<Vec<Prog>>>,
+    progs: Progs<'a>,
     storms: BTreeMap<String, Storm>,
     bpftrace: String,
     pages: u64,
@@ -538,11 +489,7 @@ fn untraced_record(g: &vm::GuestRun, case: &str, bench: &Report, attach_ns: Opti
 /// One round of variant `v` (`case`): its report, the count its tracer
 /// made of the write step, and what the tracer of an untraced run saw.
 fn parse_run(g: &vm::GuestRun, v: &Variant, case: &str) -> Result<Run> {
-    let rc = g.marker("RC", case).unwrap_or_default();
-    if rc != "0" {
-        let out = g.section(&format!("{case}.bench")).map(|s| crate::util::tail(s, 20)).unwrap_or_default();
-        bail!("{case}: the bench exited with {rc:?}:\n{out}");
-    }
+    g.exited_ok(case, &format!("{case}.bench")).context("the bench")?;
     let report = check::report(g, &format!("{case}.json"))?;
     let pages = report.bench.as_ref().map_or(0, |b| b.pages);
     let counted = match v.kind {
@@ -577,12 +524,8 @@ fn parse_run(g: &vm::GuestRun, v: &Variant, case: &str) -> Result<Run> {
 }
 
 /// Each variant's programs, as bpftool listed them, per statistics round.
-fn parse_progs<'a>(
-    g: &vm::GuestRun,
-    vs: &[&'a Variant],
-    stats_rounds: usize,
-) -> Result<BTreeMap<&'a str, Vec<Vec<Prog>>>> {
-    let mut progs: BTreeMap<&str, Vec<Vec<Prog>>> = BTreeMap::new();
+fn parse_progs<'a>(g: &vm::GuestRun, vs: &[&'a Variant], stats_rounds: usize) -> Result<Progs<'a>> {
+    let mut progs = Progs::new();
     for v in vs {
         if matches!(v.kind, Kind::Bare) {
             continue;
@@ -627,13 +570,13 @@ fn bpftool_progs(g: &vm::GuestRun, name: &str) -> Result<Vec<Prog>> {
 fn parse_storms(g: &vm::GuestRun) -> BTreeMap<String, Storm> {
     let mut storms = BTreeMap::new();
     for l in g.markers("STORM-SAMPLE") {
+        // CASE UPTIME UTIME STIME RSS HWM
         let w: Vec<&str> = l.split_whitespace().collect();
-        let n = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
-        let (Some(case), Some(u), Some(ut), Some(st), Some(rss), Some(hwm)) =
-            (w.first(), w.get(1).and_then(|x| x.parse::<f64>().ok()), n(2), n(3), n(4), n(5))
-        else {
+        let n: Vec<u64> = w.iter().skip(2).take(4).map_while(|x| x.parse().ok()).collect();
+        let (Some(u), &[ut, st, rss, hwm]) = (w.get(1).and_then(|x| x.parse::<f64>().ok()), &n[..]) else {
             continue;
         };
+        let case = w[0];
         storms
             .entry(case.to_string())
             .or_insert_with(|| Storm {
@@ -655,12 +598,7 @@ fn counter(output: &str, key: &str) -> Option<u64> {
 }
 
 impl<'a> Results<'a> {
-    fn parse(
-        g: &vm::GuestRun,
-        vs: &[&'a Variant],
-        rounds: usize,
-        stats_rounds: usize,
-    ) -> Result<Results<'a>> {
+    fn parse(g: &vm::GuestRun, vs: &[&'a Variant], rounds: usize, stats_rounds: usize) -> Result<Self> {
         let mut runs: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
         let mut pages = 0;
         for i in 1..=rounds {
@@ -673,7 +611,7 @@ impl<'a> Results<'a> {
         }
         let progs = parse_progs(g, vs, stats_rounds)?;
         let storms = parse_storms(g);
-        Ok(Results {
+        Ok(Self {
             variants: vs.to_vec(),
             runs,
             progs,
@@ -685,16 +623,13 @@ impl<'a> Results<'a> {
 
     /// The medians, ranges and ratios of a step, per variant.
     fn step_stats(&self, step: &str, m: Measure) -> Result<Vec<StepStats>> {
-        let bare: Vec<u64> = self.runs[self.variants[0].name]
-            .iter()
-            .map(|r| r.step(step).map(|s| m.of(s)))
-            .collect::<Result<_>>()?;
+        let bare: Vec<u64> =
+            self.runs[self.variants[0].name].iter().map(|r| r.step(step).map(m.of)).collect::<Result<_>>()?;
         self.variants
             .iter()
             .map(|v| {
                 let rs = &self.runs[v.name];
-                let times: Vec<u64> =
-                    rs.iter().map(|r| r.step(step).map(|s| m.of(s))).collect::<Result<_>>()?;
+                let times: Vec<u64> = rs.iter().map(|r| r.step(step).map(m.of)).collect::<Result<_>>()?;
                 let faults: Vec<u64> =
                     rs.iter().map(|r| r.step(step).map(|s| s.minflt.max(0) as u64)).collect::<Result<_>>()?;
                 // Each round's ratio to the bare run of the same round.
@@ -720,14 +655,14 @@ impl<'a> Results<'a> {
         let mut t = String::new();
         let base = write[0].median as f64;
         if base == 0.0 {
-            bail!("the bare runs have no {}", m.what());
+            bail!("the bare runs have no {}", m.what);
         }
         let _ = writeln!(
             t,
             "\nwrite step, {} (ms): median, min-max; ratio of medians to bare,\n\
              the per-round ratios (min / median / max); added per fault = (median - bare) / faults;\n\
              x floor = added as a multiple of what the floor (one count on handle_mm_fault's entry) adds",
-            m.what()
+            m.what
         );
         let _ = writeln!(
             t,
@@ -772,11 +707,11 @@ impl<'a> Results<'a> {
             self.bpftrace,
             wall.as_secs_f64()
         );
-        for m in [Measure::Wall, Measure::Cpu] {
+        for m in [Measure::WALL, Measure::CPU] {
             match self.write_table(m) {
                 Ok(w) => t.push_str(&w),
                 Err(e) => {
-                    let _ = writeln!(t, "\nwrite step, {}: {e:#}", m.what());
+                    let _ = writeln!(t, "\nwrite step, {}: {e:#}", m.what);
                 }
             }
         }
@@ -813,7 +748,7 @@ impl<'a> Results<'a> {
             );
         }
         for step in ["populate", "fork"] {
-            if let Ok(st) = self.step_stats(step, Measure::Wall) {
+            if let Ok(st) = self.step_stats(step, Measure::WALL) {
                 let cells: Vec<String> = st
                     .iter()
                     .map(|s| {
@@ -837,7 +772,7 @@ impl<'a> Results<'a> {
     /// per fault of the write step, by variant, on this report's arch; on
     /// this host (tracepoint mode), faults per second against bare.
     fn goals(&self, write: &[StepStats], m: Measure) -> String {
-        let mut t = format!("  goals, on {}:\n", m.what());
+        let mut t = format!("  goals, on {}:\n", m.what);
         let base = write[0].median as f64;
         let arch = self.runs[self.variants[0].name].first().map_or("", |r| r.report.arch.as_str());
         for (name, goal) in GOALS_NS.iter().filter(|(a, ..)| *a == arch).map(|(_, n, g)| (n, g)) {
@@ -1029,15 +964,9 @@ impl StepStats {
     }
 }
 
-/// The median; of an even count, the mean of the middle two.
+/// The median; of an even count, the mean of the middle two, rounded down.
 fn median_u(v: &[u64]) -> u64 {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    match v.len() {
-        0 => 0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2,
-    }
+    Stats::of(v).map_or(0, |s| s.median as u64)
 }
 
 fn median_opt(v: impl Iterator<Item = Option<u64>>) -> Option<u64> {
@@ -1108,11 +1037,11 @@ mod tests {
         let vs = [variant("bare").unwrap(), variant("bpftrace-kprobe").unwrap()];
         let g = run(16);
         let r = Results::parse(&g, &vs, 2, 1).unwrap();
-        let w = r.step_stats("write", Measure::Wall).unwrap();
+        let w = r.step_stats("write", Measure::WALL).unwrap();
         assert_eq!((w[0].median, w[1].median), (5500, 12500));
         assert_eq!(w[1].round_ratios, (2.0, 2.25, 2.5));
         assert_eq!(w[1].attach, Some(800_000_000));
-        let c = r.step_stats("write", Measure::Cpu).unwrap();
+        let c = r.step_stats("write", Measure::CPU).unwrap();
         assert_eq!((c[0].median, c[1].median), (4000, 8500));
         let text = r.text("guest", "64K", Duration::ZERO);
         assert!(text.contains("2.27x"), "{text}");
@@ -1140,10 +1069,6 @@ mod tests {
     /// record report: a sleeper, pid `recorded`; TRACER-RC `tracer_rc`), one
     /// stats round each.
     fn run_floors_untraced(recorded: u32, tracer_rc: &str) -> vm::GuestRun {
-        let (b1, b2) = (bench(5000, 5000), bench(6000, 6000));
-        let (p1, p2) = (bench(5500, 5500), bench(6500, 6500));
-        let (tp1, tp2) = (bench(5300, 5300), bench(6300, 6300));
-        let (u1, u2) = (bench(8000, 8000), bench(9000, 9000));
         let mut rec: serde_json::Value = serde_json::from_str(&bench_json()).unwrap();
         rec.as_object_mut().unwrap().remove("bench");
         rec["processes"][0]["pid"] = recorded.into();
@@ -1159,43 +1084,33 @@ mod tests {
         let fs = r#"[{"id":11,"type":"tracing","name":"fault_entry_fe","run_time_ns":8000,"run_cnt":20},
             {"id":12,"type":"tracing","name":"fault_return_fe","run_time_ns":16000,"run_cnt":20}]"#;
         let mut markers = String::from("@@FS-BPFTRACE-VERSION bpftrace v0.17.0\n");
-        for i in 1..=2 {
+        let mut sections: Vec<(String, String)> = Vec::new();
+        // Round i's bench times: bare's base, each variant's its own more.
+        for (i, base) in [(1, 5000), (2, 6000)] {
             markers += &format!(
                 "@@FS-RC bare{i} 0\n@@FS-ATTACH floor-pair{i} 700000000\n@@FS-RC floor-pair{i} 0\n\
                  @@FS-ATTACH floor-tp{i} 600000000\n@@FS-RC floor-tp{i} 0\n\
                  @@FS-ATTACH untraced-fentry{i} 1500000000\n@@FS-TRACER-RC untraced-fentry{i} {tracer_rc}\n\
                  @@FS-RC untraced-fentry{i} 0\n"
             );
+            for (v, more) in [("bare", 0), ("floor-pair", 500), ("floor-tp", 300), ("untraced-fentry", 3000)]
+            {
+                sections.push((format!("{v}{i}.json"), bench(base + more, base + more)));
+            }
+            sections.push((format!("floor-pair{i}.bt"), bt.into()));
+            sections.push((format!("floor-tp{i}.bt"), bt.into()));
+            sections.push((format!("untraced-fentry{i}.record.json"), rec.clone()));
+            let out = "faultscope: measuring faults\nfaultscope: interrupted";
+            sections.push((format!("untraced-fentry{i}.out"), out.into()));
         }
         markers += "@@FS-PROG-IDS floor-pair-stats1 3 4 5 \n@@FS-PROG-IDS floor-tp-stats1 7 \n\
                     @@FS-PROG-IDS untraced-fentry-stats1 11 12 \n";
-        guest_run(
-            &markers,
-            &[
-                ("bare1.json", &b1),
-                ("bare2.json", &b2),
-                ("floor-pair1.json", &p1),
-                ("floor-pair2.json", &p2),
-                ("floor-pair1.bt", bt),
-                ("floor-pair2.bt", bt),
-                ("floor-tp1.json", &tp1),
-                ("floor-tp2.json", &tp2),
-                ("floor-tp1.bt", bt),
-                ("floor-tp2.bt", bt),
-                ("untraced-fentry1.json", &u1),
-                ("untraced-fentry2.json", &u2),
-                ("untraced-fentry1.record.json", &rec),
-                ("untraced-fentry2.record.json", &rec),
-                ("untraced-fentry1.out", "faultscope: measuring faults\nfaultscope: interrupted"),
-                ("untraced-fentry2.out", "faultscope: measuring faults\nfaultscope: interrupted"),
-                ("floor-pair-stats1.progs", pair),
-                ("floor-tp-stats1.progs", tp),
-                ("untraced-fentry-stats1.progs", fs),
-                ("floor-pair-stats1.before.progs", "[]"),
-                ("floor-tp-stats1.before.progs", "[]"),
-                ("untraced-fentry-stats1.before.progs", "[]"),
-            ],
-        )
+        for (v, progs) in [("floor-pair", pair), ("floor-tp", tp), ("untraced-fentry", fs)] {
+            sections.push((format!("{v}-stats1.progs"), progs.into()));
+            sections.push((format!("{v}-stats1.before.progs"), "[]".into()));
+        }
+        let sections: Vec<(&str, &str)> = sections.iter().map(|(n, b)| (n.as_str(), b.as_str())).collect();
+        guest_run(&markers, &sections)
     }
 
     fn floors_untraced() -> [&'static Variant; 4] {
@@ -1207,42 +1122,28 @@ mod tests {
         let vs = floors_untraced();
         let g = run_floors_untraced(99, "0");
         let r = Results::parse(&g, &vs, 2, 1).unwrap();
-        let w = r.step_stats("write", Measure::Wall).unwrap();
+        let w = r.step_stats("write", Measure::WALL).unwrap();
         let medians: Vec<u64> = w.iter().map(|s| s.median).collect();
         assert_eq!(medians, [5500, 6000, 5800, 8500]);
         // No counter for the floors or the untraced bench.
         assert!(w.iter().all(|s| s.counted.is_none()));
         assert_eq!(w[3].attach, Some(1_500_000_000));
         let text = r.text("guest", "64K", Duration::ZERO);
-        // (8500 - 5500) / 20 faults; 3000 / 500 of floor-pair, / 300 of floor-tp.
-        assert!(text.contains("untraced-fentry: adds 150 ns a fault; goal <= 400: met"), "{text}");
-        assert!(
-            text.contains("untraced-fentry against the empty floors: 6.00x floor-pair, 10.00x floor-tp"),
-            "{text}"
-        );
-        assert!(
-            text.contains("untraced-fentry: kprobe mode, probes attached as 1 fexit (record of a sleeper"),
-            "{text}"
-        );
-        // floor-pair's two empty programs (and its BEGIN), the record's programs.
-        assert!(
-            text.contains("floor-pair                 handle_mm_fault    tracing            20       80"),
-            "{text}"
-        );
-        assert!(
-            text.contains("floor-pair                 handle_mm_fault    tracing            20       90"),
-            "{text}"
-        );
-        assert!(
-            text.contains("floor-tp                   page_fault_user    tracepoint         20       20"),
-            "{text}"
-        );
-        assert!(
-            text.contains("untraced-fentry            fault_return_fe    tracing            20      800"),
-            "{text}"
-        );
-        // Less the empty fentry programs' 85 ns a run (the median of 80 and 90).
-        assert!(text.contains("800-800        715"), "{text}");
+        for want in [
+            // (8500 - 5500) / 20 faults; 3000 / 500 of floor-pair, / 300 of floor-tp.
+            "untraced-fentry: adds 150 ns a fault; goal <= 400: met",
+            "untraced-fentry against the empty floors: 6.00x floor-pair, 10.00x floor-tp",
+            "untraced-fentry: kprobe mode, probes attached as 1 fexit (record of a sleeper",
+            // floor-pair's two empty programs (and its BEGIN), the record's programs.
+            "floor-pair                 handle_mm_fault    tracing            20       80",
+            "floor-pair                 handle_mm_fault    tracing            20       90",
+            "floor-tp                   page_fault_user    tracepoint         20       20",
+            "untraced-fentry            fault_return_fe    tracing            20      800",
+            // Less the empty fentry programs' 85 ns a run (the median of 80 and 90).
+            "800-800        715",
+        ] {
+            assert!(text.contains(want), "{want:?} in {text}");
+        }
     }
 
     #[test]
@@ -1289,11 +1190,7 @@ mod tests {
         for n in GUEST_DEFAULT.iter().chain(&HOST_DEFAULT) {
             assert!(variant(n).is_ok(), "{n}");
         }
-        let vs = [
-            variant("bare").unwrap(),
-            variant("bpftrace-fentry").unwrap(),
-            variant("faultscope-kprobe").unwrap(),
-        ];
+        let vs = ["bare", "bpftrace-fentry", "faultscope-kprobe"].map(|n| variant(n).unwrap());
         assert_eq!(
             variant_lines(&vs),
             "bare none\nbpftrace-fentry bpftrace fentry.bt\nfaultscope-kprobe faultscope --backend kprobe\n"

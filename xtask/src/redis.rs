@@ -347,10 +347,7 @@ fn ms(ns: u64) -> String {
 /// Run `name`'s `faultscope record` of redis-server: its pid and report
 /// (an error when record failed: its output).
 pub fn recorded(run: &vm::GuestRun, name: &str) -> Result<(u32, faultscope::report::schema::Report)> {
-    let rc = run.marker("RC", name).unwrap_or_default();
-    if rc != "0" {
-        bail!("faultscope record exited with {rc:?}:\n{}", run.section(&format!("{name}.out")).unwrap_or(""));
-    }
+    run.exited_ok(name, &format!("{name}.out")).context("faultscope record")?;
     let pid: u32 = run.marker("PID", name).and_then(|p| p.parse().ok()).context("no redis-server pid")?;
     Ok((pid, check::report(run, &format!("{name}.fs.json"))?))
 }

@@ -117,6 +117,22 @@ impl GuestRun {
         }
         Ok(())
     }
+
+    /// A run that QEMU did not make (a host script's, a test's): its
+    /// sections parsed from `console`, the exact TLB.
+    pub fn from_console(console: String, wall: Duration) -> GuestRun {
+        GuestRun { sections: sections(&console), console, wall, stale_tlb_faults: None, tlb: Tlb::Exact }
+    }
+
+    /// An error unless case `case` exited 0 (its `@@FS-RC` marker): the
+    /// status it gave, and section `out_section` (what it printed).
+    pub fn exited_ok(&self, case: &str, out_section: &str) -> Result<()> {
+        let rc = self.marker("RC", case).unwrap_or_default();
+        if rc != "0" {
+            bail!("{case} exited with {rc:?}:\n{}", self.section(out_section).unwrap_or(""));
+        }
+        Ok(())
+    }
 }
 
 /// Builds the binary the guest of `arch` runs: the static one `cargo xtask
@@ -523,13 +539,7 @@ mod tests {
         let console = "@@FS-BEGIN dmesg\n<4>[ 0.5] boot warning\n<12>[ 1.0] faultscope-guest: case starts\n\
                        <6>[ 1.1] info\n<3>[ 9.1] rcu: INFO: stall\n<12>[ 9.2] user\n\
                        <4>[ 9.3] WARNING: x\n@@FS-END dmesg\n";
-        let run = super::GuestRun {
-            console: console.into(),
-            sections: super::sections(console),
-            wall: std::time::Duration::ZERO,
-            stale_tlb_faults: None,
-            tlb: crate::vm::Tlb::Exact,
-        };
+        let run = super::GuestRun::from_console(console.into(), std::time::Duration::ZERO);
         assert_eq!(run.kernel_complaints(), ["<3>[ 9.1] rcu: INFO: stall", "<4>[ 9.3] WARNING: x"]);
     }
 
