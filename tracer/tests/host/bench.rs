@@ -30,6 +30,11 @@ fn bench_counts_its_write_phase_exactly() {
         let minflt = b.step("write").unwrap().minflt as u64;
         assert!((pages..=pages + 8).contains(&minflt), "{folio}: getrusage {minflt}");
         assert_eq!(b.store_latency.unwrap().n, pages);
+        // Its own process's kernel check is not made, and says why.
+        if let Some(k) = r.bench_process().and_then(|p| p.kernel_check.as_ref()) {
+            let why = k.reason.as_deref().unwrap_or("");
+            assert!(why.contains("bench's own process"), "{folio}: {k:?}");
+        }
         // Where COW outcomes are measured: a large folio is reused page by
         // page since 6.16 (1da190f4d0a6), copied page by page before; the
         // kernel's release decides, from the report.
