@@ -7,13 +7,15 @@
 #   Redis stopped (SIGSTOP) -> Prometheus holds a scrape of a serve tick
 #   taken after the stop -> query (RUN.before.prom) -> `record -p` attaches
 #   -> trace marker "faultscope phase window" -> SIGCONT, BGSAVE during
-#   SETs -> SIGSTOP -> trace marker "faultscope phase quiet" -> record
+#   SETs (Redis stopped again while the BGSAVE child exits: bgsave_held)
+#   -> SIGSTOP -> trace marker "faultscope phase quiet" -> record
 #   detaches -> the same wait -> query (RUN.after.prom).
 # A stopped Redis makes no fault, so the two queries' difference, record's
 # report and the oracle's "window" phase must count the same faults.
 #
 # Env: as redis.sh, and PORT (serve's), TICK (serve's --tick), RECORD_ARGS
-# (record's --interval, for the plot).
+# (record's --interval, for the plot), HOLD (seconds of SETs while the
+# BGSAVE child is held).
 REDIS_FUNCTIONS_ONLY=1 . /redis.sh
 
 PROM=/tmp/prometheus # in the chroot
@@ -112,6 +114,38 @@ all_stopped() {
 	done
 }
 
+# state PID: the state letter of PID's /proc stat (nothing once reaped).
+state() { sed 's/.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f1; }
+stopped_or_exited() { case $(state $1) in T | t | Z | '') ;; *) return 1 ;; esac; }
+exited() { case $(state $1) in Z | '') ;; *) return 1 ;; esac; }
+
+# bgsave_held RUN: BGSAVE with its child held (SIGSTOP) while the SETs copy
+# for HOLD seconds, then redis-server frozen while the child goes on and
+# exits, then redis-server continued. No fault of redis-server can then
+# end between serve's and record's programs at the child's exit, so both
+# start the next phase after the same fault. @@FS-HELD RUN yes, or no and
+# why (the child was gone before it could be held). @@FS-BGSAVE as bgsave.
+bgsave_held() {
+	t0=$(uptime_s)
+	r=$(cli BGSAVE)
+	child=$(cat /proc/$pid/task/*/children 2>/dev/null | tr ' ' '\n' | grep . | head -n 1)
+	[ -n "$child" ] && kill -STOP $child 2>/dev/null && wait_until 5 stopped_or_exited $child
+	case $(state ${child:-0}) in
+	T | t)
+		sleep $HOLD
+		freeze
+		kill -CONT $child
+		wait_until 120 exited $child || fail "$1: the BGSAVE child $child did not exit"
+		kill -CONT $pid
+		echo "@@FS-HELD $1 yes"
+		;;
+	*) echo "@@FS-HELD $1 no: the BGSAVE child (${child:-none found}) had exited before SIGSTOP" ;;
+	esac
+	wait_until 60 bgsave_done || fail "$1: BGSAVE did not end"
+	t1=$(uptime_s)
+	echo "@@FS-BGSAVE $1 $t0 $t1 $r"
+}
+
 # window RUN: a fresh redis-server, loaded; then the window above.
 window() {
 	start_redis $1
@@ -127,7 +161,7 @@ window() {
 	# has exited (reuse).
 	bench $1 &
 	b=$!
-	bgsave $1
+	bgsave_held $1
 	wait $b
 	# The last clients' teardown, inside the window.
 	sleep 0.3
