@@ -7,7 +7,7 @@
 #   Redis stopped (SIGSTOP) -> Prometheus holds a scrape of a serve tick
 #   taken after the stop -> query (RUN.before.prom) -> `record -p` attaches
 #   -> trace marker "faultscope phase window" -> SIGCONT, BGSAVE during
-#   SETs (Redis stopped again while the BGSAVE child exits: bgsave_held)
+#   SETs (Redis stopped again while the BGSAVE child exits: hold_child)
 #   -> SIGSTOP -> trace marker "faultscope phase quiet" -> record
 #   detaches -> the same wait -> query (RUN.after.prom).
 # A stopped Redis makes no fault, so the two queries' difference, record's
@@ -107,27 +107,27 @@ freeze() {
 
 all_stopped() {
 	for s in /proc/$pid/task/*/stat; do
-		case $(sed 's/.*) //' $s | cut -d' ' -f1) in
+		case $(state_of $s) in
 		T | t) ;;
 		*) return 1 ;;
 		esac
 	done
 }
 
-# state PID: the state letter of PID's /proc stat (nothing once reaped).
-state() { sed 's/.*) //' /proc/$1/stat 2>/dev/null | cut -d' ' -f1; }
+# state_of STAT: the state letter of a /proc stat file (nothing if gone);
+# state PID: that of PID.
+state_of() { sed 's/.*) //' $1 2>/dev/null | cut -d' ' -f1; }
+state() { state_of /proc/$1/stat; }
 stopped_or_exited() { case $(state $1) in T | t | Z | '') ;; *) return 1 ;; esac; }
 exited() { case $(state $1) in Z | '') ;; *) return 1 ;; esac; }
 
-# bgsave_held RUN: BGSAVE with its child held (SIGSTOP) while the SETs copy
-# for HOLD seconds, then redis-server frozen while the child goes on and
-# exits, then redis-server continued. No fault of redis-server can then
-# end between serve's and record's programs at the child's exit, so both
-# start the next phase after the same fault. @@FS-HELD RUN yes, or no and
-# why (the child was gone before it could be held). @@FS-BGSAVE as bgsave.
-bgsave_held() {
-	t0=$(uptime_s)
-	r=$(cli BGSAVE)
+# hold_child RUN (bgsave's THEN): the BGSAVE child held (SIGSTOP) while
+# the SETs copy for HOLD seconds, then redis-server frozen while the child
+# goes on and exits, then redis-server continued. No fault of redis-server
+# can then end between serve's and record's programs at the child's exit,
+# so both start the next phase after the same fault. @@FS-HELD RUN yes, or
+# no and why (the child was gone before it could be held).
+hold_child() {
 	child=$(cat /proc/$pid/task/*/children 2>/dev/null | tr ' ' '\n' | grep . | head -n 1)
 	[ -n "$child" ] && kill -STOP $child 2>/dev/null && wait_until 5 stopped_or_exited $child
 	case $(state ${child:-0}) in
@@ -141,9 +141,6 @@ bgsave_held() {
 		;;
 	*) echo "@@FS-HELD $1 no: the BGSAVE child (${child:-none found}) had exited before SIGSTOP" ;;
 	esac
-	wait_until 60 bgsave_done || fail "$1: BGSAVE did not end"
-	t1=$(uptime_s)
-	echo "@@FS-BGSAVE $1 $t0 $t1 $r"
 }
 
 # window RUN: a fresh redis-server, loaded; then the window above.
@@ -161,7 +158,7 @@ window() {
 	# has exited (reuse).
 	bench $1 &
 	b=$!
-	bgsave_held $1
+	bgsave $1 hold_child
 	wait $b
 	# The last clients' teardown, inside the window.
 	sleep 0.3

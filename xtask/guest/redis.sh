@@ -64,12 +64,14 @@ start_redis() {
 	up "$1.populated"
 }
 
-# bgsave RUN: BGSAVE, then wait until Redis has reaped the child
+# bgsave RUN [THEN]: BGSAVE, then the function THEN (given RUN) once it
+# answers, then wait until Redis has reaped the child
 # (rdb_bgsave_in_progress:0). @@FS-BGSAVE RUN T0 T1 REPLY: /proc/uptime
 # before the command and when the end was seen.
 bgsave() {
 	t0=$(uptime_s)
 	r=$(cli BGSAVE)
+	[ -z "$2" ] || $2 $1
 	wait_until 60 bgsave_done || fail "$1: BGSAVE did not end"
 	t1=$(uptime_s)
 	echo "@@FS-BGSAVE $1 $t0 $t1 $r"

@@ -48,7 +48,7 @@ const TICK_S: &str = "0.5";
 /// record's interval, for the plot's time series.
 const INTERVAL_S: &str = "0.25";
 /// Seconds of SETs while the BGSAVE child is held (daemon.sh's
-/// `bgsave_held`): its COW copies.
+/// `hold_child`): its COW copies.
 const HOLD_S: &str = "1";
 
 /// serve and record start their own phase at the same fork or exit, each
@@ -82,7 +82,7 @@ struct Slack {
 
 /// A boundary while redis-server runs.
 const RUNNING: Slack = Slack { fewer: ORDER_SLACK, more: IN_FLIGHT };
-/// redis-server stopped while the child exits (`bgsave_held`): no fault
+/// redis-server stopped while the child exits (`hold_child`): no fault
 /// of it is in flight, so both tracers split at the same fault.
 const STOPPED: Slack = Slack { fewer: 0, more: 0 };
 

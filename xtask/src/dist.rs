@@ -840,6 +840,10 @@ mod tests {
         // PT_PHDR, PT_INTERP, PT_LOAD: dynamic; PT_LOAD, PT_DYNAMIC: static-pie.
         assert_eq!(super::elf_machine_interp(&elf(62, &[6, 3, 1])).unwrap(), (62, true));
         assert_eq!(super::elf_machine_interp(&elf(183, &[1, 2])).unwrap(), (183, false));
+        assert!(super::elf_machine_interp(b"#!/bin/sh\n").is_err());
+        let mut cut = elf(62, &[1, 1]);
+        cut.truncate(100);
+        assert!(super::elf_machine_interp(&cut).is_err(), "program headers past the end");
     }
 
     #[test]

@@ -28,10 +28,7 @@ use super::{
 };
 use crate::{
     attrib::mapping::{self, MappingName},
-    collect::{
-        accounting::{KernelCount, Start},
-        engine::{Filters, ProbeOpts, Recorder},
-    },
+    collect::engine::{Filters, ProbeOpts, Recorder},
     error::Refusal,
     kernel::{self, classes::ReportClass},
     memory::{self, map_aligned, usage, Child, Usage},
@@ -193,8 +190,9 @@ impl Drop for Memory {
     }
 }
 
-/// Why the bench's own process has no kernel check: each step has its
-/// getrusage count instead.
+/// Why the bench's own process has no kernel check: its own reading of
+/// the counts is left out of its report (the `report` phase), and each
+/// step's getrusage stands beside its counts instead.
 const BENCH_NOT_CHECKED: &str =
     "not made for the bench's own process: its reading of its counts faults, outside the report (each step has its getrusage count)";
 
@@ -305,15 +303,6 @@ impl<'a> Run<'a> {
             // Before it is traced: these faults are no step's.
             populate_own_image();
             r.add(std::process::id(), 0, "faultscope-bench".into())?;
-            // Its own reading of the counts is left out of its report (the
-            // `report` phase), so the whole run is not checked against the
-            // kernel's count: each step's getrusage stands beside it.
-            r.accounting.insert(
-                std::process::id(),
-                KernelCount::new(Start::Unknown(
-                    "bench traces itself and leaves its own reading of the counts out: each step's minflt (getrusage) is beside its counts".into(),
-                )),
-            );
             Some(r)
         };
         knobs.hold(c.folio)?;
@@ -457,20 +446,12 @@ impl<'a> Run<'a> {
         self.mark("report")?;
         let mut report = match self.rec.as_mut() {
             Some(r) => {
-                r.session.remove_target(std::process::id());
+                r.leave(std::process::id(), BENCH_NOT_CHECKED);
                 let reading = r.timeline.current().id;
                 let snap = r.exact_snapshot()?.without_phase(std::process::id(), reading);
                 log::debug!("bench: counts read");
                 r.timeline.drop_current();
-                let mut report = r.finish(&snap)?;
-                // Its end is not read: its own reading's faults are in the
-                // kernel's count and not in the report.
-                let me = report.processes.iter_mut().find(|p| p.pid == std::process::id());
-                let check = me.and_then(|p| p.kernel_check.as_mut());
-                if let Some(k) = check.filter(|k| k.result == schema::CheckResult::NotChecked) {
-                    k.reason = Some(BENCH_NOT_CHECKED.into());
-                }
-                report
+                r.finish(&snap)?
             }
             None => Report {
                 schema: schema::SCHEMA.into(),

@@ -62,6 +62,9 @@ pub enum End {
     /// The process still ran: `/proc/PID/stat` before and after the last
     /// read of faultscope's counts.
     Proc(Bracket),
+    /// It left the traced set while it ran (`Recorder::leave`): no end is
+    /// read, for the reason given.
+    Left(&'static str),
 }
 
 /// One traced process's bracket, filled in as the run goes.
@@ -144,6 +147,7 @@ impl KernelCount {
                 span(majs(&b), majs(&start_whole)),
                 "to /proc/PID/stat around the run's last read",
             ),
+            End::Left(why) => return Err(why.into()),
         };
         Ok(Window { min, maj, how: format!("{from} {to}") })
     }
@@ -258,6 +262,13 @@ mod tests {
         // An exit seen after the last read keeps the read's low side.
         k.exited(c(620, 3));
         assert_eq!(k.window().unwrap().total(), (500, 521));
+    }
+
+    #[test]
+    fn a_process_that_left_says_why() {
+        let mut k = KernelCount::new(Start::Exact(c(1, 0), "its fork"));
+        k.end = Some(End::Left("it left"));
+        assert_eq!(k.window().unwrap_err(), "it left");
     }
 
     #[test]

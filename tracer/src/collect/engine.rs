@@ -349,6 +349,15 @@ impl Recorder {
         Ok(())
     }
 
+    /// Takes `pid` out of the traced set while it runs: its kernel check is
+    /// then not made, for `why`.
+    pub fn leave(&mut self, pid: u32, why: &'static str) {
+        self.session.remove_target(pid);
+        if let Some(k) = self.accounting.get_mut(&pid) {
+            k.end = Some(End::Left(why));
+        }
+    }
+
     /// Forgets a process that is gone, its counts taken (serve).
     pub fn forget(&mut self, pid: u32) {
         self.live.remove(&pid);
