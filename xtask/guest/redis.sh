@@ -71,7 +71,7 @@ start_redis() {
 bgsave() {
 	t0=$(uptime_s)
 	r=$(cli BGSAVE)
-	[ -z "$2" ] || $2 $1
+	[ -z "${2:-}" ] || $2 $1
 	wait_until 60 bgsave_done || fail "$1: BGSAVE did not end"
 	t1=$(uptime_s)
 	echo "@@FS-BGSAVE $1 $t0 $t1 $r"

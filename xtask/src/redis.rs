@@ -178,7 +178,10 @@ fn guest(
         runs.join(", "),
         run.wall.as_secs_f64()
     );
-    let row = row.context("no mthp run")?;
+    // Without its row, the failures are the error: they say why.
+    let Some(row) = row else {
+        bail!("no mthp row:\n  {}", failures.join("\n  "));
+    };
     Ok((row, failures))
 }
 
