@@ -110,12 +110,21 @@ impl GuestRun {
     }
 
     /// An error if the guest script gave up (its `fail`: an `@@FS-FAIL`
-    /// line), naming `what` ran, with the console's tail.
+    /// line) or ended with a status other than 0 (a shell error, such as an
+    /// unset variable under `set -u`), naming `what` ran, with the tail of
+    /// what the script printed (the kernel's log follows it).
     pub fn failed(&self, what: &str) -> Result<()> {
+        let script = self.console.rsplit_once("@@FS-BEGIN dmesg").map_or(self.console.as_str(), |(s, _)| s);
+        let tail = || crate::util::tail(script, 60);
         if let Some(l) = self.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
-            anyhow::bail!("{what} failed: {l}\nconsole tail:\n{}", crate::util::tail(&self.console, 60));
+            bail!("{what} failed: {l}\nconsole tail:\n{}", tail());
         }
-        Ok(())
+        match self.console.lines().find_map(|l| l.strip_prefix("@@FS-GUEST-DONE rc=")) {
+            Some(rc) if rc.trim() != "0" => {
+                bail!("{what}: its script exited with {}:\nconsole tail:\n{}", rc.trim(), tail())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// A run that QEMU did not make (a host script's, a test's): its
@@ -527,6 +536,19 @@ pub fn boot_each<T: Sync, R: Send>(items: &[T], boot: impl Fn(&T) -> R + Sync) -
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn a_script_that_died_is_a_failure() {
+        let run = |c: &str| super::GuestRun::from_console(c.into(), Duration::ZERO).failed("the case");
+        let died = "@@FS-UP boot 1\nsh: 2: parameter not set\n@@FS-BEGIN dmesg\n<6>x\n@@FS-END dmesg\n@@FS-GUEST-DONE rc=2\n";
+        let e = run(died).unwrap_err().to_string();
+        assert!(e.contains("exited with 2") && e.contains("parameter not set") && !e.contains("<6>x"), "{e}");
+        let gave_up = "@@FS-FAIL run1: no start\n@@FS-GUEST-DONE rc=1\n";
+        assert!(run(gave_up).unwrap_err().to_string().contains("failed: @@FS-FAIL run1: no start"));
+        run("@@FS-UP done 2\n@@FS-GUEST-DONE rc=0\n").unwrap();
+    }
+
     #[test]
     fn sections_are_parsed() {
         let s = super::sections("x\n@@FS-BEGIN a\n1\n2\n@@FS-END a\n@@FS-BEGIN b\n3\n");
