@@ -119,7 +119,7 @@ impl GuestRun {
         if let Some(l) = self.console.lines().find(|l| l.starts_with("@@FS-FAIL ")) {
             bail!("{what} failed: {l}\nconsole tail:\n{}", tail());
         }
-        match self.console.lines().find_map(|l| l.strip_prefix("@@FS-GUEST-DONE rc=")) {
+        match self.markers("GUEST-DONE").find_map(|m| m.strip_prefix("rc=")) {
             Some(rc) if rc.trim() != "0" => {
                 bail!("{what}: its script exited with {}:\nconsole tail:\n{}", rc.trim(), tail())
             }
